@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call runs every job under gpu/jobs (or those named), each under its own time limit,
+# and packs their logs and result files into $OUT/results.tar.gz (the device returns at most 8 files).
+# A job is gpu/jobs/<name>.sh; it gets JOB_OUT (a folder for its files) and runs from the repo root.
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+stage=/tmp/gpu_out; rm -rf "$stage"; mkdir -p "$stage"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$stage/gpu.txt" 2>&1
+git rev-parse HEAD > "$stage/commit.txt" 2>/dev/null; git status --short >> "$stage/commit.txt" 2>/dev/null
+jobs=("$@"); [ ${#jobs[@]} -eq 0 ] && jobs=($(ls gpu/jobs/*.sh | xargs -n1 basename | sed 's/\.sh$//'))
+summary="$stage/summary.txt"
+for j in "${jobs[@]}"; do
+  limit=$(grep -m1 '^# limit:' "gpu/jobs/$j.sh" | awk '{print $3}'); limit=${limit:-120}
+  export JOB_OUT="$stage/$j"; mkdir -p "$JOB_OUT"
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" bash "gpu/jobs/$j.sh" > "$JOB_OUT/log.txt" 2>&1
+  rc=$?
+  echo "$j rc=$rc ${limit}s-limit took=$(( $(date +%s) - t0 ))s" | tee -a "$summary"
+  tail -n 8 "$JOB_OUT/log.txt" | sed "s/^/  [$j] /"
+done
+tar czf "$OUT/results.tar.gz" -C "$stage" .
+cp "$summary" "$OUT/summary.txt"

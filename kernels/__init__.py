@@ -1,0 +1,19 @@
+"""Build-time kernel sources (CuTe DSL). Never imported by ``runtime/``.
+
+Each family module exposes ``compile_variant(variant, arch) -> bytes`` that
+compiles one ``runtime.contract.Variant`` for one target arch and returns the
+cubin bytes taken from CuTe DSL's compile artifacts.
+"""
+
+import importlib
+
+BUILDERS = {
+    "probe": "kernels.probe",
+    "sparse_mla_decode": "kernels.sparse_mla_decode",
+    "decode_topk": "kernels.decode_topk",
+}
+
+
+def compile_variant(variant, arch: str) -> bytes:
+    module = importlib.import_module(BUILDERS[variant.family])
+    return module.compile_variant(variant, arch)

@@ -1,0 +1,54 @@
+"""Compiling one CuTe DSL launch function to a cubin for a target arch, no GPU needed."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_ptr
+
+import cuda.bindings.driver as cuda
+
+
+def gmem_ptr(dtype, align: int = 16):
+    """A placeholder global pointer argument for cute.compile (its value is unused)."""
+    return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+
+def null_stream():
+    return cuda.CUstream(0)
+
+
+def cubin_of(launch_fn, *args, arch: str) -> bytes:
+    """cute.compile ``launch_fn(*args)`` for ``arch`` and return the kernel's cubin.
+
+    The cubin comes from the compile artifacts (``__cubin__``), which CuTe DSL
+    only fills when asked to keep it; its dump files go to a private temp dir.
+    """
+    with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump:
+        cwd = os.getcwd()
+        os.chdir(dump)  # the dump dir defaults to the working directory
+        try:
+            compiled = cute.compile(launch_fn, *args, options=f"--gpu-arch {arch} --keep-cubin")
+        finally:
+            os.chdir(cwd)
+        cubin = compiled.__cubin__
+    if not isinstance(cubin, (bytes, bytearray)) or not cubin:
+        raise RuntimeError(f"CuTe DSL produced no cubin for {launch_fn.__name__} on {arch}")
+    return bytes(cubin)
+
+
+def toolchain() -> dict:
+    """Versions that determine the cubin bytes, recorded in the manifest."""
+    from importlib.metadata import version, PackageNotFoundError
+
+    out = {}
+    for pkg in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core", "nvidia-cutlass-dsl-libs-cu12"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    out["cutlass"] = getattr(cutlass, "__version__", "")
+    return out

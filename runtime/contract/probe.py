@@ -1,0 +1,28 @@
+"""The self-test family: proves a cache works on a GPU (clusters, DSMEM, PDL).
+
+Each CTA of a cluster of n stores a word into the shared memory of the next CTA
+of its cluster (st.async, completing on that CTA's mbarrier), waits for the word
+from its predecessor, waits on the grid dependency, then writes
+``out[block] = word + seed`` where ``word = 1000 * (predecessor's rank + 1) + block
+of the predecessor``. The host checks every element.
+"""
+
+from . import Variant, params
+
+PARAMS = params("void* out", "int32_t seed")
+
+
+def _variant(cluster: int) -> Variant:
+    return Variant(
+        family="probe",
+        name=f"probe_cluster{cluster}",
+        params=PARAMS,
+        threads=128,
+        cluster=(cluster, 1, 1),
+        smem_bytes=0,
+        pdl=True,
+        config=(("cluster", cluster),),
+    )
+
+
+VARIANTS = (_variant(2), _variant(8))
