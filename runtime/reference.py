@@ -8,3 +8,83 @@ under its own heading.
 from __future__ import annotations
 
 import torch
+
+
+# ---------------------------------------------------------------------------
+# sparse_mla_decode
+# ---------------------------------------------------------------------------
+
+SPARSE_MLA_HEADS = 16
+SPARSE_MLA_HEAD_DIM = 512
+SPARSE_MLA_SWA_COLUMNS = 128  # the first 128 columns of a sparse set address the sliding-window pool
+
+
+def sparse_mla_active(indices, lens, swa_rows: int, compressed_rows: int):
+    """Which columns of each token's sparse set take part: ``[T, width]`` bool.
+
+    A column is active when it lies before the token's ``lens`` and its index is a row of its
+    pool (``0 <= idx < rows``); -1, columns at or past ``lens`` and indices past the pool are
+    masked. The first 128 columns address the sliding-window pool, the rest the compressed pool.
+    """
+    idx = indices.long()
+    width = idx.shape[1]
+    cols = torch.arange(width, device=idx.device)
+    rows = torch.where(cols < SPARSE_MLA_SWA_COLUMNS, swa_rows, compressed_rows)
+    return (cols[None, :] < lens.long()[:, None]) & (idx >= 0) & (idx < rows[None, :])
+
+
+def _gather_rows(pool, idx, active):
+    """FP8 rows ``pool[idx]`` as FP32, zeros where not active (gathered as bytes: no FP8 indexing)."""
+    if pool.shape[0] == 0:
+        return torch.zeros(*idx.shape, pool.shape[1], dtype=torch.float32, device=pool.device)
+    safe = torch.where(active, idx, torch.zeros_like(idx))
+    rows = pool.view(torch.uint8)[safe].view(pool.dtype).float()
+    return rows * active[..., None]
+
+
+def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sinks=None,
+                                bmm1_scale, bmm2_scale, tokens_per_chunk: int = 32):
+    """Sparse-MLA decode in FP32 on the dequantized FP8 inputs; BF16 ``[T, 16, 512]`` out.
+
+    For token ``t``, head ``h`` and the token's active columns ``c`` (``sparse_mla_active``)::
+
+        s_c = bmm1_scale * q[t, h] . kv[c]          m = max(max_c s_c, sinks[h])
+        out[t, h] = bmm2_scale * sum_c exp(s_c - m) kv[c] / (sum_c exp(s_c - m) + exp(sinks[h] - m))
+
+    ``kv[c]`` is row ``indices[t, c]`` of ``swa_kv`` for the first 128 columns and of
+    ``compressed_kv`` for the rest. Without sinks the sink terms are absent. A token with no
+    active column gets zeros (with sinks too). Runs on the inputs' device (CPU included), a
+    chunk of ``tokens_per_chunk`` tokens at a time so the gathered FP32 rows stay bounded.
+    """
+    if q.dim() != 3:
+        raise ValueError(f"q must be [T, heads, head_dim], got shape {tuple(q.shape)}")
+    if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
+        raise ValueError(f"indices must be [T, width] with T = {q.shape[0]}, got {tuple(indices.shape)}")
+    if lens.shape != (q.shape[0],):
+        raise ValueError(f"lens must be [T] with T = {q.shape[0]}, got {tuple(lens.shape)}")
+    T, H, D = q.shape
+    width = indices.shape[1]
+    n_swa = min(width, SPARSE_MLA_SWA_COLUMNS)
+    out = torch.zeros(T, H, D, dtype=torch.bfloat16, device=q.device)
+    sink = None if sinks is None else sinks.float().view(1, H)
+    for t0 in range(0, T, tokens_per_chunk):
+        t1 = min(T, t0 + tokens_per_chunk)
+        idx = indices[t0:t1].long()
+        active = sparse_mla_active(indices[t0:t1], lens[t0:t1], swa_kv.shape[0], compressed_kv.shape[0])
+        kv = torch.cat([_gather_rows(swa_kv, idx[:, :n_swa], active[:, :n_swa]),
+                        _gather_rows(compressed_kv, idx[:, n_swa:], active[:, n_swa:])], dim=1)
+        qf = q[t0:t1].float()
+        s = torch.matmul(qf, kv.transpose(1, 2)) * float(bmm1_scale)  # [t, H, width]
+        s = s.masked_fill(~active[:, None, :], float("-inf"))
+        m = s.amax(dim=-1)  # [t, H]; -inf for a token without active columns
+        if sink is not None:
+            m = torch.maximum(m, sink)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # keeps exp() finite when all is -inf
+        p = torch.exp(s - m[..., None])
+        denom = p.sum(dim=-1)
+        if sink is not None:
+            denom = denom + torch.exp(sink - m)
+        o = torch.matmul(p, kv) * (float(bmm2_scale) / torch.where(denom > 0, denom, torch.ones_like(denom)))[..., None]
+        o = o * active.any(dim=1)[:, None, None]  # no active column: zeros, with sinks too
+        out[t0:t1] = o.to(torch.bfloat16)
+    return out

@@ -1,0 +1,156 @@
+"""sparse_mla_decode on the CPU: the torch reference against a plain loop, and the host op's checks.
+
+The loop below is the definition written out one token and one head at a time in float64, so the
+vectorised reference (gathers, masks, chunking) is checked against something with no tricks in it.
+The host op must reject bad arguments with an error naming them before it needs CUDA, so those
+checks run here too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runtime.reference import sparse_mla_active, sparse_mla_decode_reference
+
+FP8 = torch.float8_e4m3fn
+H, D = 16, 512
+
+
+def loop_reference(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale):
+    """The op's definition, token by token and head by head, in float64."""
+    T, width = indices.shape
+    out = torch.zeros(T, H, D, dtype=torch.float64)
+    swa, comp = swa_kv.double(), compressed_kv.double()
+    for t in range(T):
+        rows = []
+        for c in range(width):
+            i = int(indices[t, c])
+            pool = swa if c < 128 else comp
+            if c < int(lens[t]) and 0 <= i < pool.shape[0]:
+                rows.append(pool[i])
+        if not rows:
+            continue  # no active column: zeros, with sinks too
+        kv = torch.stack(rows)
+        for h in range(H):
+            s = [bmm1_scale * float(q[t, h].double() @ row) for row in kv]
+            m = max(s)
+            if sinks is not None:
+                m = max(m, float(sinks[h]))
+            p = [math.exp(x - m) for x in s]
+            denom = sum(p) + (math.exp(float(sinks[h]) - m) if sinks is not None else 0.0)
+            acc = sum(pi * row for pi, row in zip(p, kv))
+            out[t, h] = bmm2_scale * acc / denom
+    return out
+
+
+def make_inputs(T, width, *, swa_rows=64, comp_rows=700, q_scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(T, H, D, generator=g) * q_scale).to(FP8)
+    swa = torch.randn(swa_rows, D, generator=g).to(FP8)
+    comp = torch.randn(comp_rows, D, generator=g).to(FP8)
+    idx = torch.randint(0, swa_rows, (T, width), generator=g, dtype=torch.int32)
+    if width > 128:
+        idx[:, 128:] = torch.randint(0, comp_rows, (T, width - 128), generator=g, dtype=torch.int32)
+    lens = torch.full((T,), width, dtype=torch.int32)
+    return q, swa, comp, idx, lens
+
+
+def check(q, swa, comp, idx, lens, sinks, bmm1_scale=0.04, bmm2_scale=1.0, **kw):
+    got = sparse_mla_decode_reference(q, swa, comp, idx, lens, sinks=sinks, bmm1_scale=bmm1_scale,
+                                      bmm2_scale=bmm2_scale, **kw)
+    want = loop_reference(q, swa, comp, idx, lens, sinks, bmm1_scale, bmm2_scale)
+    assert got.dtype == torch.bfloat16 and got.shape == (q.shape[0], H, D)
+    # FP32 against float64, then one BF16 rounding: one BF16 unit in the last place apart, plus an
+    # FP32 summation error (scaled to the output) where the weighted sum cancels near zero.
+    atol = 2e-5 * max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got.double(), want.to(torch.bfloat16).double(), rtol=2**-7, atol=atol)
+    return got
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("width", [128, 640])
+def test_full_sets(width, with_sinks):
+    q, swa, comp, idx, lens = make_inputs(2, width, seed=width)
+    sinks = torch.randn(H) * 2 if with_sinks else None
+    check(q, swa, comp, idx, lens, sinks)
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_masking_lens_minus_one_out_of_range_duplicates(with_sinks):
+    T, width = 5, 640
+    q, swa, comp, idx, lens = make_inputs(T, width, swa_rows=40, comp_rows=300, seed=1)
+    lens[:] = torch.tensor([640, 1, 200, 129, 450], dtype=torch.int32)
+    idx[0, ::7] = -1  # scattered -1
+    idx[1, 0] = 39  # last swa row, only active column
+    idx[2, 5:20] = 40  # first row past the swa pool
+    idx[2, 130:140] = 300  # first row past the compressed pool
+    idx[2, 141] = 2**31 - 1
+    idx[2, 142] = -(2**31)
+    idx[3, :] = idx[3, 0]  # duplicates within the swa chunk
+    idx[3, 128] = 7  # one compressed column
+    idx[4, 128:256] = -1  # a whole compressed chunk masked
+    idx[4, 300:310] = idx[4, 299]  # duplicates within the compressed columns
+    sinks = torch.randn(H) * 3 if with_sinks else None
+    got = check(q, swa, comp, idx, lens, sinks)
+    assert torch.isfinite(got.float()).all()
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_tokens_without_active_columns_are_zero(with_sinks):
+    T, width = 4, 640
+    q, swa, comp, idx, lens = make_inputs(T, width, seed=2)
+    lens[0] = 0  # nothing before lens
+    idx[1, :] = -1  # everything -1
+    idx[2, :128] = 10_000  # everything past its pool
+    idx[2, 128:] = 10_000
+    sinks = torch.full((H,), 5.0) if with_sinks else None
+    got = check(q, swa, comp, idx, lens, sinks)
+    assert (got[:3] == 0).all()
+    assert got[3].abs().sum() > 0
+
+
+def test_empty_pools():
+    q, swa, comp, idx, lens = make_inputs(2, 640, seed=3)
+    comp = comp[:0]
+    got = check(q, swa, comp, idx, lens, None)
+    swa_only = sparse_mla_decode_reference(q, swa, comp, idx[:, :128].contiguous(), lens.clamp(max=128),
+                                           bmm1_scale=0.04, bmm2_scale=1.0)
+    torch.testing.assert_close(got, swa_only)
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_large_scores_are_stable(with_sinks):
+    # Scores in the thousands: any exp() taken without subtracting the maximum overflows.
+    q, swa, comp, idx, lens = make_inputs(3, 640, q_scale=60.0, seed=4)
+    lens[1] = 77
+    sinks = torch.randn(H) * 100 if with_sinks else None
+    got = check(q, swa, comp, idx, lens, sinks, bmm1_scale=1.0, bmm2_scale=0.5)
+    assert torch.isfinite(got.float()).all()
+
+
+def test_sink_dominates_to_zero():
+    # A sink far above every score takes all the weight: the output goes to zero, not NaN.
+    q, swa, comp, idx, lens = make_inputs(2, 128, seed=5)
+    sinks = torch.full((H,), 1e4)
+    got = check(q, swa, comp, idx, lens, sinks)
+    assert (got == 0).all()
+
+
+def test_chunking_does_not_change_the_result():
+    q, swa, comp, idx, lens = make_inputs(9, 640, seed=6)
+    lens[::2] = 300
+    kw = dict(sinks=torch.randn(H), bmm1_scale=0.04, bmm2_scale=1.5)
+    a = sparse_mla_decode_reference(q, swa, comp, idx, lens, tokens_per_chunk=2, **kw)
+    b = sparse_mla_decode_reference(q, swa, comp, idx, lens, tokens_per_chunk=64, **kw)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_active_mask():
+    idx = torch.tensor([[0, -1, 5, 3] + [0] * 124 + [9, 10, -1, 2]], dtype=torch.int32)
+    lens = torch.tensor([131], dtype=torch.int32)
+    act = sparse_mla_active(idx, lens, swa_rows=5, compressed_rows=10)
+    assert act[0, :4].tolist() == [True, False, False, True]
+    assert act[0, 128:].tolist() == [True, False, False, False]  # 10 past the pool, -1, past lens
