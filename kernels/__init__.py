@@ -9,6 +9,7 @@ import importlib
 
 BUILDERS = {
     "probe": "kernels.probe",
+    "empty": "kernels.empty",
     "sparse_mla_decode": "kernels.sparse_mla_decode",
     "decode_topk": "kernels.decode_topk",
 }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 import cutlass
@@ -28,12 +27,8 @@ def cubin_of(launch_fn, *args, arch: str) -> bytes:
     only fills when asked to keep it; its dump files go to a private temp dir.
     """
     with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump:
-        cwd = os.getcwd()
-        os.chdir(dump)  # the dump dir defaults to the working directory
-        try:
-            compiled = cute.compile(launch_fn, *args, options=f"--gpu-arch {arch} --keep-cubin")
-        finally:
-            os.chdir(cwd)
+        options = f"--gpu-arch {arch} --keep-cubin --dump-dir {dump}"
+        compiled = cute.compile(launch_fn, *args, options=options)
         cubin = compiled.__cubin__
     if not isinstance(cubin, (bytes, bytearray)) or not cubin:
         raise RuntimeError(f"CuTe DSL produced no cubin for {launch_fn.__name__} on {arch}")

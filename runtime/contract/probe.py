@@ -19,7 +19,7 @@ def _variant(cluster: int) -> Variant:
         params=PARAMS,
         threads=128,
         cluster=(cluster, 1, 1),
-        smem_bytes=0,
+        smem_bytes=128,  # an mbarrier and the received word
         pdl=True,
         config=(("cluster", cluster),),
     )

@@ -1,0 +1,96 @@
+"""Issue 2 benchmark: cold start of runtime.load() and host overhead of one eager launch.
+
+(a) ``runtime.load()`` in a fresh process once torch and the CUDA context are up.
+(b) Host time per eager launch of the empty kernel through ``Kernel.launch`` against
+    a bare cuda-python ``cuLaunchKernelEx`` with a prebuilt config, same process.
+Writes JSON to the path given (default benchmarks/results/runtime.json).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+COLD_START = r"""
+import json, time, torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+t0 = time.perf_counter()
+import runtime
+cache = runtime.load()
+t1 = time.perf_counter()
+print(json.dumps({"load_ms": (t1 - t0) * 1e3, "kernels": len(cache.names())}))
+"""
+
+
+def cold_start(runs: int = 5) -> dict:
+    samples = []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", COLD_START], capture_output=True, text=True, timeout=300)
+        if out.returncode:
+            raise RuntimeError(out.stderr)
+        samples.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    ms = [s["load_ms"] for s in samples]
+    return {"load_ms_median": statistics.median(ms), "load_ms_all": ms, "kernels": samples[0]["kernels"],
+            "target_ms": 50}
+
+
+def host_overhead(n: int = 20000, rounds: int = 7) -> dict:
+    import torch
+
+    import runtime
+
+    kernel = runtime.load().kernel("empty_cluster1")
+    drv = __import__("cuda.bindings.driver", fromlist=["driver"])
+    stream = torch.cuda.current_stream().cuda_stream
+    config = drv.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = 1, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = 128, 1, 1
+    config.sharedMemBytes = 0
+    config.hStream = stream
+    config.numAttrs = 0
+    import ctypes
+
+    arg = ctypes.c_int32(0)
+    ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+    address = ctypes.addressof(ptrs)
+    function = kernel._function
+    launch = drv.cuLaunchKernelEx
+
+    def bare():
+        for _ in range(n):
+            launch(config, function, address, 0)
+
+    def ours():
+        for _ in range(n):
+            kernel.launch(1, 0)
+
+    def timed(fn):
+        fn()  # warm
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) / n * 1e6)
+            torch.cuda.synchronize()
+        return statistics.median(out)
+
+    bare_us, ours_us = timed(bare), timed(ours)
+    return {"runtime_launch_us": ours_us, "bare_cuLaunchKernelEx_us": bare_us, "ratio": ours_us / bare_us,
+            "launches_per_round": n, "target_us": 10, "target_ratio": 1.5}
+
+
+def main() -> None:
+    from benchmarks.common import gpu_info, write_json
+
+    path = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/runtime.json"
+    result = {"env": gpu_info(), "cold_start": cold_start(), "launch_overhead": host_overhead()}
+    print(json.dumps(result, indent=1))
+    write_json(path, result)
+
+
+if __name__ == "__main__":
+    main()

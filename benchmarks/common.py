@@ -1,0 +1,144 @@
+"""Shared measuring tools (DESIGN.md, "Measuring speed").
+
+GPU time comes from CUDA-graph replay: one graph runs the op over several input
+sets in turn (rotated so the working set exceeds the L2), replayed at least 20
+times; the per-call time is the median replay time over the calls in the graph.
+The floor of a kernel is an empty kernel launched with the same grid and cluster
+shape plus the bytes it must move over the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+
+import torch
+
+L2_ROTATE_FACTOR = 3  # the rotated sets together span this many L2s
+
+
+def gpu_info() -> dict:
+    """The GPU, driver and commit a result was measured on."""
+    p = torch.cuda.get_device_properties(0)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = ""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "gpu": p.name, "sms": p.multi_processor_count, "l2_bytes": getattr(p, "L2_cache_size", None),
+        "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "commit": commit or os.environ.get("GIT_COMMIT", ""), "host": platform.node(),
+    }
+
+
+def l2_bytes() -> int:
+    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20) or (60 << 20)
+
+
+def rotation_count(bytes_per_set: int, most: int = 64) -> int:
+    """How many input sets to rotate so that together they exceed the L2 several times."""
+    need = -(-L2_ROTATE_FACTOR * l2_bytes() // max(1, bytes_per_set))
+    return int(max(2, min(most, need)))
+
+
+def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup: int = 3) -> dict:
+    """Median GPU microseconds per call of ``calls`` (zero-argument callables, one per input set).
+
+    One CUDA graph runs ``launches`` calls cycling through the sets; it is replayed
+    ``repeats`` times, each timed with events.
+    """
+    calls = list(calls)
+    launches = launches or max(len(calls), 20)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times),
+            "repeats": repeats, "launches_per_graph": launches, "input_sets": len(calls)}
+
+
+def time_eager(calls, *, repeats: int = 20, warmup: int = 3) -> dict:
+    """Like time_graph, for ops that cannot be captured (host syncs): events around each round."""
+    calls = list(calls)
+    for _ in range(warmup):
+        for c in calls:
+            c()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for c in calls:
+            c()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times),
+            "repeats": repeats, "input_sets": len(calls), "eager": True}
+
+
+_bandwidth = None
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    global _bandwidth
+    if _bandwidth is None:
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+        dst = torch.empty_like(src)
+        t = time_eager([lambda: dst.copy_(src)], repeats=20)
+        _bandwidth = 2 * nbytes / (t["median_us"] * 1e-6) / 1e9
+    return _bandwidth
+
+
+def empty_kernel_us(grid: int, cluster: int = 1) -> float:
+    """GPU time of an empty kernel with this grid (CTAs) and cluster size, from the cache."""
+    import runtime
+    from runtime.contract.empty import name_for
+
+    kernel = runtime.load().kernel(name_for(cluster))
+    return time_graph([lambda: kernel.launch(grid, 0)], launches=100)["median_us"]
+
+
+def floor(grid: int, cluster: int, nbytes: int) -> dict:
+    """The floor of a kernel: empty launch of its shape + bytes over the copy bandwidth."""
+    bw = copy_bandwidth_gbs()
+    empty = empty_kernel_us(grid, cluster)
+    bytes_us = nbytes / (bw * 1e9) * 1e6
+    return {"empty_kernel_us": empty, "bytes": nbytes, "bytes_us": bytes_us, "copy_gbs": bw,
+            "floor_us": empty + bytes_us}
+
+
+def write_json(path, data) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    print(f"wrote {path}")

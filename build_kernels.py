@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Build the AOT kernel cache: every contract variant -> cubins/<arch>/<name>.cubin + manifests/<arch>.json.
+
+Runs without a GPU (CuTe DSL cross-compiles). Examples:
+    python build_kernels.py                      # every family, sm_90a and sm_100a
+    python build_kernels.py --only probe --jobs 2
+    python build_kernels.py --check              # rebuild in a temp dir, compare with the committed cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+from filelock import FileLock
+
+REPO = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO))
+
+from runtime.contract import ARCHS, FAMILIES, SCHEMA_VERSION, all_variants  # noqa: E402
+from runtime.cubin import read_cubin  # noqa: E402
+from runtime.manifest import manifest_path, sha256_of  # noqa: E402
+
+SOURCE_DIRS = ("kernels", "runtime/contract")
+
+
+def source_hash() -> str:
+    """sha256 over the kernel sources and the contract (paths and contents, sorted)."""
+    h = hashlib.sha256()
+    for d in SOURCE_DIRS:
+        for f in sorted((REPO / d).rglob("*.py")):
+            h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _compile_one(family: str, name: str, arch: str):
+    """Worker: compile one variant for one arch; returns (name, arch, cubin, seconds)."""
+    from kernels import compile_variant
+    from runtime.contract import family_variants
+
+    variant = next(v for v in family_variants(family) if v.name == name)
+    start = time.perf_counter()
+    cubin = compile_variant(variant, arch)
+    return name, arch, cubin, time.perf_counter() - start
+
+
+def manifest_entry(variant, arch: str, cubin: bytes) -> dict:
+    """The manifest record of one compiled variant, after checking the cubin against the contract."""
+    info = read_cubin(cubin)
+    if not info.arch_matches(arch):
+        raise SystemExit(f"{variant.name}: compiled for {info.arch}, asked for {arch}")
+    if len(info.kernels) != 1:
+        raise SystemExit(f"{variant.name} ({arch}): expected one kernel in the cubin, found {sorted(info.kernels)}")
+    (symbol, layout), = info.kernels.items()
+    sizes = [p.size for p in layout]
+    if sizes != [p.size for p in variant.params]:
+        raise SystemExit(
+            f"{variant.name} ({arch}): kernel parameter sizes {sizes} do not match the contract "
+            f"{[(p.name, p.ctype) for p in variant.params]}"
+        )
+    return {
+        "name": variant.name,
+        "family": variant.family,
+        "config": dict(variant.config),
+        "symbol": symbol,
+        "cubin": f"cubins/{arch}/{variant.name}.cubin",
+        "sha256": sha256_of(cubin),
+        "size": len(cubin),
+        "threads": variant.threads,
+        "cluster": list(variant.cluster),
+        "non_portable_cluster": variant.non_portable_cluster,
+        "smem_bytes": variant.smem_bytes,
+        "pdl": variant.pdl,
+        "params": [
+            {"name": p.name, "ctype": p.ctype, "offset": q.offset, "size": q.size}
+            for p, q in zip(variant.params, layout)
+        ],
+    }
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def toolchain_info() -> dict:
+    from kernels.compile import toolchain
+
+    info = toolchain()
+    info["python"] = sys.version.split()[0]
+    return info
+
+
+def compile_all(variants_by_arch: dict, jobs: int):
+    """Compile every (variant, arch); prints one progress line each. Returns {(name, arch): cubin}."""
+    tasks = [(v.family, v.name, arch) for arch, vs in variants_by_arch.items() for v in vs]
+    results = {}
+    start = time.perf_counter()
+    if jobs > 1 and len(tasks) > 1:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_compile_one, *t) for t in tasks]
+            for i, fut in enumerate(futures, 1):
+                name, arch, cubin, secs = fut.result()
+                results[(name, arch)] = cubin
+                print(f"[{i}/{len(tasks)}] {arch} {name}: {len(cubin)} bytes in {secs:.1f} s", flush=True)
+    else:
+        for i, task in enumerate(tasks, 1):
+            name, arch, cubin, secs = _compile_one(*task)
+            results[(name, arch)] = cubin
+            print(f"[{i}/{len(tasks)}] {arch} {name}: {len(cubin)} bytes in {secs:.1f} s", flush=True)
+    print(f"compiled {len(tasks)} variant(s) in {time.perf_counter() - start:.1f} s", flush=True)
+    return results
+
+
+def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> None:
+    """Write cubins, then each arch's manifest, atomically under a lock on ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    tools, src = toolchain_info(), source_hash()
+    with FileLock(str(out / ".build.lock")):
+        for arch, variants in variants_by_arch.items():
+            entries = []
+            for v in variants:
+                cubin = cubins[(v.name, arch)]
+                entry = manifest_entry(v, arch, cubin)
+                _atomic_write(out / entry["cubin"], cubin)
+                entries.append(entry)
+            kept = _kept_entries(manifest_path(out, arch), families)
+            manifest = {
+                "schema": SCHEMA_VERSION,
+                "arch": arch,
+                "toolchain": tools,
+                "source_hash": src,
+                "kernels": kept + entries,
+            }
+            text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
+            _atomic_write(manifest_path(out, arch), text.encode())
+            print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
+
+
+def _kept_entries(path: Path, families) -> list:
+    """Entries of families not rebuilt now, kept from an existing manifest (``--only``)."""
+    if set(families) == set(FAMILIES) or not path.exists():
+        return []
+    try:
+        old = json.loads(path.read_text())
+    except ValueError:
+        return []
+    if old.get("schema") != SCHEMA_VERSION:
+        return []
+    return [e for e in old.get("kernels", []) if e.get("family") not in families and e.get("family") in FAMILIES]
+
+
+def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
+    """Differences between the committed cache and a fresh build: one line per variant."""
+    problems = []
+    for arch in archs:
+        try:
+            old = json.loads(manifest_path(committed, arch).read_text())
+        except (OSError, ValueError) as e:
+            problems.append(f"{arch}: committed manifest unreadable ({e})")
+            continue
+        new = json.loads(manifest_path(fresh, arch).read_text())
+        if old.get("source_hash") != new["source_hash"]:
+            problems.append(f"{arch}: kernel sources changed since the committed build (source_hash)")
+        old_by_name = {e["name"]: e for e in old.get("kernels", [])}
+        for e in new["kernels"]:
+            if e["family"] not in families:
+                continue
+            o = old_by_name.get(e["name"])
+            if o is None:
+                problems.append(f"{arch} {e['name']}: missing from the committed manifest")
+            elif o.get("sha256") != e["sha256"]:
+                problems.append(f"{arch} {e['name']}: cubin sha256 differs from the committed one")
+            else:
+                try:
+                    if sha256_of((committed / o["cubin"]).read_bytes()) != o["sha256"]:
+                        problems.append(f"{arch} {e['name']}: committed cubin does not match its manifest")
+                except OSError:
+                    problems.append(f"{arch} {e['name']}: committed cubin missing")
+    return problems
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", nargs="+", choices=ARCHS, default=list(ARCHS))
+    parser.add_argument("--only", action="append", choices=FAMILIES, help="build only this family (repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="parallel compile processes")
+    parser.add_argument("--out", type=Path, default=REPO, help="cache root (holds cubins/ and manifests/)")
+    parser.add_argument("--check", action="store_true",
+                        help="rebuild into a temp dir and fail if anything differs from the cache at --out")
+    parser.add_argument("--warm-deepgemm", action="store_true",
+                        help="on a GPU machine: fill DeepGEMM's JIT cache for the serving shapes, then exit")
+    args = parser.parse_args(argv)
+
+    if args.warm_deepgemm:
+        from runtime.scoring import warm_deepgemm
+
+        warm_deepgemm()
+        return 0
+    families = tuple(args.only or FAMILIES)
+    variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
+    if args.check:
+        with tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
+            cubins = compile_all(variants_by_arch, args.jobs)
+            write_cache(Path(tmp), variants_by_arch, cubins, FAMILIES)
+            problems = check_against(args.out, Path(tmp), args.arch, families)
+        for p in problems:
+            print(f"CHECK FAILED: {p}")
+        print("check passed" if not problems else f"check failed: {len(problems)} difference(s); "
+              f"run: python build_kernels.py --arch {' '.join(args.arch)}")
+        return 1 if problems else 0
+    cubins = compile_all(variants_by_arch, args.jobs)
+    write_cache(args.out, variants_by_arch, cubins, families)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""Serve-time side of the AOT kernel cache: load, validate and launch precompiled cubins.
+
+Imports torch and cuda-python only (never CuTe DSL or ``kernels/``).
+"""
+
+from .errors import CacheError
+from .loader import Kernel, KernelCache, load
+
+__all__ = ["CacheError", "Kernel", "KernelCache", "load"]

@@ -1,0 +1,48 @@
+"""``python -m runtime verify``: list, validate and self-test the cache on this GPU."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def verify(root=None) -> int:
+    from . import load
+    from .errors import CacheError
+    from .probe import run_probe
+
+    start = time.perf_counter()
+    try:
+        cache = load(root)
+    except (CacheError, RuntimeError) as e:
+        print(f"FAIL: {e}")
+        return 1
+    seconds = time.perf_counter() - start
+    m = cache.manifest
+    print(f"manifest {m.path} (arch {m.arch}, schema ok, source {m.source_hash[:12]}, toolchain "
+          f"{m.toolchain.get('nvidia-cutlass-dsl', '?')})")
+    for name in cache.names():
+        e = cache.kernel(name).entry
+        print(f"  ok {name:40s} {e.family:18s} cluster {e.cluster} threads {e.threads} smem {e.smem_bytes} "
+              f"pdl {e.pdl} resident clusters {cache.kernel(name).max_active_clusters}")
+    print(f"loaded and validated {len(cache.names())} kernels in {seconds * 1e3:.1f} ms")
+    failed = 0
+    for name, problem in run_probe(cache).items():
+        print(f"  probe {name}: {'ok' if problem is None else 'FAIL ' + problem}")
+        failed += problem is not None
+    print("verify: " + ("FAILED" if failed else "all checks passed"))
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("verify", help="validate every cubin for this GPU and run the probe")
+    v.add_argument("--root", default=None, help="cache root (default: the installed cache)")
+    args = parser.parse_args(argv)
+    return verify(args.root)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

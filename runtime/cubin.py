@@ -1,0 +1,111 @@
+"""Reading what a cubin says about itself: target SM, kernel symbols, parameter layout.
+
+Standard library only (the before-stop hook and CI use it without a GPU). A cubin
+is an ELF64 file; NVIDIA encodes the SM in ``e_flags`` (two layouts, told apart by
+the ELF ABI version) and describes each kernel's parameters in the attribute list
+of its ``.nv.info.<kernel>`` section (``EIATTR_KPARAM_INFO`` records).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+ELF_MAGIC = b"\x7fELF"
+EM_CUDA = 190
+_EIATTR_KPARAM_INFO = 0x17
+_EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
+_EF_CUDA_ACCELERATORS_V1 = 0x800  # the "a" of sm_90a in the ABI-v1 flag layout
+
+
+class CubinFormatError(ValueError):
+    """The bytes are not a CUDA ELF this module can read."""
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    ordinal: int
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class CubinInfo:
+    sm: int  # e.g. 90, 100
+    arch_specific: bool | None  # the "a" suffix where the flag layout records it, else None
+    kernels: dict  # symbol -> tuple[KernelParam, ...] ordered by ordinal
+
+    def arch_matches(self, arch: str) -> bool:
+        """Whether this cubin targets ``arch`` (e.g. "sm_90a")."""
+        want_sm = int(arch[3:].rstrip("af"))
+        if self.sm != want_sm:
+            return False
+        return self.arch_specific is None or self.arch_specific == arch.endswith("a")
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.sm}" + ("a" if self.arch_specific else "")
+
+
+def _sections(data: bytes):
+    if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2:
+        raise CubinFormatError("not an ELF64 file")
+    (machine,) = struct.unpack_from("<H", data, 0x12)
+    if machine != EM_CUDA:
+        raise CubinFormatError(f"ELF machine {machine} is not CUDA ({EM_CUDA})")
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if shoff + shnum * shentsize > len(data) or shstrndx >= shnum:
+        raise CubinFormatError("section headers run past the end of the file (truncated?)")
+    heads = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    for h in heads:
+        if h[1] != 8 and h[4] + h[5] > len(data):  # 8 = SHT_NOBITS
+            raise CubinFormatError("a section runs past the end of the file (truncated?)")
+    strtab = heads[shstrndx][4]
+
+    def name(off: int) -> str:
+        end = data.index(b"\0", strtab + off)
+        return data[strtab + off : end].decode()
+
+    return {name(h[0]): data[h[4] : h[4] + h[5]] for h in heads}
+
+
+def _sm_of(data: bytes) -> tuple[int, bool | None]:
+    abi_version = data[8]
+    (flags,) = struct.unpack_from("<I", data, 0x30)
+    if abi_version == 7:  # layout v1: SM in the low byte, "a" as a flag bit
+        return flags & 0xFF, bool(flags & _EF_CUDA_ACCELERATORS_V1)
+    if abi_version == 8:  # layout v2: SM in bits 8..15; the "a" is not read here
+        return (flags >> 8) & 0xFF, None
+    raise CubinFormatError(f"unknown CUDA ELF ABI version {abi_version}")
+
+
+def _kernel_params(info: bytes) -> tuple[KernelParam, ...]:
+    params, i = [], 0
+    while i + 2 <= len(info):
+        fmt, attr = info[i], info[i + 1]
+        if fmt == _EIFMT_SVAL:
+            (size,) = struct.unpack_from("<H", info, i + 2)
+            value = info[i + 4 : i + 4 + size]
+            i += 4 + size
+        elif fmt in (_EIFMT_BVAL, _EIFMT_HVAL):
+            value = info[i + 2 : i + 4]
+            i += 4
+        elif fmt == _EIFMT_NVAL:
+            value = b""
+            i += 2
+        else:
+            raise CubinFormatError(f"unknown .nv.info attribute format {fmt}")
+        if attr == _EIATTR_KPARAM_INFO and len(value) >= 12:
+            _index, ordinal, offset, bits = struct.unpack_from("<IHHI", value)
+            params.append(KernelParam(ordinal, offset, (bits >> 18) & 0x3FFF))
+    return tuple(sorted(params, key=lambda p: p.ordinal))
+
+
+def read_cubin(data: bytes) -> CubinInfo:
+    """Parse a cubin: its SM and, for every kernel, the parameter layout."""
+    sections = _sections(data)
+    sm, specific = _sm_of(data)
+    prefix = ".nv.info."
+    kernels = {n[len(prefix) :]: _kernel_params(body) for n, body in sections.items() if n.startswith(prefix)}
+    return CubinInfo(sm, specific, kernels)

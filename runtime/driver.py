@@ -1,0 +1,47 @@
+"""The few CUDA driver calls the runtime makes, with errors turned into exceptions."""
+
+from __future__ import annotations
+
+from .errors import NoDriverError
+
+_driver = None
+
+
+def driver():
+    """cuda.bindings.driver, initialised; NoDriverError where there is none (CI)."""
+    global _driver
+    if _driver is None:
+        try:
+            import cuda.bindings.driver as drv
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise NoDriverError(f"cuda-python is not importable ({e}).", fix="pip install cuda-python") from None
+        try:
+            (err,) = drv.cuInit(0)
+        except RuntimeError as e:  # libcuda.so.1 absent
+            raise NoDriverError(
+                f"no CUDA driver on this machine ({e}).",
+                fix="run on a machine with an NVIDIA GPU and driver; CPU-only machines can use the torch fallbacks",
+            ) from None
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise NoDriverError(
+                f"the CUDA driver cannot initialise ({err.name}): no GPU or no driver on this machine.",
+                fix="run on a machine with an NVIDIA GPU and driver; CPU-only machines can use the torch fallbacks",
+            )
+        _driver = drv
+    return _driver
+
+
+class CudaCallError(RuntimeError):
+    pass
+
+
+def check(result, call: str):
+    """Unpack a cuda-python result tuple, raising on any error."""
+    drv = driver()
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        _, text = drv.cuGetErrorString(err)
+        raise CudaCallError(f"{call} failed: {err.name} ({text.decode() if text else ''})")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)

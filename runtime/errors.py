@@ -1,0 +1,71 @@
+"""Typed errors of the kernel cache. Each names the file, the kernel and the fix."""
+
+from __future__ import annotations
+
+REBUILD = "python build_kernels.py --arch {arch}"
+
+
+class CacheError(RuntimeError):
+    """Base of every refusal to load or launch from the kernel cache."""
+
+    def __init__(self, problem: str, *, file=None, kernel=None, fix=None):
+        self.problem, self.file, self.kernel, self.fix = problem, file, kernel, fix
+        where = " ".join(x for x in (f"{file}:" if file else "", f"kernel {kernel}:" if kernel else "") if x)
+        text = f"{where} {problem}".strip()
+        if fix:
+            text += f" Fix: {fix}"
+        super().__init__(text)
+
+
+class NoDriverError(CacheError):
+    """No usable CUDA driver or device in this process."""
+
+
+class SchemaError(CacheError):
+    """The manifest is missing, not JSON, of an unknown schema, or malformed."""
+
+
+class PathError(CacheError):
+    """A cubin path points outside the cache root."""
+
+
+class DuplicateKernelError(CacheError):
+    """Two manifest entries share a kernel name."""
+
+
+class MissingCubinError(CacheError):
+    """A cubin named by the manifest is absent."""
+
+
+class CubinIntegrityError(CacheError):
+    """A cubin's size or sha256 differs from the manifest (truncated or altered)."""
+
+
+class CubinArchError(CacheError):
+    """The cubin's ELF header names another SM than the manifest's arch."""
+
+
+class DeviceArchError(CacheError):
+    """The manifest's arch cannot run on this device."""
+
+
+class SymbolError(CacheError):
+    """The cubin lacks the kernel symbol the manifest names."""
+
+
+class ParamLayoutError(CacheError):
+    """The manifest's parameter list contradicts the binary's."""
+
+
+class SharedMemoryError(CacheError):
+    """The kernel asks for more shared memory than the device allows."""
+
+
+class ClusterShapeError(CacheError):
+    """The device cannot launch the kernel's cluster shape."""
+
+
+class UnknownKernelError(CacheError, KeyError):
+    """No kernel of that name in the loaded cache."""
+
+    __str__ = RuntimeError.__str__

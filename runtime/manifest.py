@@ -1,0 +1,210 @@
+"""The manifest: one JSON per arch describing every cubin of the cache.
+
+Reading and the CPU-side checks of a cubin (path, size, sha256, ELF arch, symbol,
+parameter layout) live here so that the build, the loader, CI tests and
+``python -m runtime verify`` share them; the device-side checks are in loader.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION
+from .cubin import CubinFormatError, read_cubin
+from .errors import (
+    REBUILD,
+    CubinArchError,
+    CubinIntegrityError,
+    DuplicateKernelError,
+    MissingCubinError,
+    ParamLayoutError,
+    PathError,
+    SchemaError,
+    SymbolError,
+)
+
+CACHE_ROOT_ENV = "SPARSE_DECODE_AOT_CACHE"
+
+_ENTRY_FIELDS = (
+    "name", "family", "config", "symbol", "cubin", "sha256", "size", "threads",
+    "cluster", "non_portable_cluster", "smem_bytes", "pdl", "params",
+)
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    name: str
+    ctype: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    name: str
+    family: str
+    config: dict
+    symbol: str
+    cubin: str  # relative to the cache root
+    sha256: str
+    size: int
+    threads: int
+    cluster: tuple
+    non_portable_cluster: bool
+    smem_bytes: int
+    pdl: bool
+    params: tuple  # of ParamEntry
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster[0] * self.cluster[1] * self.cluster[2]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    root: Path
+    arch: str
+    toolchain: dict
+    source_hash: str
+    kernels: dict  # name -> KernelEntry, in manifest order
+
+
+def default_root() -> Path:
+    """The cache root: $SPARSE_DECODE_AOT_CACHE, the checkout, or the installed data."""
+    env = os.environ.get(CACHE_ROOT_ENV)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent
+    if (here / "manifests").is_dir():
+        return here
+    import sys
+
+    return Path(sys.prefix) / "share" / "sparse_decode_aot"
+
+
+def manifest_path(root: Path, arch: str) -> Path:
+    return Path(root) / "manifests" / f"{arch}.json"
+
+
+def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
+    """Read and structurally check ``manifests/<arch>.json`` under ``root``."""
+    root = Path(root) if root is not None else default_root()
+    path = manifest_path(root, arch)
+    fix = REBUILD.format(arch=arch)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SchemaError("manifest not found.", file=path, fix=fix) from None
+    except (OSError, ValueError) as e:
+        raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise SchemaError(
+            f"unknown manifest schema {got!r}; this runtime reads schema {SCHEMA_VERSION}.", file=path,
+            fix=f"rebuild with this version: {fix}",
+        )
+    if data.get("arch") != arch:
+        raise SchemaError(f"manifest is for arch {data.get('arch')!r}, expected {arch!r}.", file=path, fix=fix)
+    kernels = {}
+    for raw in data.get("kernels", []):
+        entry = _entry(raw, path, fix)
+        if entry.name in kernels:
+            raise DuplicateKernelError("kernel name appears twice in the manifest.", file=path, kernel=entry.name, fix=fix)
+        kernels[entry.name] = entry
+    return Manifest(path, root, arch, data.get("toolchain", {}), data.get("source_hash", ""), kernels)
+
+
+def _entry(raw, path: Path, fix: str) -> KernelEntry:
+    name = raw.get("name") if isinstance(raw, dict) else None
+    missing = [f for f in _ENTRY_FIELDS if not isinstance(raw, dict) or f not in raw]
+    if missing:
+        raise SchemaError(f"manifest entry lacks {', '.join(missing)}.", file=path, kernel=name, fix=fix)
+    try:
+        params = tuple(ParamEntry(p["name"], p["ctype"], int(p["offset"]), int(p["size"])) for p in raw["params"])
+        entry = KernelEntry(
+            name=raw["name"], family=raw["family"], config=dict(raw["config"]), symbol=raw["symbol"],
+            cubin=raw["cubin"], sha256=raw["sha256"], size=int(raw["size"]), threads=int(raw["threads"]),
+            cluster=tuple(int(c) for c in raw["cluster"]), non_portable_cluster=bool(raw["non_portable_cluster"]),
+            smem_bytes=int(raw["smem_bytes"]), pdl=bool(raw["pdl"]), params=params,
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise SchemaError(f"malformed manifest entry ({e}).", file=path, kernel=name, fix=fix) from None
+    bad = [p.ctype for p in params if C_TYPE_SIZES.get(p.ctype) != p.size]
+    if len(entry.cluster) != 3 or bad:
+        raise SchemaError(f"malformed cluster or parameter C types {bad}.", file=path, kernel=name, fix=fix)
+    return entry
+
+
+def cubin_file(manifest: Manifest, entry: KernelEntry) -> Path:
+    """The cubin's path, refusing any that leaves the cache root."""
+    root = manifest.root.resolve()
+    rel = Path(entry.cubin)
+    target = (root / rel).resolve()
+    if rel.is_absolute() or ".." in rel.parts or root not in target.parents:
+        raise PathError(
+            f"cubin path {entry.cubin!r} leaves the cache root {root}.", file=manifest.path, kernel=entry.name,
+            fix=f"paths are relative to the cache root; {REBUILD.format(arch=manifest.arch)}",
+        )
+    return target
+
+
+def read_checked_cubin(manifest: Manifest, entry: KernelEntry) -> bytes:
+    """The cubin's bytes once its path, size, sha256, ELF arch, symbol and params check out."""
+    fix = REBUILD.format(arch=manifest.arch)
+    path = cubin_file(manifest, entry)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MissingCubinError("cubin is missing.", file=path, kernel=entry.name, fix=fix) from None
+    if len(data) != entry.size:
+        raise CubinIntegrityError(
+            f"cubin has {len(data)} bytes, the manifest says {entry.size} (truncated or replaced).",
+            file=path, kernel=entry.name, fix=fix,
+        )
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry.sha256:
+        raise CubinIntegrityError("cubin sha256 does not match the manifest (altered).", file=path, kernel=entry.name, fix=fix)
+    check_cubin_against_entry(data, entry, path, manifest.arch)
+    return data
+
+
+def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) -> None:
+    """ELF-level checks: the SM, the symbol, and each parameter's offset and size."""
+    fix = REBUILD.format(arch=arch)
+    try:
+        info = read_cubin(data)
+    except CubinFormatError as e:
+        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=path, kernel=entry.name, fix=fix) from None
+    if not info.arch_matches(arch):
+        raise CubinArchError(
+            f"cubin targets {info.arch}, the manifest says {arch}.", file=path, kernel=entry.name,
+            fix=f"use the cubin built for {arch}: {fix}",
+        )
+    if entry.symbol not in info.kernels:
+        raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
+    check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF")
+
+
+def check_param_layout(entry: KernelEntry, actual, path, arch: str, source: str) -> None:
+    """Compare the manifest's (offset, size) list with ``actual`` from ``source``."""
+    expected = [(p.offset, p.size) for p in entry.params]
+    if list(actual) != expected:
+        raise ParamLayoutError(
+            f"parameters (offset, size) {expected} contradict {source}: {list(actual)}.", file=path,
+            kernel=entry.name, fix=f"the contract and the kernel disagree; {REBUILD.format(arch=arch)}",
+        )
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def supported_arch(arch: str) -> str:
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    return arch

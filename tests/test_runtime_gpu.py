@@ -1,0 +1,91 @@
+"""The runtime on a GPU: load, launch (clusters of 2 and 8, DSMEM, PDL), graph capture, verify."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cache():
+    import runtime
+
+    return runtime.load()
+
+
+def test_probe_clusters_exchange_through_dsmem(cache):
+    from runtime.probe import run_probe
+
+    results = run_probe(cache, seed=11)
+    assert set(results) == {"probe_cluster2", "probe_cluster8"}
+    assert all(problem is None for problem in results.values()), results
+
+
+def test_probe_launch_config_has_cluster_and_pdl(cache):
+    import cuda.bindings.driver as drv
+
+    for name, cluster in (("probe_cluster2", 2), ("probe_cluster8", 8)):
+        kernel = cache.kernel(name)
+        ids = [a.id for a in kernel._config.attrs]
+        assert drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION in ids
+        assert drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION in ids
+        assert kernel.entry.cluster == (cluster, 1, 1)
+        assert kernel.max_active_clusters > 0
+
+
+def test_cuda_graph_capture_and_replay(cache):
+    import torch
+    from runtime.probe import expected_probe_output
+
+    kernel = cache.kernel("probe_cluster8")
+    out = torch.full((16,), -1, dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        kernel.launch(16, out.data_ptr(), 5)  # warm on the side stream, as torch asks
+    torch.cuda.synchronize()
+    out.fill_(-1)
+    with torch.cuda.graph(graph):
+        kernel.launch(16, out.data_ptr(), 5)
+    torch.cuda.synchronize()
+    assert out.tolist() == [-1] * 16, "capture must not run the kernel"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.tolist() == expected_probe_output(8, 2, 5)
+
+
+def test_launch_rejects_bad_grid_and_arity(cache):
+    kernel = cache.kernel("probe_cluster8")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kernel.launch(12, 0, 1)
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        kernel.launch(8, 0)
+
+
+def test_unknown_kernel_is_a_typed_error(cache):
+    from runtime.errors import CacheError, UnknownKernelError
+
+    with pytest.raises(UnknownKernelError) as e:
+        cache.kernel("no_such_kernel")
+    assert isinstance(e.value, CacheError)
+
+
+def test_sm100_manifest_refused_on_hopper():
+    import torch
+    from runtime.errors import DeviceArchError
+    from runtime.loader import load_manifest
+    from runtime.manifest import default_root, read_manifest
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("checks the refusal on a Hopper GPU")
+    with pytest.raises(DeviceArchError, match="sm_100a"):
+        load_manifest(read_manifest(default_root(), "sm_100a"), 0)
+
+
+def test_python_m_runtime_verify_passes():
+    proc = subprocess.run([sys.executable, "-m", "runtime", "verify"], capture_output=True, text=True, timeout=300)
+    print(proc.stdout, proc.stderr)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all checks passed" in proc.stdout
