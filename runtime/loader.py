@@ -49,6 +49,9 @@ class Kernel:
         self._params_address = ctypes.addressof(self._pointers)
         self._config = self._make_config(drv, entry)
         self._cluster_x = entry.cluster[0]
+        self._nargs = len(self._slots)
+        self._dims = None
+        self._stream = None
         self._lock = threading.Lock()
 
     @staticmethod
@@ -79,29 +82,44 @@ class Kernel:
         """Launch on ``stream`` (default: torch's current stream) with ``args`` in contract order.
 
         ``grid`` counts CTAs (an int or an (x, y, z) tuple); x must be a multiple of the
-        cluster's x. Pointers are ints (``tensor.data_ptr()``).
+        cluster's x. Pointers are ints (``tensor.data_ptr()``). The hot path only writes
+        what changed since the last launch of this kernel.
         """
-        gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else grid
-        if gx <= 0 or gy <= 0 or gz <= 0 or gx % self._cluster_x:
-            raise ValueError(f"{self.name}: grid {grid} must be positive with x a multiple of {self._cluster_x}")
-        if len(args) != len(self._slots):
-            raise TypeError(f"{self.name}: takes {len(self._slots)} arguments "
+        dims = (grid, 1, 1) if type(grid) is int else tuple(grid)
+        if len(args) != self._nargs:
+            raise TypeError(f"{self.name}: takes {self._nargs} arguments "
                             f"({', '.join(p.name for p in self.entry.params)}), got {len(args)}")
         if stream is None:
-            import torch
-
-            stream = torch.cuda.current_stream().cuda_stream
-        elif not isinstance(stream, int):
+            stream = _current_raw_stream()
+        elif type(stream) is not int:
             stream = stream.cuda_stream
         with self._lock:
+            config = self._config
+            if dims != self._dims:
+                self._set_grid(dims)
+            if stream != self._stream:
+                config.hStream = stream
+                self._stream = stream
             for slot, value in zip(self._slots, args):
                 slot.value = value
-            config = self._config
-            config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-            config.hStream = stream
             (err,) = self._launch(config, self._function, self._params_address, 0)
         if err:
             check((err,), f"cuLaunchKernelEx({self.name}, grid={grid})")
+
+    def _set_grid(self, dims) -> None:
+        gx, gy, gz = dims
+        if gx <= 0 or gy <= 0 or gz <= 0 or gx % self._cluster_x:
+            raise ValueError(f"{self.name}: grid {dims} must be positive with x a multiple of {self._cluster_x}")
+        config = self._config
+        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+        self._dims = dims
+
+
+def _current_raw_stream() -> int:
+    """torch's current stream handle, without building a torch.cuda.Stream object."""
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
 
 
 class KernelCache:
