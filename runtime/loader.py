@@ -15,6 +15,8 @@ import ctypes
 import threading
 from pathlib import Path
 
+import torch
+
 from .contract import ARCH_CAPABILITY
 from .driver import check, driver
 from .errors import ClusterShapeError, DeviceArchError, NoDriverError, SharedMemoryError, UnknownKernelError, REBUILD
@@ -117,9 +119,11 @@ class Kernel:
 
 def _current_raw_stream() -> int:
     """torch's current stream handle, without building a torch.cuda.Stream object."""
-    import torch
+    return _raw_stream_of(_current_device())
 
-    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+_raw_stream_of = torch._C._cuda_getCurrentRawStream
+_current_device = torch._C._cuda_getDevice
 
 
 class KernelCache:
