@@ -118,12 +118,16 @@ class Kernel:
 
 
 def _current_raw_stream() -> int:
-    """torch's current stream handle, without building a torch.cuda.Stream object."""
+    """torch's current stream handle, without building a torch.cuda.Stream object
+    (a CPU-only torch build lacks the fast accessors; it cannot launch anyway)."""
     return _raw_stream_of(_current_device())
 
 
-_raw_stream_of = torch._C._cuda_getCurrentRawStream
-_current_device = torch._C._cuda_getDevice
+_raw_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+if _raw_stream_of is None or _current_device is None:  # pragma: no cover - CPU-only torch
+    def _current_raw_stream() -> int:  # noqa: F811
+        return torch.cuda.current_stream().cuda_stream
 
 
 class KernelCache:
