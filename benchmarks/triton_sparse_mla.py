@@ -18,7 +18,6 @@ Not part of the runtime: benchmarks and GPU tests only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch

@@ -154,3 +154,112 @@ def test_active_mask():
     act = sparse_mla_active(idx, lens, swa_rows=5, compressed_rows=10)
     assert act[0, :4].tolist() == [True, False, False, True]
     assert act[0, 128:].tolist() == [True, False, False, False]  # 10 past the pool, -1, past lens
+
+
+# --- the host op's argument checks: they run before anything needs CUDA -------------------------
+
+def _valid_call(T=3, width=640):
+    q, swa, comp, idx, lens = make_inputs(T, width, seed=9)
+    kw = dict(sinks=torch.randn(H), bmm1_scale=0.04, bmm2_scale=1.0,
+              out=torch.empty(T, H, D, dtype=torch.bfloat16))
+    return [q, swa, comp, idx, lens], kw
+
+
+ARGS = ("q", "swa_kv", "compressed_kv", "indices", "lens")
+
+
+def _misaligned(t, offset_bytes):
+    """A contiguous copy of ``t`` whose data starts ``offset_bytes`` past an aligned address."""
+    nbytes = t.numel() * t.element_size()
+    raw = torch.zeros(nbytes + 64, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % 64 + offset_bytes
+    view = raw[start:start + nbytes].view(t.dtype).view(t.shape)
+    view.copy_(t)
+    return view
+
+
+BAD = [
+    # (argument, mutation of the valid value, expected exception)
+    ("q", lambda v: v.float(), TypeError),
+    ("q", lambda v: v.to(torch.float8_e5m2), TypeError),
+    ("q", lambda v: v[:, :8].contiguous(), ValueError),  # 8 heads
+    ("q", lambda v: v[..., :256].contiguous(), ValueError),  # head dim 256
+    ("q", lambda v: v[0], ValueError),  # 2-D
+    ("q", lambda v: v.transpose(1, 2).contiguous().transpose(1, 2), ValueError),  # not contiguous
+    ("q", lambda v: _misaligned(v, 8), ValueError),
+    ("q", lambda v: [1, 2], TypeError),
+    ("swa_kv", lambda v: v.to(torch.bfloat16), TypeError),
+    ("swa_kv", lambda v: v[:, :256].contiguous(), ValueError),
+    ("swa_kv", lambda v: v.view(-1), ValueError),
+    ("swa_kv", lambda v: _misaligned(v, 4), ValueError),
+    ("swa_kv", lambda v: v.to("meta"), ValueError),  # another device than q
+    ("compressed_kv", lambda v: v.view(torch.uint8), TypeError),
+    ("compressed_kv", lambda v: v.view(-1, 1024), ValueError),
+    ("compressed_kv", lambda v: v.t(), ValueError),
+    ("compressed_kv", lambda v: _misaligned(v, 8), ValueError),
+    ("compressed_kv", lambda v: v.to("meta"), ValueError),
+    ("indices", lambda v: v.long(), TypeError),
+    ("indices", lambda v: v[:, :256].contiguous(), ValueError),  # width 256 unsupported
+    ("indices", lambda v: v[:, :100].contiguous(), ValueError),
+    ("indices", lambda v: v[:2].contiguous(), ValueError),  # T mismatch
+    ("indices", lambda v: v.t().contiguous().t(), ValueError),  # not contiguous
+    ("indices", lambda v: v.to("meta"), ValueError),
+    ("indices", lambda v: v[0], ValueError),
+    ("lens", lambda v: v.long(), TypeError),
+    ("lens", lambda v: v[:2].contiguous(), ValueError),
+    ("lens", lambda v: v[None], ValueError),
+    ("lens", lambda v: torch.zeros(6, dtype=torch.int32)[::2], ValueError),
+    ("lens", lambda v: v.to("meta"), ValueError),
+    ("sinks", lambda v: v.double(), TypeError),
+    ("sinks", lambda v: v[:8].contiguous(), ValueError),
+    ("sinks", lambda v: torch.zeros(32)[::2], ValueError),
+    ("sinks", lambda v: v.to("meta"), ValueError),
+    ("out", lambda v: v.float(), TypeError),
+    ("out", lambda v: v[:2].contiguous(), ValueError),
+    ("out", lambda v: v.transpose(1, 2).contiguous().transpose(1, 2), ValueError),
+    ("out", lambda v: _misaligned(v, 2), ValueError),
+    ("out", lambda v: v.to("meta"), ValueError),
+    ("bmm1_scale", lambda v: "0.5", TypeError),
+    ("bmm1_scale", lambda v: float("nan"), ValueError),
+    ("bmm2_scale", lambda v: float("inf"), ValueError),
+    ("bmm2_scale", lambda v: None, TypeError),
+]
+
+
+def _call_with(fn, name, mutate):
+    args, kw = _valid_call()
+    if name in ARGS:
+        i = ARGS.index(name)
+        args[i] = mutate(args[i])
+    else:
+        kw[name] = mutate(kw[name])
+    return fn(*args, **kw)
+
+
+@pytest.mark.parametrize("name,mutate,exc", BAD, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(BAD)])
+def test_host_op_rejects_bad_arguments(name, mutate, exc):
+    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    for fn in (sparse_mla.sparse_mla_decode, sparse_mla.supports_sparse_mla):
+        with pytest.raises(exc, match=rf"\b{name}\b"):
+            _call_with(fn, name, mutate)
+
+
+def test_host_op_accepts_valid_arguments_on_cpu():
+    # On a machine without the cache's GPU the op computes with the reference, exactly.
+    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    args, kw = _valid_call()
+    out = kw["out"].fill_(float("nan"))
+    assert sparse_mla.sparse_mla_decode(*args, **kw) is out
+    want = sparse_mla_decode_reference(*args, sinks=kw["sinks"], bmm1_scale=0.04, bmm2_scale=1.0)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert sparse_mla.supports_sparse_mla(*args, **kw) is False  # no kernel for the CPU
+    kw.pop("out")
+    got = sparse_mla.sparse_mla_decode(*args, **kw)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_host_op_width_check():
+    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    for width in (0, 64, 256, 512, 768):
+        with pytest.raises(ValueError, match="width"):
+            sparse_mla.max_tokens(width)

@@ -1,0 +1,199 @@
+"""Benchmark of sparse_mla_decode on the GPU (issue 3): the AOT cluster kernel and its peers.
+
+For T in {1, 6, 12, 24, 48} tokens and widths 128 and 640, sinks on, every column active (the
+worst case: all of a token's rows are read). Each case times, in one process and run:
+
+- ``kernel``: the AOT CuTe DSL kernel through ``runtime.sparse_mla.sparse_mla_decode``;
+- ``triton``: the Triton split-KV peer (``benchmarks/triton_sparse_mla.py``), every entry of its
+  ``CONFIGS`` swept on this case and the fastest kept (honest tuning, recorded in the JSON);
+- ``reference``: the torch reference (``runtime.reference``);
+- ``floor``: an empty kernel of the AOT kernel's grid and cluster shape plus the bytes the op must
+  move (KV rows, queries, indices, lens, output) over the measured copy bandwidth.
+
+GPU time is the median over >= 20 CUDA-graph replays (``benchmarks.common.time_graph``). The input
+sets rotated through each graph share two large pools but gather different random rows and use
+different queries, so that the rows read between two uses of one set exceed the L2 several times.
+
+    PYTHONPATH=. python3 benchmarks/bench_sparse_mla.py --out $OUT/sparse_mla.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+
+import torch
+
+from benchmarks import common
+from runtime.reference import sparse_mla_decode_reference
+
+H, D = 16, 512
+DEVICE = "cuda"
+FP8 = torch.float8_e4m3fn
+TOKENS = (1, 6, 12, 24, 48)
+WIDTHS = (128, 640)
+SWA_ROWS = 1 << 19  # 256 MiB of sliding-window rows
+COMP_ROWS = 1 << 22  # 2 GiB of compressed rows
+BMM1_SCALE = 1.0 / D ** 0.5
+BMM2_SCALE = 1.0
+MAX_SETS = 4096  # input sets per graph for the fast ops
+REFERENCE_SETS = 32  # the reference launches dozens of kernels per call: fewer sets in its graph
+SWEEP_SETS = 256  # sets used while sweeping the Triton configs
+TARGET = {"T": 12, "width": 640, "kernel_us_max": 5.0, "speedup_vs_best_peer_min": 3.0, "over_floor_max": 2.0}
+
+
+def op_bytes(T: int, width: int) -> int:
+    """Bytes the op must move: KV rows + queries + indices + lens read, BF16 output written."""
+    return T * (width * D + H * D + width * 4 + 4 + H * D * 2)
+
+
+class Inputs:
+    """Shared pools and ``sets`` independent (q, indices, lens) sets for one case."""
+
+    def __init__(self, T: int, width: int, sets: int, swa, comp, sinks, gen):
+        self.q = (torch.randn(sets, T, H, D, device=DEVICE, generator=gen)).to(FP8)
+        idx = torch.randint(0, SWA_ROWS, (sets, T, width), device=DEVICE, generator=gen, dtype=torch.int32)
+        if width > 128:
+            idx[..., 128:] = torch.randint(0, COMP_ROWS, (sets, T, width - 128), device=DEVICE, generator=gen,
+                                           dtype=torch.int32)
+        self.indices = idx
+        self.lens = torch.full((sets, T), width, dtype=torch.int32, device=DEVICE)
+        self.swa, self.comp, self.sinks = swa, comp, sinks
+        self.out = torch.empty(T, H, D, dtype=torch.bfloat16, device=DEVICE)
+        self.sets = sets
+
+    def args(self, i: int):
+        return self.q[i], self.swa, self.comp, self.indices[i], self.lens[i]
+
+
+def sets_for(T: int, width: int) -> int:
+    per_set = T * width * D  # distinct rows each set gathers
+    return int(min(MAX_SETS, max(common.rotation_count(per_set, most=MAX_SETS), 20)))
+
+
+def time_op(fn, inp: Inputs, sets: int) -> dict:
+    kw = dict(sinks=inp.sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    calls = [(lambda i=i: fn(*inp.args(i), out=inp.out, **kw)) for i in range(min(sets, inp.sets))]
+    r = common.time_graph(calls)
+    r["rotated_bytes"] = len(calls) * op_bytes(inp.q.shape[1], inp.indices.shape[2])
+    return r
+
+
+def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log) -> dict:
+    sets = sets_for(T, width)
+    inp = Inputs(T, width, sets, swa, comp, sinks, gen)
+    case = {"T": T, "width": width, "sinks": True, "bytes": op_bytes(T, width), "input_sets": sets}
+    n = width // 128
+
+    if kernel_fn is not None:
+        try:
+            case["kernel"] = time_op(kernel_fn, inp, sets)
+        except Exception as e:  # report, keep measuring the peers
+            case["kernel"] = {"error": f"{type(e).__name__}: {e}"}
+            traceback.print_exc()
+
+    if tsm is not None:
+        sweep = []
+        for cfg in tsm.CONFIGS:
+            op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
+            try:
+                r = time_op(op, inp, SWEEP_SETS)
+                sweep.append((r["median_us"], cfg))
+            except Exception as e:
+                log(f"  triton {cfg}: {type(e).__name__}: {str(e)[:200]}")
+        if sweep:
+            sweep.sort(key=lambda x: x[0])
+            best_cfg = sweep[0][1]
+            r = time_op(tsm.TritonSparseMla(T, width, DEVICE, best_cfg), inp, sets)
+            r["config"] = vars(best_cfg) if hasattr(best_cfg, "__dict__") else str(best_cfg)
+            r["sweep_us"] = {str(c): round(t, 3) for t, c in sweep}
+            case["triton"] = r
+
+    def reference(q, s, c, i, l, *, out, **kw):
+        out.copy_(sparse_mla_decode_reference(q, s, c, i, l, tokens_per_chunk=max(T, 1), **kw))
+
+    try:
+        case["reference"] = time_op(reference, inp, REFERENCE_SETS)
+    except Exception as e:
+        case["reference"] = {"error": f"{type(e).__name__}: {e}"}
+        traceback.print_exc()
+
+    case["floor"] = common.floor(T * n, n, op_bytes(T, width))
+
+    # Ratios beside the absolute numbers.
+    k = case.get("kernel", {}).get("median_us")
+    peers = {p: case[p]["median_us"] for p in ("triton", "reference") if "median_us" in case.get(p, {})}
+    if peers:
+        best = min(peers, key=peers.get)
+        case["best_peer"] = best
+        if k:
+            case["speedup_vs_best_peer"] = peers[best] / k
+            case["speedup_vs"] = {p: t / k for p, t in peers.items()}
+    if k:
+        case["kernel_over_floor"] = k / case["floor"]["floor_us"]
+    if "triton" in peers:
+        case["triton_over_floor"] = peers["triton"] / case["floor"]["floor_us"]
+    del inp
+    return case
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
+    ap.add_argument("--widths", type=int, nargs="*", default=list(WIDTHS))
+    ap.add_argument("--no-triton", action="store_true")
+    args = ap.parse_args()
+    log = lambda s: print(s, flush=True)  # noqa: E731
+
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    swa = torch.randn(SWA_ROWS, D, device=DEVICE, generator=gen).to(FP8)
+    comp = torch.randn(COMP_ROWS, D, device=DEVICE, generator=gen).to(FP8)
+    sinks = torch.randn(H, device=DEVICE, generator=gen)
+
+    result = {"op": "sparse_mla_decode", "info": common.gpu_info(), "copy_gbs": common.copy_bandwidth_gbs(),
+              "pools": {"swa_rows": SWA_ROWS, "compressed_rows": COMP_ROWS}, "target": TARGET, "cases": []}
+    kernel_fn = None
+    try:
+        from runtime.sparse_mla import sparse_mla_decode
+
+        kernel_fn = sparse_mla_decode
+    except Exception as e:
+        result["kernel_error"] = f"{type(e).__name__}: {e}"
+        log(f"no AOT kernel: {result['kernel_error']}")
+    tsm = None
+    if not args.no_triton:
+        try:
+            from benchmarks import triton_sparse_mla as tsm
+        except Exception as e:
+            result["triton_error"] = f"{type(e).__name__}: {e}"
+
+    for width in args.widths:
+        for T in args.tokens:
+            t0 = time.time()
+            case = bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log)
+            result["cases"].append(case)
+            fmt = lambda p: f"{case[p]['median_us']:8.2f}" if "median_us" in case.get(p, {}) else "       -"  # noqa: E731
+            log(f"w={width:4d} T={T:3d} kernel {fmt('kernel')} us  triton {fmt('triton')}  reference {fmt('reference')}"
+                f"  floor {case['floor']['floor_us']:6.2f} (empty {case['floor']['empty_kernel_us']:.2f})"
+                f"  x_best_peer {case.get('speedup_vs_best_peer', float('nan')):.2f}"
+                f"  x_floor {case.get('kernel_over_floor', float('nan')):.2f}  [{time.time() - t0:.0f}s]")
+            common.write_json(args.out, result)  # partial results survive a timeout
+
+    for case in result["cases"]:
+        if case["T"] == TARGET["T"] and case["width"] == TARGET["width"]:
+            k = case.get("kernel", {}).get("median_us")
+            result["target_check"] = {
+                "kernel_us": k, "kernel_us_ok": k is not None and k <= TARGET["kernel_us_max"],
+                "speedup_vs_best_peer": case.get("speedup_vs_best_peer"),
+                "speedup_ok": case.get("speedup_vs_best_peer", 0) >= TARGET["speedup_vs_best_peer_min"],
+                "over_floor": case.get("kernel_over_floor"),
+                "over_floor_ok": case.get("kernel_over_floor", 1e9) <= TARGET["over_floor_max"],
+            }
+            log(f"target (T=12, width 640): {result['target_check']}")
+    common.write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
