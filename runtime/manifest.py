@@ -208,3 +208,11 @@ def supported_arch(arch: str) -> str:
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     return arch
+
+
+def check_cache(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
+    """Every CPU-side check of a cache (no GPU needed): the manifest, then each cubin."""
+    manifest = read_manifest(root, arch)
+    for entry in manifest.kernels.values():
+        read_checked_cubin(manifest, entry)
+    return manifest

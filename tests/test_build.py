@@ -1,0 +1,77 @@
+"""The build step: reproducible cubins equal to the committed ones, safe concurrent builds,
+and a runtime that never imports CuTe DSL."""
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from runtime.contract import all_variants
+from runtime.manifest import check_cache, manifest_path
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = [sys.executable, str(REPO / "build_kernels.py")]
+
+pytest.importorskip("cutlass", reason="the build needs nvidia-cutlass-dsl (extra 'build')")
+
+
+def build(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(BUILD + ["--only", "probe", "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def shas(root: Path, arch: str) -> dict:
+    data = json.loads(manifest_path(root, arch).read_text())
+    return {k["name"]: k["sha256"] for k in data["kernels"] if k["family"] == "probe"}
+
+
+def test_probe_build_is_reproducible_and_matches_the_committed_cache(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    proc = build(first)
+    build(second, "--jobs", "2")
+    assert "probe_cluster8" in proc.stdout and "compiled 4 variant(s)" in proc.stdout
+    for arch in ("sm_90a", "sm_100a"):
+        assert shas(first, arch) == shas(second, arch) == shas(REPO, arch), arch
+        check_cache(first, arch)
+
+
+def test_four_concurrent_builds_leave_a_valid_cache(tmp_path):
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: build(tmp_path), range(4)))
+    for arch in ("sm_90a", "sm_100a"):
+        manifest = check_cache(tmp_path, arch)
+        assert set(manifest.kernels) == {"probe_cluster2", "probe_cluster8"}
+    leftovers = [p for p in tmp_path.rglob(".*") if p.name != ".build.lock"]
+    assert not leftovers, f"temporary files left behind: {leftovers}"
+
+
+def test_manifest_records_the_contract():
+    for arch in ("sm_90a", "sm_100a"):
+        data = json.loads(manifest_path(REPO, arch).read_text())
+        assert data["toolchain"]["nvidia-cutlass-dsl"] and data["source_hash"]
+        by_name = {k["name"]: k for k in data["kernels"]}
+        for v in all_variants(arch, ("probe", "empty")):
+            k = by_name[v.name]
+            assert [(p["name"], p["ctype"]) for p in k["params"]] == [(p.name, p.ctype) for p in v.params]
+            assert k["threads"] == v.threads and tuple(k["cluster"]) == v.cluster
+            assert k["smem_bytes"] == v.smem_bytes and k["pdl"] == v.pdl
+            assert k["non_portable_cluster"] == (v.cluster_size > 8)
+
+
+def test_runtime_cpu_api_never_imports_cutedsl():
+    code = (
+        "import sys, runtime\n"
+        "from runtime.manifest import check_cache, default_root\n"
+        "from runtime.contract import all_variants\n"
+        "import runtime.reference, runtime.cubin\n"
+        "check_cache(default_root(), 'sm_90a'); all_variants()\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'kernels', 'cute'))\n"
+        "print('BAD', bad); sys.exit(1 if bad else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

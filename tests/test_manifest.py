@@ -1,0 +1,169 @@
+"""The loader's CPU-side validation on crafted caches: every refusal is a typed CacheError."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from runtime import errors
+from runtime.manifest import check_cache, manifest_path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cache(tmp_path):
+    """A copy of the committed probe kernels of both archs under a temporary root."""
+    for arch in ("sm_90a", "sm_100a"):
+        data = json.loads(manifest_path(REPO, arch).read_text())
+        data["kernels"] = [k for k in data["kernels"] if k["family"] == "probe"]
+        for k in data["kernels"]:
+            dst = tmp_path / k["cubin"]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / k["cubin"], dst)
+        target = manifest_path(tmp_path, arch)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(data))
+    return tmp_path
+
+
+def edit_manifest(root, arch, fn):
+    path = manifest_path(root, arch)
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+def first_cubin(root, arch="sm_90a") -> Path:
+    data = json.loads(manifest_path(root, arch).read_text())
+    return root / data["kernels"][0]["cubin"]
+
+
+def test_committed_cache_passes_every_cpu_check():
+    for arch in ("sm_90a", "sm_100a"):
+        manifest = check_cache(REPO, arch)
+        assert manifest.kernels, arch
+        assert {"probe_cluster2", "probe_cluster8"} <= set(manifest.kernels)
+
+
+def test_crafted_copy_passes(cache):
+    assert set(check_cache(cache, "sm_90a").kernels) == {"probe_cluster2", "probe_cluster8"}
+
+
+def test_missing_cubin(cache):
+    first_cubin(cache).unlink()
+    with pytest.raises(errors.MissingCubinError, match="probe_cluster2.*missing.*build_kernels.py"):
+        check_cache(cache, "sm_90a")
+
+
+def test_truncated_cubin(cache):
+    f = first_cubin(cache)
+    f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(errors.CubinIntegrityError, match="truncated"):
+        check_cache(cache, "sm_90a")
+
+
+def test_flipped_byte(cache):
+    f = first_cubin(cache)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    f.write_bytes(bytes(data))
+    with pytest.raises(errors.CubinIntegrityError, match="sha256"):
+        check_cache(cache, "sm_90a")
+
+
+def test_cubin_of_the_other_arch(cache):
+    """An sm_100a cubin with a manifest entry (size, sha256) rewritten to match it."""
+    import hashlib
+
+    other = first_cubin(cache, "sm_100a").read_bytes()
+    first_cubin(cache).write_bytes(other)
+
+    def swap(data):
+        k = data["kernels"][0]
+        k["size"], k["sha256"] = len(other), hashlib.sha256(other).hexdigest()
+
+    edit_manifest(cache, "sm_90a", swap)
+    with pytest.raises(errors.CubinArchError, match="sm_100.*sm_90a"):
+        check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("path", ["../outside.cubin", "cubins/../../outside.cubin", "/etc/passwd"])
+def test_path_leaving_the_root(cache, path):
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(cubin=path))
+    with pytest.raises(errors.PathError, match="leaves the cache root"):
+        check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("schema", [0, 2, "1", None])
+def test_unknown_schema(cache, schema):
+    edit_manifest(cache, "sm_90a", lambda d: d.update(schema=schema))
+    with pytest.raises(errors.SchemaError, match="schema"):
+        check_cache(cache, "sm_90a")
+
+
+def test_not_json(cache):
+    manifest_path(cache, "sm_90a").write_text("{not json")
+    with pytest.raises(errors.SchemaError, match="JSON"):
+        check_cache(cache, "sm_90a")
+
+
+def test_entry_missing_fields(cache):
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].pop("sha256"))
+    with pytest.raises(errors.SchemaError, match="lacks sha256"):
+        check_cache(cache, "sm_90a")
+
+
+def test_duplicate_kernel_name(cache):
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"].append(dict(d["kernels"][0])))
+    with pytest.raises(errors.DuplicateKernelError, match="probe_cluster2"):
+        check_cache(cache, "sm_90a")
+
+
+def test_param_list_contradicting_the_elf(cache):
+    def shift(d):
+        d["kernels"][0]["params"][1]["offset"] = 12
+
+    edit_manifest(cache, "sm_90a", shift)
+    with pytest.raises(errors.ParamLayoutError, match="contradict the cubin's ELF"):
+        check_cache(cache, "sm_90a")
+
+
+def test_extra_param_contradicting_the_elf(cache):
+    def extra(d):
+        d["kernels"][0]["params"].append({"name": "x", "ctype": "int32_t", "offset": 12, "size": 4})
+
+    edit_manifest(cache, "sm_90a", extra)
+    with pytest.raises(errors.ParamLayoutError):
+        check_cache(cache, "sm_90a")
+
+
+def test_symbol_absent(cache):
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(symbol="kernel_that_is_not_there"))
+    with pytest.raises(errors.SymbolError, match="kernel_that_is_not_there"):
+        check_cache(cache, "sm_90a")
+
+
+def test_manifest_for_another_arch(cache):
+    shutil.copy(manifest_path(cache, "sm_100a"), manifest_path(cache, "sm_90a"))
+    with pytest.raises(errors.SchemaError, match="sm_100a"):
+        check_cache(cache, "sm_90a")
+
+
+def test_errors_share_one_base_and_name_the_fix(cache):
+    first_cubin(cache).unlink()
+    with pytest.raises(errors.CacheError) as e:
+        check_cache(cache, "sm_90a")
+    assert e.value.kernel == "probe_cluster2" and "build_kernels.py --arch sm_90a" in str(e.value)
+
+
+def test_no_driver_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    import runtime
+
+    with pytest.raises(errors.NoDriverError, match="Fix:"):
+        runtime.load()
