@@ -230,3 +230,35 @@ def test_triton_peer_every_config_runs_right():
                                      out=out, config=config)
         torch.cuda.synchronize()
         assert_matches(out, args, sinks, p_dtype=FP8 if config.fp8_pv else torch.bfloat16)
+
+
+def test_kernel_with_small_tensors_only_4_byte_aligned():
+    # The host op accepts indices, lens and sinks at any 4-byte aligned address: the kernel must
+    # then read them right (no 16-byte vector access assumed).
+    from runtime.sparse_mla import sparse_mla_decode
+
+    args, sinks = make_case(6, 640, seed=21)
+    q, swa, comp, idx, lens = args
+
+    def shifted(t):
+        raw = torch.empty(t.numel() + 8, dtype=t.dtype, device="cuda")
+        start = next(i for i in range(1, 5) if (raw.data_ptr() + 4 * i) % 16)
+        view = raw[start:start + t.numel()].view(t.shape)
+        view.copy_(t)
+        return view
+
+    idx, lens, sinks = shifted(idx), shifted(lens), shifted(sinks)
+    assert idx.data_ptr() % 16 and lens.data_ptr() % 16 and sinks.data_ptr() % 16
+    out = poisoned(6)
+    sparse_mla_decode(q, swa, comp, idx, lens, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE, out=out)
+    torch.cuda.synchronize()
+    assert_matches(out, (q, swa, comp, idx, lens), sinks, p_dtype=KERNEL_P_DTYPE)
+
+
+def test_kernel_zero_tokens():
+    from runtime.sparse_mla import sparse_mla_decode
+
+    args, sinks = make_case(1, 640, seed=1)
+    args = tuple(a[:0] if i in (0, 3, 4) else a for i, a in enumerate(args))
+    out = sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    assert out.shape == (0, H, D)

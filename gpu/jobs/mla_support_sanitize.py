@@ -1,0 +1,24 @@
+"""Launch the sparse-MLA kernel for both widths, with and without sinks, on small batches.
+
+Run under compute-sanitizer (memcheck, racecheck, synccheck) by gpu/jobs/mla_support.sh; the
+inputs mix the masking cases of tests/test_sparse_mla_gpu.py (indices past the pools, -1, empty
+tokens, whole chunks masked) so every branch of the kernel runs. Prints one line per launch.
+"""
+
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from runtime.sparse_mla import sparse_mla_decode, supports_sparse_mla  # noqa: E402
+from tests.test_sparse_mla_gpu import BMM1_SCALE, BMM2_SCALE, make_case  # noqa: E402
+
+T = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+for width in (128, 640):
+    for with_sinks in (True, False):
+        args, sinks = make_case(T, width, seed=width + with_sinks)
+        sinks = sinks if with_sinks else None
+        assert supports_sparse_mla(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE), "no kernel"
+        out = sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+        torch.cuda.synchronize()
+        print(f"width {width} sinks {with_sinks}: T={T} finite={bool(torch.isfinite(out.float()).all())}", flush=True)
