@@ -1,0 +1,109 @@
+"""Smoke check of the sparse_mla_decode cluster kernel on the GPU (helper of gpu/jobs/mla_kernel.sh).
+
+usage: mla_kernel_smoke.py check WIDTH SINKS(0|1) T...   -> correctness vs the reference (and emulation)
+       mla_kernel_smoke.py save OUTDIR                    -> a small case's inputs and output (offline debugging)
+       mla_kernel_smoke.py time                           -> rough per-launch time (CUDA graph, no L2 rotation)
+"""
+import sys
+import time
+
+import torch
+
+import runtime
+from runtime.reference import sparse_mla_active, sparse_mla_decode_reference
+from runtime.sparse_mla import max_tokens, sparse_mla_decode
+from tests.test_sparse_mla_gpu import BMM1_SCALE, BMM2_SCALE, emulate, make_case
+
+KW = dict(bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+
+
+def check(width, with_sinks, Ts):
+    ok = True
+    for T in Ts:
+        args, sinks = make_case(T, width, seed=1000 + T)
+        sinks = sinks if with_sinks else None
+        out = torch.full((T, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
+        torch.cuda.synchronize()
+        ref = sparse_mla_decode_reference(*args, sinks=sinks, **KW).float()
+        emu = emulate(*args, sinks=sinks, **KW).float()
+        got = out.float()
+        nonfinite = int((~torch.isfinite(got)).sum())
+        empty = ~sparse_mla_active(args[3], args[4], args[1].shape[0], args[2].shape[0]).any(1)
+        empty_bad = int((got[empty].nan_to_num(1.0) != 0).sum())
+        err = (got.nan_to_num(1e9) - ref).abs().flatten(1).amax(1)
+        e = (emu - ref).abs().flatten(1).amax(1)
+        top = ref.abs().flatten(1).amax(1)
+        bad = (err > 3 * e + 2 ** -8 * top + 1e-6).nonzero().flatten().tolist()
+        good = not bad and nonfinite == 0 and empty_bad == 0
+        ok &= good
+        print(f"w={width} sinks={int(with_sinks)} T={T}: {'PASS' if good else 'FAIL'} max_err={float(err.max()):.4g} "
+              f"emu_err={float(e.max()):.4g} ref_max={float(top.max()):.4g} nonfinite={nonfinite} "
+              f"empty_nonzero={empty_bad} bad_tokens={bad[:10]}", flush=True)
+        if bad:
+            t = bad[0]
+            d = (got[t] - ref[t]).abs()
+            print("  token", t, "err per head:", [round(float(x), 3) for x in d.amax(1)], flush=True)
+            print("  err per 64-dim tile:", [round(float(x), 3) for x in d.view(16, 8, 64).amax((0, 2))], flush=True)
+            print("  got[t,0,:8]", got[t, 0, :8].tolist(), "\n  ref[t,0,:8]", ref[t, 0, :8].tolist(), flush=True)
+    return ok
+
+
+def save(outdir):
+    torch.manual_seed(0)
+    T, width = 3, 640
+    q = (torch.randn(T, 16, 512)).to(torch.float8_e4m3fn).cuda()
+    swa = torch.randn(256, 512).to(torch.float8_e4m3fn).cuda()
+    comp = torch.randn(1024, 512).to(torch.float8_e4m3fn).cuda()
+    idx = torch.cat([torch.randint(0, 256, (T, 128)), torch.randint(0, 1024, (T, 512))], 1).int().cuda()
+    lens = torch.tensor([640, 300, 100], dtype=torch.int32).cuda()
+    sinks = torch.randn(16).cuda()
+    outs = {}
+    for w in (128, 640):
+        for s in (None, sinks):
+            o = sparse_mla_decode(q, swa, comp, idx[:, :w].contiguous(), lens.clamp(max=w), sinks=s, **KW)
+            torch.cuda.synchronize()
+            outs[f"w{w}_{'s' if s is not None else 'n'}"] = o.cpu()
+    torch.save(dict(q=q.cpu(), swa=swa.cpu(), comp=comp.cpu(), idx=idx.cpu(), lens=lens.cpu(), sinks=sinks.cpu(),
+                    outs=outs, **KW), f"{outdir}/case.pt")
+    print("saved", list(outs), flush=True)
+
+
+def timing():
+    for width in (128, 640):
+        print(f"max_tokens({width}) = {max_tokens(width)}", flush=True)
+    for width in (640, 128):
+        for T in (1, 6, 12, 24, 48):
+            args, sinks = make_case(T, width, seed=7)
+            out = torch.empty(T, 16, 512, dtype=torch.bfloat16, device="cuda")
+            for _ in range(5):
+                sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(50):
+                    sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
+            g.replay()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(10):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b) * 1000 / 50)
+            times.sort()
+            print(f"time w={width} sinks=1 T={T}: {times[len(times) // 2]:.2f} us/launch (graph, back-to-back, L2 warm)",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    runtime.load()
+    cmd = sys.argv[1]
+    if cmd == "check":
+        sys.exit(0 if check(int(sys.argv[2]), bool(int(sys.argv[3])), [int(x) for x in sys.argv[4:]]) else 1)
+    elif cmd == "save":
+        save(sys.argv[2])
+    elif cmd == "time":
+        timing()

@@ -1,0 +1,396 @@
+"""Inline-PTX helpers shared by every kernel family (one module, no copies elsewhere).
+
+CuTe DSL 4.8.1 wraps most of what the kernels need (barriers, shuffles,
+griddepcontrol, cp.async groups); these helpers cover the rest: raw 32-bit
+shared-memory addresses (swizzled tiles are addressed by hand), Hopper WGMMA
+with explicit descriptors and register fragments, ldmatrix, DSMEM stores and
+bulk copies between CTAs of a cluster, and a few conversions.
+
+Every helper is ``has_side_effects=True`` unless noted: memory operations must
+keep their order relative to barriers, fences and ``griddepcontrol.wait``.
+Shared-memory addresses are ``Int32`` (the ``.shared::cta`` window); global
+addresses are ``Int64``.
+"""
+
+from __future__ import annotations
+
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+def _asm(results, operands, text, constraints, pure=False):
+    """One inline-asm statement; ``results`` is None, one MLIR type or a list of them."""
+    if isinstance(results, list):
+        res = llvm.StructType.get_literal(results)
+    else:
+        res = results
+    return llvm.inline_asm(
+        res,
+        operands,
+        text,
+        constraints,
+        has_side_effects=not pure,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+def _unpack(struct, types):
+    return [llvm.extractvalue(t, struct, [i]) for i, t in enumerate(types)]
+
+
+def _i32(x):
+    return Int32(x).ir_value()
+
+
+def _i64(x):
+    return Int64(x).ir_value()
+
+
+def _f32(x):
+    return Float32(x).ir_value()
+
+
+# ---------------------------------------------------------------- global memory
+
+
+@dsl_user_op
+def ld_global_s32(addr: Int64, *, loc=None, ip=None) -> Int32:
+    """An int32 from global memory that an earlier grid may have written (coherent, ordered)."""
+    return Int32(_asm(T.i32(), [_i64(addr)], "ld.global.s32 $0, [$1];", "=r,l"))
+
+
+@dsl_user_op
+def ld_global_nc_f32(addr: Int64, *, loc=None, ip=None) -> Float32:
+    """A float from read-only global memory (weights: safe before griddepcontrol.wait)."""
+    return Float32(_asm(T.f32(), [_i64(addr)], "ld.global.nc.f32 $0, [$1];", "=f,l"))
+
+
+@dsl_user_op
+def st_global_v4_b32(addr: Int64, a, b, c, d, *, loc=None, ip=None) -> None:
+    """Store four 32-bit words at a 16-byte aligned global address."""
+    _asm(None, [_i64(addr), _i32(a), _i32(b), _i32(c), _i32(d)],
+         "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r")
+
+
+@dsl_user_op
+def cp_async_16(smem: Int32, gmem: Int64, src_bytes: Int32, *, loc=None, ip=None) -> None:
+    """cp.async of 16 bytes global -> shared; src_bytes < 16 zero-fills the rest.
+
+    With src_bytes == 0 nothing is read from global memory (a masked row costs no
+    traffic and cannot fault), yet the copy stays in the thread's async group.
+    """
+    _asm(None, [_i32(smem), _i64(gmem), _i32(src_bytes)],
+         "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r")
+
+
+# ---------------------------------------------------------------- shared memory
+
+
+@dsl_user_op
+def ld_shared_s32(addr: Int32, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [_i32(addr)], "ld.shared.s32 $0, [$1];", "=r,r"))
+
+
+@dsl_user_op
+def ld_shared_f32(addr: Int32, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [_i32(addr)], "ld.shared.f32 $0, [$1];", "=f,r"))
+
+
+@dsl_user_op
+def ld_shared_v4_f32(addr: Int32, *, loc=None, ip=None):
+    """Four floats from a 16-byte aligned shared address."""
+    ts = [T.f32()] * 4
+    s = _asm(ts, [_i32(addr)], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r")
+    return [Float32(v) for v in _unpack(s, ts)]
+
+
+@dsl_user_op
+def st_shared_s32(addr: Int32, v, *, loc=None, ip=None) -> None:
+    _asm(None, [_i32(addr), _i32(v)], "st.shared.s32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def st_shared_f32(addr: Int32, v, *, loc=None, ip=None) -> None:
+    _asm(None, [_i32(addr), _f32(v)], "st.shared.f32 [$0], $1;", "r,f")
+
+
+@dsl_user_op
+def st_shared_v2_f32(addr: Int32, a, b, *, loc=None, ip=None) -> None:
+    """Two floats at an 8-byte aligned shared address."""
+    _asm(None, [_i32(addr), _f32(a), _f32(b)], "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f")
+
+
+@dsl_user_op
+def st_shared_u8(addr: Int32, v, *, loc=None, ip=None) -> None:
+    """Store the low byte of v."""
+    _asm(None, [_i32(addr), _i32(v)], "st.shared.u8 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def ldmatrix_x4_trans(addr: Int32, *, loc=None, ip=None):
+    """ldmatrix .x4 .trans of b16 8x8 matrices; lane l gives the row address l % 8 of matrix l // 8.
+
+    Thread l receives, per matrix, the b16 elements at rows 2(l%4) (low half) and
+    2(l%4)+1 (high half) of column l // 4.
+    """
+    ts = [T.i32()] * 4
+    s = _asm(ts, [_i32(addr)],
+             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
+             "=r,=r,=r,=r,r")
+    return [Int32(v) for v in _unpack(s, ts)]
+
+
+@dsl_user_op
+def fence_proxy_async_shared(*, loc=None, ip=None) -> None:
+    """Make this thread's generic-proxy shared writes visible to the async proxy (WGMMA, bulk copy)."""
+    _asm(None, [], "fence.proxy.async.shared::cta;", "")
+
+
+# ---------------------------------------------------------------- cluster / DSMEM
+
+
+@dsl_user_op
+def mapa_shared(addr: Int32, rank, *, loc=None, ip=None) -> Int32:
+    """The shared::cluster address of ``addr`` in the CTA of cluster rank ``rank``."""
+    return Int32(_asm(T.i32(), [_i32(addr), _i32(rank)], "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r"))
+
+
+@dsl_user_op
+def st_cluster_f32(addr: Int32, v, *, loc=None, ip=None) -> None:
+    """Store a float at a shared::cluster address (from mapa_shared)."""
+    _asm(None, [_i32(addr), _f32(v)], "st.shared::cluster.f32 [$0], $1;", "r,f")
+
+
+@dsl_user_op
+def mbarrier_init(addr: Int32, count, *, loc=None, ip=None) -> None:
+    _asm(None, [_i32(addr), _i32(count)], "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def fence_mbarrier_init_cluster(*, loc=None, ip=None) -> None:
+    """Publish mbarrier.init to the cluster (peers complete transactions on it)."""
+    _asm(None, [], "fence.mbarrier_init.release.cluster;", "")
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx(addr: Int32, nbytes, *, loc=None, ip=None) -> None:
+    _asm(None, [_i32(addr), _i32(nbytes)],
+         "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def mbarrier_wait_parity(addr: Int32, parity, *, loc=None, ip=None) -> None:
+    """Spin until the mbarrier's phase with this parity has completed (acquire, cluster scope)."""
+    _asm(None, [_i32(addr), _i32(parity)],
+         "{\n.reg .pred p;\nLAB_WAIT:\n"
+         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$0], $1;\n"
+         "@!p bra LAB_WAIT;\n}", "r,r")
+
+
+@dsl_user_op
+def bulk_copy_to_peer(dst_cluster: Int32, src: Int32, nbytes, mbar_cluster: Int32, *, loc=None, ip=None) -> None:
+    """Bulk-copy nbytes of this CTA's shared memory to a peer's, completing on the peer's mbarrier."""
+    _asm(None, [_i32(dst_cluster), _i32(src), _i32(nbytes), _i32(mbar_cluster)],
+         "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+         "r,r,r,r")
+
+
+# ---------------------------------------------------------------- WGMMA (sm_90a)
+
+
+def _desc_lo(addr):
+    """Low word of a K-major 128B-swizzle descriptor: start address >> 4, LBO = 1 (unused)."""
+    return ((Int32(addr) >> 4) & 0x3FFF) | (1 << 16)
+
+
+# High word: SBO = 1024 bytes (eight 128-byte rows), layout type 1 = 128B swizzle (bit 62).
+_DESC_HI_SW128 = (1024 >> 4) | (1 << 30)
+
+
+@dsl_user_op
+def wgmma_fence(*, loc=None, ip=None) -> None:
+    _asm(None, [], "wgmma.fence.sync.aligned;", "")
+
+
+@dsl_user_op
+def wgmma_commit(*, loc=None, ip=None) -> None:
+    _asm(None, [], "wgmma.commit_group.sync.aligned;", "")
+
+
+@dsl_user_op
+def wgmma_wait(pending: int, acc, *, loc=None, ip=None):
+    """wgmma.wait_group ``pending``, threading the accumulators through the asm.
+
+    Returning the registers as outputs ties every later use of them to the wait,
+    so the compiler cannot read an accumulator before its MMA has landed.
+    """
+    n = len(acc)
+    ts = [T.f32()] * n
+    cons = ",".join(["=f"] * n + [str(i) for i in range(n)])
+    s = _asm(ts, [_f32(a) for a in acc], f"wgmma.wait_group.sync.aligned {pending};", cons)
+    return [Float32(v) for v in _unpack(s, ts)]
+
+
+@dsl_user_op
+def wgmma_m64n16k32_e4m3_ss(acc, a_addr: Int32, b_addr: Int32, accumulate: int, *, loc=None, ip=None):
+    """D[64x16] (+)= A[64x32] B[32x16]^T, FP8 E4M3 -> FP32; both from 128B-swizzled K-major smem.
+
+    acc: 8 floats (the m64n16 accumulator fragment); a_addr/b_addr: shared
+    addresses of the operands' first byte (inside a 1024-byte aligned swizzle atom
+    row 0, offset along K by multiples of 32 bytes).
+    """
+    ts = [T.f32()] * 8
+    cons = ",".join(["=f"] * 8 + [str(i) for i in range(8)] + ["r", "r", "r", "n"])
+    text = (
+        "{\n.reg .b64 da, db;\n"
+        "mov.b64 da, {$16, $18};\nmov.b64 db, {$17, $18};\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{$0, $1, $2, $3, $4, $5, $6, $7}, da, db, $19, 1, 1;\n}"
+    )
+    s = _asm(ts, [_f32(a) for a in acc] + [_i32(_desc_lo(a_addr)), _i32(_desc_lo(b_addr)),
+                                            _i32(_DESC_HI_SW128), _i32(1 if accumulate else 0)], text, cons)
+    return [Float32(v) for v in _unpack(s, ts)]
+
+
+@dsl_user_op
+def wgmma_m64n16k32_e4m3_rs(acc, a_frag, b_addr: Int32, accumulate: int, *, loc=None, ip=None):
+    """D[64x16] (+)= A[64x32] B[32x16]^T, FP8 E4M3; A from registers, B K-major 128B-swizzled smem.
+
+    a_frag: 4 words per thread in the m16n8k32 A layout of each warp's 16 rows
+    (a0: row g, k 4t..4t+3; a1: row g+8; a2, a3: k + 16), g = lane/4, t = lane%4.
+    """
+    ts = [T.f32()] * 8
+    cons = ",".join(["=f"] * 8 + [str(i) for i in range(8)] + ["r"] * 4 + ["r", "r", "n"])
+    text = (
+        "{\n.reg .b64 db;\n"
+        "mov.b64 db, {$20, $21};\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{$0, $1, $2, $3, $4, $5, $6, $7}, {$16, $17, $18, $19}, db, $22, 1, 1;\n}"
+    )
+    s = _asm(ts, [_f32(a) for a in acc] + [_i32(x) for x in a_frag]
+             + [_i32(_desc_lo(b_addr)), _i32(_DESC_HI_SW128), _i32(1 if accumulate else 0)], text, cons)
+    return [Float32(v) for v in _unpack(s, ts)]
+
+
+# ---------------------------------------------------------------- math / conversion
+
+
+@dsl_user_op
+def ex2(x, *, loc=None, ip=None) -> Float32:
+    """2^x (ex2.approx.ftz: -inf -> +0)."""
+    return Float32(_asm(T.f32(), [_f32(x)], "ex2.approx.ftz.f32 $0, $1;", "=f,f", pure=True))
+
+
+@dsl_user_op
+def cvt_e4m3x2(lo, hi, *, loc=None, ip=None) -> Int32:
+    """Two floats as E4M3 bytes (round to nearest, saturating): lo in byte 0, hi in byte 1."""
+    return Int32(_asm(T.i32(), [_f32(lo), _f32(hi)],
+                      "{\n.reg .b16 h;\ncvt.rn.satfinite.e4m3x2.f32 h, $2, $1;\ncvt.u32.u16 $0, h;\n}",
+                      "=r,f,f", pure=True))
+
+
+@dsl_user_op
+def cvt_bf16x2(lo, hi, *, loc=None, ip=None) -> Int32:
+    """Two floats as BF16 (round to nearest) packed in a word, lo in the low half."""
+    return Int32(_asm(T.i32(), [_f32(lo), _f32(hi)], "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", pure=True))
+
+
+@dsl_user_op
+def prmt(a, b, selector: int, *, loc=None, ip=None) -> Int32:
+    """Byte permute of the pair {b, a} (a = bytes 0-3) by a constant selector."""
+    return Int32(_asm(T.i32(), [_i32(a), _i32(b)], f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r", pure=True))
+
+
+# ---------------------------------------------------------------- unsigned words (radix select)
+# Unsigned 32-bit results: the keys of an order-preserving float -> integer map.
+
+
+@dsl_user_op
+def ld_global_nc_v4_u32(addr: Int64, *, loc=None, ip=None):
+    """Four words (16-byte aligned) of read-only global data, not kept in L1 (read once)."""
+    st = _asm([T.i32()] * 4, [_i64(addr)],
+              "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", pure=True)
+    return tuple(Uint32(v) for v in _unpack(st, [T.i32()] * 4))
+
+
+@dsl_user_op
+def ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """One word of read-only global data."""
+    return Uint32(_asm(T.i32(), [_i64(addr)], "ld.global.nc.u32 $0, [$1];", "=r,l", pure=True))
+
+
+@dsl_user_op
+def ld_global_nc_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """One half-word of read-only global data, zero-extended."""
+    return Uint32(_asm(T.i32(), [_i64(addr)],
+                       "{\n.reg .b16 h;\nld.global.nc.u16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,l", pure=True))
+
+
+@dsl_user_op
+def ld_cluster_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
+    """A word at a shared::cluster address (from mapa_shared); order it with a cluster barrier."""
+    return Uint32(_asm(T.i32(), [_i32(addr)], "ld.shared::cluster.u32 $0, [$1];", "=r,r"))
+
+
+@dsl_user_op
+def ld_cluster_v4_u32(addr: Int32, *, loc=None, ip=None):
+    """Four words (16-byte aligned) at a shared::cluster address, one request."""
+    st = _asm([T.i32()] * 4, [_i32(addr)], "ld.shared::cluster.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r")
+    return tuple(Uint32(v) for v in _unpack(st, [T.i32()] * 4))
+
+
+@dsl_user_op
+def atom_add_cluster_u32(addr: Int32, v, *, loc=None, ip=None) -> Uint32:
+    """Atomic add at a shared::cluster address (any CTA of the cluster); returns the old value."""
+    return Uint32(_asm(T.i32(), [_i32(addr), Uint32(v).ir_value()],
+                       "atom.shared::cluster.add.u32 $0, [$1], $2;", "=r,r,r"))
+
+
+# ---------------------------------------------------------------- decode_topk helpers
+# (Rewritten here after an accidental overwrite of this module: signatures follow
+# kernels/decode_topk.py's use. Loads of logits are read-only for the kernel's life.)
+
+
+def _u32(x):
+    return Uint32(x).ir_value()
+
+
+@dsl_user_op
+def ld_global_nc_v4_u32(addr: Int64, *, loc=None, ip=None):
+    """Four 32-bit words from a 16-byte aligned read-only global address."""
+    ts = [T.i32()] * 4
+    s = _asm(ts, [_i64(addr)], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+    return [Uint32(v) for v in _unpack(s, ts)]
+
+
+@dsl_user_op
+def ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    return Uint32(_asm(T.i32(), [_i64(addr)], "ld.global.nc.u32 $0, [$1];", "=r,l"))
+
+
+@dsl_user_op
+def ld_global_nc_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
+    """A 16-bit word, zero-extended."""
+    return Uint32(_asm(T.i32(), [_i64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l"))
+
+
+@dsl_user_op
+def atom_add_cluster_u32(addr: Int32, v, *, loc=None, ip=None) -> Uint32:
+    """atomicAdd on a shared::cluster address (from mapa_shared); returns the old value."""
+    return Uint32(_asm(T.i32(), [_i32(addr), _u32(v)],
+                       "atom.shared::cluster.add.u32 $0, [$1], $2;", "=r,r,r"))
+
+
+@dsl_user_op
+def ld_cluster_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(_asm(T.i32(), [_i32(addr)], "ld.shared::cluster.u32 $0, [$1];", "=r,r"))
+
+
+@dsl_user_op
+def ld_cluster_v4_u32(addr: Int32, *, loc=None, ip=None):
+    """Four words from a 16-byte aligned shared::cluster address."""
+    ts = [T.i32()] * 4
+    s = _asm(ts, [_i32(addr)], "ld.shared::cluster.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r")
+    return [Uint32(v) for v in _unpack(s, ts)]

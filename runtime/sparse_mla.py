@@ -1,0 +1,164 @@
+"""Host op of the sparse-MLA decode (DESIGN.md "sparse_mla_decode") on the AOT cluster kernel.
+
+``sparse_mla_decode`` checks every argument, then launches the cached sm_90a kernel
+(one cluster of ``width / 128`` CTAs a token) where ``supports_sparse_mla`` says it
+takes the call, and otherwise computes the same result exactly with the torch
+reference (CPU tensors, a GPU the cache has no kernel for). Batches above
+``max_tokens(width)`` still run on the kernel: the clusters beyond one wave wait
+for a free slot, which costs far less than the reference's gather in FP32.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from .contract import sparse_mla_decode as contract
+from .reference import sparse_mla_decode_reference
+
+FP8 = torch.float8_e4m3fn
+HEADS = contract.HEADS
+HEAD_DIM = contract.HEAD_DIM
+WIDTHS = contract.WIDTHS
+_ALIGN = 16  # bytes: the kernel moves 16-byte vectors
+
+
+def _check_tensor(name, t, dtype, ndim):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _check_aligned(name, t, align=_ALIGN):
+    if t.numel() and t.data_ptr() % align:
+        raise ValueError(f"{name} must start at a {align}-byte aligned address")
+
+
+def _check_scale(name, v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    if not math.isfinite(float(v)):
+        raise ValueError(f"{name} must be finite, got {v}")
+
+
+def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out):
+    """Validate everything; return (T, width). Raises TypeError/ValueError naming the argument."""
+    _check_tensor("q", q, FP8, 3)
+    T = q.shape[0]
+    if tuple(q.shape[1:]) != (HEADS, HEAD_DIM):
+        raise ValueError(f"q must be [T, {HEADS}, {HEAD_DIM}], got {tuple(q.shape)}")
+    _check_aligned("q", q)
+    device = q.device
+    for name, pool in (("swa_kv", swa_kv), ("compressed_kv", compressed_kv)):
+        _check_tensor(name, pool, FP8, 2)
+        if pool.shape[1] != HEAD_DIM:
+            raise ValueError(f"{name} must be [rows, {HEAD_DIM}], got {tuple(pool.shape)}")
+        if pool.shape[0] >= 2 ** 31:
+            raise ValueError(f"{name} has {pool.shape[0]} rows; int32 indices address at most 2^31 - 1")
+        if pool.device != device:
+            raise ValueError(f"{name} is on {pool.device}, q on {device}")
+        _check_aligned(name, pool)
+    _check_tensor("indices", indices, torch.int32, 2)
+    if indices.shape[0] != T:
+        raise ValueError(f"indices must be [T = {T}, width], got {tuple(indices.shape)}")
+    width = indices.shape[1]
+    if width not in WIDTHS:
+        raise ValueError(f"indices width {width} is not supported; widths: {WIDTHS}")
+    if indices.device != device:
+        raise ValueError(f"indices is on {indices.device}, q on {device}")
+    _check_aligned("indices", indices, 4)
+    _check_tensor("lens", lens, torch.int32, 1)
+    if lens.shape[0] != T:
+        raise ValueError(f"lens must be [T = {T}], got {tuple(lens.shape)}")
+    if lens.device != device:
+        raise ValueError(f"lens is on {lens.device}, q on {device}")
+    _check_aligned("lens", lens, 4)
+    if sinks is not None:
+        _check_tensor("sinks", sinks, torch.float32, 1)
+        if sinks.shape[0] != HEADS:
+            raise ValueError(f"sinks must be [{HEADS}], got {tuple(sinks.shape)}")
+        if sinks.device != device:
+            raise ValueError(f"sinks is on {sinks.device}, q on {device}")
+        _check_aligned("sinks", sinks, 4)
+    _check_scale("bmm1_scale", bmm1_scale)
+    _check_scale("bmm2_scale", bmm2_scale)
+    if out is not None:
+        _check_tensor("out", out, torch.bfloat16, 3)
+        if tuple(out.shape) != (T, HEADS, HEAD_DIM):
+            raise ValueError(f"out must be [{T}, {HEADS}, {HEAD_DIM}], got {tuple(out.shape)}")
+        if out.device != device:
+            raise ValueError(f"out is on {out.device}, q on {device}")
+        _check_aligned("out", out)
+    return T, width
+
+
+def _kernel(width: int, has_sinks: bool, device):
+    """The cached kernel for this call, or None where the cache cannot serve the device."""
+    if device.type != "cuda":
+        return None
+    import runtime  # the package: load() is memoized per device
+
+    try:
+        cache = runtime.load(device=device.index if device.index is not None else torch.cuda.current_device())
+    except runtime.CacheError:
+        return None
+    name = contract.variant_name(width, has_sinks)
+    return cache.kernel(name) if name in cache else None
+
+
+def supports_sparse_mla(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale=1.0,
+                        bmm2_scale=1.0, out=None) -> bool:
+    """Whether the cluster kernel takes this call (else ``sparse_mla_decode`` uses the reference).
+
+    Invalid arguments raise as in ``sparse_mla_decode``. The kernel takes any valid call on a
+    device the cache serves (sm_90a), any number of tokens (beyond ``max_tokens`` it runs in waves).
+    """
+    _, width = _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out)
+    return _kernel(width, sinks is not None, q.device) is not None
+
+
+def max_tokens(width: int, device=None) -> int:
+    """Tokens that run in one wave on ``device``: resident clusters of ``width / 128`` CTAs.
+
+    The kernel's occupancy (two CTAs an SM) is in ``cuOccupancyMaxActiveClusters``, which the
+    loader measures per kernel. 0 where the cache has no kernel for the device.
+    """
+    if width not in WIDTHS:
+        raise ValueError(f"width {width} is not supported; widths: {WIDTHS}")
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    k = _kernel(width, True, device)
+    return 0 if k is None else int(k.max_active_clusters)
+
+
+def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale, bmm2_scale,
+                      out=None):
+    """BF16 ``[T, 16, 512]`` sparse-MLA decode output (DESIGN.md); writes ``out`` when given.
+
+    q ``[T, 16, 512]`` FP8 E4M3; swa_kv / compressed_kv ``[rows, 512]`` FP8 E4M3; indices
+    ``[T, width]`` int32 (width 128 or 640; the first 128 columns index swa_kv, the rest
+    compressed_kv; -1, columns at or past ``lens[t]`` and indices at or past a pool's rows are
+    masked); lens ``[T]`` int32; sinks ``[16]`` float32 or None. Every tensor contiguous, on one
+    device, 16-byte aligned (indices, lens, sinks: 4).
+    """
+    T, width = _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out)
+    if out is None:
+        out = torch.empty(T, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    if T == 0:
+        return out
+    kernel = _kernel(width, sinks is not None, q.device)
+    if kernel is None:
+        out.copy_(sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, sinks=sinks,
+                                              bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale))
+        return out
+    n = width // contract.CHUNK
+    kernel.launch(T * n, out.data_ptr(), q.data_ptr(), swa_kv.data_ptr(), compressed_kv.data_ptr(),
+                  indices.data_ptr(), lens.data_ptr(), 0 if sinks is None else sinks.data_ptr(),
+                  swa_kv.shape[0], compressed_kv.shape[0], float(bmm1_scale), float(bmm2_scale))
+    return out
