@@ -82,8 +82,14 @@ def default_root() -> Path:
     here = Path(__file__).resolve().parent.parent
     if (here / "manifests").is_dir():
         return here
+    import site
     import sys
 
+    # A plain `pip install .` puts the data files under <prefix>/share (or the user base).
+    for base in (sys.prefix, site.USER_BASE or ""):
+        candidate = Path(base) / "share" / "sparse_decode_aot"
+        if (candidate / "manifests").is_dir():
+            return candidate
     return Path(sys.prefix) / "share" / "sparse_decode_aot"
 
 

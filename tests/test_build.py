@@ -75,3 +75,21 @@ def test_runtime_cpu_api_never_imports_cutedsl():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_plain_install_carries_cubins_and_manifests(tmp_path):
+    """A non-editable `pip install .` ships the cache as data files the runtime finds."""
+    import zipfile
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+                           "-q", "-w", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    prefix = "sparse_decode_aot-0.1.0.data/data/share/sparse_decode_aot/"
+    for arch in ("sm_90a", "sm_100a"):
+        assert prefix + f"manifests/{arch}.json" in names
+        for k in json.loads(manifest_path(REPO, arch).read_text())["kernels"]:
+            assert prefix + k["cubin"] in names, k["cubin"]
+    assert "runtime/loader.py" in names and "runtime/contract/__init__.py" in names
+    assert not any(n.startswith(("kernels/", "cutlass")) for n in names)
