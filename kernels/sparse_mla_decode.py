@@ -262,11 +262,13 @@ class SparseMlaDecodeSm90:
         # step 7: O^T[512 dims, 16 heads] = V^T x P^T, 8 m64 tiles of head dims, K = 128 rows.
         o = []
         for mt in cutlass.range_constexpr(8):
+            # All four K steps' fragments first: wgmma.fence then orders their register writes
+            # before the MMAs that read them (one fence per tile instead of one per MMA).
+            frags = [self._v_fragment(s_kv, mt, ks, warp, lane) for ks in range(4)]
             frag_acc = zero8
             ptx.wgmma_fence()
             for ks in cutlass.range_constexpr(4):
-                a = self._v_fragment(s_kv, mt, ks, warp, lane)
-                frag_acc = ptx.wgmma_m64n16k32_e4m3_rs(frag_acc, a, s_p + ks * 32, int(ks > 0))
+                frag_acc = ptx.wgmma_m64n16k32_e4m3_rs(frag_acc, frags[ks], s_p + ks * 32, int(ks > 0))
             ptx.wgmma_commit()
             o.append(frag_acc)
         flat = ptx.wgmma_wait(0, [x for frag in o for x in frag])
