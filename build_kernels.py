@@ -100,9 +100,13 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def toolchain_info() -> dict:
-    from kernels.compile import toolchain
+    from cutlass import Int32
+
+    from kernels.compile import compiler_versions, null_stream, toolchain
+    from kernels.empty import EmptyKernel
 
     info = toolchain()
+    info.update(compiler_versions(EmptyKernel(1, 32), Int32(0), null_stream()))
     info["python"] = sys.version.split()[0]
     return info
 

@@ -47,3 +47,20 @@ def toolchain() -> dict:
             pass
     out["cutlass"] = getattr(cutlass, "__version__", "")
     return out
+
+
+def compiler_versions(launch_fn, *args) -> dict:
+    """The CUDA compiler and NVVM versions CuTe DSL reports in the PTX it generates."""
+    import re
+
+    with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump:
+        options = f"--gpu-arch sm_90a --keep-ptx --dump-dir {dump}"
+        ptx = cute.compile(launch_fn, *args, options=options).__ptx__ or ""
+    found = {}
+    m = re.search(r"Cuda compilation tools, release ([\d.]+), (V[\d.]+)", ptx)
+    if m:
+        found["cuda_compiler"] = f"{m.group(1)} ({m.group(2)})"
+    m = re.search(r"Based on NVVM ([\d.]+)", ptx)
+    if m:
+        found["nvvm"] = m.group(1)
+    return found
