@@ -25,6 +25,21 @@ print(json.dumps({"load_ms": (t1 - t0) * 1e3, "kernels": len(cache.names())}))
 """
 
 
+PROFILE = r"""
+import cProfile, io, pstats, torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+import runtime
+prof = cProfile.Profile(); prof.enable(); runtime.load(); prof.disable()
+s = io.StringIO(); pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(15); print(s.getvalue())
+"""
+
+
+def cold_start_profile() -> str:
+    """Where load() spends its time (cProfile, by own time), to steer the cold-start work."""
+    out = subprocess.run([sys.executable, "-c", PROFILE], capture_output=True, text=True, timeout=300)
+    return out.stdout[-6000:] + out.stderr[-2000:]
+
+
 def cold_start(runs: int = 5) -> dict:
     samples = []
     for _ in range(runs):
@@ -88,6 +103,7 @@ def main() -> None:
 
     path = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/runtime.json"
     result = {"env": gpu_info(), "cold_start": cold_start(), "launch_overhead": host_overhead()}
+    print(cold_start_profile())
     print(json.dumps(result, indent=1))
     write_json(path, result)
 
