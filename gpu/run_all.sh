@@ -17,6 +17,8 @@ jobs=("$@"); [ ${#jobs[@]} -eq 0 ] && jobs=($(ls gpu/jobs/*.sh | xargs -n1 basen
 summary="$stage/summary.txt"
 for j in "${jobs[@]}"; do
   limit=$(grep -m1 '^# limit:' "gpu/jobs/$j.sh" | awk '{print $3}'); limit=${limit:-120}
+  # ROUND_CAP (seconds) caps every job of a round, to keep the round inside the device budget.
+  if [ -n "${ROUND_CAP:-}" ] && [ "$limit" -gt "$ROUND_CAP" ]; then limit=$ROUND_CAP; fi
   export JOB_OUT="$stage/$j"; mkdir -p "$JOB_OUT"
   t0=$(date +%s)
   timeout --kill-after=10 "$limit" bash "gpu/jobs/$j.sh" > "$JOB_OUT/log.txt" 2>&1
