@@ -88,3 +88,197 @@ def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sink
         o = o * active.any(dim=1)[:, None, None]  # no active column: zeros, with sinks too
         out[t0:t1] = o.to(torch.bfloat16)
     return out
+
+
+# ---------------------------------------------------------------------------
+# indexer (paged MQA logits over the FP8 index-key cache, top-k selection)
+# ---------------------------------------------------------------------------
+
+INDEX_BLOCK_KV = 64  # tokens per page of the index-key cache (DeepGEMM's only Hopper page size)
+INDEX_SCALE_BYTES = 4  # one FP32 scale per cached key
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_index_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-key FP8 E4M3 quantization: ``(values [..., D] fp8, scales [...] fp32)``.
+
+    The scale maps each key's largest magnitude onto the FP8 range, so that
+    ``values.float() * scales[..., None]`` approximates ``keys``.
+    """
+    amax = keys.float().abs().amax(dim=-1).clamp(min=1e-8)
+    scales = amax / FP8_E4M3_MAX
+    values = (keys.float() / scales[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return values.to(torch.float8_e4m3fn), scales
+
+
+def pack_index_k_cache(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fused paged layout DeepGEMM reads: uint8 ``[blocks, 64, 1, D + 4]``.
+
+    Each page holds its 64 keys' FP8 values (``64 * D`` bytes, key-major) followed
+    by their 64 FP32 scales; the 4-D shape only fixes the page stride.
+    """
+    blocks, block_kv, dim = values.shape
+    if scales.shape != (blocks, block_kv):
+        raise ValueError(f"scales: expected shape {(blocks, block_kv)}, got {tuple(scales.shape)}")
+    page = torch.cat(
+        [values.contiguous().view(torch.uint8).reshape(blocks, block_kv * dim),
+         scales.float().contiguous().view(torch.uint8).reshape(blocks, block_kv * INDEX_SCALE_BYTES)],
+        dim=1,
+    )
+    return page.view(blocks, block_kv, 1, dim + INDEX_SCALE_BYTES)
+
+
+def unpack_index_k_cache(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of ``pack_index_k_cache``: ``(values [blocks, 64, D] fp8, scales [blocks, 64] fp32)``."""
+    blocks, block_kv, _, width = cache.shape
+    dim = width - INDEX_SCALE_BYTES
+    flat = cache.reshape(blocks, block_kv * width)
+    values = flat[:, : block_kv * dim].contiguous().view(torch.float8_e4m3fn).view(blocks, block_kv, dim)
+    scales = flat[:, block_kv * dim:].contiguous().view(torch.float32).view(blocks, block_kv)
+    return values, scales
+
+
+def indexer_logits_reference(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_model_len: int,
+    *,
+    rows_per_chunk: int = 8,
+) -> torch.Tensor:
+    """FP32 paged MQA logits of each row over its own keys (what DeepGEMM computes).
+
+    ``logits[r, t] = sum_h weights[r, h] * relu(scale_t * (q[r, h] . k_t))`` for
+    ``t < seq_lens[r]``, where key ``t`` of row ``r`` sits in page
+    ``block_table[r, t // 64]``; columns at or past ``seq_lens[r]`` are ``-inf``.
+    Rows are processed a few at a time to bound the gathered keys' memory.
+    """
+    rows, _, dim = q.shape
+    values, scales = unpack_index_k_cache(cache)
+    block_kv = values.shape[1]
+    pages = min(-(-max_model_len // block_kv), block_table.shape[1])
+    out = torch.full((rows, max_model_len), float("-inf"), dtype=torch.float32, device=q.device)
+    cols = torch.arange(max_model_len, device=q.device)
+    for r0 in range(0, rows, rows_per_chunk):
+        r1 = min(rows, r0 + rows_per_chunk)
+        table = block_table[r0:r1, :pages].long().clamp(min=0, max=values.shape[0] - 1)
+        keys = values[table].float().reshape(r1 - r0, pages * block_kv, dim)
+        key_scales = scales[table].reshape(r1 - r0, pages * block_kv)
+        dots = torch.einsum("rhd,rtd->rht", q[r0:r1].float(), keys) * key_scales[:, None, :]
+        scores = (dots.relu() * weights[r0:r1].float()[:, :, None]).sum(dim=1)[:, :max_model_len]
+        width = scores.shape[1]
+        valid = cols[None, :width] < seq_lens[r0:r1, None].long()
+        out[r0:r1, :width] = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
+    return out
+
+
+def indexer_topk_reference(
+    logits: torch.Tensor,
+    row_ends: torch.Tensor,
+    k: int,
+    *,
+    block_mode: bool = False,
+    block_size: int = 8,
+) -> torch.Tensor:
+    """Exact top-k of each row's first ``row_ends[r]`` logits: int32 ``[rows, k]``.
+
+    Token mode ranks columns; block mode ranks blocks ``[8b, 8b + 8)`` (clipped to
+    the row) by their largest logit. NaN ranks as ``-inf``; ties go to the lower
+    index; a row with fewer than ``k`` candidates is padded with -1. Indices come
+    out best first.
+    """
+    rows, width = logits.shape
+    x = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    ends = row_ends.long().clamp(min=0, max=width)
+    if block_mode:
+        # A block's score is its largest logit inside the row: clip before the max.
+        x = torch.where(torch.arange(width, device=x.device)[None, :] < ends[:, None], x,
+                        torch.full_like(x, float("-inf")))
+        blocks = -(-width // block_size)
+        padded = torch.full((rows, blocks * block_size), float("-inf"), dtype=torch.float32, device=x.device)
+        padded[:, :width] = x
+        x = padded.view(rows, blocks, block_size).amax(dim=2)
+        ends = -(-ends // block_size)
+        width = blocks
+    cols = torch.arange(width, device=x.device)
+    valid = cols[None, :] < ends[:, None]
+    # Rank valid columns before invalid ones, then by value, lower index first:
+    # a stable descending sort on the value keeps the column order among ties.
+    key = torch.where(valid, x, torch.full_like(x, float("-inf")))
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    # -inf logits inside the row are still candidates: put invalid columns last.
+    rank_valid = torch.gather(valid, 1, order)
+    order = torch.gather(order, 1, torch.sort((~rank_valid).to(torch.int8), dim=1, stable=True).indices)
+    take = min(k, width)
+    out = torch.full((rows, k), -1, dtype=torch.int32, device=x.device)
+    chosen = order[:, :take].to(torch.int32)
+    keep = torch.arange(take, device=x.device)[None, :] < ends[:, None]
+    out[:, :take] = torch.where(keep, chosen, torch.full_like(chosen, -1))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# decode_topk (exact top-k of indexer logits rows; token and block mode)
+# ---------------------------------------------------------------------------
+
+DECODE_TOPK_BLOCK = 8  # columns per candidate block in block mode
+
+
+def decode_topk_keys(logits: torch.Tensor) -> torch.Tensor:
+    """Order-preserving int64 keys of FP32/BF16 logits (what the kernel compares).
+
+    Larger value -> larger key; NaN gets the key of -inf and -0 that of +0, so equal
+    keys are exactly equal values (ties). Keys are >= 0; FP32 keys use 32 bits, BF16 16.
+    """
+    if logits.dtype == torch.float32:
+        bits, sign, full = logits.view(torch.int32).long() & 0xFFFFFFFF, 1 << 31, 0xFFFFFFFF
+        ninf = 0xFF800000
+    elif logits.dtype == torch.bfloat16:
+        bits, sign, full = logits.view(torch.int16).long() & 0xFFFF, 1 << 15, 0xFFFF
+        ninf = 0xFF80
+    else:
+        raise TypeError(f"logits: expected float32 or bfloat16, got {logits.dtype}")
+    mag = bits & (sign - 1)
+    bits = torch.where(mag > (ninf & (sign - 1)), torch.full_like(bits, ninf), bits)  # NaN -> -inf
+    bits = torch.where(mag == 0, torch.zeros_like(bits), bits)  # -0 -> +0
+    return torch.where(bits >= sign, full - bits, bits | sign)
+
+
+def decode_topk_reference(logits: torch.Tensor, row_ends: torch.Tensor, k: int, *,
+                          block_mode: bool = False) -> torch.Tensor:
+    """Exact top-k per row: int32 ``[rows, k]``, best first (largest value, then lower index).
+
+    Row ``r`` has candidates: columns ``< clip(row_ends[r], 0, width)`` in token mode; in
+    block mode blocks ``b`` with ``8b < that end``, each scored by the max of its columns
+    before the end. NaN counts as -inf; ties go to the lower index; a row with fewer than
+    ``k`` candidates gets all of them, then -1. Exact for any ties: ranks one int64
+    ``(key << 21) | (2**21 - 1 - index)`` per candidate (indices < 2**21).
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits: expected [rows, width], got shape {tuple(logits.shape)}")
+    rows, width = logits.shape
+    if width >= 1 << 21:
+        raise ValueError(f"logits: width {width} exceeds 2**21 columns")
+    keys = decode_topk_keys(logits)
+    ends = row_ends.to(device=logits.device, dtype=torch.long).clamp(min=0, max=width)
+    cols = torch.arange(width, device=logits.device)
+    keys = torch.where(cols[None, :] < ends[:, None], keys, torch.full_like(keys, -1))
+    if block_mode:
+        blocks = -(-width // DECODE_TOPK_BLOCK)
+        padded = torch.full((rows, blocks * DECODE_TOPK_BLOCK), -1, dtype=torch.long, device=logits.device)
+        padded[:, :width] = keys
+        keys = padded.view(rows, blocks, DECODE_TOPK_BLOCK).amax(dim=2)
+        ends = -(-ends // DECODE_TOPK_BLOCK)
+        width = blocks
+    index = torch.arange(width, device=logits.device)
+    ranked = (keys << 21) | ((1 << 21) - 1 - index)[None, :]
+    ranked = torch.where(keys >= 0, ranked, torch.full_like(ranked, -1))  # not a candidate
+    out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
+    take = min(k, width)
+    if take:
+        best = torch.topk(ranked, take, dim=1).values
+        chosen = ((1 << 21) - 1 - (best & ((1 << 21) - 1))).to(torch.int32)
+        out[:, :take] = torch.where(best >= 0, chosen, torch.full_like(chosen, -1))
+    return out

@@ -1,0 +1,110 @@
+"""decode_topk on the GPU vs torch.topk and the floor (issue 4's grid), raw JSON out.
+
+Grid: rows {1, 8, 14, 64} x lengths {16K, 64K, 256K, 1M} x k {512, 2048} x FP32/BF16,
+token mode (plus a block-mode row per dtype). Each cell times, in the same process:
+the op (CUDA-graph replay, inputs rotated past the L2, median of >= 20 replays),
+``torch.topk(logits, k, dim=1)`` on the same inputs, and the floor (an empty kernel of
+the same grid and cluster shape plus the logits' bytes over the measured copy
+bandwidth). Targets checked per cell: >= 5x torch.topk for length >= 64K; rows 1,
+length 64K, k 2048, FP32 <= 12 us; rows 64, length 256K, FP32 >= 60% of copy bandwidth.
+
+    PYTHONPATH=. python3 benchmarks/bench_topk.py --out results.json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks import common
+
+ROWS = (1, 8, 14, 64)
+LENGTHS = (16384, 65536, 262144, 1 << 20)
+KS = (512, 2048)
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def bench_cell(rows: int, length: int, k: int, dtype: str, block_mode: bool = False) -> dict:
+    from runtime.topk import decode_topk, decode_topk_plan
+
+    tdtype = DTYPES[dtype]
+    nbytes = rows * length * torch.tensor([], dtype=tdtype).element_size()
+    sets = common.rotation_count(nbytes, most=32)
+    g = torch.Generator(device="cuda").manual_seed(rows * 31 + length)
+    logits = [torch.randn(rows, length, device="cuda", generator=g).to(tdtype) for _ in range(sets)]
+    ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+    outs = [torch.empty(rows, k, dtype=torch.int32, device="cuda") for _ in range(sets)]
+    cell = {"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": block_mode, "bytes": nbytes}
+    plan = decode_topk_plan(logits[0], rows, k, block_mode)
+    cell["kernel"] = None if plan is None else {"name": plan[0], "cluster": plan[1], "grid": plan[2]}
+    decode_topk(logits[0], ends, outs[0], block_mode=block_mode)  # load the cache before capture
+    torch.cuda.synchronize()
+    cell["op"] = common.time_graph(
+        [lambda x=x, o=o: decode_topk(x, ends, o, block_mode=block_mode) for x, o in zip(logits, outs)])
+    if not block_mode:
+        cell["torch_topk"] = common.time_graph([lambda x=x: torch.topk(x, k, dim=1) for x in logits])
+        cell["speedup_vs_torch_topk"] = cell["torch_topk"]["median_us"] / cell["op"]["median_us"]
+    if plan is not None:
+        cell["floor"] = common.floor(plan[2], plan[1], nbytes)
+        cell["op_over_floor"] = cell["op"]["median_us"] / cell["floor"]["floor_us"]
+    bw = common.copy_bandwidth_gbs()
+    cell["achieved_gbs"] = nbytes / (cell["op"]["median_us"] * 1e-6) / 1e9
+    cell["fraction_of_copy_bw"] = cell["achieved_gbs"] / bw
+    del logits, outs
+    return cell
+
+
+def targets(cells) -> list[dict]:
+    """The issue's targets, each with the measured value and whether it is met."""
+    out = []
+    for c in cells:
+        if c["block_mode"]:
+            continue
+        if c["length"] >= 65536 and "speedup_vs_torch_topk" in c:
+            out.append({"target": ">= 5x torch.topk", "cell": _name(c), "value": round(c["speedup_vs_torch_topk"], 2),
+                        "met": c["speedup_vs_torch_topk"] >= 5})
+        if (c["rows"], c["length"], c["k"], c["dtype"]) == (1, 65536, 2048, "f32"):
+            out.append({"target": "<= 12 us", "cell": _name(c), "value": round(c["op"]["median_us"], 2),
+                        "met": c["op"]["median_us"] <= 12})
+        if (c["rows"], c["length"], c["dtype"]) == (64, 262144, "f32"):
+            out.append({"target": ">= 60% of copy bandwidth", "cell": _name(c),
+                        "value": round(c["fraction_of_copy_bw"], 3), "met": c["fraction_of_copy_bw"] >= 0.6})
+    return out
+
+
+def _name(c) -> str:
+    return f"{c['dtype']} rows={c['rows']} len={c['length']} k={c['k']}{' block' if c['block_mode'] else ''}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="a few cells only (smoke run)")
+    args = ap.parse_args()
+    grid = [(r, n, k, d, False) for d in DTYPES for k in KS for r in ROWS for n in LENGTHS]
+    grid += [(r, n, 2048, d, True) for d in DTYPES for r, n in ((1, 1 << 20), (14, 1 << 20), (64, 262144))]
+    if args.quick:
+        grid = [(1, 65536, 2048, "f32", False), (64, 262144, 2048, "f32", False), (14, 1 << 20, 2048, "bf16", False),
+                (8, 65536, 512, "bf16", False), (1, 1 << 20, 2048, "bf16", True)]
+    cells = []
+    t0 = time.time()
+    for rows, length, k, dtype, block_mode in grid:
+        c = bench_cell(rows, length, k, dtype, block_mode)
+        cells.append(c)
+        print(f"{_name(c):38s} op {c['op']['median_us']:9.2f} us"
+              + (f"  torch.topk {c['torch_topk']['median_us']:9.2f} us  x{c['speedup_vs_torch_topk']:6.2f}"
+                 if "torch_topk" in c else "")
+              + (f"  floor {c['floor']['floor_us']:7.2f} us" if "floor" in c else "  (fallback)")
+              + f"  {c['fraction_of_copy_bw'] * 100:5.1f}% bw"
+              + (f"  {c['kernel']['name']}" if c["kernel"] else ""), flush=True)
+    result = {"benchmark": "decode_topk", "info": common.gpu_info(), "copy_gbs": common.copy_bandwidth_gbs(),
+              "cells": cells, "targets": targets(cells), "seconds": time.time() - t0}
+    for t in result["targets"]:
+        print(("MET   " if t["met"] else "MISSED"), t["target"], t["cell"], t["value"])
+    common.write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

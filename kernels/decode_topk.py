@@ -1,0 +1,501 @@
+"""decode_topk kernels: exact radix select of each row's k largest logits (contract: runtime/contract/decode_topk.py).
+
+A row is split into equal slices of 8-column groups over the CTAs of a cluster.
+Each logit becomes an order-preserving unsigned key (NaN -> key of -inf, -0 -> +0),
+so "larger key" is "larger value" and one integer compare decides every tie.
+
+Step 1  every CTA reads its slice once and builds a 2048-bin histogram of the key's
+        top 11 bits; the cluster sums the histograms through distributed shared
+        memory and every CTA finds the same bin holding the k-th largest key.
+Step 2  each CTA re-reads its slice and compacts the items at or above that bin,
+        in index order, into a shared-memory list (if they fit; a CTA whose items
+        do not fit keeps reading global memory in the later steps).
+Step 3  the remaining digits (11 + 10 bits for FP32, 5 for BF16) are selected the
+        same way over the list, which leaves the exact threshold key T and how
+        many keys equal to T the row still needs.
+Step 4  keys > T are written at slots taken from a counter in CTA 0 of the cluster;
+        keys == T fill the remaining slots in index order: a CTA takes its share
+        from the prefix of the equal counts of lower-ranked CTAs (lower columns),
+        and inside the CTA an ordered scan ranks them when not all are taken.
+
+Rows with at most k candidates skip the selection: their candidates in index
+order, then -1. Output order within a row is unspecified.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64, Uint32, const_expr
+from cutlass.memory.smem import SmemAllocator
+
+from . import ptx
+from .compile import cubin_of, gmem_ptr, null_stream
+
+WARP = 32
+
+
+def smem_addr(ptr: cute.Pointer) -> Int32:
+    """The 32-bit shared::cta address of a shared-memory pointer (for the PTX helpers)."""
+    return ptr.toint()
+
+
+def sel(cond, a, b):
+    """cond ? a : b, typed like a (cutlass.select_ returns a bare IR value)."""
+    return type(a)(cutlass.select_(cond, a, b))
+
+
+class DecodeTopK:
+    """One variant: dtype, mode and cluster size are compile-time; k, shapes and strides are not."""
+
+    def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
+                 smem_bytes: int):
+        assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
+        self.dtype = dtype
+        self.block_mode = block_mode
+        self.cluster = cluster
+        self.threads = threads
+        self.warps = threads // WARP
+        self.bins = hist_bins
+        self.cap = list_capacity
+        self.smem_bytes = smem_bytes
+        self.key_bits = 32 if dtype == "f32" else 16
+        self.elem_bytes = 4 if dtype == "f32" else 2
+        # Digits from the top: 11 bits first (sign, exponent, 2 mantissa bits) so the
+        # first bin already isolates a narrow value range; the rest as they fall.
+        self.digits = (11, 11, 10) if dtype == "f32" else (11, 5)
+        assert sum(self.digits) == self.key_bits
+        # Items per 8-column group: 8 in token mode, 1 block in block mode.
+        self.items = 1 if block_mode else 8
+
+    # ------------------------------------------------------------------ launch
+    @cute.jit
+    def __call__(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
+                 out_stride: Int32, k: Int32, stream):
+        self.kernel(logits, row_ends, out, width, stride, out_stride, k).launch(
+            grid=[self.cluster, 1, 1],
+            block=[self.threads, 1, 1],
+            cluster=[self.cluster, 1, 1],
+            smem=self.smem_bytes,
+            stream=stream,
+        )
+
+    # ------------------------------------------------------------------ keys
+    @cute.jit
+    def key_of(self, raw: Uint32) -> Uint32:
+        """Order-preserving key of raw float bits: larger value -> larger key, NaN -> -inf, -0 -> +0."""
+        if const_expr(self.dtype == "f32"):
+            mag = raw & Uint32(0x7FFFFFFF)
+            neg = (raw >> Uint32(31)) != Uint32(0)
+            key = sel(neg, ~raw, raw | Uint32(0x80000000))
+            key = sel(mag > Uint32(0x7F800000), Uint32(0x007FFFFF), key)
+            key = sel(mag == Uint32(0), Uint32(0x80000000), key)
+            return Uint32(key)
+        else:
+            mag = raw & Uint32(0x7FFF)
+            neg = (raw & Uint32(0x8000)) != Uint32(0)
+            key = sel(neg, raw ^ Uint32(0xFFFF), raw | Uint32(0x8000))
+            key = sel(mag > Uint32(0x7F80), Uint32(0x007F), key)
+            key = sel(mag == Uint32(0), Uint32(0x8000), key)
+            return Uint32(key)
+
+    @cute.jit
+    def load_group(self, row_addr: Int64, g: Int32, row_end: Int32, rkeys: cute.Tensor):
+        """Keys of the 8 columns of group g into rkeys[0:8]; columns at or past row_end get key 0.
+
+        Key 0 is below every real key (the key of -inf is 0x7FFFFF / 0x7F), and the
+        selection only runs on rows with more than k candidates, so such a column is
+        never selected. Full groups use 16-byte loads; the row's last, partial group
+        loads column by column so nothing past row_end is read.
+        """
+        col0 = g * 8
+        addr = row_addr + Int64(col0) * self.elem_bytes
+        if col0 + 8 <= row_end:
+            if const_expr(self.dtype == "f32"):
+                a0, a1, a2, a3 = ptx.ld_global_nc_v4_u32(addr)
+                a4, a5, a6, a7 = ptx.ld_global_nc_v4_u32(addr + 16)
+                rkeys[0] = self.key_of(a0)
+                rkeys[1] = self.key_of(a1)
+                rkeys[2] = self.key_of(a2)
+                rkeys[3] = self.key_of(a3)
+                rkeys[4] = self.key_of(a4)
+                rkeys[5] = self.key_of(a5)
+                rkeys[6] = self.key_of(a6)
+                rkeys[7] = self.key_of(a7)
+            else:
+                w0, w1, w2, w3 = ptx.ld_global_nc_v4_u32(addr)
+                rkeys[0] = self.key_of(w0 & Uint32(0xFFFF))
+                rkeys[1] = self.key_of(w0 >> Uint32(16))
+                rkeys[2] = self.key_of(w1 & Uint32(0xFFFF))
+                rkeys[3] = self.key_of(w1 >> Uint32(16))
+                rkeys[4] = self.key_of(w2 & Uint32(0xFFFF))
+                rkeys[5] = self.key_of(w2 >> Uint32(16))
+                rkeys[6] = self.key_of(w3 & Uint32(0xFFFF))
+                rkeys[7] = self.key_of(w3 >> Uint32(16))
+        else:
+            for j in cutlass.range_constexpr(8):
+                rkeys[j] = Uint32(0)
+                if col0 + j < row_end:
+                    if const_expr(self.dtype == "f32"):
+                        rkeys[j] = self.key_of(ptx.ld_global_nc_u32(addr + j * 4))
+                    else:
+                        rkeys[j] = self.key_of(ptx.ld_global_nc_u16(addr + j * 2))
+
+    @cute.jit
+    def load_items(self, row_addr: Int64, g: Int32, g_end: Int32, row_end: Int32, rkeys: cute.Tensor):
+        """The items of group g (8 column keys, or 1 block key = their max); none (key 0) if g >= g_end."""
+        for j in cutlass.range_constexpr(8):
+            rkeys[j] = Uint32(0)
+        if g < g_end:
+            self.load_group(row_addr, g, row_end, rkeys)
+            if const_expr(self.block_mode):
+                m = rkeys[0]
+                for j in cutlass.range_constexpr(1, 8):
+                    m = sel(rkeys[j] > m, rkeys[j], m)
+                rkeys[0] = Uint32(m)
+
+    # ------------------------------------------------------------------ block-wide helpers
+    @cute.jit
+    def block_scan(self, val: Int32, scratch: cute.Pointer):
+        """Inclusive prefix sum of val over the CTA's threads, and the CTA total.
+
+        One barrier; the caller alternates between two scratch buffers (or puts a
+        barrier between calls) so a later call cannot overwrite words still being read.
+        """
+        tid = cute.arch.thread_idx()[0]
+        lane = tid % WARP
+        warp = tid // WARP
+        x = val
+        for s in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(x, 1 << s)
+            x = sel(lane >= (1 << s), x + y, x)
+        x = Int32(x)
+        if lane == WARP - 1:
+            cute.arch.store(scratch + warp, x)
+        cute.arch.sync_threads()
+        before = Int32(0)
+        total = Int32(0)
+        for w in cutlass.range_constexpr(self.warps):
+            t = cute.arch.load(scratch + w, Int32)
+            total = total + t
+            before = before + sel(warp > w, t, Int32(0))
+        return before + x, total
+
+    @cute.jit
+    def warp_slots(self, count: Int32, counter: cute.Pointer):
+        """Exclusive offset of this lane's `count` items within a block of slots the warp reserves.
+
+        One atomic add per warp on the cluster-wide counter, which lives in CTA 0's
+        shared memory (``counter`` is the local copy's pointer, mapped with ``mapa``).
+        """
+        lane = cute.arch.lane_idx()
+        x = count
+        for s in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(x, 1 << s)
+            x = sel(lane >= (1 << s), x + y, x)
+        x = Int32(x)
+        total = cute.arch.shuffle_sync(x, WARP - 1)
+        base = Int32(0)
+        if lane == WARP - 1:
+            if total > 0:
+                if const_expr(self.cluster > 1):
+                    remote = ptx.mapa_shared(smem_addr(counter), Int32(0))
+                    base = Int32(ptx.atom_add_cluster_u32(remote, Uint32(total)))
+                else:
+                    base = cute.arch.atomic_add(counter, total)
+        base = cute.arch.shuffle_sync(base, WARP - 1)
+        return base + x - count
+
+    @cute.jit
+    def cluster_select(self, hist: cute.Pointer, rank_mask: Int32, krem: Int32, scratch: cute.Pointer,
+                       misc: cute.Pointer):
+        """Sum the cluster's histograms and find the bin b holding the krem-th largest item.
+
+        Returns (b, above): above = number of items in bins above b, so the k-th item is
+        the (krem - above)-th largest within bin b. Thread t owns bins 4t..4t+3.
+        The cluster barrier orders every CTA's histogram atomics before the peers'
+        reads (release/acquire); it also serves as the CTA barrier.
+        """
+        tid = cute.arch.thread_idx()[0]
+        if const_expr(self.cluster > 1):
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
+        c0 = Int32(0)
+        c1 = Int32(0)
+        c2 = Int32(0)
+        c3 = Int32(0)
+        if const_expr(self.cluster > 1):
+            local = smem_addr(hist + tid * 4)
+            for r in cutlass.range_constexpr(self.cluster):
+                v0, v1, v2, v3 = ptx.ld_cluster_v4_u32(ptx.mapa_shared(local, Int32(r)))
+                c0 = c0 + Int32(v0)
+                c1 = c1 + Int32(v1)
+                c2 = c2 + Int32(v2)
+                c3 = c3 + Int32(v3)
+        else:
+            c0 = cute.arch.load(hist + tid * 4, Int32)
+            c1 = cute.arch.load(hist + tid * 4 + 1, Int32)
+            c2 = cute.arch.load(hist + tid * 4 + 2, Int32)
+            c3 = cute.arch.load(hist + tid * 4 + 3, Int32)
+        incl, total = self.block_scan(c0 + c1 + c2 + c3, scratch)
+        above = total - incl
+        # Bins from high to low: exactly one bin has above < krem <= above + count.
+        for q in cutlass.range_constexpr(3, -1, -1):
+            cq = (c0, c1, c2, c3)[q]
+            if above < krem:
+                if krem <= above + cq:
+                    cute.arch.store(misc + 0, tid * 4 + q)
+                    cute.arch.store(misc + 1, above)
+            above = above + cq
+        cute.arch.sync_threads()
+        return cute.arch.load(misc + 0, Int32), cute.arch.load(misc + 1, Int32)
+
+    # ------------------------------------------------------------------ the kernel
+    @cute.kernel
+    def kernel(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
+               out_stride: Int32, k: Int32):
+        T = self.threads
+        C = self.cluster
+        tid = cute.arch.thread_idx()[0]
+        bid = cute.arch.block_idx()[0]
+        rank = Int32(0)
+        if const_expr(C > 1):
+            rank = cute.arch.block_idx_in_cluster()
+        row = bid // C
+
+        smem = SmemAllocator()
+        s_hist = smem.allocate_array(Int32, 2 * self.bins, byte_alignment=16)
+        s_scan = smem.allocate_array(Int32, 2 * 16, byte_alignment=16)
+        s_misc = smem.allocate_array(Int32, 16, byte_alignment=16)
+        s_key = smem.allocate_array(Uint32, self.cap, byte_alignment=16)
+        s_idx = smem.allocate_array(Int32, self.cap, byte_alignment=16)
+        rkeys = cute.make_rmem_tensor(8, Uint32)
+
+        row_end = cute.arch.load(row_ends + row, Int32)
+        row_end = sel(row_end < 0, Int32(0), row_end)
+        row_end = Int32(sel(row_end > width, width, row_end))
+        n_groups = (row_end + 7) // 8
+        n_items = row_end
+        if const_expr(self.block_mode):
+            n_items = n_groups
+        out_row = out + row * out_stride
+        row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
+
+        if n_items <= k:
+            # Every candidate is selected: index order, then -1. No cluster barrier on
+            # this path (the whole cluster takes it, as n_items is per row).
+            for j in cutlass.range(rank * T + tid, k, C * T):
+                cute.arch.store(out_row + j, sel(j < n_items, j, Int32(-1)))
+        else:
+            per = (n_groups + C - 1) // C
+            g_lo = Int32(sel(rank * per < n_groups, rank * per, n_groups))
+            g_hi = Int32(sel(g_lo + per < n_groups, g_lo + per, n_groups))
+            # misc: 0 bin, 1 above, 2 cluster slot counter (CTA 0), 3 local slot counter, 4 eq prefix
+            for i in cutlass.range(tid, 2 * self.bins, T):
+                cute.arch.store(s_hist + i, Int32(0))
+            if tid < 16:
+                cute.arch.store(s_misc + tid, Int32(0))
+            cute.arch.sync_threads()
+
+            # Step 1: histogram of the first digit over the slice (global memory).
+            shift0 = self.key_bits - self.digits[0]
+            for gb in cutlass.range(g_lo, g_hi, T):
+                self.load_items(row_addr, gb + tid, g_hi, row_end, rkeys)
+                if gb + tid < g_hi:
+                    for j in cutlass.range_constexpr(self.items):
+                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            b0, above0 = self.cluster_select(s_hist, Int32(0), k, s_scan, s_misc)
+            krem = k - above0
+            prefix = Uint32(b0) << Uint32(shift0)
+            mask = Uint32(((1 << self.digits[0]) - 1) << shift0)
+
+            # Step 2: compact items with first digit >= b0 into the list, in index order, if they fit.
+            mine = Int32(0)
+            for q in cutlass.range_constexpr(4):
+                bq = tid * 4 + q
+                mine = mine + sel(bq >= b0, cute.arch.load(s_hist + bq, Int32), Int32(0))
+            _, n_keep = self.block_scan(mine, s_scan + 16)
+            use_list = n_keep <= self.cap
+            n_list = Int32(0)
+            if use_list:
+                base = Int32(0)
+                par = Int32(0)
+                for gb in cutlass.range(g_lo, g_hi, T):
+                    g = gb + tid
+                    self.load_items(row_addr, g, g_hi, row_end, rkeys)
+                    cnt = Int32(0)
+                    for j in cutlass.range_constexpr(self.items):
+                        cnt = cnt + sel(rkeys[j] >> Uint32(shift0) >= Uint32(b0), Int32(1), Int32(0))
+                    incl, tot = self.block_scan(cnt, s_scan + par * 16)
+                    pos = base + incl - cnt
+                    for j in cutlass.range_constexpr(self.items):
+                        if rkeys[j] >> Uint32(shift0) >= Uint32(b0):
+                            cute.arch.store(s_key + pos, rkeys[j])
+                            if const_expr(self.block_mode):
+                                cute.arch.store(s_idx + pos, g)
+                            else:
+                                cute.arch.store(s_idx + pos, g * 8 + j)
+                            pos = pos + 1
+                    base = base + tot
+                    par = 1 - par
+                n_list = base
+            cute.arch.sync_threads()
+
+            # Step 3: the remaining digits, over the list (or the slice if it did not fit).
+            hist_par = 0
+            for d in cutlass.range_constexpr(1, len(self.digits)):
+                hist_par = d % 2
+                h = s_hist + hist_par * self.bins
+                shift = self.key_bits - sum(self.digits[: d + 1])
+                dmask = Uint32((1 << self.digits[d]) - 1)
+                # This buffer was last read by the peers before they arrived at the
+                # previous cluster barrier, which this CTA has passed: safe to clear.
+                for i in cutlass.range(tid, self.bins, T):
+                    cute.arch.store(h + i, Int32(0))
+                cute.arch.sync_threads()
+                if use_list:
+                    for i in cutlass.range(tid, n_list, T):
+                        key = cute.arch.load(s_key + i, Uint32)
+                        if key & mask == prefix:
+                            cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
+                else:
+                    for gb in cutlass.range(g_lo, g_hi, T):
+                        self.load_items(row_addr, gb + tid, g_hi, row_end, rkeys)
+                        for j in cutlass.range_constexpr(self.items):
+                            key = rkeys[j]
+                            if key & mask == prefix:
+                                cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
+                bd, aboved = self.cluster_select(h, Int32(0), krem, s_scan + (d % 2) * 16, s_misc)
+                krem = krem - aboved
+                prefix = prefix | (Uint32(bd) << Uint32(shift))
+                mask = mask | (dmask << Uint32(shift))
+
+            # Step 4: write. T_key = prefix; `krem` keys equal to it are still needed.
+            threshold = prefix
+            need_eq = krem
+            gt_total = k - need_eq
+            h_last = s_hist + hist_par * self.bins
+            last_bin = Int32(threshold & Uint32((1 << self.digits[-1]) - 1))
+            eq_local = cute.arch.load(h_last + last_bin, Int32)
+            # Equal keys of lower-ranked CTAs (lower columns) come first.
+            if const_expr(C > 1):
+                if tid < WARP:
+                    v = Int32(0)
+                    if tid < rank:
+                        v = Int32(ptx.ld_cluster_u32(
+                            ptx.mapa_shared(smem_addr(h_last + last_bin), tid)))
+                    for s in cutlass.range_constexpr(5):
+                        v = v + cute.arch.shuffle_sync_bfly(v, 1 << s)
+                    if tid == 0:
+                        cute.arch.store(s_misc + 4, v)
+                cute.arch.sync_threads()
+            eq_before = cute.arch.load(s_misc + 4, Int32)
+            take = need_eq - eq_before
+            take = sel(take < 0, Int32(0), take)
+            take = Int32(sel(take > eq_local, eq_local, take))
+            ordered = take < eq_local
+            eq_base = gt_total + eq_before
+            slot_counter = s_misc + 2
+            local_counter = s_misc + 3
+
+            if use_list:
+                par = Int32(0)
+                base = Int32(0)
+                for ib in cutlass.range(0, n_list, T):
+                    i = ib + tid
+                    key = Uint32(0)
+                    idx = Int32(0)
+                    if i < n_list:
+                        key = cute.arch.load(s_key + i, Uint32)
+                        idx = cute.arch.load(s_idx + i, Int32)
+                    gt = sel(key > threshold, Int32(1), Int32(0))
+                    slot = self.warp_slots(gt, slot_counter)
+                    if key > threshold:
+                        cute.arch.store(out_row + slot, idx)
+                    eq = sel(key == threshold, Int32(1), Int32(0))
+                    if ordered:
+                        incl, tot = self.block_scan(eq, s_scan + par * 16)
+                        r = base + incl - eq
+                        if key == threshold:
+                            if r < take:
+                                cute.arch.store(out_row + eq_base + r, idx)
+                        base = base + tot
+                        par = 1 - par
+                    else:
+                        if key == threshold:
+                            r = cute.arch.atomic_add(local_counter, Int32(1))
+                            cute.arch.store(out_row + eq_base + r, idx)
+            else:
+                par = Int32(0)
+                base = Int32(0)
+                for gb in cutlass.range(g_lo, g_hi, T):
+                    g = gb + tid
+                    self.load_items(row_addr, g, g_hi, row_end, rkeys)
+                    gt = Int32(0)
+                    eq = Int32(0)
+                    for j in cutlass.range_constexpr(self.items):
+                        gt = gt + sel(rkeys[j] > threshold, Int32(1), Int32(0))
+                        eq = eq + sel(rkeys[j] == threshold, Int32(1), Int32(0))
+                    slot = self.warp_slots(gt, slot_counter)
+                    for j in cutlass.range_constexpr(self.items):
+                        if rkeys[j] > threshold:
+                            if const_expr(self.block_mode):
+                                cute.arch.store(out_row + slot, g)
+                            else:
+                                cute.arch.store(out_row + slot, g * 8 + j)
+                            slot = slot + 1
+                    if ordered:
+                        incl, tot = self.block_scan(eq, s_scan + par * 16)
+                        r = base + incl - eq
+                        for j in cutlass.range_constexpr(self.items):
+                            if rkeys[j] == threshold:
+                                if r < take:
+                                    if const_expr(self.block_mode):
+                                        cute.arch.store(out_row + eq_base + r, g)
+                                    else:
+                                        cute.arch.store(out_row + eq_base + r, g * 8 + j)
+                                r = r + 1
+                        base = base + tot
+                        par = 1 - par
+                    else:
+                        for j in cutlass.range_constexpr(self.items):
+                            if rkeys[j] == threshold:
+                                r = cute.arch.atomic_add(local_counter, Int32(1))
+                                if const_expr(self.block_mode):
+                                    cute.arch.store(out_row + eq_base + r, g)
+                                else:
+                                    cute.arch.store(out_row + eq_base + r, g * 8 + j)
+            # No CTA may exit while a peer can still read its histograms or add to CTA 0's counter.
+            if const_expr(C > 1):
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+
+
+def make(variant) -> DecodeTopK:
+    return DecodeTopK(
+        dtype=variant.option("dtype"),
+        block_mode=variant.option("block_mode"),
+        cluster=variant.option("cluster"),
+        threads=variant.threads,
+        hist_bins=variant.option("hist_bins"),
+        list_capacity=variant.option("list_capacity"),
+        smem_bytes=variant.smem_bytes,
+    )
+
+
+def compile_variant(variant, arch: str) -> bytes:
+    dtype = cutlass.Float32 if variant.option("dtype") == "f32" else cutlass.BFloat16
+    return cubin_of(
+        make(variant),
+        gmem_ptr(dtype),
+        gmem_ptr(Int32),
+        gmem_ptr(Int32),
+        Int32(0),
+        Int32(0),
+        Int32(0),
+        Int32(0),
+        null_stream(),
+        arch=arch,
+    )

@@ -1,0 +1,75 @@
+"""decode_topk: exact top-k of indexer logits per row, token and block mode.
+
+One launch handles ``rows`` rows; each row is split over the ``cluster`` CTAs of
+one thread-block cluster (grid x = rows * cluster). Kernel parameters:
+
+- ``logits``: ``[rows, stride]`` FP32 or BF16, 16-byte aligned, ``stride`` in elements
+  (a multiple of 16 bytes), ``width`` valid allocated columns (``logits.shape[1]``);
+- ``row_ends``: int32 ``[rows]``; the kernel clips each to ``[0, width]``;
+- ``out``: int32 ``[rows, out_stride]``; the kernel writes columns ``[0, k)`` of each row.
+
+Token mode selects column indices; block mode selects indices of the blocks
+``[8b, 8b + 8)`` (clipped to the row end), each scored by its maximum. The selected
+set is exact: largest keys first, ties at the threshold to the lower index, NaN as
+-inf; with fewer candidates than ``k`` the row gets every candidate (in index order)
+then -1. Within a row the order is unspecified (not sorted).
+
+``k`` is a runtime argument (any value in ``SUPPORTED_K``); nothing in shared memory
+is sized by it.
+"""
+
+from . import Variant, params
+
+PARAMS = params(
+    "void* logits",
+    "void* row_ends",
+    "void* out",
+    "int32_t width",
+    "int32_t stride",
+    "int32_t out_stride",
+    "int32_t k",
+)
+
+THREADS = 512
+CLUSTERS = (1, 2, 4, 8, 16)
+DTYPES = ("f32", "bf16")
+SUPPORTED_K = (512, 1024, 2048)
+BLOCK_SIZE = 8  # columns per candidate block in block mode
+
+# Shared memory per CTA: two 2048-bin histograms (16 KiB), a scan scratch and a
+# few words, and the candidate list of (key, index) pairs. 110 KiB lets two CTAs
+# share an SM (233,472 B per SM on sm_90a/sm_100a).
+HIST_BINS = 2048
+LIST_CAPACITY = 12032
+SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 16 * 4 + 16 * 4 + LIST_CAPACITY * 8
+
+
+def name_for(dtype: str, block_mode: bool, cluster: int) -> str:
+    return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_c{cluster}"
+
+
+def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
+    return Variant(
+        family="decode_topk",
+        name=name_for(dtype, block_mode, cluster),
+        params=PARAMS,
+        threads=THREADS,
+        cluster=(cluster, 1, 1),
+        smem_bytes=SMEM_BYTES,
+        pdl=False,
+        config=(
+            ("dtype", dtype),
+            ("block_mode", block_mode),
+            ("cluster", cluster),
+            ("list_capacity", LIST_CAPACITY),
+            ("hist_bins", HIST_BINS),
+        ),
+    )
+
+
+VARIANTS = tuple(
+    _variant(dtype, block_mode, cluster)
+    for dtype in DTYPES
+    for block_mode in (False, True)
+    for cluster in CLUSTERS
+)

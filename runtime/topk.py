@@ -1,0 +1,175 @@
+"""Host op of decode_topk (DESIGN.md "decode_topk"): exact top-k of indexer logits rows.
+
+``decode_topk(logits, row_ends, out, *, block_mode=False)`` writes, for each row
+``r``, the ``k = out.shape[1]`` best candidates of row ``r``:
+
+- token mode: column indices ``< row_end`` with the largest logits;
+- block mode: indices ``b`` of blocks ``[8b, 8b + 8)`` clipped to the row end, each
+  scored by its largest logit.
+
+Exact: ties at the threshold go to the lower index, NaN counts as -inf, a row with
+fewer than ``k`` candidates gets all of them then -1. ``row_ends`` are clipped to
+``[0, logits.shape[1]]`` on the device (no host sync, no read past the width).
+**Order within a row is unspecified**: the kernel's output is not sorted (the torch
+fallback's is best first); compare rows as sets.
+
+The cached cluster kernel takes the call where ``supports_decode_topk`` says so
+(one wave of clusters on this device, aligned FP32/BF16 logits); otherwise the
+exact torch reference computes the same set.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .contract import decode_topk as contract
+from .reference import decode_topk_reference
+
+SUPPORTED_K = contract.SUPPORTED_K
+MAX_WIDTH = (1 << 21) - 1  # int32 index math in the kernel, 21-bit indices in the reference
+_ALIGN = 16  # bytes: the kernel reads 16-byte vectors
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+# Columns a CTA should own at least before a row is split further: below this the
+# cluster's barriers cost more than the extra CTAs save.
+MIN_COLUMNS_PER_CTA = 4096
+
+
+def _check_args(logits, row_ends, out, block_mode):
+    """Every argument checked before anything is launched; returns (rows, width, k)."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dtype not in _DTYPES:
+        raise TypeError(f"logits must be float32 or bfloat16, got {logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [rows, width], got shape {tuple(logits.shape)}")
+    rows, width = logits.shape
+    if width > MAX_WIDTH:
+        raise ValueError(f"logits: width {width} exceeds {MAX_WIDTH} columns")
+    if width > 1 and logits.stride(1) != 1:
+        raise ValueError(f"logits must have unit column stride, got strides {logits.stride()}")
+    if not isinstance(row_ends, torch.Tensor):
+        raise TypeError(f"row_ends must be a torch.Tensor, got {type(row_ends).__name__}")
+    if row_ends.dtype != torch.int32:
+        raise TypeError(f"row_ends must be int32, got {row_ends.dtype}")
+    if row_ends.dim() != 1 or row_ends.shape[0] != rows:
+        raise ValueError(f"row_ends must have shape [{rows}], got {tuple(row_ends.shape)}")
+    if rows > 1 and row_ends.stride(0) != 1:
+        raise ValueError("row_ends must be contiguous")
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != torch.int32:
+        raise TypeError(f"out must be int32, got {out.dtype}")
+    if out.dim() != 2 or out.shape[0] != rows:
+        raise ValueError(f"out must have shape [{rows}, k], got {tuple(out.shape)}")
+    k = out.shape[1]
+    if k not in SUPPORTED_K:
+        raise ValueError(f"out: k = out.shape[1] = {k} is not supported; expected one of {SUPPORTED_K}")
+    if out.stride(1) != 1:
+        raise ValueError(f"out must have unit column stride, got strides {out.stride()}")
+    if not isinstance(block_mode, bool):
+        raise TypeError(f"block_mode must be a bool, got {type(block_mode).__name__}")
+    if row_ends.device != logits.device or out.device != logits.device:
+        raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
+                         f"{row_ends.device} and {out.device}")
+    return rows, width, k
+
+
+class _Plan:
+    """The cached kernels of one (device, dtype, mode): cluster sizes and their one-wave row limits."""
+
+    def __init__(self, cache, dtype: str, block_mode: bool):
+        self.kernels = {}
+        for c in contract.CLUSTERS:
+            name = contract.name_for(dtype, block_mode, c)
+            if name in cache:
+                kernel = cache.kernel(name)
+                self.kernels[c] = (kernel, kernel.max_active_clusters)
+
+    def cluster_for(self, rows: int, width: int):
+        """The largest cluster that still fits one wave and leaves each CTA enough columns."""
+        fits = [c for c, (_, most) in self.kernels.items() if 0 < rows <= most]
+        if not fits:
+            return None
+        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA]
+        return max(good) if good else min(fits)
+
+
+_plans: dict = {}
+_plans_lock = threading.Lock()
+_cache_error: list = []
+
+
+def _plan_for(device: torch.device, dtype: str, block_mode: bool):
+    key = (device.index, dtype, block_mode)
+    plan = _plans.get(key)
+    if plan is not None or key in _plans:
+        return plan
+    with _plans_lock:
+        if key not in _plans:
+            try:
+                import runtime
+
+                with torch.cuda.device(device):
+                    cache = runtime.load()
+                plan = _Plan(cache, dtype, block_mode)
+                _plans[key] = plan if plan.kernels else None
+            except Exception as e:  # no cache for this device: the fallback serves it
+                _cache_error.append(e)
+                _plans[key] = None
+        return _plans[key]
+
+
+def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
+    """(kernel, cluster) that takes this call, or None."""
+    if not logits.is_cuda or rows < 1 or k not in SUPPORTED_K or logits.dtype not in _DTYPES:
+        return None
+    width = logits.shape[1]
+    if width < 1 or width > MAX_WIDTH:
+        return None
+    elem = logits.element_size()
+    if logits.data_ptr() % _ALIGN or (logits.stride(0) * elem) % _ALIGN or (width > 1 and logits.stride(1) != 1):
+        return None
+    plan = _plan_for(logits.device, _DTYPES[logits.dtype], block_mode)
+    if plan is None:
+        return None
+    c = plan.cluster_for(rows, width)
+    if c is None:
+        return None
+    return plan.kernels[c][0], c
+
+
+def supports_decode_topk(logits: torch.Tensor, rows: int, k: int, block_mode: bool) -> bool:
+    """Whether the cluster kernel takes ``rows`` rows of ``logits`` with this ``k`` in one wave on this device.
+
+    False for CPU tensors, unaligned logits (16-byte start and row stride), a ``k``
+    outside ``SUPPORTED_K``, a GPU without a cache, or more rows than one wave of the
+    smallest fitting cluster holds; ``decode_topk`` then uses the exact torch fallback.
+    """
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        return False
+    return _kernel_for(logits, int(rows), int(k), bool(block_mode)) is not None
+
+
+def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor, *, block_mode: bool = False) -> None:
+    """Write each row's exact top-k candidate indices into ``out`` ([rows, k] int32; see the module doc)."""
+    rows, width, k = _check_args(logits, row_ends, out, block_mode)
+    if rows == 0:
+        return
+    chosen = _kernel_for(logits, rows, k, block_mode)
+    if chosen is None:
+        out.copy_(decode_topk_reference(logits, row_ends, k, block_mode=block_mode))
+        return
+    kernel, cluster = chosen
+    kernel.launch(rows * cluster, logits.data_ptr(), row_ends.data_ptr(), out.data_ptr(), width,
+                  logits.stride(0), out.stride(0), k)
+
+
+def decode_topk_plan(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
+    """(kernel name, cluster size, grid CTAs) the op would launch, or None (benchmarks, tests)."""
+    chosen = _kernel_for(logits, int(rows), int(k), bool(block_mode))
+    if chosen is None:
+        return None
+    kernel, cluster = chosen
+    return kernel.name, cluster, rows * cluster

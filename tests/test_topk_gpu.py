@@ -1,0 +1,207 @@
+"""decode_topk cluster kernel vs the exact reference on a GPU (marker gpu).
+
+Every case checks, per row: the selected set equals the reference's (which is
+exact for ties: lower index first), no index repeats, every index is a candidate,
+and every selected key is >= the k-th best key. Each case first asserts that the
+kernel (not the torch fallback) takes it.
+"""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+KS = (512, 1024, 2048)
+ROWS = (1, 8, 14, 64)
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _lengths(k):
+    return (1, k - 1, k, 4096, 65536, 262144, 1 << 20)
+
+
+def _run(logits, row_ends, k, block_mode, *, expect_kernel=True):
+    from runtime.topk import decode_topk, supports_decode_topk
+
+    rows = logits.shape[0]
+    if expect_kernel:
+        assert supports_decode_topk(logits, rows, k, block_mode), "the kernel should take this case"
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=logits.device)
+    decode_topk(logits, row_ends, out, block_mode=block_mode)
+    return out
+
+
+def _check(logits, row_ends, out, k, block_mode):
+    from runtime.reference import DECODE_TOPK_BLOCK, decode_topk_keys, decode_topk_reference
+
+    ref = decode_topk_reference(logits, row_ends, k, block_mode=block_mode)
+    got_sorted = torch.sort(out, dim=1).values
+    ref_sorted = torch.sort(ref, dim=1).values
+    # No duplicates among the selected (non -1) indices.
+    dup = (got_sorted[:, 1:] == got_sorted[:, :-1]) & (got_sorted[:, 1:] >= 0)
+    assert not dup.any(), f"duplicate indices in rows {dup.any(dim=1).nonzero().flatten().tolist()[:8]}"
+    # In range: -1 or a candidate of its row.
+    width = logits.shape[1]
+    ends = row_ends.long().clamp(0, width)
+    if block_mode:
+        ends = (ends + DECODE_TOPK_BLOCK - 1) // DECODE_TOPK_BLOCK
+    assert ((out >= -1) & (out.long() < ends[:, None])).all(), "index out of range"
+    # Every selected key >= the k-th best key (the reference's worst), per row.
+    keys = decode_topk_keys(logits)
+    if block_mode:
+        blocks = -(-width // DECODE_TOPK_BLOCK)
+        cols = torch.arange(width, device=logits.device)
+        valid_cols = cols[None, :] < row_ends.long().clamp(0, width)[:, None]
+        keys = torch.where(valid_cols, keys, torch.full_like(keys, -1))
+        padded = torch.full((keys.shape[0], blocks * DECODE_TOPK_BLOCK), -1, dtype=torch.long, device=keys.device)
+        padded[:, :width] = keys
+        keys = padded.view(keys.shape[0], blocks, DECODE_TOPK_BLOCK).amax(dim=2)
+    sel = out.long().clamp(min=0)
+    got_keys = torch.where(out >= 0, torch.gather(keys, 1, sel), torch.full_like(sel, 1 << 40))
+    ref_keys = torch.where(ref >= 0, torch.gather(keys, 1, ref.long().clamp(min=0)), torch.full_like(sel, 1 << 40))
+    assert (got_keys.min(dim=1).values >= ref_keys.min(dim=1).values).all(), "a selected key below the k-th"
+    # The exact set (ties resolved to the lower index, -1 padding).
+    bad = (got_sorted != ref_sorted).any(dim=1)
+    assert not bad.any(), f"rows differing from the reference: {bad.nonzero().flatten().tolist()[:8]}"
+
+
+def _logits(rows, width, dtype, *, stride=None, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    stride = stride or width
+    base = torch.randn(rows, stride, device="cuda", generator=g, dtype=torch.float32).to(dtype)
+    return base[:, :width]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+@pytest.mark.parametrize("k", KS)
+def test_grid(dtype, block_mode, k):
+    """Random logits over rows x lengths; row ends vary around the length."""
+    for rows in ROWS:
+        for length in _lengths(k):
+            logits = _logits(rows, length, dtype, seed=rows * 7 + length)
+            ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+            if rows > 1:
+                # A spread of row ends: full, short of k, a partial last group, zero.
+                ends[1] = max(0, length - 3)
+                ends[-1] = min(length, k // 2)
+            if rows > 2:
+                ends[2] = 0
+            out = _run(logits, ends, k, block_mode)
+            _check(logits, ends, out, k, block_mode)
+            del logits, out
+
+
+ADVERSARIAL = ("all_equal", "two_values", "neg_inf_run", "nan", "ties_at_threshold", "sorted_up", "zeros_signed")
+
+
+def _adversarial(kind, rows, width, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, width, device="cuda", generator=g)
+    if kind == "all_equal":
+        x = torch.full_like(x, 0.5)
+    elif kind == "two_values":
+        x = torch.where(torch.rand(rows, width, device="cuda", generator=g) < 0.5, 1.0, 2.0)
+    elif kind == "neg_inf_run":
+        x[:, width // 8: width - width // 8] = float("-inf")
+    elif kind == "nan":
+        x[torch.rand(rows, width, device="cuda", generator=g) < 0.3] = float("nan")
+        x[:, -width // 4:] = float("nan")
+    elif kind == "ties_at_threshold":
+        x = torch.randint(0, 50, (rows, width), device="cuda", generator=g).float()
+    elif kind == "sorted_up":
+        x = torch.arange(width, device="cuda", dtype=torch.float32).expand(rows, width).contiguous()
+    elif kind == "zeros_signed":
+        x = torch.where(torch.rand(rows, width, device="cuda", generator=g) < 0.5, 0.0, -0.0)
+        x[:, ::97] = -1.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+@pytest.mark.parametrize("kind", ADVERSARIAL)
+def test_adversarial(kind, dtype, block_mode):
+    for k in (512, 2048):
+        for rows, width in ((1, 65536), (14, 1 << 20), (8, 262144 + 5), (3, 2049)):
+            logits = _adversarial(kind, rows, width, dtype, seed=width)
+            ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+            out = _run(logits, ends, k, block_mode)
+            _check(logits, ends, out, k, block_mode)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+def test_padded_stride_and_clipped_row_ends(dtype, block_mode):
+    """A padded row stride; row ends past the width or negative are clipped to [0, width]."""
+    k = 1024
+    rows, width, stride = 8, 100003, 100096
+    logits = _logits(rows, width, dtype, stride=stride, seed=5)
+    assert logits.stride(0) == stride
+    ends = torch.tensor([width, width + 1000, 2 ** 31 - 1, -5, 0, 7, width - 1, 50000], dtype=torch.int32,
+                        device="cuda")
+    out = _run(logits, ends, k, block_mode)
+    _check(logits, ends, out, k, block_mode)
+
+
+def test_out_row_stride_and_exact_tail():
+    """out may be a column slice of a wider buffer: only its k columns are written."""
+    k, rows, width = 512, 4, 70000
+    logits = _logits(rows, width, torch.float32, seed=9)
+    ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    buf = torch.full((rows, 3 * k), -9, dtype=torch.int32, device="cuda")
+    from runtime.topk import decode_topk
+
+    decode_topk(logits, ends, buf[:, k: 2 * k])
+    assert (buf[:, :k] == -9).all() and (buf[:, 2 * k:] == -9).all()
+    _check(logits, ends, buf[:, k: 2 * k], k, False)
+
+
+def test_fallback_matches_for_unaligned_logits():
+    """An unaligned view is not the kernel's: the fallback gives the same exact set."""
+    from runtime.topk import supports_decode_topk
+
+    k, rows, width = 512, 2, 9000
+    base = _logits(rows, width + 1, torch.float32, seed=3)
+    logits = base[:, 1:]
+    assert not supports_decode_topk(logits, rows, k, False)
+    ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    out = _run(logits, ends, k, False, expect_kernel=False)
+    _check(logits, ends, out, k, False)
+
+
+def test_every_cluster_variant():
+    """Each cluster size of each variant, launched directly, against the reference."""
+    import runtime
+    from runtime.contract import decode_topk as contract
+
+    cache = runtime.load()
+    for dtype, tdtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        for block_mode in (False, True):
+            for cluster in contract.CLUSTERS:
+                kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
+                k, rows, width = 1024, 3, 50000 + cluster
+                logits = _logits(rows, width, tdtype, seed=cluster)
+                ends = torch.tensor([width, width // 3, 1500], dtype=torch.int32, device="cuda")
+                out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+                kernel.launch(rows * cluster, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), width,
+                              logits.stride(0), out.stride(0), k)
+                torch.cuda.synchronize()
+                _check(logits, ends, out, k, block_mode)
+
+
+def test_cuda_graph_capture():
+    from runtime.topk import decode_topk
+
+    k, rows, width = 2048, 8, 65536
+    logits = _logits(rows, width, torch.bfloat16, seed=1)
+    ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    out = torch.zeros((rows, k), dtype=torch.int32, device="cuda")
+    decode_topk(logits, ends, out)  # loads the cache before capture
+    torch.cuda.synchronize()
+    out.zero_()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        decode_topk(logits, ends, out)
+    g.replay()
+    torch.cuda.synchronize()
+    _check(logits, ends, out, k, False)

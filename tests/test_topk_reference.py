@@ -1,0 +1,118 @@
+"""decode_topk reference vs brute force on the CPU (CI), and the host op's argument checks."""
+
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from runtime.reference import decode_topk_keys, decode_topk_reference
+
+SPECIALS = (float("-inf"), float("inf"), float("nan"), 0.0, -0.0, 1.0, -1.0, 2.5, 2.5, 1e-30, -1e30)
+
+
+def _brute(row, end, k, block_mode):
+    """Python ranking: larger value first (NaN as -inf, -0 == +0), lower index first among equals."""
+    vals = [(-math.inf if math.isnan(v) else v) for v in row[: max(0, min(end, len(row)))]]
+    if block_mode:
+        vals = [max(vals[b: b + 8]) for b in range(0, len(vals), 8)]
+    order = sorted(range(len(vals)), key=lambda i: (-vals[i], i))[:k]
+    return order + [-1] * (k - len(order))
+
+
+def _rows(seed, rows, width, dtype, pool):
+    rnd = random.Random(seed)
+    data = [[rnd.choice(pool) for _ in range(width)] for _ in range(rows)]
+    t = torch.tensor(data, dtype=torch.float32).to(dtype)
+    # Brute force on the values as stored (BF16 rounds; NaN stays NaN).
+    return t, t.float().tolist()
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("f32", "bf16"))
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+@pytest.mark.parametrize("seed", range(6))
+def test_reference_matches_brute_force(dtype, block_mode, seed):
+    rnd = random.Random(seed)
+    width = rnd.choice((1, 7, 8, 9, 63, 200))
+    rows = 6
+    pool = SPECIALS if seed % 2 else tuple(round(rnd.uniform(-3, 3), 1) for _ in range(5)) + SPECIALS[:3]
+    logits, values = _rows(seed, rows, width, dtype, pool)
+    ends = torch.tensor([width, 0, max(0, width - 3), width + 5, -2, rnd.randint(0, width)], dtype=torch.int32)
+    for k in (1, 5, 16, 64):
+        got = decode_topk_reference(logits, ends, k, block_mode=block_mode)
+        assert got.dtype == torch.int32 and got.shape == (rows, k)
+        for r in range(rows):
+            assert got[r].tolist() == _brute(values[r], int(ends[r]), k, block_mode), (r, k)
+
+
+def test_ties_go_to_lower_index():
+    x = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0, 2.0, 0.0, 2.0]])
+    got = decode_topk_reference(x, torch.tensor([8], dtype=torch.int32), 4)
+    assert got.tolist() == [[1, 3, 2, 4]]
+    got = decode_topk_reference(x, torch.tensor([8], dtype=torch.int32), 4, block_mode=True)
+    assert got.tolist() == [[0, -1, -1, -1]]
+
+
+def test_all_equal_and_short_rows():
+    x = torch.full((2, 40), 7.0)
+    got = decode_topk_reference(x, torch.tensor([40, 3], dtype=torch.int32), 5)
+    assert got.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, -1, -1]]
+    # Blocks clipped to the row end: 17 columns -> 3 blocks.
+    got = decode_topk_reference(x, torch.tensor([17, 0], dtype=torch.int32), 5, block_mode=True)
+    assert got.tolist() == [[0, 1, 2, -1, -1], [-1] * 5]
+
+
+def test_nan_counts_as_neg_inf_and_signed_zero_ties():
+    x = torch.tensor([[float("nan"), float("-inf"), -0.0, 0.0, float("nan")]])
+    got = decode_topk_reference(x, torch.tensor([5], dtype=torch.int32), 5)
+    # 0 and -0 tie (lower index first); NaN and -inf tie.
+    assert got.tolist() == [[2, 3, 0, 1, 4]]
+
+
+def test_keys_preserve_order():
+    vals = torch.tensor([float("-inf"), -3e38, -1.0, -1e-40, -0.0, 0.0, 1e-40, 1.0, 3e38, float("inf")])
+    for dtype in (torch.float32, torch.bfloat16):
+        keys = decode_topk_keys(vals.to(dtype))
+        assert (keys[1:] >= keys[:-1]).all()
+        assert keys[4] == keys[5]
+        assert decode_topk_keys(torch.tensor([float("nan")]).to(dtype))[0] == keys[0]
+
+
+def test_host_op_cpu_fallback_and_checks():
+    from runtime.topk import decode_topk, supports_decode_topk
+
+    logits = torch.randn(3, 1000)
+    ends = torch.tensor([1000, 600, 0], dtype=torch.int32)
+    out = torch.empty(3, 512, dtype=torch.int32)
+    assert not supports_decode_topk(logits, 3, 512, False)
+    decode_topk(logits, ends, out)
+    ref = decode_topk_reference(logits, ends, 512)
+    assert torch.equal(torch.sort(out, 1).values, torch.sort(ref, 1).values)
+
+    with pytest.raises(TypeError, match="logits"):
+        decode_topk(logits.double(), ends, out)
+    with pytest.raises(ValueError, match="logits"):
+        decode_topk(logits[0], ends, out)
+    with pytest.raises(TypeError, match="row_ends"):
+        decode_topk(logits, ends.long(), out)
+    with pytest.raises(ValueError, match="row_ends"):
+        decode_topk(logits, ends[:2], out)
+    with pytest.raises(TypeError, match="out"):
+        decode_topk(logits, ends, out.long())
+    with pytest.raises(ValueError, match="k = out.shape"):
+        decode_topk(logits, ends, torch.empty(3, 100, dtype=torch.int32))
+    with pytest.raises(ValueError, match="out"):
+        decode_topk(logits, ends, torch.empty(2, 512, dtype=torch.int32))
+    with pytest.raises(ValueError, match="out"):
+        decode_topk(logits, ends, torch.empty(512, 3, dtype=torch.int32).t())
+    with pytest.raises(ValueError, match="logits"):
+        decode_topk(torch.randn(1000, 3).t(), ends, out)
+    with pytest.raises(TypeError, match="block_mode"):
+        decode_topk(logits, ends, out, block_mode=1)
+
+
+def test_runtime_topk_imports_no_cutlass():
+    code = "import sys, runtime.topk; sys.exit(int(any(m.split('.')[0] in ('cutlass', 'kernels') for m in sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
