@@ -75,6 +75,12 @@ def st_global_v4_b32(addr: Int64, a, b, c, d, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_global_v2_b32(addr: Int64, a, b, *, loc=None, ip=None) -> None:
+    """Store two 32-bit words at an 8-byte aligned global address."""
+    _asm(None, [_i64(addr), _i32(a), _i32(b)], "st.global.v2.b32 [$0], {$1, $2};", "l,r,r")
+
+
+@dsl_user_op
 def cp_async_16(smem: Int32, gmem: Int64, src_bytes: Int32, *, loc=None, ip=None) -> None:
     """cp.async of 16 bytes global -> shared; src_bytes < 16 zero-fills the rest.
 
@@ -346,51 +352,3 @@ def atom_add_cluster_u32(addr: Int32, v, *, loc=None, ip=None) -> Uint32:
     """Atomic add at a shared::cluster address (any CTA of the cluster); returns the old value."""
     return Uint32(_asm(T.i32(), [_i32(addr), Uint32(v).ir_value()],
                        "atom.shared::cluster.add.u32 $0, [$1], $2;", "=r,r,r"))
-
-
-# ---------------------------------------------------------------- decode_topk helpers
-# (Rewritten here after an accidental overwrite of this module: signatures follow
-# kernels/decode_topk.py's use. Loads of logits are read-only for the kernel's life.)
-
-
-def _u32(x):
-    return Uint32(x).ir_value()
-
-
-@dsl_user_op
-def ld_global_nc_v4_u32(addr: Int64, *, loc=None, ip=None):
-    """Four 32-bit words from a 16-byte aligned read-only global address."""
-    ts = [T.i32()] * 4
-    s = _asm(ts, [_i64(addr)], "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
-    return [Uint32(v) for v in _unpack(s, ts)]
-
-
-@dsl_user_op
-def ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    return Uint32(_asm(T.i32(), [_i64(addr)], "ld.global.nc.u32 $0, [$1];", "=r,l"))
-
-
-@dsl_user_op
-def ld_global_nc_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
-    """A 16-bit word, zero-extended."""
-    return Uint32(_asm(T.i32(), [_i64(addr)], "ld.global.nc.u16 $0, [$1];", "=r,l"))
-
-
-@dsl_user_op
-def atom_add_cluster_u32(addr: Int32, v, *, loc=None, ip=None) -> Uint32:
-    """atomicAdd on a shared::cluster address (from mapa_shared); returns the old value."""
-    return Uint32(_asm(T.i32(), [_i32(addr), _u32(v)],
-                       "atom.shared::cluster.add.u32 $0, [$1], $2;", "=r,r,r"))
-
-
-@dsl_user_op
-def ld_cluster_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
-    return Uint32(_asm(T.i32(), [_i32(addr)], "ld.shared::cluster.u32 $0, [$1];", "=r,r"))
-
-
-@dsl_user_op
-def ld_cluster_v4_u32(addr: Int32, *, loc=None, ip=None):
-    """Four words from a 16-byte aligned shared::cluster address."""
-    ts = [T.i32()] * 4
-    s = _asm(ts, [_i32(addr)], "ld.shared::cluster.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r")
-    return [Uint32(v) for v in _unpack(s, ts)]
