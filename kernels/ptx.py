@@ -75,12 +75,6 @@ def st_global_v4_b32(addr: Int64, a, b, c, d, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def st_global_v2_b32(addr: Int64, a, b, *, loc=None, ip=None) -> None:
-    """Store two 32-bit words at an 8-byte aligned global address."""
-    _asm(None, [_i64(addr), _i32(a), _i32(b)], "st.global.v2.b32 [$0], {$1, $2};", "l,r,r")
-
-
-@dsl_user_op
 def cp_async_16(smem: Int32, gmem: Int64, src_bytes: Int32, *, loc=None, ip=None) -> None:
     """cp.async of 16 bytes global -> shared; src_bytes < 16 zero-fills the rest.
 
