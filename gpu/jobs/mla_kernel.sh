@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # limit: 300
 # sparse_mla_decode cluster kernel: smoke checks against the reference (each config in its own process,
-# so a fault or hang in one does not hide the others), a saved small case for offline debugging, rough timing.
+# so a fault or hang in one does not hide the others), a saved small case for offline debugging, rough
+# timing. Runs the committed cache and, when present, the experimental one in exp_mla/ (uncommitted).
 set -u
 S=gpu/jobs/mla_kernel_smoke.py
-python3 -c "import runtime; c = runtime.load(); print([n for n in c.names() if 'sparse_mla' in n])"
-for w in 128 640; do
-  for s in 0 1; do
-    timeout 90 python3 $S check $w $s 1 2 12 49 || echo "check w=$w sinks=$s: rc=$?"
+caches=(".")
+[ -f exp_mla/manifests/sm_90a.json ] && caches+=("exp_mla")
+for c in "${caches[@]}"; do
+  export SPARSE_DECODE_AOT_CACHE=$PWD/$c
+  echo "=== cache $c"
+  for w in 128 640; do
+    for s in 0 1; do
+      timeout 60 python3 $S check $w $s 1 12 49 || echo "check w=$w sinks=$s: rc=$?"
+    done
   done
+  timeout 60 python3 $S time || echo "time rc=$?"
 done
+export SPARSE_DECODE_AOT_CACHE=$PWD
 timeout 60 python3 $S save "$JOB_OUT" || echo "save rc=$?"
-timeout 90 python3 $S time || echo "time rc=$?"
 if command -v compute-sanitizer >/dev/null && [ "${MLA_SANITIZE:-0}" = 1 ]; then
   timeout 120 compute-sanitizer --tool memcheck python3 $S check 640 1 12 || echo "memcheck rc=$?"
 fi
