@@ -18,6 +18,7 @@ Not part of the runtime: benchmarks and GPU tests only.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -35,41 +36,55 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     fp8_pv: bool = False  # second product in FP8 (P scaled by 256 into E4M3) instead of FP16
+    kv_major: bool = False  # products as S^T = KV Q^T, O^T = V^T P^T (tile rows as the MMA's M)
+    pdl: bool = True  # programmatic dependent launch between the two kernels (and the previous op)
 
     def splits(self, width: int) -> int:
         return triton.cdiv(width, self.block_n * self.tiles)
 
 
-# The shapes swept by the benchmark (kept small: every entry is compiled on first use).
+# The shapes swept by the benchmark: (block_n, tiles, num_stages, num_warps) per orientation, kept
+# to those whose sm_90a build spills no registers (checked with cuobjdump --dump-resource-usage on
+# triton.compile output for GPUTarget("cuda", 90, 32)), each with P in FP16 and in FP8.
+_HEADS_MAJOR = ((32, 1, 2, 4), (32, 1, 2, 8), (32, 2, 2, 8), (32, 4, 3, 8), (64, 1, 2, 8))
+_KV_MAJOR = ((32, 1, 2, 4), (32, 1, 2, 8), (32, 2, 2, 8), (32, 4, 2, 8), (32, 4, 3, 4),
+             (64, 1, 2, 8), (64, 2, 2, 8), (64, 4, 2, 8))
 CONFIGS = tuple(
-    Config(block_n=b, tiles=t, num_warps=w, fp8_pv=f)
-    for b in (32, 64, 128)
-    for t in (1, 2)
-    for w in (4, 8)
+    Config(block_n=b, tiles=t, num_stages=s, num_warps=w, fp8_pv=f, kv_major=k)
+    for k, shapes in ((False, _HEADS_MAJOR), (True, _KV_MAJOR))
+    for (b, t, s, w) in shapes
     for f in (False, True)
-    if not (b == 128 and t == 2)
 )
-DEFAULT = Config()
+DEFAULT = Config(block_n=32, tiles=1, num_warps=8, kv_major=True)
 
 
 @triton.jit
 def _split_kernel(q_ptr, swa_ptr, comp_ptr, idx_ptr, lens_ptr, part_o_ptr, part_ml_ptr,
                   swa_rows, comp_rows, width, qk_scale,
                   HEADS: tl.constexpr, D: tl.constexpr, SWA: tl.constexpr,
-                  BLOCK_N: tl.constexpr, TILES: tl.constexpr, FP8_PV: tl.constexpr):
+                  BLOCK_N: tl.constexpr, TILES: tl.constexpr, FP8_PV: tl.constexpr, KV_MAJOR: tl.constexpr,
+                  PDL: tl.constexpr, STAGES: tl.constexpr):
     t = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
     t64 = t.to(tl.int64)
     rh = tl.arange(0, HEADS)
     rd = tl.arange(0, D)
+    if PDL:
+        # Inputs may come from the previous kernel, and the partials it may still read are
+        # overwritten below: wait for it, then let the combine launch early.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     q = tl.load(q_ptr + t64 * HEADS * D + rh[:, None] * D + rd[None, :])  # [16, 512] FP8
     n_valid = tl.minimum(tl.load(lens_ptr + t), width)
 
     m = tl.full([HEADS], float("-inf"), tl.float32)
     l = tl.zeros([HEADS], tl.float32)
-    acc = tl.zeros([HEADS, D], tl.float32)
-    for i in tl.static_range(TILES):
+    if KV_MAJOR:
+        acc = tl.zeros([D, HEADS], tl.float32)  # O^T
+    else:
+        acc = tl.zeros([HEADS, D], tl.float32)
+    for i in tl.range(0, TILES, num_stages=STAGES):
         cols = (split * TILES + i) * BLOCK_N + tl.arange(0, BLOCK_N)
         idx = tl.load(idx_ptr + t64 * width + cols, mask=cols < n_valid, other=-1).to(tl.int64)
         in_swa = cols < SWA
@@ -79,24 +94,41 @@ def _split_kernel(q_ptr, swa_ptr, comp_ptr, idx_ptr, lens_ptr, part_o_ptr, part_
         row_ptr = tl.where(in_swa, swa_ptr + safe * D, comp_ptr + safe * D)
         kv = tl.load(row_ptr[:, None] + rd[None, :], mask=active[:, None], other=0.0)  # [BLOCK_N, 512]
 
-        s = tl.dot(q, tl.trans(kv)) * qk_scale  # [16, BLOCK_N], base-2 logits
-        s = tl.where(active[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep exp2 finite
-        alpha = tl.exp2(m - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        if FP8_PV:
-            # P <= 1 scaled by 256 keeps small weights normal in E4M3; undone in the combine.
-            pv = tl.dot((p * 256.0).to(kv.dtype), kv)
-            acc = acc * alpha[:, None] + pv * (1.0 / 256.0)
+        if KV_MAJOR:
+            s = tl.dot(kv, tl.trans(q)) * qk_scale  # S^T [BLOCK_N, 16], base-2 logits
+            s = tl.where(active[:, None], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: keep exp2 finite
+            alpha = tl.exp2(m - m_use)
+            p = tl.exp2(s - m_use[None, :])
+            l = l * alpha + tl.sum(p, axis=0)
+            if FP8_PV:
+                # P <= 1 scaled by 256 keeps small weights normal in E4M3.
+                pv = tl.dot(tl.trans(kv), (p * 256.0).to(kv.dtype))
+                acc = acc * alpha[None, :] + pv * (1.0 / 256.0)
+            else:
+                # FP16 holds every E4M3 value exactly and P (<= 1) with 11 significant bits.
+                acc = acc * alpha[None, :] + tl.dot(tl.trans(kv.to(tl.float16)), p.to(tl.float16))
         else:
-            # FP16 holds every E4M3 value exactly and P (<= 1) with 11 significant bits.
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), kv.to(tl.float16))
+            s = tl.dot(q, tl.trans(kv)) * qk_scale  # [16, BLOCK_N], base-2 logits
+            s = tl.where(active[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            if FP8_PV:
+                pv = tl.dot((p * 256.0).to(kv.dtype), kv)
+                acc = acc * alpha[:, None] + pv * (1.0 / 256.0)
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), kv.to(tl.float16))
         m = m_new
 
     part = t64 * splits + split
-    tl.store(part_o_ptr + part * HEADS * D + rh[:, None] * D + rd[None, :], acc)
+    if KV_MAJOR:
+        tl.store(part_o_ptr + part * HEADS * D + rh[None, :] * D + rd[:, None], acc)
+    else:
+        tl.store(part_o_ptr + part * HEADS * D + rh[:, None] * D + rd[None, :], acc)
     tl.store(part_ml_ptr + part * 2 * HEADS + rh, m)
     tl.store(part_ml_ptr + part * 2 * HEADS + HEADS + rh, l)
 
@@ -104,13 +136,16 @@ def _split_kernel(q_ptr, swa_ptr, comp_ptr, idx_ptr, lens_ptr, part_o_ptr, part_
 @triton.jit
 def _combine_kernel(part_o_ptr, part_ml_ptr, sinks_ptr, out_ptr, splits, bmm2_scale,
                     HEADS: tl.constexpr, D: tl.constexpr, SPLITS_P2: tl.constexpr,
-                    HAS_SINKS: tl.constexpr):
+                    HAS_SINKS: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0)
     h = tl.program_id(1)
     t64 = t.to(tl.int64)
     rs = tl.arange(0, SPLITS_P2)
     rd = tl.arange(0, D)
     ok = rs < splits
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the partials of the split kernel
+        tl.extra.cuda.gdc_launch_dependents()
     base = t64 * splits + rs
     m = tl.load(part_ml_ptr + base * 2 * HEADS + h, mask=ok, other=float("-inf"))
     l = tl.load(part_ml_ptr + base * 2 * HEADS + HEADS + h, mask=ok, other=0.0)
@@ -136,6 +171,8 @@ class TritonSparseMla:
     def __init__(self, T: int, width: int, device, config: Config = DEFAULT):
         self.T, self.width, self.config = T, width, config
         self.splits = config.splits(width)
+        # The interpreter (TRITON_INTERPRET=1, CPU checks) has no grid-dependency control.
+        self.pdl = config.pdl and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
         self.part_o = torch.empty(max(T, 1) * self.splits * HEADS * HEAD_DIM, dtype=torch.float32, device=device)
         self.part_ml = torch.empty(max(T, 1) * self.splits * 2 * HEADS, dtype=torch.float32, device=device)
 
@@ -154,12 +191,12 @@ class TritonSparseMla:
             q, swa_kv, compressed_kv, indices, lens, self.part_o, self.part_ml,
             swa_kv.shape[0], compressed_kv.shape[0], width, float(bmm1_scale) * LOG2E,
             HEADS=HEADS, D=HEAD_DIM, SWA=SWA_COLUMNS, BLOCK_N=c.block_n, TILES=c.tiles, FP8_PV=c.fp8_pv,
-            num_warps=c.num_warps, num_stages=c.num_stages)
+            KV_MAJOR=c.kv_major, PDL=self.pdl, STAGES=c.num_stages, num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=self.pdl)
         _combine_kernel[(T, HEADS)](
             self.part_o, self.part_ml, sinks if sinks is not None else self.part_ml, out,
             self.splits, float(bmm2_scale),
             HEADS=HEADS, D=HEAD_DIM, SPLITS_P2=triton.next_power_of_2(self.splits),
-            HAS_SINKS=sinks is not None, num_warps=4)
+            HAS_SINKS=sinks is not None, PDL=self.pdl, num_warps=4, launch_pdl=self.pdl)
         return out
 
 

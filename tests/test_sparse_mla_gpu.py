@@ -212,8 +212,8 @@ def test_triton_peer_matches_reference(width, with_sinks, T):
     tsm = _triton()
     args, sinks = make_case(T, width, seed=7 * width + T + with_sinks)
     sinks = sinks if with_sinks else None
-    for config in (tsm.DEFAULT, tsm.Config(block_n=32, tiles=2, num_warps=8),
-                   tsm.Config(block_n=128, fp8_pv=True)):
+    for config in (tsm.DEFAULT, tsm.Config(block_n=32, tiles=4, num_stages=3, num_warps=8),
+                   tsm.Config(block_n=64, tiles=2, num_warps=8, fp8_pv=True, kv_major=True)):
         out = poisoned(T)
         tsm.triton_sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE,
                                      out=out, config=config)
