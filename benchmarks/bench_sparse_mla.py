@@ -86,13 +86,6 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log) -> dict:
     case = {"T": T, "width": width, "sinks": True, "bytes": op_bytes(T, width), "input_sets": sets}
     n = width // 128
 
-    if kernel_fn is not None:
-        try:
-            case["kernel"] = time_op(kernel_fn, inp, sets)
-        except Exception as e:  # report, keep measuring the peers
-            case["kernel"] = {"error": f"{type(e).__name__}: {e}"}
-            traceback.print_exc()
-
     if tsm is not None:
         sweep = []
         for cfg in tsm.CONFIGS:
@@ -120,6 +113,14 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log) -> dict:
         traceback.print_exc()
 
     case["floor"] = common.floor(T * n, n, op_bytes(T, width))
+
+    # The AOT kernel last: the peers' numbers are on record (written per case) if it faults or hangs.
+    if kernel_fn is not None:
+        try:
+            case["kernel"] = time_op(kernel_fn, inp, sets)
+        except Exception as e:  # report, keep measuring the other cases
+            case["kernel"] = {"error": f"{type(e).__name__}: {e}"}
+            traceback.print_exc()
 
     # Ratios beside the absolute numbers.
     k = case.get("kernel", {}).get("median_us")
