@@ -4,16 +4,19 @@ A row is split into equal slices of 8-column groups over the CTAs of a cluster.
 Each logit becomes an order-preserving unsigned key (NaN -> key of -inf, -0 -> +0),
 so "larger key" is "larger value" and one integer compare decides every tie.
 
-Step 1  every CTA reads its slice once and builds a 2048-bin histogram of the key's
-        top 11 bits; the cluster sums the histograms through distributed shared
-        memory and every CTA finds the same bin holding the k-th largest key.
-Step 2  each CTA re-reads its slice and compacts the items at or above that bin,
-        in index order, into a shared-memory list (if they fit; a CTA whose items
-        do not fit keeps reading global memory in the later steps).
-Step 3  the remaining digits (11 + 10 bits for FP32, 5 for BF16) are selected the
-        same way over the list, which leaves the exact threshold key T and how
-        many keys equal to T the row still needs.
-Step 4  keys > T are written at slots taken from a counter in CTA 0 of the cluster;
+Step 1  every CTA reads its slice once: a 2048-bin histogram of the key's top 11
+        bits, and, in index order, a shared-memory list of (key, column) of the items
+        that can still be selected. An item whose top bits are below the bin of the
+        CTA's own k-th largest so far cannot be among the row's k largest; that bound
+        is refreshed (and the list filtered) only when the list cannot take another
+        tile. A CTA whose list still overflows (many equal keys) falls back to
+        re-reading its slice from global memory in the later steps.
+Step 2  the cluster sums the histograms through distributed shared memory and every
+        CTA finds the same bin holding the k-th largest key; the remaining digits
+        (11 + 10 bits for FP32, 5 for BF16) are selected the same way over the list,
+        which leaves the exact threshold key T and how many keys equal to T the row
+        still needs.
+Step 3  keys > T are written at slots taken from a counter in CTA 0 of the cluster;
         keys == T fill the remaining slots in index order: a CTA takes its share
         from the prefix of the equal counts of lower-ranked CTAs (lower columns),
         and inside the CTA an ordered scan ranks them when not all are taken.
@@ -51,6 +54,7 @@ class DecodeTopK:
     def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
                  smem_bytes: int):
         assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
+        assert threads // WARP <= 16  # the scan scratch holds 16 warp totals per buffer
         self.dtype = dtype
         self.block_mode = block_mode
         self.cluster = cluster
@@ -252,6 +256,57 @@ class DecodeTopK:
         cute.arch.sync_threads()
         return cute.arch.load(misc + 0, Int32), cute.arch.load(misc + 1, Int32)
 
+    @cute.jit
+    def local_kth_bin(self, hist: cute.Pointer, k: Int32, scratch: cute.Pointer, misc: cute.Pointer) -> Int32:
+        """The bin of the k-th largest item in this CTA's histogram so far (0 if it holds fewer than k).
+
+        The caller has put a CTA barrier after the histogram's atomics.
+        """
+        tid = cute.arch.thread_idx()[0]
+        c0 = cute.arch.load(hist + tid * 4, Int32)
+        c1 = cute.arch.load(hist + tid * 4 + 1, Int32)
+        c2 = cute.arch.load(hist + tid * 4 + 2, Int32)
+        c3 = cute.arch.load(hist + tid * 4 + 3, Int32)
+        if tid == 0:
+            cute.arch.store(misc + 5, Int32(0))
+        incl, total = self.block_scan(c0 + c1 + c2 + c3, scratch)
+        above = total - incl
+        for q in cutlass.range_constexpr(3, -1, -1):
+            cq = (c0, c1, c2, c3)[q]
+            if above < k:
+                if k <= above + cq:
+                    cute.arch.store(misc + 5, tid * 4 + q)
+            above = above + cq
+        cute.arch.sync_threads()
+        return cute.arch.load(misc + 5, Int32)
+
+    @cute.jit
+    def filter_list(self, s_key: cute.Pointer, s_idx: cute.Pointer, n: Int32, bound: Uint32, shift: int,
+                    scratch: cute.Pointer, sp: Int32):
+        """Keep the list's items whose first digit is >= bound, in place and in order; returns (n, sp).
+
+        In place is safe: chunk c's items move to slots below the end of chunk c, and
+        every read of chunk c precedes the scan's barrier, every write follows it.
+        """
+        tid = cute.arch.thread_idx()[0]
+        kept = Int32(0)
+        for ib in cutlass.range(0, n, self.threads):
+            i = ib + tid
+            key = Uint32(0)
+            idx = Int32(0)
+            if i < n:
+                key = cute.arch.load(s_key + i, Uint32)
+                idx = cute.arch.load(s_idx + i, Int32)
+            keep = (i < n) & ((key >> Uint32(shift)) >= bound)
+            flag = sel(keep, Int32(1), Int32(0))
+            incl, tot = self.block_scan(flag, scratch + sp * 16)
+            sp = 1 - sp
+            if keep:
+                cute.arch.store(s_key + kept + incl - 1, key)
+                cute.arch.store(s_idx + kept + incl - 1, idx)
+            kept = kept + tot
+        return kept, sp
+
     # ------------------------------------------------------------------ the kernel
     @cute.kernel
     def kernel(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
@@ -299,51 +354,59 @@ class DecodeTopK:
                 cute.arch.store(s_misc + tid, Int32(0))
             cute.arch.sync_threads()
 
-            # Step 1: histogram of the first digit over the slice (global memory).
+            # Step 1: one read of the slice: the first digit's histogram, and the list of
+            # the items that can still be selected, in index order. An item whose digit is
+            # below the bin of the CTA's own k-th largest so far (`bound`) is below the
+            # row's k-th largest too; the bound is refreshed, and the list filtered with
+            # it, only when the list cannot take another tile.
             shift0 = self.key_bits - self.digits[0]
+            tile = T * self.items
+            n_list = Int32(0)
+            bound = Uint32(0)
+            ok = Int32(1)  # the list holds every item at or above `bound`
+            sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
             for gb in cutlass.range(g_lo, g_hi, T):
-                self.load_items(row_addr, gb + tid, g_hi, row_end, rkeys)
-                if gb + tid < g_hi:
+                g = gb + tid
+                self.load_items(row_addr, g, g_hi, row_end, rkeys)
+                if g < g_hi:
                     for j in cutlass.range_constexpr(self.items):
                         cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
-            b0, above0 = self.cluster_select(s_hist, Int32(0), k, s_scan, s_misc)
+                if ok != 0:
+                    if n_list + tile > self.cap:
+                        # The histogram now covers this tile too: its k-th largest bin.
+                        cute.arch.sync_threads()
+                        bound = Uint32(self.local_kth_bin(s_hist, k, s_scan + sp * 16, s_misc))
+                        sp = 1 - sp
+                        n_list, sp = self.filter_list(s_key, s_idx, n_list, bound, shift0, s_scan, sp)
+                        if n_list + tile > self.cap:
+                            ok = Int32(0)
+                if ok != 0:
+                    cnt = Int32(0)
+                    for j in cutlass.range_constexpr(self.items):
+                        keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
+                        cnt = cnt + sel(keep, Int32(1), Int32(0))
+                    incl, tot = self.block_scan(cnt, s_scan + sp * 16)
+                    sp = 1 - sp
+                    pos = n_list + incl - cnt
+                    for j in cutlass.range_constexpr(self.items):
+                        if rkeys[j] != Uint32(0):
+                            if (rkeys[j] >> Uint32(shift0)) >= bound:
+                                cute.arch.store(s_key + pos, rkeys[j])
+                                if const_expr(self.block_mode):
+                                    cute.arch.store(s_idx + pos, g)
+                                else:
+                                    cute.arch.store(s_idx + pos, g * 8 + j)
+                                pos = pos + 1
+                    n_list = n_list + tot
+            # Step 2: the cluster's first digit.
+            b0, above0 = self.cluster_select(s_hist, Int32(0), k, s_scan + sp * 16, s_misc)
             krem = k - above0
             prefix = Uint32(b0) << Uint32(shift0)
             mask = Uint32(((1 << self.digits[0]) - 1) << shift0)
-
-            # Step 2: compact items with first digit >= b0 into the list, in index order, if they fit.
-            mine = Int32(0)
-            for q in cutlass.range_constexpr(4):
-                bq = tid * 4 + q
-                mine = mine + sel(bq >= b0, cute.arch.load(s_hist + bq, Int32), Int32(0))
-            _, n_keep = self.block_scan(mine, s_scan + 16)
-            use_list = n_keep <= self.cap
-            n_list = Int32(0)
-            if use_list:
-                base = Int32(0)
-                par = Int32(0)
-                for gb in cutlass.range(g_lo, g_hi, T):
-                    g = gb + tid
-                    self.load_items(row_addr, g, g_hi, row_end, rkeys)
-                    cnt = Int32(0)
-                    for j in cutlass.range_constexpr(self.items):
-                        cnt = cnt + sel(rkeys[j] >> Uint32(shift0) >= Uint32(b0), Int32(1), Int32(0))
-                    incl, tot = self.block_scan(cnt, s_scan + par * 16)
-                    pos = base + incl - cnt
-                    for j in cutlass.range_constexpr(self.items):
-                        if rkeys[j] >> Uint32(shift0) >= Uint32(b0):
-                            cute.arch.store(s_key + pos, rkeys[j])
-                            if const_expr(self.block_mode):
-                                cute.arch.store(s_idx + pos, g)
-                            else:
-                                cute.arch.store(s_idx + pos, g * 8 + j)
-                            pos = pos + 1
-                    base = base + tot
-                    par = 1 - par
-                n_list = base
+            use_list = ok != 0
             cute.arch.sync_threads()
 
-            # Step 3: the remaining digits, over the list (or the slice if it did not fit).
+            # Step 2 (cont.): the remaining digits, over the list (or the slice if it did not fit).
             hist_par = 0
             for d in cutlass.range_constexpr(1, len(self.digits)):
                 hist_par = d % 2
@@ -372,7 +435,7 @@ class DecodeTopK:
                 prefix = prefix | (Uint32(bd) << Uint32(shift))
                 mask = mask | (dmask << Uint32(shift))
 
-            # Step 4: write. T_key = prefix; `krem` keys equal to it are still needed.
+            # Step 3: write. T_key = prefix; `krem` keys equal to it are still needed.
             threshold = prefix
             need_eq = krem
             gt_total = k - need_eq
