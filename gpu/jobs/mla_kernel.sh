@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# limit: 300
+# limit: 330
 # sparse_mla_decode cluster kernel: smoke checks against the reference (each config in its own process,
 # so a fault or hang in one does not hide the others), a saved small case for offline debugging, rough
-# timing. Runs the committed cache and, when present, the experimental one in exp_mla/ (uncommitted).
+# timing. Runs the committed cache and, when present, experimental ones in exp_mla*/ (never committed).
 set -u
 S=gpu/jobs/mla_kernel_smoke.py
 caches=(".")
-[ -f exp_mla/manifests/sm_90a.json ] && caches+=("exp_mla")
+for e in exp_mla exp_mla_push; do [ -f $e/manifests/sm_90a.json ] && caches+=("$e"); done
 for c in "${caches[@]}"; do
   export SPARSE_DECODE_AOT_CACHE=$PWD/$c
   echo "=== cache $c"
