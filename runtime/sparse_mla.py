@@ -99,18 +99,25 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
     return T, width
 
 
+_kernels: dict = {}
+
+
 def _kernel(width: int, has_sinks: bool, device):
     """The cached kernel for this call, or None where the cache cannot serve the device."""
     if device.type != "cuda":
         return None
-    import runtime  # the package: load() is memoized per device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, width, has_sinks)
+    if key not in _kernels:
+        import runtime  # the package: load() is memoized per device
 
-    try:
-        cache = runtime.load(device=device.index if device.index is not None else torch.cuda.current_device())
-    except runtime.CacheError:
-        return None
-    name = contract.variant_name(width, has_sinks)
-    return cache.kernel(name) if name in cache else None
+        try:
+            cache = runtime.load(device=index)
+        except runtime.CacheError:
+            return None  # not memoized: a cache built later is picked up
+        name = contract.variant_name(width, has_sinks)
+        _kernels[key] = cache.kernel(name) if name in cache else None
+    return _kernels[key]
 
 
 def supports_sparse_mla(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale=1.0,
@@ -158,7 +165,12 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
                                               bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale))
         return out
     n = width // contract.CHUNK
-    kernel.launch(T * n, out.data_ptr(), q.data_ptr(), swa_kv.data_ptr(), compressed_kv.data_ptr(),
-                  indices.data_ptr(), lens.data_ptr(), 0 if sinks is None else sinks.data_ptr(),
-                  swa_kv.shape[0], compressed_kv.shape[0], float(bmm1_scale), float(bmm2_scale))
+    args = (out.data_ptr(), q.data_ptr(), swa_kv.data_ptr(), compressed_kv.data_ptr(), indices.data_ptr(),
+            lens.data_ptr(), 0 if sinks is None else sinks.data_ptr(), swa_kv.shape[0], compressed_kv.shape[0],
+            float(bmm1_scale), float(bmm2_scale))
+    if q.device.index is None or q.device.index == torch.cuda.current_device():
+        kernel.launch(T * n, *args)
+    else:
+        with torch.cuda.device(q.device):  # the launch goes to that device's current stream
+            kernel.launch(T * n, *args)
     return out
