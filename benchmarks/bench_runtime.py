@@ -15,13 +15,17 @@ import sys
 import time
 
 COLD_START = r"""
-import json, time, torch
+import json, sys, time, torch
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 t0 = time.perf_counter()
+if sys.argv[1] == "preimported":
+    import cuda.bindings.driver
+t1 = time.perf_counter()
 import runtime
 cache = runtime.load()
-t1 = time.perf_counter()
-print(json.dumps({"load_ms": (t1 - t0) * 1e3, "kernels": len(cache.names())}))
+t2 = time.perf_counter()
+print(json.dumps({"load_ms": (t2 - t1) * 1e3, "cuda_python_import_ms": (t1 - t0) * 1e3,
+                  "kernels": len(cache.names())}))
 """
 
 
@@ -40,16 +44,28 @@ def cold_start_profile() -> str:
     return out.stdout[-6000:] + out.stderr[-2000:]
 
 
-def cold_start(runs: int = 5) -> dict:
-    samples = []
-    for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", COLD_START], capture_output=True, text=True, timeout=300)
-        if out.returncode:
-            raise RuntimeError(out.stderr)
-        samples.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    ms = [s["load_ms"] for s in samples]
-    return {"load_ms_median": statistics.median(ms), "load_ms_all": ms, "kernels": samples[0]["kernels"],
-            "target_ms": 50}
+def cold_start(runs: int = 7) -> dict:
+    """load() in fresh processes: as a server calls it (importing cuda-python on the way), with
+    cuda-python already imported, and with the loads on one thread instead of eight."""
+    import os
+
+    def measure(mode: str, threads: str) -> dict:
+        samples = []
+        env = dict(os.environ, SPARSE_DECODE_AOT_LOAD_THREADS=threads)
+        for _ in range(runs):
+            out = subprocess.run([sys.executable, "-c", COLD_START, mode], capture_output=True, text=True,
+                                 timeout=300, env=env)
+            if out.returncode:
+                raise RuntimeError(out.stderr)
+            samples.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        ms = [s["load_ms"] for s in samples]
+        return {"load_ms_median": statistics.median(ms), "load_ms_all": ms, "kernels": samples[0]["kernels"],
+                "cuda_python_import_ms_median": statistics.median(s["cuda_python_import_ms"] for s in samples)}
+
+    return {"target_ms": 50,
+            "load_including_cuda_python_import": measure("fresh", "8"),
+            "load_cuda_python_preimported": measure("preimported", "8"),
+            "load_one_thread": measure("fresh", "1")}
 
 
 def host_overhead(n: int = 20000, rounds: int = 7) -> dict:

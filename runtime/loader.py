@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -213,12 +214,33 @@ def load_manifest(manifest: Manifest, device: int) -> KernelCache:
         smem_optin = check(drv.cuDeviceGetAttribute(
             drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device),
             "cuDeviceGetAttribute")
-        kernels = {name: _load_kernel(drv, manifest, entry, cu_device, smem_optin)
-                   for name, entry in manifest.kernels.items()}
-    return KernelCache(manifest, device, kernels)
+        context = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+
+        def load_one(entry):
+            # Driver contexts are per thread: make the device's context current in the worker.
+            check(drv.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+            return _load_kernel(drv, manifest, entry, cu_device, smem_optin, sms)
+
+        entries = list(manifest.kernels.values())
+        workers = min(load_threads(), len(entries))
+        if workers > 1:
+            # Module loads dominate load(); the driver calls release the GIL, so they overlap.
+            with ThreadPoolExecutor(workers) as pool:
+                loaded = list(pool.map(load_one, entries))
+        else:
+            loaded = [load_one(e) for e in entries]
+    return KernelCache(manifest, device, {k.name: k for k in loaded})
 
 
-def _load_kernel(drv, manifest: Manifest, entry: KernelEntry, cu_device, smem_optin: int) -> Kernel:
+def load_threads() -> int:
+    """Threads that load cubins in parallel ($SPARSE_DECODE_AOT_LOAD_THREADS, default 8)."""
+    import os
+
+    return max(1, int(os.environ.get("SPARSE_DECODE_AOT_LOAD_THREADS", "8")))
+
+
+def _load_kernel(drv, manifest: Manifest, entry: KernelEntry, cu_device, smem_optin: int, sms: int) -> Kernel:
     from .errors import SymbolError
 
     data = read_checked_cubin(manifest, entry)
@@ -244,7 +266,7 @@ def _load_kernel(drv, manifest: Manifest, entry: KernelEntry, cu_device, smem_op
     if entry.non_portable_cluster:
         check(drv.cuKernelSetAttribute(attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
                                        cu_kernel, cu_device), "cuKernelSetAttribute(non-portable cluster)")
-    clusters = _max_active_clusters(drv, entry, function)
+    clusters = _max_active_clusters(drv, entry, function, sms)
     if clusters < 1:
         raise ClusterShapeError(
             f"the device cannot make cluster {entry.cluster} of {entry.threads}-thread CTAs with "
@@ -264,14 +286,12 @@ def _driver_param_layout(drv, function) -> list[tuple[int, int]]:
         index += 1
 
 
-def _max_active_clusters(drv, entry: KernelEntry, function) -> int:
+def _max_active_clusters(drv, entry: KernelEntry, function, sms: int) -> int:
     if entry.cluster_size == 1:
         # Not a cluster launch: resident CTAs over the whole device.
         blocks = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, entry.threads, entry.smem_bytes),
                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-        import torch
-
-        return int(blocks) * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        return int(blocks) * sms
     config = Kernel._make_config(drv, entry)
     config.gridDimX, config.gridDimY, config.gridDimZ = entry.cluster
     return int(check(drv.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))
