@@ -69,33 +69,48 @@ def save(outdir):
     print("saved", list(outs), flush=True)
 
 
+def _graph_time(fn, reps=50):
+    """Median over 10 replays of a graph of ``reps`` back-to-back calls, in us per call."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def timing():
+    import os
+    from pathlib import Path
+
     for width in (128, 640):
         print(f"max_tokens({width}) = {max_tokens(width)}", flush=True)
+    floor = runtime.load(root=Path(__file__).resolve().parents[2])  # the committed cache has 'empty'
     for width in (640, 128):
+        n = width // 128
         for T in (1, 6, 12, 24, 48):
             args, sinks = make_case(T, width, seed=7)
             out = torch.empty(T, 16, 512, dtype=torch.bfloat16, device="cuda")
-            for _ in range(5):
-                sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(50):
-                    sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
-            g.replay()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(10):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b) * 1000 / 50)
-            times.sort()
-            print(f"time w={width} sinks=1 T={T}: {times[len(times) // 2]:.2f} us/launch (graph, back-to-back, L2 warm)",
-                  flush=True)
+            t = _graph_time(lambda: sparse_mla_decode(*args, sinks=sinks, out=out, **KW))
+            line = f"time w={width} sinks=1 T={T}: {t:.2f} us/launch"
+            name = f"empty_cluster{n}"
+            if name in floor:
+                e = floor.kernel(name)
+                line += f" | empty kernel same grid {_graph_time(lambda: e.launch(T * n, 0)):.2f} us"
+            print(line + " (graph, back-to-back, L2 warm)", flush=True)
 
 
 if __name__ == "__main__":
