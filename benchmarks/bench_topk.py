@@ -56,6 +56,30 @@ def bench_cell(rows: int, length: int, k: int, dtype: str, block_mode: bool = Fa
     return cell
 
 
+def cluster_sweep(rows: int, length: int, k: int, dtype: str) -> dict:
+    """Each cluster size that fits one wave, launched directly: data for the op's cluster choice."""
+    import runtime
+    from runtime.contract import decode_topk as contract
+
+    cache = runtime.load()
+    tdtype = DTYPES[dtype]
+    nbytes = rows * length * torch.tensor([], dtype=tdtype).element_size()
+    sets = common.rotation_count(nbytes, most=32)
+    logits = [torch.randn(rows, length, device="cuda").to(tdtype) for _ in range(sets)]
+    ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+    out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+    res = {"rows": rows, "length": length, "k": k, "dtype": dtype, "by_cluster": {}}
+    for c in contract.CLUSTERS:
+        kernel = cache.kernel(contract.name_for(dtype, False, c))
+        if rows > kernel.max_active_clusters:
+            continue
+        calls = [lambda x=x, kernel=kernel, c=c: kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(), out.data_ptr(),
+                                                             length, x.stride(0), out.stride(0), k) for x in logits]
+        res["by_cluster"][c] = {"median_us": common.time_graph(calls)["median_us"],
+                                "max_active_clusters": kernel.max_active_clusters}
+    return res
+
+
 def targets(cells) -> list[dict]:
     """The issue's targets, each with the measured value and whether it is met."""
     out = []
@@ -99,8 +123,18 @@ def main() -> None:
               + (f"  floor {c['floor']['floor_us']:7.2f} us" if "floor" in c else "  (fallback)")
               + f"  {c['fraction_of_copy_bw'] * 100:5.1f}% bw"
               + (f"  {c['kernel']['name']}" if c["kernel"] else ""), flush=True)
+    sweep_cells = [(1, 65536, "f32"), (1, 262144, "f32"), (1, 1 << 20, "bf16"), (8, 262144, "f32"),
+                   (14, 1 << 20, "f32"), (64, 262144, "f32")]
+    if args.quick:
+        sweep_cells = sweep_cells[:1] + sweep_cells[-1:]
+    sweeps = []
+    for rows, length, dtype in sweep_cells:
+        sw = cluster_sweep(rows, length, 2048, dtype)
+        sweeps.append(sw)
+        print(f"sweep {dtype} rows={rows} len={length}: "
+              + "  ".join(f"c{c}={v['median_us']:.2f}us" for c, v in sw["by_cluster"].items()), flush=True)
     result = {"benchmark": "decode_topk", "info": common.gpu_info(), "copy_gbs": common.copy_bandwidth_gbs(),
-              "cells": cells, "targets": targets(cells), "seconds": time.time() - t0}
+              "cells": cells, "targets": targets(cells), "cluster_sweep": sweeps, "seconds": time.time() - t0}
     for t in result["targets"]:
         print(("MET   " if t["met"] else "MISSED"), t["target"], t["cell"], t["value"])
     common.write_json(args.out, result)

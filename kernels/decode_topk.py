@@ -215,8 +215,8 @@ class DecodeTopK:
                        misc: cute.Pointer):
         """Sum the cluster's histograms and find the bin b holding the krem-th largest item.
 
-        Returns (b, above): above = number of items in bins above b, so the k-th item is
-        the (krem - above)-th largest within bin b. Thread t owns bins 4t..4t+3.
+        Returns (b, above, count): above = number of items in bins above b, so the k-th
+        item is the (krem - above)-th largest of the count items in bin b. Thread t owns bins 4t..4t+3.
         The cluster barrier orders every CTA's histogram atomics before the peers'
         reads (release/acquire); it also serves as the CTA barrier.
         """
@@ -252,9 +252,10 @@ class DecodeTopK:
                 if krem <= above + cq:
                     cute.arch.store(misc + 0, tid * 4 + q)
                     cute.arch.store(misc + 1, above)
+                    cute.arch.store(misc + 6, cq)
             above = above + cq
         cute.arch.sync_threads()
-        return cute.arch.load(misc + 0, Int32), cute.arch.load(misc + 1, Int32)
+        return cute.arch.load(misc + 0, Int32), cute.arch.load(misc + 1, Int32), cute.arch.load(misc + 6, Int32)
 
     @cute.jit
     def local_kth_bin(self, hist: cute.Pointer, k: Int32, scratch: cute.Pointer, misc: cute.Pointer) -> Int32:
@@ -399,56 +400,60 @@ class DecodeTopK:
                                 pos = pos + 1
                     n_list = n_list + tot
             # Step 2: the cluster's first digit.
-            b0, above0 = self.cluster_select(s_hist, Int32(0), k, s_scan + sp * 16, s_misc)
+            b0, above0, count0 = self.cluster_select(s_hist, Int32(0), k, s_scan + sp * 16, s_misc)
             krem = k - above0
             prefix = Uint32(b0) << Uint32(shift0)
             mask = Uint32(((1 << self.digits[0]) - 1) << shift0)
             use_list = ok != 0
+            # Once the k-th item is the last of its bin, every item of the bin is selected
+            # and the remaining digits change nothing: stop (the same on every CTA).
+            done = sel(krem == count0, Int32(1), Int32(0))
+            eq_off = b0  # histogram word counting this CTA's items equal to the prefix
             cute.arch.sync_threads()
 
             # Step 2 (cont.): the remaining digits, over the list (or the slice if it did not fit).
-            hist_par = 0
             for d in cutlass.range_constexpr(1, len(self.digits)):
-                hist_par = d % 2
-                h = s_hist + hist_par * self.bins
-                shift = self.key_bits - sum(self.digits[: d + 1])
-                dmask = Uint32((1 << self.digits[d]) - 1)
-                # This buffer was last read by the peers before they arrived at the
-                # previous cluster barrier, which this CTA has passed: safe to clear.
-                for i in cutlass.range(tid, self.bins, T):
-                    cute.arch.store(h + i, Int32(0))
-                cute.arch.sync_threads()
-                if use_list:
-                    for i in cutlass.range(tid, n_list, T):
-                        key = cute.arch.load(s_key + i, Uint32)
-                        if key & mask == prefix:
-                            cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
-                else:
-                    for gb in cutlass.range(g_lo, g_hi, T):
-                        self.load_items(row_addr, gb + tid, g_hi, row_end, rkeys)
-                        for j in cutlass.range_constexpr(self.items):
-                            key = rkeys[j]
+                if done == 0:
+                    hist_par = d % 2
+                    h = s_hist + hist_par * self.bins
+                    shift = self.key_bits - sum(self.digits[: d + 1])
+                    dmask = Uint32((1 << self.digits[d]) - 1)
+                    # This buffer was last read by the peers before they arrived at the
+                    # previous cluster barrier, which this CTA has passed: safe to clear.
+                    for i in cutlass.range(tid, self.bins, T):
+                        cute.arch.store(h + i, Int32(0))
+                    cute.arch.sync_threads()
+                    if use_list:
+                        for i in cutlass.range(tid, n_list, T):
+                            key = cute.arch.load(s_key + i, Uint32)
                             if key & mask == prefix:
                                 cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
-                bd, aboved = self.cluster_select(h, Int32(0), krem, s_scan + (d % 2) * 16, s_misc)
-                krem = krem - aboved
-                prefix = prefix | (Uint32(bd) << Uint32(shift))
-                mask = mask | (dmask << Uint32(shift))
+                    else:
+                        for gb in cutlass.range(g_lo, g_hi, T):
+                            self.load_items(row_addr, gb + tid, g_hi, row_end, rkeys)
+                            for j in cutlass.range_constexpr(self.items):
+                                key = rkeys[j]
+                                if key & mask == prefix:
+                                    cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
+                    bd, aboved, countd = self.cluster_select(h, Int32(0), krem, s_scan + (d % 2) * 16, s_misc)
+                    krem = krem - aboved
+                    prefix = prefix | (Uint32(bd) << Uint32(shift))
+                    mask = mask | (dmask << Uint32(shift))
+                    done = sel(krem == countd, Int32(1), Int32(0))
+                    eq_off = hist_par * self.bins + bd
 
-            # Step 3: write. T_key = prefix; `krem` keys equal to it are still needed.
-            threshold = prefix
+            # Step 3: write. Items with (key & mask) > prefix are selected; `krem` of those
+            # equal to it are still needed (exact ties unless all of them are taken).
             need_eq = krem
             gt_total = k - need_eq
-            h_last = s_hist + hist_par * self.bins
-            last_bin = Int32(threshold & Uint32((1 << self.digits[-1]) - 1))
-            eq_local = cute.arch.load(h_last + last_bin, Int32)
+            eq_local = cute.arch.load(s_hist + eq_off, Int32)
             # Equal keys of lower-ranked CTAs (lower columns) come first.
             if const_expr(C > 1):
                 if tid < WARP:
                     v = Int32(0)
                     if tid < rank:
                         v = Int32(ptx.ld_cluster_u32(
-                            ptx.mapa_shared(smem_addr(h_last + last_bin), tid)))
+                            ptx.mapa_shared(smem_addr(s_hist + eq_off), tid)))
                     for s in cutlass.range_constexpr(5):
                         v = v + cute.arch.shuffle_sync_bfly(v, 1 << s)
                     if tid == 0:
@@ -473,21 +478,21 @@ class DecodeTopK:
                     if i < n_list:
                         key = cute.arch.load(s_key + i, Uint32)
                         idx = cute.arch.load(s_idx + i, Int32)
-                    gt = sel(key > threshold, Int32(1), Int32(0))
+                    gt = sel(key & mask > prefix, Int32(1), Int32(0))
                     slot = self.warp_slots(gt, slot_counter)
-                    if key > threshold:
+                    if key & mask > prefix:
                         cute.arch.store(out_row + slot, idx)
-                    eq = sel(key == threshold, Int32(1), Int32(0))
+                    eq = sel(key & mask == prefix, Int32(1), Int32(0))
                     if ordered:
                         incl, tot = self.block_scan(eq, s_scan + par * 16)
                         r = base + incl - eq
-                        if key == threshold:
+                        if key & mask == prefix:
                             if r < take:
                                 cute.arch.store(out_row + eq_base + r, idx)
                         base = base + tot
                         par = 1 - par
                     else:
-                        if key == threshold:
+                        if key & mask == prefix:
                             r = cute.arch.atomic_add(local_counter, Int32(1))
                             cute.arch.store(out_row + eq_base + r, idx)
             else:
@@ -499,11 +504,11 @@ class DecodeTopK:
                     gt = Int32(0)
                     eq = Int32(0)
                     for j in cutlass.range_constexpr(self.items):
-                        gt = gt + sel(rkeys[j] > threshold, Int32(1), Int32(0))
-                        eq = eq + sel(rkeys[j] == threshold, Int32(1), Int32(0))
+                        gt = gt + sel(rkeys[j] & mask > prefix, Int32(1), Int32(0))
+                        eq = eq + sel(rkeys[j] & mask == prefix, Int32(1), Int32(0))
                     slot = self.warp_slots(gt, slot_counter)
                     for j in cutlass.range_constexpr(self.items):
-                        if rkeys[j] > threshold:
+                        if rkeys[j] & mask > prefix:
                             if const_expr(self.block_mode):
                                 cute.arch.store(out_row + slot, g)
                             else:
@@ -513,7 +518,7 @@ class DecodeTopK:
                         incl, tot = self.block_scan(eq, s_scan + par * 16)
                         r = base + incl - eq
                         for j in cutlass.range_constexpr(self.items):
-                            if rkeys[j] == threshold:
+                            if rkeys[j] & mask == prefix:
                                 if r < take:
                                     if const_expr(self.block_mode):
                                         cute.arch.store(out_row + eq_base + r, g)
@@ -524,7 +529,7 @@ class DecodeTopK:
                         par = 1 - par
                     else:
                         for j in cutlass.range_constexpr(self.items):
-                            if rkeys[j] == threshold:
+                            if rkeys[j] & mask == prefix:
                                 r = cute.arch.atomic_add(local_counter, Int32(1))
                                 if const_expr(self.block_mode):
                                     cute.arch.store(out_row + eq_base + r, g)
