@@ -113,6 +113,36 @@ def timing():
             print(line + " (graph, back-to-back, L2 warm)", flush=True)
 
 
+MARKS = ["wait", "gather issued", "K landed+MMA issued", "scores", "softmax+P", "stats sent", "PV done",
+         "stats here", "staged/pushed", "cluster bar", "reduced+stored", "final bar"]
+
+
+def timeline():
+    """Per-step SM cycles of a timeline build (exp_mla*_tl): thread 0's marks, stored over q."""
+    for width, T in ((640, 12), (640, 1), (128, 1), (128, 12)):
+        n = width // 128
+        args, sinks = make_case(T, width, seed=7)
+        q0 = args[0].clone()
+        out = torch.empty(T, 16, 512, dtype=torch.bfloat16, device="cuda")
+        for _ in range(3):
+            args[0].copy_(q0)
+            sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
+        torch.cuda.synchronize()
+        args[0].copy_(q0)
+        sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
+        torch.cuda.synchronize()
+        raw = args[0].view(torch.uint8).view(T, -1)[:, : 64 * n].contiguous().view(torch.int32).view(T, n, 16).cpu().long()
+        clk = raw[..., [0] + list(range(2, 14))]  # start clock, marks 1..12
+        d = (clk[..., 1:] - clk[..., :-1]) % (1 << 32)  # cycles per step
+        g0, g1 = raw[..., 1] % (1 << 32), raw[..., 14] % (1 << 32)
+        print(f"timeline w={width} T={T}: CTA span (globaltimer) mean {float(((g1 - g0) % (1 << 32)).float().mean()):.0f} ns, "
+              f"grid span {int((g1.max() - g0.min()) % (1 << 32))} ns, start skew {int(g0.max() - g0.min())} ns", flush=True)
+        for k, name in enumerate(MARKS):
+            col = d[..., k].flatten().float()
+            print(f"   {k + 1:2d} {name:22s} mean {float(col.mean()):7.0f} cyc  min {float(col.min()):7.0f}  max {float(col.max()):7.0f}",
+                  flush=True)
+
+
 if __name__ == "__main__":
     runtime.load()
     cmd = sys.argv[1]
@@ -122,3 +152,5 @@ if __name__ == "__main__":
         save(sys.argv[2])
     elif cmd == "time":
         timing()
+    elif cmd == "timeline":
+        timeline()
