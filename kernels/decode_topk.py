@@ -104,59 +104,64 @@ class DecodeTopK:
             return Uint32(key)
 
     @cute.jit
-    def load_group(self, row_addr: Int64, g: Int32, row_end: Int32, rkeys: cute.Tensor):
-        """Keys of the 8 columns of group g into rkeys[0:8]; columns at or past row_end get key 0.
+    def load_raw(self, row_addr: Int64, g: Int32, g_end: Int32, row_end: Int32, rraw: cute.Tensor):
+        """Issue the loads of group g's raw bits into rraw (nothing if g >= g_end); no use of them here.
 
-        Key 0 is below every real key (the key of -inf is 0x7FFFFF / 0x7F), and the
-        selection only runs on rows with more than k candidates, so such a column is
-        never selected. Full groups use 16-byte loads; the row's last, partial group
-        loads column by column so nothing past row_end is read.
+        FP32: rraw[j] is column j; BF16: rraw[j // 2] holds columns j (low half) and j + 1.
+        Full groups take 16-byte loads; the row's last, partial group loads column by
+        column so nothing at or past row_end is read. Keeping the values untouched
+        until raw_to_items lets a caller overlap these loads with other work.
         """
-        col0 = g * 8
-        addr = row_addr + Int64(col0) * self.elem_bytes
-        if col0 + 8 <= row_end:
-            if const_expr(self.dtype == "f32"):
-                a0, a1, a2, a3 = ptx.ld_global_nc_v4_u32(addr)
-                a4, a5, a6, a7 = ptx.ld_global_nc_v4_u32(addr + 16)
-                rkeys[0] = self.key_of(a0)
-                rkeys[1] = self.key_of(a1)
-                rkeys[2] = self.key_of(a2)
-                rkeys[3] = self.key_of(a3)
-                rkeys[4] = self.key_of(a4)
-                rkeys[5] = self.key_of(a5)
-                rkeys[6] = self.key_of(a6)
-                rkeys[7] = self.key_of(a7)
+        if g < g_end:
+            col0 = g * 8
+            addr = row_addr + Int64(col0) * self.elem_bytes
+            if col0 + 8 <= row_end:
+                if const_expr(self.dtype == "f32"):
+                    rraw[0], rraw[1], rraw[2], rraw[3] = ptx.ld_global_nc_v4_u32(addr)
+                    rraw[4], rraw[5], rraw[6], rraw[7] = ptx.ld_global_nc_v4_u32(addr + 16)
+                else:
+                    rraw[0], rraw[1], rraw[2], rraw[3] = ptx.ld_global_nc_v4_u32(addr)
             else:
-                w0, w1, w2, w3 = ptx.ld_global_nc_v4_u32(addr)
-                rkeys[0] = self.key_of(w0 & Uint32(0xFFFF))
-                rkeys[1] = self.key_of(w0 >> Uint32(16))
-                rkeys[2] = self.key_of(w1 & Uint32(0xFFFF))
-                rkeys[3] = self.key_of(w1 >> Uint32(16))
-                rkeys[4] = self.key_of(w2 & Uint32(0xFFFF))
-                rkeys[5] = self.key_of(w2 >> Uint32(16))
-                rkeys[6] = self.key_of(w3 & Uint32(0xFFFF))
-                rkeys[7] = self.key_of(w3 >> Uint32(16))
-        else:
-            for j in cutlass.range_constexpr(8):
-                rkeys[j] = Uint32(0)
-                if col0 + j < row_end:
-                    if const_expr(self.dtype == "f32"):
-                        rkeys[j] = self.key_of(ptx.ld_global_nc_u32(addr + j * 4))
-                    else:
-                        rkeys[j] = self.key_of(ptx.ld_global_nc_u16(addr + j * 2))
+                for j in cutlass.range_constexpr(8):
+                    if col0 + j < row_end:
+                        if const_expr(self.dtype == "f32"):
+                            rraw[j] = ptx.ld_global_nc_u32(addr + j * 4)
+                        else:
+                            half = ptx.ld_global_nc_u16(addr + j * 2)
+                            if const_expr(j % 2 == 0):
+                                rraw[j // 2] = half
+                            else:
+                                rraw[j // 2] = rraw[j // 2] | (half << Uint32(16))
 
     @cute.jit
-    def load_items(self, row_addr: Int64, g: Int32, g_end: Int32, row_end: Int32, rkeys: cute.Tensor):
-        """The items of group g (8 column keys, or 1 block key = their max); none (key 0) if g >= g_end."""
+    def raw_to_items(self, rraw: cute.Tensor, g: Int32, g_end: Int32, row_end: Int32, rkeys: cute.Tensor):
+        """Group g's items from its raw bits: 8 column keys, or 1 block key (their max).
+
+        Columns at or past row_end, and every column of a group g >= g_end, get key 0:
+        below every real key (-inf's key is 0x7FFFFF / 0x7F), so never selected on the
+        rows that run a selection (more than k candidates).
+        """
+        n_valid = row_end - g * 8
+        n_valid = sel(n_valid > 8, Int32(8), n_valid)
+        n_valid = Int32(sel(g < g_end, n_valid, Int32(0)))
         for j in cutlass.range_constexpr(8):
-            rkeys[j] = Uint32(0)
-        if g < g_end:
-            self.load_group(row_addr, g, row_end, rkeys)
-            if const_expr(self.block_mode):
-                m = rkeys[0]
-                for j in cutlass.range_constexpr(1, 8):
-                    m = sel(rkeys[j] > m, rkeys[j], m)
-                rkeys[0] = Uint32(m)
+            if const_expr(self.dtype == "f32"):
+                raw = rraw[j]
+            else:
+                raw = (rraw[j // 2] >> Uint32(16 * (j % 2))) & Uint32(0xFFFF)
+            rkeys[j] = sel(n_valid > j, self.key_of(raw), Uint32(0))
+        if const_expr(self.block_mode):
+            m = rkeys[0]
+            for j in cutlass.range_constexpr(1, 8):
+                m = sel(rkeys[j] > m, rkeys[j], m)
+            rkeys[0] = Uint32(m)
+
+    @cute.jit
+    def load_items(self, row_addr: Int64, g: Int32, g_end: Int32, row_end: Int32, rraw: cute.Tensor,
+                   rkeys: cute.Tensor):
+        """The items of group g (8 column keys, or 1 block key); all key 0 if g >= g_end."""
+        self.load_raw(row_addr, g, g_end, row_end, rraw)
+        self.raw_to_items(rraw, g, g_end, row_end, rkeys)
 
     # ------------------------------------------------------------------ block-wide helpers
     @cute.jit
@@ -328,6 +333,11 @@ class DecodeTopK:
         s_key = smem.allocate_array(Uint32, self.cap, byte_alignment=16)
         s_idx = smem.allocate_array(Int32, self.cap, byte_alignment=16)
         rkeys = cute.make_rmem_tensor(8, Uint32)
+        rraw = cute.make_rmem_tensor(8, Uint32)
+        rnext = cute.make_rmem_tensor(8, Uint32)
+        for j in cutlass.range_constexpr(8):
+            rraw[j] = Uint32(0)
+            rnext[j] = Uint32(0)
 
         row_end = cute.arch.load(row_ends + row, Int32)
         row_end = sel(row_end < 0, Int32(0), row_end)
@@ -366,9 +376,14 @@ class DecodeTopK:
             bound = Uint32(0)
             ok = Int32(1)  # the list holds every item at or above `bound`
             sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
+            # Loads run one tile ahead: tile i + 1's loads are in flight while tile i is counted.
+            self.load_raw(row_addr, g_lo + tid, g_hi, row_end, rnext)
             for gb in cutlass.range(g_lo, g_hi, T):
                 g = gb + tid
-                self.load_items(row_addr, g, g_hi, row_end, rkeys)
+                for j in cutlass.range_constexpr(8):
+                    rraw[j] = rnext[j]
+                self.load_raw(row_addr, g + T, g_hi, row_end, rnext)
+                self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
                 if g < g_hi:
                     for j in cutlass.range_constexpr(self.items):
                         cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
@@ -430,7 +445,7 @@ class DecodeTopK:
                                 cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
                     else:
                         for gb in cutlass.range(g_lo, g_hi, T):
-                            self.load_items(row_addr, gb + tid, g_hi, row_end, rkeys)
+                            self.load_items(row_addr, gb + tid, g_hi, row_end, rraw, rkeys)
                             for j in cutlass.range_constexpr(self.items):
                                 key = rkeys[j]
                                 if key & mask == prefix:
@@ -500,7 +515,7 @@ class DecodeTopK:
                 base = Int32(0)
                 for gb in cutlass.range(g_lo, g_hi, T):
                     g = gb + tid
-                    self.load_items(row_addr, g, g_hi, row_end, rkeys)
+                    self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
                     gt = Int32(0)
                     eq = Int32(0)
                     for j in cutlass.range_constexpr(self.items):
