@@ -91,6 +91,90 @@ def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sink
 
 
 # ---------------------------------------------------------------------------
+# indexer (paged MQA logits over the FP8 index-key cache, top-k selection)
+# ---------------------------------------------------------------------------
+
+INDEX_BLOCK_KV = 64  # tokens per page of the index-key cache (DeepGEMM's only Hopper page size)
+INDEX_SCALE_BYTES = 4  # one FP32 scale per cached key
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_index_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-key FP8 E4M3 quantization: ``(values [..., D] fp8, scales [...] fp32)``.
+
+    The scale maps each key's largest magnitude onto the FP8 range, so that
+    ``values.float() * scales[..., None]`` approximates ``keys``.
+    """
+    amax = keys.float().abs().amax(dim=-1).clamp(min=1e-8)
+    scales = amax / FP8_E4M3_MAX
+    values = (keys.float() / scales[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return values.to(torch.float8_e4m3fn), scales
+
+
+def pack_index_k_cache(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fused paged layout DeepGEMM reads: uint8 ``[blocks, 64, 1, D + 4]``.
+
+    Each page holds its 64 keys' FP8 values (``64 * D`` bytes, key-major) followed
+    by their 64 FP32 scales; the 4-D shape only fixes the page stride.
+    """
+    blocks, block_kv, dim = values.shape
+    if scales.shape != (blocks, block_kv):
+        raise ValueError(f"scales: expected shape {(blocks, block_kv)}, got {tuple(scales.shape)}")
+    page = torch.cat(
+        [values.contiguous().view(torch.uint8).reshape(blocks, block_kv * dim),
+         scales.float().contiguous().view(torch.uint8).reshape(blocks, block_kv * INDEX_SCALE_BYTES)],
+        dim=1,
+    )
+    return page.view(blocks, block_kv, 1, dim + INDEX_SCALE_BYTES)
+
+
+def unpack_index_k_cache(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of ``pack_index_k_cache``: ``(values [blocks, 64, D] fp8, scales [blocks, 64] fp32)``."""
+    blocks, block_kv, _, width = cache.shape
+    dim = width - INDEX_SCALE_BYTES
+    flat = cache.reshape(blocks, block_kv * width)
+    values = flat[:, : block_kv * dim].contiguous().view(torch.float8_e4m3fn).view(blocks, block_kv, dim)
+    scales = flat[:, block_kv * dim:].contiguous().view(torch.float32).view(blocks, block_kv)
+    return values, scales
+
+
+def indexer_logits_reference(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_model_len: int,
+    *,
+    rows_per_chunk: int = 8,
+) -> torch.Tensor:
+    """FP32 paged MQA logits of each row over its own keys (what DeepGEMM computes).
+
+    ``logits[r, t] = sum_h weights[r, h] * relu(scale_t * (q[r, h] . k_t))`` for
+    ``t < seq_lens[r]``, where key ``t`` of row ``r`` sits in page
+    ``block_table[r, t // 64]``; columns at or past ``seq_lens[r]`` are ``-inf``.
+    Rows are processed a few at a time to bound the gathered keys' memory.
+    """
+    rows, _, dim = q.shape
+    values, scales = unpack_index_k_cache(cache)
+    block_kv = values.shape[1]
+    pages = min(-(-max_model_len // block_kv), block_table.shape[1])
+    out = torch.full((rows, max_model_len), float("-inf"), dtype=torch.float32, device=q.device)
+    cols = torch.arange(max_model_len, device=q.device)
+    for r0 in range(0, rows, rows_per_chunk):
+        r1 = min(rows, r0 + rows_per_chunk)
+        table = block_table[r0:r1, :pages].long().clamp(min=0, max=values.shape[0] - 1)
+        keys = values[table].float().reshape(r1 - r0, pages * block_kv, dim)
+        key_scales = scales[table].reshape(r1 - r0, pages * block_kv)
+        dots = torch.einsum("rhd,rtd->rht", q[r0:r1].float(), keys) * key_scales[:, None, :]
+        scores = (dots.relu() * weights[r0:r1].float()[:, :, None]).sum(dim=1)[:, :max_model_len]
+        width = scores.shape[1]
+        valid = cols[None, :width] < seq_lens[r0:r1, None].long()
+        out[r0:r1, :width] = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
+    return out
+
+
+# ---------------------------------------------------------------------------
 # decode_topk (exact top-k of indexer logits rows; token and block mode)
 # ---------------------------------------------------------------------------
 

@@ -1,0 +1,434 @@
+"""The indexer's decode flow: row sharding, scoring, top-k selection, all-gather.
+
+A decode step's indexer turns each row's index query into the ``k`` compressed
+tokens that its sparse attention reads. ``decode_rows`` runs it in two parts:
+
+- ``plan_decode_rows`` takes the gates, picks the rows this rank scores, resets
+  the step's top-k rows and builds the slice's scoring schedule. It reads no
+  index query and no key, so a caller can issue it while they are computed.
+- ``finish_decode_rows`` scores the slice (DeepGEMM's paged MQA logits, or the
+  torch scorer), selects the top-k (and, where the layer keeps them, the
+  candidate blocks) with ``decode_topk`` from the AOT cache, and all-gathers
+  every rank's int32 rows back into the full buffers.
+
+Row sharding: the indexer is replicated across the tensor-parallel ranks. In a
+uniform decode step of at least ``ROW_SHARD_MIN_ROWS`` rows, rank ``r`` scores
+only rows ``[r n, (r + 1) n)`` (``n`` even, so the last slices may be short or
+empty) and the gathers rebuild the rest. The gates read only host state every
+rank shares (row and request counts, buffer sizes), so all ranks take the same
+branch and issue the same collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from . import reference
+from .scoring import Scorer, default_scorer
+
+# Below this many rows a step is launch-bound: a slice saves no time and the
+# gathers would add two collectives, so it stays replicated.
+ROW_SHARD_MIN_ROWS = 16
+CANDIDATE_BLOCK_SIZE = 8  # the only block size decode_topk's block mode scores
+
+TopkBackend = str  # "auto": decode_topk (AOT kernel, exact fallback); "torch": torch.topk
+
+
+# ---------------------------------------------------------------------------
+# The project's own small types
+# ---------------------------------------------------------------------------
+
+@dataclass
+class IndexerState:
+    """One indexer layer's buffers and constants.
+
+    ``topk_indices`` is ``[max_rows, >= k]`` int32 (the first ``k`` columns are the
+    step's top-k); ``candidate_blocks`` (optional) is ``[max_rows, blocks]`` int32,
+    written in block mode; ``index_k_cache`` is DeepGEMM's fused paged FP8 layout
+    ``uint8 [pages, 64, 1, head_dim + 4]`` (see ``reference.pack_index_k_cache``);
+    ``max_model_len`` is the logits width in compressed tokens.
+    """
+
+    topk_indices: torch.Tensor
+    k: int
+    index_k_cache: torch.Tensor
+    max_model_len: int
+    candidate_blocks: torch.Tensor | None = None
+    candidate_block_size: int = CANDIDATE_BLOCK_SIZE
+    scorer: Scorer | None = None  # None: DeepGEMM where it runs, else torch
+    topk_backend: TopkBackend = "auto"
+
+    def __post_init__(self) -> None:
+        _check_int32_rows("topk_indices", self.topk_indices)
+        if not isinstance(self.k, int) or not 0 < self.k <= self.topk_indices.shape[1]:
+            raise ValueError(f"k: {self.k} must be in [1, {self.topk_indices.shape[1]}] (topk_indices' width)")
+        if self.candidate_blocks is not None:
+            _check_int32_rows("candidate_blocks", self.candidate_blocks)
+            if self.candidate_blocks.device != self.topk_indices.device:
+                raise ValueError("candidate_blocks: must be on topk_indices' device")
+        if self.candidate_block_size != CANDIDATE_BLOCK_SIZE:
+            raise ValueError(f"candidate_block_size: only {CANDIDATE_BLOCK_SIZE} is supported")
+        if not isinstance(self.index_k_cache, torch.Tensor) or self.index_k_cache.dtype != torch.uint8:
+            raise TypeError("index_k_cache: expected a uint8 tensor [pages, 64, 1, head_dim + 4]")
+        if self.index_k_cache.device != self.topk_indices.device:
+            raise ValueError("index_k_cache: must be on topk_indices' device")
+        if not isinstance(self.max_model_len, int) or self.max_model_len <= 0:
+            raise ValueError(f"max_model_len: expected a positive int, got {self.max_model_len!r}")
+        if self.topk_backend not in ("auto", "torch"):
+            raise ValueError(f"topk_backend: expected 'auto' or 'torch', got {self.topk_backend!r}")
+        if self.scorer is None:
+            self.scorer = default_scorer(self.topk_indices.device)
+
+    @property
+    def max_rows(self) -> int:
+        return self.topk_indices.shape[0]
+
+
+@dataclass
+class DecodeMetadata:
+    """The step's decode rows: one row per query token.
+
+    ``seq_lens`` ``[>= num_tokens]`` int32: each row's valid compressed tokens;
+    ``block_table`` ``[>= num_tokens, pages]`` int32: each row's pages of the index-key
+    cache (a request's rows repeat its table); ``schedule``: the scorer's schedule
+    of all the rows, if the caller built one; ``num_prefills`` > 0 sends the step
+    down the caller's stock path.
+    """
+
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    num_requests: int
+    num_tokens: int
+    max_seq_len: int
+    schedule: torch.Tensor | None = None
+    num_prefills: int = 0
+
+
+class TPGroup(Protocol):
+    """A tensor-parallel group: this rank, the world size, and a dim-0 all-gather of
+    equal-sized tensors in rank order."""
+
+    rank: int
+    world_size: int
+
+    def all_gather(self, local: torch.Tensor) -> torch.Tensor: ...
+
+
+class RowGather(Protocol):
+    """A custom all-gather (e.g. a one-shot kernel) that takes some tensors."""
+
+    def accepts(self, local: torch.Tensor) -> bool: ...
+
+    def __call__(self, local: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class SingleRank:
+    """The group of one rank: nothing to gather."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def all_gather(self, local: torch.Tensor) -> torch.Tensor:
+        return local
+
+
+class DistGroup:
+    """A ``torch.distributed`` process group (NCCL on GPUs, gloo on CPUs)."""
+
+    def __init__(self, group=None) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError("DistGroup: torch.distributed is not initialized")
+        self._dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self._into_tensor = dist.get_backend(group) == "nccl"
+
+    def all_gather(self, local: torch.Tensor) -> torch.Tensor:
+        local = local.contiguous()
+        if self._into_tensor:
+            out = local.new_empty((self.world_size * local.shape[0], *local.shape[1:]))
+            self._dist.all_gather_into_tensor(out, local, group=self.group)
+            return out
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        self._dist.all_gather(parts, local, group=self.group)
+        return torch.cat(parts, dim=0)
+
+
+@dataclass
+class DecodeRowsPlan:
+    """The rows this rank scores in ``finish_decode_rows``, and their schedule."""
+
+    metadata: DecodeMetadata
+    max_seq_len: int
+    num_rows: int
+    shard: int | None  # rows of each rank's slice; None: replicated
+    start: int
+    end: int
+    schedule: torch.Tensor | None  # the scorer's schedule of rows [start, end)
+
+
+# ---------------------------------------------------------------------------
+# Row sharding
+# ---------------------------------------------------------------------------
+
+def row_shard_rows(num_rows: int, num_requests: int, world_size: int) -> int | None:
+    """Rows each rank's slice spans, or None when the step stays replicated.
+
+    Replicated: one rank; no requests; rows not a whole multiple of the requests
+    (not a uniform decode step: some capture and profiling runs); fewer than
+    ``ROW_SHARD_MIN_ROWS`` rows. Otherwise the ceiling share rounded up to an even
+    count, so every slice starts on an even row (8-byte aligned int32 rows for the
+    scorer); the last ranks' slices may then be short or empty. Rows are
+    independent, so a slice may split a request's rows.
+    """
+    if world_size < 2 or not num_requests or num_rows % num_requests:
+        return None
+    if num_rows < ROW_SHARD_MIN_ROWS:
+        return None
+    rows = -(-num_rows // world_size)
+    return rows + rows % 2
+
+
+def row_shard_bounds(num_rows: int, num_requests: int, world_size: int, rank: int) -> tuple[int, int] | None:
+    """Rows ``[start, end)`` that ``rank`` scores (empty for a rank past the last row),
+    or None when the step stays replicated."""
+    rows = row_shard_rows(num_rows, num_requests, world_size)
+    if rows is None:
+        return None
+    start = min(rank * rows, num_rows)
+    return start, min(start + rows, num_rows)
+
+
+# ---------------------------------------------------------------------------
+# Plan and finish
+# ---------------------------------------------------------------------------
+
+def plan_decode_rows(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup) -> DecodeRowsPlan | None:
+    """The first part of ``decode_rows``: None when the caller's stock path should
+    run (nothing issued); else reset the step's top-k rows to -1 and build the
+    schedule of this rank's slice when it is not the whole step. Reads no query or key."""
+    if metadata is None or metadata.num_prefills > 0 or metadata.num_tokens <= 0:
+        return None
+    num_rows = metadata.num_tokens
+    _check_metadata(state, metadata)
+    if not 0 <= tp.rank < tp.world_size:
+        raise ValueError(f"tp: rank {tp.rank} outside world size {tp.world_size}")
+
+    shard = row_shard_rows(num_rows, metadata.num_requests, tp.world_size)
+    if shard is not None and any(
+        buf is not None and buf.shape[0] < tp.world_size * shard
+        for buf in (state.topk_indices, state.candidate_blocks)
+    ):
+        shard = None  # the slices' rows past the step's do not fit the buffers
+    bounds = None if shard is None else row_shard_bounds(num_rows, metadata.num_requests, tp.world_size, tp.rank)
+    start, end = bounds or (0, num_rows)
+
+    state.topk_indices[:num_rows] = -1
+    schedule = metadata.schedule
+    if end > start and (end - start < num_rows or schedule is None):
+        schedule = state.scorer.schedule(metadata.seq_lens[start:end])
+    return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule)
+
+
+def finish_decode_rows(
+    state: IndexerState,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    plan: DecodeRowsPlan | None,
+    tp: TPGroup,
+    all_gather: RowGather | None = None,
+) -> torch.Tensor | None:
+    """The rest of ``decode_rows`` once the index query ``q`` (FP8 ``[rows, heads,
+    head_dim]``) and ``weights`` (FP32 ``[rows, heads]``) are ready: score and select
+    the planned rows, then gather every rank's slice. Returns the top-k buffer
+    (None, doing nothing, when ``plan`` is None)."""
+    if plan is None:
+        return None
+    _check_query(q, weights, plan.num_rows, state)
+    if plan.end > plan.start:
+        _decode_rows(state, q, weights, plan)
+    if plan.shard is not None:
+        _all_gather_rows(state.topk_indices[:, : state.k], plan.shard, plan.num_rows, tp, all_gather)
+        if state.candidate_blocks is not None:
+            _all_gather_rows(state.candidate_blocks, plan.shard, plan.num_rows, tp, all_gather)
+    return state.topk_indices
+
+
+def decode_rows(
+    state: IndexerState,
+    metadata: DecodeMetadata | None,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    tp: TPGroup,
+    all_gather: RowGather | None = None,
+) -> torch.Tensor | None:
+    """``plan_decode_rows`` then ``finish_decode_rows``: the step's top-k buffer, or
+    None when the caller's stock path should run."""
+    plan = plan_decode_rows(state, metadata, tp)
+    return finish_decode_rows(state, q, weights, plan, tp, all_gather)
+
+
+def _decode_rows(state: IndexerState, q: torch.Tensor, weights: torch.Tensor, plan: DecodeRowsPlan) -> None:
+    """Score rows ``[start, end)`` and select into the same rows of the buffers."""
+    md, start, end = plan.metadata, plan.start, plan.end
+    seq_lens = md.seq_lens[start:end]
+    logits = state.scorer.logits(
+        q[start:end], weights[start:end], state.index_k_cache, seq_lens,
+        md.block_table[start:end], plan.schedule, state.max_model_len,
+    )
+    select = _selector(state, logits)
+    if state.candidate_blocks is not None:
+        select(logits, seq_lens, state.candidate_blocks[start:end], True)
+    select(logits, seq_lens, state.topk_indices[start:end, : state.k], False)
+
+
+def _all_gather_rows(
+    buffer: torch.Tensor, rows: int, num_rows: int, tp: TPGroup, all_gather: RowGather | None
+) -> None:
+    """Gather every rank's ``rows``-row slice of ``buffer`` into its first ``num_rows``
+    rows; rows past ``num_rows`` (a short or empty last slice) are dropped."""
+    local = buffer[tp.rank * rows: (tp.rank + 1) * rows]
+    if not local.is_contiguous():
+        local = local.contiguous()
+    if all_gather is not None and all_gather.accepts(local):
+        gathered = all_gather(local)
+    else:
+        gathered = tp.all_gather(local)
+    buffer[:num_rows].copy_(gathered[:num_rows])
+
+
+# ---------------------------------------------------------------------------
+# Selection
+# ---------------------------------------------------------------------------
+
+Select = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None]
+
+
+def _selector(state: IndexerState, logits: torch.Tensor) -> Select:
+    """The selection for these logits: ``decode_topk`` on CUDA with the "auto"
+    backend (the AOT kernel where ``supports_decode_topk`` allows, its exact
+    fallback elsewhere), else the exact torch selection."""
+    if state.topk_backend == "auto" and logits.is_cuda:
+        topk = _import_topk()
+        if topk is not None:
+            decode_topk, widths = topk.decode_topk, topk.SUPPORTED_K
+
+            def select(lg, ends, out, block_mode):
+                if out.shape[1] not in widths:  # a k the AOT op does not take
+                    _reference_select(lg, ends, out, block_mode)
+                else:
+                    _into(out, lambda dst: decode_topk(lg, ends, dst, block_mode=block_mode))
+
+            return select
+    if state.topk_backend == "torch" and logits.is_cuda:
+        return _torch_topk_select
+    return _reference_select
+
+
+def _import_topk():
+    """``runtime.topk`` (the AOT top-k host op), or None where it does not exist yet."""
+    try:
+        from . import topk  # noqa: PLC0415 - lazy: a teammate's module, loads the AOT cache
+    except ImportError:
+        return None
+    return topk
+
+
+def _into(out: torch.Tensor, write: Callable[[torch.Tensor], None]) -> None:
+    """Run ``write`` on ``out``, through a contiguous temporary where ``out`` is a
+    strided view (the top-k columns of a wider buffer)."""
+    if out.is_contiguous():
+        write(out)
+        return
+    tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    write(tmp)
+    out.copy_(tmp)
+
+
+def _reference_select(logits, row_ends, out, block_mode) -> None:
+    out.copy_(reference.decode_topk_reference(logits, row_ends, out.shape[1], block_mode=block_mode))
+
+
+def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
+    """The peer the AOT top-k is measured against: mask past each row's end,
+    ``torch.topk``, -1 where a row has fewer candidates. (Tie order is torch's.)"""
+    rows, width = logits.shape
+    k = out.shape[1]
+    ends = row_ends.long()
+    x = logits
+    if block_mode:
+        x = torch.where(torch.arange(width, device=x.device)[None, :] < ends[:, None], x,
+                        torch.full_like(x, float("-inf")))
+        blocks = -(-width // CANDIDATE_BLOCK_SIZE)
+        padded = torch.full((rows, blocks * CANDIDATE_BLOCK_SIZE), float("-inf"), device=x.device)
+        padded[:, :width] = x
+        x = padded.view(rows, blocks, CANDIDATE_BLOCK_SIZE).amax(dim=2)
+        ends = -(-ends // CANDIDATE_BLOCK_SIZE)
+        width = blocks
+    cols = torch.arange(width, device=x.device)
+    valid = cols[None, :] < ends[:, None]
+    masked = torch.where(valid, x.nan_to_num(nan=float("-inf")), torch.full_like(x, float("-inf")))
+    take = min(k, width)
+    idx = torch.topk(masked, take, dim=1).indices
+    keep = torch.arange(take, device=x.device)[None, :] < ends[:, None]
+    out[:, :take] = torch.where(keep, idx, torch.full_like(idx, -1)).to(torch.int32)
+    if take < k:
+        out[:, take:] = -1
+
+
+# ---------------------------------------------------------------------------
+# Input checks
+# ---------------------------------------------------------------------------
+
+def _check_int32_rows(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32 or t.dim() != 2:
+        raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
+def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
+    rows = md.num_tokens
+    dev = state.topk_indices.device
+    if rows > state.max_rows:
+        raise ValueError(f"metadata.num_tokens: {rows} rows exceed topk_indices' {state.max_rows}")
+    if state.candidate_blocks is not None and rows > state.candidate_blocks.shape[0]:
+        raise ValueError(f"metadata.num_tokens: {rows} rows exceed candidate_blocks' {state.candidate_blocks.shape[0]}")
+    if md.num_requests < 0:
+        raise ValueError(f"metadata.num_requests: {md.num_requests} is negative")
+    for name, t in (("seq_lens", md.seq_lens), ("block_table", md.block_table)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise TypeError(f"metadata.{name}: expected an int32 tensor")
+        if t.device != dev:
+            raise ValueError(f"metadata.{name}: on {t.device}, expected {dev}")
+        if t.shape[0] < rows:
+            raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
+    if md.seq_lens.dim() != 1 or md.block_table.dim() != 2:
+        raise ValueError("metadata: seq_lens must be [rows] and block_table [rows, pages]")
+    if md.max_seq_len > state.max_model_len:
+        raise ValueError(f"metadata.max_seq_len: {md.max_seq_len} exceeds max_model_len {state.max_model_len}")
+
+
+def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: IndexerState) -> None:
+    if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn or q.dim() != 3:
+        raise TypeError("q: expected float8_e4m3fn [rows, heads, head_dim]")
+    if q.shape[0] < num_rows:
+        raise ValueError(f"q: {q.shape[0]} rows, the step has {num_rows}")
+    if q.shape[2] + reference.INDEX_SCALE_BYTES != state.index_k_cache.shape[-1]:
+        raise ValueError(f"q: head_dim {q.shape[2]} does not match index_k_cache's {tuple(state.index_k_cache.shape)}")
+    if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32:
+        raise TypeError("weights: expected a float32 tensor [rows, heads]")
+    if weights.dim() != 2 or weights.shape[0] < num_rows or weights.shape[1] != q.shape[1]:
+        raise ValueError(f"weights: expected [>= {num_rows}, {q.shape[1]}], got {tuple(weights.shape)}")
+    for name, t in (("q", q), ("weights", weights)):
+        if t.device != state.topk_indices.device:
+            raise ValueError(f"{name}: on {t.device}, expected {state.topk_indices.device}")

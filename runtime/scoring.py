@@ -1,0 +1,296 @@
+"""Indexer scoring: paged MQA logits of each decode row over the FP8 index-key cache.
+
+Two scorers share one interface (``Scorer``):
+
+- ``DeepGemmScorer``: DeepGEMM's ``fp8_paged_mqa_logits`` and its schedule
+  ``get_paged_mqa_logits_metadata``, where DeepGEMM imports and a Hopper or
+  Blackwell GPU is present. On sm_90 DeepGEMM takes 2-D context lengths
+  ``[batch, next_n]`` and no ``indices`` (its varlen mode is sm_100 only), so each
+  decode row is scored as its own request with ``next_n = 1``: rows stay
+  independent and a row slice may split a request.
+- ``TorchScorer``: the same logits from ``runtime.reference`` (CPU, CI, peer).
+
+DeepGEMM compiles its kernels at first use. ``warm_deepgemm`` runs the serving
+shapes once so that its JIT cache directory holds every kernel a decode step
+needs; ``jit_cache_snapshot`` lets a caller prove a step compiled nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from . import reference
+
+BLOCK_KV = reference.INDEX_BLOCK_KV
+HOPPER_HEADS = (32, 64)  # DeepGEMM's sm_90 paged MQA logits
+MAX_HEAD_DIM = 128
+METADATA_BATCH_ALIGN = 32  # DeepGEMM specializes its schedule kernel per 32 rows
+
+
+class Scorer(Protocol):
+    """What the indexer flow needs from a scorer."""
+
+    name: str
+
+    def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor | None:
+        """The work schedule of these rows (None where the scorer needs none).
+        Reads only ``seq_lens``: no query, no key."""
+
+    def logits(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        cache: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        schedule: torch.Tensor | None,
+        max_model_len: int,
+    ) -> torch.Tensor:
+        """FP32 ``[rows, max_model_len]`` logits (row stride may be padded);
+        columns at or past ``seq_lens[r]`` hold anything."""
+
+
+def check_scoring_inputs(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_model_len: int,
+) -> None:
+    """Raise TypeError/ValueError naming the argument before anything is launched."""
+    for name, t in (("q", q), ("weights", weights), ("cache", cache), ("seq_lens", seq_lens),
+                    ("block_table", block_table)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, expected {q.device} like q")
+    if q.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"q: expected float8_e4m3fn, got {q.dtype}")
+    if q.dim() != 3:
+        raise ValueError(f"q: expected [rows, heads, head_dim], got shape {tuple(q.shape)}")
+    rows, heads, dim = q.shape
+    if not q.is_contiguous():
+        raise ValueError("q: must be contiguous")
+    if weights.dtype != torch.float32:
+        raise TypeError(f"weights: expected float32, got {weights.dtype}")
+    if weights.shape != (rows, heads) or weights.stride(1) != 1:
+        raise ValueError(f"weights: expected [{rows}, {heads}] with unit column stride, got {tuple(weights.shape)}")
+    if cache.dtype != torch.uint8 or cache.dim() != 4:
+        raise TypeError(f"cache: expected uint8 [blocks, {BLOCK_KV}, 1, head_dim + 4], got {cache.dtype} "
+                        f"{tuple(cache.shape)}")
+    if cache.shape[1] != BLOCK_KV or cache.shape[2] != 1 or cache.shape[3] != dim + reference.INDEX_SCALE_BYTES:
+        raise ValueError(f"cache: expected [blocks, {BLOCK_KV}, 1, {dim + reference.INDEX_SCALE_BYTES}], "
+                         f"got {tuple(cache.shape)}")
+    if not cache.is_contiguous():
+        raise ValueError("cache: must be contiguous")
+    if seq_lens.dtype != torch.int32 or seq_lens.shape != (rows,):
+        raise ValueError(f"seq_lens: expected int32 [{rows}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != rows:
+        raise ValueError(f"block_table: expected int32 [{rows}, pages], got {block_table.dtype} "
+                         f"{tuple(block_table.shape)}")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table: needs unit column stride")
+    if max_model_len <= 0 or block_table.shape[1] * BLOCK_KV < max_model_len:
+        raise ValueError(f"max_model_len: {max_model_len} must be positive and fit the block table's "
+                         f"{block_table.shape[1]} pages of {BLOCK_KV}")
+
+
+class TorchScorer:
+    """The reference logits behind the scorer interface (no schedule)."""
+
+    name = "torch"
+
+    def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len):
+        check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
+        return reference.indexer_logits_reference(q, weights, cache, seq_lens, block_table, max_model_len)
+
+
+def _import_deep_gemm():
+    import deep_gemm  # noqa: PLC0415 - optional dependency, GPU machines only
+
+    return deep_gemm
+
+
+def deepgemm_status(device: torch.device | None = None) -> tuple[bool, str]:
+    """Whether DeepGEMM can score on ``device`` (default: the current CUDA device), and why not."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    device = torch.device(device if device is not None else "cuda")
+    if device.type != "cuda":
+        return False, f"device {device} is not CUDA"
+    major, _ = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):
+        return False, f"compute capability {major}.x: DeepGEMM's paged MQA logits need sm_90 or sm_100"
+    try:
+        _import_deep_gemm()
+    except Exception as exc:  # ImportError, or a broken extension
+        return False, f"deep_gemm does not import: {type(exc).__name__}: {exc}"
+    return True, "ok"
+
+
+class DeepGemmScorer:
+    """DeepGEMM's FP8 paged MQA logits, each row scored as a request with ``next_n = 1``."""
+
+    name = "deepgemm"
+
+    def __init__(self) -> None:
+        ok, why = deepgemm_status()
+        if not ok:
+            raise RuntimeError(f"DeepGemmScorer: {why}")
+        self._dg = _import_deep_gemm()
+        self.num_sms = int(self._dg.get_num_sms())
+        self.arch_major = torch.cuda.get_device_capability()[0]
+
+    def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or not seq_lens.is_cuda:
+            raise ValueError(f"seq_lens: expected CUDA int32 [rows], got {seq_lens.dtype} {tuple(seq_lens.shape)} "
+                             f"on {seq_lens.device}")
+        # 2-D context lengths: DeepGEMM 2.x asserts context_lens.dim() == 2.
+        return self._dg.get_paged_mqa_logits_metadata(seq_lens.contiguous().view(-1, 1), BLOCK_KV, self.num_sms)
+
+    def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len):
+        check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
+        rows, heads, dim = q.shape
+        if self.arch_major == 9 and heads not in HOPPER_HEADS:
+            raise ValueError(f"q: DeepGEMM on sm_90 takes {HOPPER_HEADS} index heads, got {heads}")
+        if dim > MAX_HEAD_DIM or dim not in (64, 128):
+            raise ValueError(f"q: head_dim {dim} must be 64 or 128 for DeepGEMM")
+        if schedule is None or schedule.shape != (self.num_sms + 1, 2):
+            raise ValueError(f"schedule: expected [{self.num_sms + 1}, 2] from DeepGemmScorer.schedule")
+        return self._dg.fp8_paged_mqa_logits(
+            q.view(rows, 1, heads, dim), cache, weights, seq_lens.contiguous().view(-1, 1),
+            block_table, schedule, max_model_len, False,
+        )
+
+
+def default_scorer(device: torch.device | str) -> Scorer:
+    """DeepGEMM where it can run on ``device``, else the torch scorer."""
+    device = torch.device(device)
+    if device.type == "cuda" and deepgemm_status(device)[0]:
+        return DeepGemmScorer()
+    return TorchScorer()
+
+
+# ---------------------------------------------------------------------------
+# Zero JIT at serving: fill DeepGEMM's cache ahead of time, and prove a step
+# compiled nothing.
+# ---------------------------------------------------------------------------
+
+def jit_cache_dir() -> Path:
+    """DeepGEMM's JIT cache directory: ``$DG_JIT_CACHE_DIR``, else ``~/.deep_gemm``."""
+    return Path(os.environ.get("DG_JIT_CACHE_DIR") or Path.home() / ".deep_gemm")
+
+
+def jit_cache_snapshot(directory: Path | None = None) -> dict[str, tuple[int, int]]:
+    """Every file under the cache with its size and mtime; equal snapshots mean nothing compiled."""
+    root = Path(directory) if directory is not None else jit_cache_dir()
+    if not root.exists():
+        return {}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@dataclass(frozen=True)
+class ServingShapes:
+    """The shapes a deployment's decode steps score: rows up to ``max_rows`` per rank."""
+
+    max_rows: int = 256
+    heads: int = 64
+    head_dim: int = 128
+    max_model_len: int = 8192  # the logits kernel does not specialize on it
+
+
+def warm_deepgemm(shapes: ServingShapes = ServingShapes(), cache_dir: str | os.PathLike | None = None) -> dict:
+    """Fill DeepGEMM's JIT cache for ``shapes`` on this GPU: run the schedule kernel
+    for every 32-row bucket up to ``max_rows`` (DeepGEMM specializes it per bucket and
+    per SM count) and the logits kernel once (it specializes on heads, head_dim,
+    page size, next_n and logits dtype, not on rows or context).
+
+    Call this on the serving GPU model (the SM count is part of the key) before
+    serving; ``build_kernels.py --warm-deepgemm`` runs it. ``cache_dir`` sets
+    ``DG_JIT_CACHE_DIR`` for this process (it must be set before DeepGEMM's first
+    import to take effect). Returns what was compiled and how long it took.
+    """
+    if cache_dir is not None:
+        os.environ["DG_JIT_CACHE_DIR"] = str(cache_dir)
+    ok, why = deepgemm_status()
+    if not ok:
+        raise RuntimeError(f"warm_deepgemm: {why}")
+    before = jit_cache_snapshot()
+    scorer = DeepGemmScorer()
+    dev = torch.device("cuda")
+    t0 = time.perf_counter()
+    # One page per row is enough: the kernels do not specialize on context.
+    max_model_len = max(BLOCK_KV, shapes.max_model_len)
+    pages = -(-max_model_len // BLOCK_KV)
+    cache = torch.zeros(pages, BLOCK_KV, 1, shapes.head_dim + reference.INDEX_SCALE_BYTES, dtype=torch.uint8,
+                        device=dev)
+    buckets = list(range(METADATA_BATCH_ALIGN, shapes.max_rows + METADATA_BATCH_ALIGN, METADATA_BATCH_ALIGN))
+    for rows in buckets:
+        seq_lens = torch.full((rows,), BLOCK_KV, dtype=torch.int32, device=dev)
+        schedule = scorer.schedule(seq_lens)
+        q = torch.zeros(rows, shapes.heads, shapes.head_dim, device=dev).to(torch.float8_e4m3fn)
+        weights = torch.zeros(rows, shapes.heads, dtype=torch.float32, device=dev)
+        table = torch.arange(pages, dtype=torch.int32, device=dev).repeat(rows, 1)
+        scorer.logits(q, weights, cache, seq_lens, table, schedule, max_model_len)
+    torch.cuda.synchronize()
+    after = jit_cache_snapshot()
+    return {
+        "cache_dir": str(jit_cache_dir()),
+        "row_buckets": buckets,
+        "heads": shapes.heads,
+        "head_dim": shapes.head_dim,
+        "num_sms": scorer.num_sms,
+        "seconds": time.perf_counter() - t0,
+        "files_before": len(before),
+        "files_after": len(after),
+        "new_files": sorted(set(after) - set(before)),
+    }
+
+
+def check_step_compiles_nothing(step, *, repeats: int = 10, first_step_factor: float = 5.0,
+                                first_step_slack_ms: float = 20.0) -> dict:
+    """Run ``step`` (a zero-argument callable issuing one decode step on the current
+    CUDA stream) in a process whose DeepGEMM cache was warmed, and prove it
+    compiled nothing: the JIT cache directory is unchanged and the first step's wall
+    time is within ``first_step_factor`` x the steady state (plus a small slack for
+    loading the cached cubins). Raises RuntimeError otherwise; returns the timings.
+    """
+    before = jit_cache_snapshot()
+    if not before:
+        raise RuntimeError(f"check_step_compiles_nothing: DeepGEMM's cache {jit_cache_dir()} is empty; "
+                           f"run build_kernels.py --warm-deepgemm first")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first_ms = (time.perf_counter() - t0) * 1e3
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    steady_ms = sorted(times)[len(times) // 2]
+    after = jit_cache_snapshot()
+    changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+    result = {"first_ms": first_ms, "steady_ms": steady_ms, "cache_files": len(after), "changed": changed}
+    if changed:
+        raise RuntimeError(f"a decode step compiled DeepGEMM kernels at serving time: {changed[:5]} changed in "
+                           f"{jit_cache_dir()}; warm the cache for these shapes (build_kernels.py --warm-deepgemm)")
+    if first_ms > first_step_factor * steady_ms + first_step_slack_ms:
+        raise RuntimeError(f"first decode step took {first_ms:.1f} ms against {steady_ms:.2f} ms steady: "
+                           f"something compiled or loaded at serving time")
+    return result

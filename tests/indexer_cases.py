@@ -1,0 +1,98 @@
+"""Inputs of indexer decode steps, shared by the CPU and GPU indexer tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime import reference
+from runtime.indexer import DecodeMetadata, IndexerState
+
+
+@dataclass
+class Step:
+    state_args: dict
+    metadata: DecodeMetadata
+    q: torch.Tensor
+    weights: torch.Tensor
+
+
+def make_step(
+    rows: int,
+    *,
+    requests: int | None = None,
+    heads: int = 32,
+    head_dim: int = 64,
+    max_model_len: int = 512,
+    k: int = 16,
+    candidates: int | None = None,
+    max_rows: int | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    short_rows: bool = True,
+    ties: bool = False,
+) -> Step:
+    """A decode step of ``rows`` rows over ``requests`` requests (rows of a request share
+    its pages; row ``j`` of a request sees one more token than row ``j - 1``).
+
+    Sequence lengths are random in [1, max_model_len], with some rows shorter than
+    ``k`` (fewer candidates than k) when ``short_rows``; pages are shuffled across the
+    pool. ``ties`` rounds the keys so that many logits tie exactly.
+    """
+    requests = requests or rows
+    g = torch.Generator().manual_seed(seed)
+    per_request = rows // requests if requests and rows % requests == 0 else 1
+    pages_per_row = -(-max_model_len // reference.INDEX_BLOCK_KV)
+    num_pages = max(1, requests * pages_per_row)
+    keys = torch.randn(num_pages, reference.INDEX_BLOCK_KV, head_dim, generator=g)
+    if ties:
+        keys = keys.sign()
+    values, scales = reference.quantize_index_keys(keys)
+    cache = reference.pack_index_k_cache(values, scales)
+
+    perm = torch.randperm(num_pages, generator=g).to(torch.int32)
+    tables, lens = [], []
+    for r in range(rows):
+        req = min(r // per_request, requests - 1) if requests else 0
+        tables.append(perm[(req * pages_per_row) % num_pages:][:pages_per_row])
+        lo = 1 if short_rows else min(max_model_len, k)
+        base = int(torch.randint(lo, max_model_len + 1, (1,), generator=g))
+        lens.append(min(max_model_len, base + r % per_request) if per_request > 1 else base)
+    if short_rows and rows >= 3:
+        lens[1] = max(1, min(k // 2, max_model_len))  # fewer candidates than k
+    table = torch.stack([t if t.numel() == pages_per_row else torch.cat([t, perm[: pages_per_row - t.numel()]])
+                         for t in tables]) if rows else torch.zeros(0, pages_per_row, dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+
+    q_float = torch.randn(rows, heads, head_dim, generator=g)
+    if ties:
+        q_float = q_float.sign()
+    q = q_float.to(torch.float8_e4m3fn)
+    weights = torch.rand(rows, heads, generator=g) * heads**-0.5
+    max_rows = max_rows if max_rows is not None else max(rows, 1)
+
+    dev = torch.device(device)
+    state_args = dict(
+        topk=torch.zeros(max_rows, k, dtype=torch.int32),
+        k=k,
+        index_k_cache=cache,
+        max_model_len=max_model_len,
+        candidates=None if candidates is None else torch.zeros(max_rows, candidates, dtype=torch.int32),
+    )
+    state_args = {key: (v.to(dev) if isinstance(v, torch.Tensor) else v) for key, v in state_args.items()}
+    metadata = DecodeMetadata(
+        seq_lens=seq_lens.to(dev), block_table=table.to(dev), num_requests=requests, num_tokens=rows,
+        max_seq_len=int(seq_lens.max()) if rows else 0,
+    )
+    return Step(state_args, metadata, q.to(dev), weights.to(dev))
+
+
+def make_state(step: Step, *, scorer=None, topk_backend: str = "auto", fresh: bool = True) -> IndexerState:
+    """An IndexerState over fresh copies of the step's buffers (so runs do not share them)."""
+    a = step.state_args
+    topk = a["topk"].clone() if fresh else a["topk"]
+    cand = None if a["candidates"] is None else (a["candidates"].clone() if fresh else a["candidates"])
+    return IndexerState(topk_indices=topk, k=a["k"], index_k_cache=a["index_k_cache"],
+                        max_model_len=a["max_model_len"], candidate_blocks=cand, scorer=scorer,
+                        topk_backend=topk_backend)

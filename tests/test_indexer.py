@@ -1,0 +1,324 @@
+"""Indexer decode flow on the CPU: shard math, the torch-scored flow, and gloo runs.
+
+The shard math is checked exhaustively against a brute-force definition; the
+flow against the references; and multi-process gloo runs (world 2 and 4) check
+that ranks scoring only their slices gather the same buffers as a replicated run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from indexer_cases import make_state, make_step
+from runtime import reference
+from runtime.indexer import (
+    ROW_SHARD_MIN_ROWS,
+    DecodeMetadata,
+    DistGroup,
+    SingleRank,
+    decode_rows,
+    finish_decode_rows,
+    plan_decode_rows,
+    row_shard_bounds,
+    row_shard_rows,
+)
+from runtime.scoring import TorchScorer
+
+
+# ---------------------------------------------------------------------------
+# Shard math
+# ---------------------------------------------------------------------------
+
+def _brute_slices(rows: int, requests: int, world: int):
+    """The definition, by enumeration: None when replicated, else every rank's
+    [start, end): equal even-sized slices (the smallest even size whose world
+    slices cover the rows) in rank order, clipped to the rows."""
+    if world < 2 or requests == 0 or rows % requests != 0 or rows < ROW_SHARD_MIN_ROWS:
+        return None, None
+    size = 2
+    while size * world < rows:
+        size += 2
+    owner = {}
+    for r in range(rows):
+        owner.setdefault(r // size, []).append(r)
+    slices = []
+    for rank in range(world):
+        mine = owner.get(rank, [])
+        slices.append((mine[0], mine[-1] + 1) if mine else (rows, rows))
+    return size, slices
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+def test_shard_math_matches_brute_force(world):
+    for rows in range(0, 257):
+        for requests in sorted({0, 1, 2, 3, 4, 5, 7, 8, 16, rows, rows + 1, max(1, rows // 2), max(1, rows // 4)}):
+            size, slices = _brute_slices(rows, requests, world)
+            assert row_shard_rows(rows, requests, world) == size, (rows, requests, world)
+            for rank in range(world):
+                got = row_shard_bounds(rows, requests, world, rank)
+                assert got == (None if slices is None else slices[rank]), (rows, requests, world, rank)
+            if slices is not None:
+                covered = [r for s, e in slices for r in range(s, e)]
+                assert covered == list(range(rows))
+                assert all(s % 2 == 0 for s, e in slices if e > s)
+
+
+# ---------------------------------------------------------------------------
+# References
+# ---------------------------------------------------------------------------
+
+def test_cache_pack_roundtrip():
+    values, scales = reference.quantize_index_keys(torch.randn(3, 64, 32))
+    v, s = reference.unpack_index_k_cache(reference.pack_index_k_cache(values, scales))
+    assert torch.equal(v.view(torch.uint8), values.view(torch.uint8)) and torch.equal(s, scales)
+
+
+def test_logits_reference_matches_token_loop():
+    step = make_step(5, heads=4, head_dim=32, max_model_len=200, k=8)
+    a = step.state_args
+    logits = reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], step.metadata.seq_lens,
+                                                step.metadata.block_table, a["max_model_len"])
+    values, scales = reference.unpack_index_k_cache(a["index_k_cache"])
+    for r in range(5):
+        n = int(step.metadata.seq_lens[r])
+        for t in range(0, 200, 7):
+            if t >= n:
+                assert logits[r, t] == float("-inf")
+                continue
+            page = int(step.metadata.block_table[r, t // 64])
+            key = values[page, t % 64].float() * scales[page, t % 64]
+            want = (torch.relu(step.q[r].float() @ key) * step.weights[r]).sum()
+            torch.testing.assert_close(logits[r, t], want, rtol=1e-5, atol=1e-5)
+
+
+def _brute_topk(row, end, k, block_mode):
+    vals = [float("-inf") if v != v else v for v in row.tolist()[:end]]
+    if block_mode:
+        vals = [max(vals[i:i + 8]) for i in range(0, len(vals), 8)]
+    order = sorted(range(len(vals)), key=lambda i: (-vals[i], i))[:k]
+    return order + [-1] * (k - len(order))
+
+
+@pytest.mark.parametrize("block_mode", [False, True])
+def test_topk_reference_matches_brute_force(block_mode):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randint(-3, 4, (12, 100), generator=g).float()  # many exact ties
+    logits[2, 5] = float("nan")
+    logits[3, :10] = float("-inf")
+    ends = torch.tensor([100, 0, 1, 10, 7, 64, 99, 3, 8, 9, 50, 100], dtype=torch.int32)
+    k = 9
+    got = reference.decode_topk_reference(logits, ends, k, block_mode=block_mode)
+    for r in range(12):
+        assert got[r].tolist() == _brute_topk(logits[r], int(ends[r]), k, block_mode), r
+
+
+# ---------------------------------------------------------------------------
+# The flow, one process
+# ---------------------------------------------------------------------------
+
+def _expected(step, block_mode=False):
+    a, md = step.state_args, step.metadata
+    logits = reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], md.seq_lens,
+                                                md.block_table, a["max_model_len"])
+    width = a["candidates"].shape[1] if block_mode else a["k"]
+    return reference.decode_topk_reference(logits[: md.num_tokens], md.seq_lens[: md.num_tokens], width,
+                                            block_mode=block_mode)
+
+
+@pytest.mark.parametrize("candidates", [None, 12])
+def test_flow_single_rank_matches_reference(candidates):
+    step = make_step(20, k=16, candidates=candidates, max_rows=24)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(7)  # stale rows from an earlier step
+    out = decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    assert out is state.topk_indices
+    assert torch.equal(out[:20], _expected(step))
+    assert (out[20:] == 7).all()  # rows past the step are untouched
+    if candidates:
+        assert torch.equal(state.candidate_blocks[:20], _expected(step, block_mode=True))
+
+
+def test_flow_torch_topk_backend_same_sets():
+    step = make_step(8, k=16)
+    auto = decode_rows(make_state(step, scorer=TorchScorer()), step.metadata, step.q, step.weights, SingleRank())
+    peer = make_state(step, scorer=TorchScorer(), topk_backend="torch")
+    # On the CPU the torch backend takes the reference selection too; its torch.topk
+    # form is exercised on the GPU. Both give the same row sets.
+    got = decode_rows(peer, step.metadata, step.q, step.weights, SingleRank())
+    assert torch.equal(got.sort(dim=1).values, auto.sort(dim=1).values)
+
+
+def test_torch_topk_select_same_sets_as_reference():
+    from runtime.indexer import _torch_topk_select
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 300, generator=g)
+    ends = torch.tensor([300, 5, 0, 17, 299, 64], dtype=torch.int32)
+    for block_mode, k in ((False, 16), (True, 8)):
+        out = torch.empty(6, k, dtype=torch.int32)
+        _torch_topk_select(logits, ends, out, block_mode)
+        ref = reference.decode_topk_reference(logits, ends, k, block_mode=block_mode)
+        assert torch.equal(out.sort(dim=1).values, ref.sort(dim=1).values)
+
+
+def test_plan_gates_and_reset():
+    step = make_step(18, k=8, max_rows=18)
+    state = make_state(step, scorer=TorchScorer())
+    md = step.metadata
+    assert plan_decode_rows(state, None, SingleRank()) is None
+    prefill = DecodeMetadata(md.seq_lens, md.block_table, md.num_requests, md.num_tokens, md.max_seq_len,
+                             num_prefills=1)
+    state.topk_indices.fill_(5)
+    assert plan_decode_rows(state, prefill, SingleRank()) is None
+    assert (state.topk_indices == 5).all()  # nothing issued
+    assert finish_decode_rows(state, step.q, step.weights, None, SingleRank()) is None
+
+    plan = plan_decode_rows(state, md, SingleRank())
+    assert (plan.shard, plan.start, plan.end) == (None, 0, 18)
+    assert (state.topk_indices == -1).all()
+    # World 4 wants slices of 6 (24 rows of buffer): 18 rows do not fit, so replicated.
+    plan = plan_decode_rows(state, md, _Fixed(rank=3, world_size=4))
+    assert (plan.shard, plan.start, plan.end) == (None, 0, 18)
+
+
+def test_input_checks_name_the_argument():
+    step = make_step(4, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    plan = plan_decode_rows(state, step.metadata, SingleRank())
+    with pytest.raises(TypeError, match="q"):
+        finish_decode_rows(state, step.q.float(), step.weights, plan, SingleRank())
+    with pytest.raises(TypeError, match="weights"):
+        finish_decode_rows(state, step.q, step.weights.half(), plan, SingleRank())
+    with pytest.raises(ValueError, match="q"):
+        finish_decode_rows(state, step.q[:2], step.weights, plan, SingleRank())
+    with pytest.raises(ValueError, match="k"):
+        make_state(make_step(4, k=8)).__class__(topk_indices=torch.zeros(4, 8, dtype=torch.int32), k=9,
+                                                index_k_cache=state.index_k_cache, max_model_len=64)
+    big = DecodeMetadata(step.metadata.seq_lens, step.metadata.block_table, 4, 99, 10)
+    with pytest.raises(ValueError, match="num_tokens"):
+        plan_decode_rows(state, big, SingleRank())
+
+
+class _Fixed:
+    """A group that never gathers (for plans that stay replicated)."""
+
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size = rank, world_size
+
+    def all_gather(self, local):
+        raise AssertionError("a replicated step must not gather")
+
+
+class _Loopback:
+    """Every rank of a simulated group in one process: pass 1 records each rank's
+    slices, pass 2 returns their concatenation, as a real all-gather would."""
+
+    def __init__(self, world_size, store):
+        self.world_size, self.store, self.rank, self.calls = world_size, store, 0, 0
+
+    def for_rank(self, rank):
+        self.rank, self.calls = rank, 0
+        return self
+
+    def all_gather(self, local):
+        self.store.setdefault(self.calls, {})[self.rank] = local.clone()
+        parts = self.store[self.calls]
+        self.calls += 1
+        if len(parts) < self.world_size:
+            return torch.zeros((self.world_size * local.shape[0], *local.shape[1:]), dtype=local.dtype)
+        return torch.cat([parts[r] for r in range(self.world_size)])
+
+
+@pytest.mark.parametrize("world,rows,candidates", [(2, 18, None), (4, 18, 12), (4, 20, None), (8, 40, 12)])
+def test_flow_simulated_ranks_match_replicated(world, rows, candidates):
+    step = make_step(rows, heads=8, head_dim=32, max_model_len=256, k=16, candidates=candidates, max_rows=64)
+    want = make_state(step, scorer=TorchScorer())
+    decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+    group, store = _Loopback(world, {}), {}
+    group.store = store
+    for _ in range(2):  # pass 1 fills the store, pass 2 gathers
+        for rank in range(world):
+            state = make_state(step, scorer=TorchScorer())
+            decode_rows(state, step.metadata, step.q, step.weights, group.for_rank(rank))
+            if _ == 1:
+                assert torch.equal(state.topk_indices[:rows], want.topk_indices[:rows]), rank
+                if candidates:
+                    assert torch.equal(state.candidate_blocks[:rows], want.candidate_blocks[:rows]), rank
+
+
+# ---------------------------------------------------------------------------
+# Multi-process gloo runs
+# ---------------------------------------------------------------------------
+
+class _RecordingScorer(TorchScorer):
+    """The torch scorer, recording how many rows it scored."""
+
+    def __init__(self):
+        self.rows = 0
+
+    def logits(self, q, *args):
+        self.rows += q.shape[0]
+        return super().logits(q, *args)
+
+
+class _TopkOnlyGather:
+    """A custom gather that takes only the top-k rows (width k): the candidate
+    blocks then go through torch.distributed, so both paths run."""
+
+    def __init__(self, group, k):
+        self.group, self.k, self.used = group, k, 0
+
+    def accepts(self, local):
+        return local.shape[1] == self.k
+
+    def __call__(self, local):
+        self.used += 1
+        return self.group.all_gather(local)
+
+
+# (rows, requests, candidates): slices of 8/8, short 10/8, below the minimum,
+# two rows a request, rows not a multiple of the requests, empty and short last
+# slices at world 4, and the candidate blocks.
+GLOO_CASES = [(16, 16, None), (18, 18, 12), (8, 8, None), (32, 16, None), (20, 3, None), (18, 9, 12), (20, 20, None),
+              (64, 64, 12)]
+
+
+def _gloo_worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        group = DistGroup()
+        for rows, requests, candidates in GLOO_CASES:
+            step = make_step(rows, requests=requests, heads=8, head_dim=32, max_model_len=256, k=16,
+                             candidates=candidates, max_rows=64, seed=rows)
+            want = make_state(step, scorer=TorchScorer())
+            decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+
+            scorer = _RecordingScorer()
+            got = make_state(step, scorer=scorer)
+            gather = _TopkOnlyGather(group, 16)
+            plan = plan_decode_rows(got, step.metadata, group)
+            finish_decode_rows(got, step.q, step.weights, plan, group, gather)
+
+            bounds = row_shard_bounds(rows, requests, world, rank)
+            start, end = bounds or (0, rows)
+            assert (plan.start, plan.end) == (start, end), (rows, rank)
+            assert scorer.rows == end - start, (rows, rank, scorer.rows)  # only its slice
+            assert gather.used == (0 if bounds is None else 1)
+            assert torch.equal(got.topk_indices[:rows], want.topk_indices[:rows]), (rows, rank)
+            if candidates:
+                assert torch.equal(got.candidate_blocks[:rows], want.candidate_blocks[:rows]), (rows, rank)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gloo_sharded_equals_replicated(world):
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        mp.spawn(_gloo_worker, args=(world, os.path.join(tmp, "init")), nprocs=world, join=True)
