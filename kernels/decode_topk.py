@@ -191,11 +191,42 @@ class DecodeTopK:
         return before + x, total
 
     @cute.jit
-    def warp_slots(self, count: Int32, counter: cute.Pointer):
-        """Exclusive offset of this lane's `count` items within a block of slots the warp reserves.
+    def block_scan2(self, a: Int32, b: Int32, scratch: cute.Pointer):
+        """block_scan of two values at once (one barrier): (incl_a, total_a, incl_b, total_b)."""
+        tid = cute.arch.thread_idx()[0]
+        lane = tid % WARP
+        warp = tid // WARP
+        x = a
+        y = b
+        for s in cutlass.range_constexpr(5):
+            xs = cute.arch.shuffle_sync_up(x, 1 << s)
+            ys = cute.arch.shuffle_sync_up(y, 1 << s)
+            x = sel(lane >= (1 << s), x + xs, x)
+            y = sel(lane >= (1 << s), y + ys, y)
+        x = Int32(x)
+        y = Int32(y)
+        if lane == WARP - 1:
+            cute.arch.store(scratch + warp, x)
+            cute.arch.store(scratch + 16 + warp, y)
+        cute.arch.sync_threads()
+        before_x = Int32(0)
+        total_x = Int32(0)
+        before_y = Int32(0)
+        total_y = Int32(0)
+        for w in cutlass.range_constexpr(self.warps):
+            tx = cute.arch.load(scratch + w, Int32)
+            ty = cute.arch.load(scratch + 16 + w, Int32)
+            total_x = total_x + tx
+            total_y = total_y + ty
+            before_x = before_x + sel(warp > w, tx, Int32(0))
+            before_y = before_y + sel(warp > w, ty, Int32(0))
+        return before_x + x, total_x, before_y + y, total_y
 
-        One atomic add per warp on the cluster-wide counter, which lives in CTA 0's
-        shared memory (``counter`` is the local copy's pointer, mapped with ``mapa``).
+    @cute.jit
+    def warp_slots(self, count: Int32, counter: cute.Pointer):
+        """Exclusive offset of this lane's `count` items within slots the warp reserves on a CTA counter.
+
+        One shared-memory atomic per warp instead of one per item.
         """
         lane = cute.arch.lane_idx()
         x = count
@@ -207,11 +238,7 @@ class DecodeTopK:
         base = Int32(0)
         if lane == WARP - 1:
             if total > 0:
-                if const_expr(self.cluster > 1):
-                    remote = ptx.mapa_shared(smem_addr(counter), Int32(0))
-                    base = Int32(ptx.atom_add_cluster_u32(remote, Uint32(total)))
-                else:
-                    base = cute.arch.atomic_add(counter, total)
+                base = cute.arch.atomic_add(counter, total)
         base = cute.arch.shuffle_sync(base, WARP - 1)
         return base + x - count
 
@@ -220,8 +247,9 @@ class DecodeTopK:
                        misc: cute.Pointer):
         """Sum the cluster's histograms and find the bin b holding the krem-th largest item.
 
-        Returns (b, above, count): above = number of items in bins above b, so the k-th
-        item is the (krem - above)-th largest of the count items in bin b. Thread t owns bins 4t..4t+3.
+        Returns (b, above, count, mine_above): above = number of items in bins above b,
+        so the k-th item is the (krem - above)-th largest of the count items in bin b;
+        mine_above = how many of the above are this CTA's (its slots among the > threshold). Thread t owns bins 4t..4t+3.
         The cluster barrier orders every CTA's histogram atomics before the peers'
         reads (release/acquire); it also serves as the CTA barrier.
         """
@@ -248,19 +276,28 @@ class DecodeTopK:
             c1 = cute.arch.load(hist + tid * 4 + 1, Int32)
             c2 = cute.arch.load(hist + tid * 4 + 2, Int32)
             c3 = cute.arch.load(hist + tid * 4 + 3, Int32)
-        incl, total = self.block_scan(c0 + c1 + c2 + c3, scratch)
+        l0 = cute.arch.load(hist + tid * 4, Int32)
+        l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
+        l2 = cute.arch.load(hist + tid * 4 + 2, Int32)
+        l3 = cute.arch.load(hist + tid * 4 + 3, Int32)
+        incl, total, lincl, ltotal = self.block_scan2(c0 + c1 + c2 + c3, l0 + l1 + l2 + l3, scratch)
         above = total - incl
+        labove = ltotal - lincl
         # Bins from high to low: exactly one bin has above < krem <= above + count.
         for q in cutlass.range_constexpr(3, -1, -1):
             cq = (c0, c1, c2, c3)[q]
+            lq = (l0, l1, l2, l3)[q]
             if above < krem:
                 if krem <= above + cq:
                     cute.arch.store(misc + 0, tid * 4 + q)
                     cute.arch.store(misc + 1, above)
                     cute.arch.store(misc + 6, cq)
+                    cute.arch.store(misc + 7, labove)
             above = above + cq
+            labove = labove + lq
         cute.arch.sync_threads()
-        return cute.arch.load(misc + 0, Int32), cute.arch.load(misc + 1, Int32), cute.arch.load(misc + 6, Int32)
+        return (cute.arch.load(misc + 0, Int32), cute.arch.load(misc + 1, Int32), cute.arch.load(misc + 6, Int32),
+                cute.arch.load(misc + 7, Int32))
 
     @cute.jit
     def local_kth_bin(self, hist: cute.Pointer, k: Int32, scratch: cute.Pointer, misc: cute.Pointer) -> Int32:
@@ -305,7 +342,7 @@ class DecodeTopK:
                 idx = cute.arch.load(s_idx + i, Int32)
             keep = (i < n) & ((key >> Uint32(shift)) >= bound)
             flag = sel(keep, Int32(1), Int32(0))
-            incl, tot = self.block_scan(flag, scratch + sp * 16)
+            incl, tot = self.block_scan(flag, scratch + sp * 32)
             sp = 1 - sp
             if keep:
                 cute.arch.store(s_key + kept + incl - 1, key)
@@ -328,7 +365,7 @@ class DecodeTopK:
 
         smem = SmemAllocator()
         s_hist = smem.allocate_array(Int32, 2 * self.bins, byte_alignment=16)
-        s_scan = smem.allocate_array(Int32, 2 * 16, byte_alignment=16)
+        s_scan = smem.allocate_array(Int32, 2 * 32, byte_alignment=16)
         s_misc = smem.allocate_array(Int32, 16, byte_alignment=16)
         s_key = smem.allocate_array(Uint32, self.cap, byte_alignment=16)
         s_idx = smem.allocate_array(Int32, self.cap, byte_alignment=16)
@@ -358,7 +395,8 @@ class DecodeTopK:
             per = (n_groups + C - 1) // C
             g_lo = Int32(sel(rank * per < n_groups, rank * per, n_groups))
             g_hi = Int32(sel(g_lo + per < n_groups, g_lo + per, n_groups))
-            # misc: 0 bin, 1 above, 2 cluster slot counter (CTA 0), 3 local slot counter, 4 eq prefix
+            # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
+            # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter
             for i in cutlass.range(tid, 2 * self.bins, T):
                 cute.arch.store(s_hist + i, Int32(0))
             if tid < 16:
@@ -391,7 +429,7 @@ class DecodeTopK:
                     if n_list + tile > self.cap:
                         # The histogram now covers this tile too: its k-th largest bin.
                         cute.arch.sync_threads()
-                        bound = Uint32(self.local_kth_bin(s_hist, k, s_scan + sp * 16, s_misc))
+                        bound = Uint32(self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc))
                         sp = 1 - sp
                         n_list, sp = self.filter_list(s_key, s_idx, n_list, bound, shift0, s_scan, sp)
                         if n_list + tile > self.cap:
@@ -401,7 +439,7 @@ class DecodeTopK:
                     for j in cutlass.range_constexpr(self.items):
                         keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
                         cnt = cnt + sel(keep, Int32(1), Int32(0))
-                    incl, tot = self.block_scan(cnt, s_scan + sp * 16)
+                    incl, tot = self.block_scan(cnt, s_scan + sp * 32)
                     sp = 1 - sp
                     pos = n_list + incl - cnt
                     for j in cutlass.range_constexpr(self.items):
@@ -415,7 +453,7 @@ class DecodeTopK:
                                 pos = pos + 1
                     n_list = n_list + tot
             # Step 2: the cluster's first digit.
-            b0, above0, count0 = self.cluster_select(s_hist, Int32(0), k, s_scan + sp * 16, s_misc)
+            b0, above0, count0, gt_mine = self.cluster_select(s_hist, Int32(0), k, s_scan + sp * 32, s_misc)
             krem = k - above0
             prefix = Uint32(b0) << Uint32(shift0)
             mask = Uint32(((1 << self.digits[0]) - 1) << shift0)
@@ -450,11 +488,12 @@ class DecodeTopK:
                                 key = rkeys[j]
                                 if key & mask == prefix:
                                     cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
-                    bd, aboved, countd = self.cluster_select(h, Int32(0), krem, s_scan + (d % 2) * 16, s_misc)
+                    bd, aboved, countd, gt_mined = self.cluster_select(h, Int32(0), krem, s_scan + (d % 2) * 32, s_misc)
                     krem = krem - aboved
                     prefix = prefix | (Uint32(bd) << Uint32(shift))
                     mask = mask | (dmask << Uint32(shift))
                     done = sel(krem == countd, Int32(1), Int32(0))
+                    gt_mine = gt_mine + gt_mined
                     eq_off = hist_par * self.bins + bd
 
             # Step 3: write. Items with (key & mask) > prefix are selected; `krem` of those
@@ -473,15 +512,19 @@ class DecodeTopK:
                         v = v + cute.arch.shuffle_sync_bfly(v, 1 << s)
                     if tid == 0:
                         cute.arch.store(s_misc + 4, v)
+                        # This CTA's block of the row's > threshold slots: one add on CTA 0's counter.
+                        counter = ptx.mapa_shared(smem_addr(s_misc + 2), Int32(0))
+                        cute.arch.store(s_misc + 8, Int32(ptx.atom_add_cluster_u32(counter, Uint32(gt_mine))))
                 cute.arch.sync_threads()
             eq_before = cute.arch.load(s_misc + 4, Int32)
+            gt_base = cute.arch.load(s_misc + 8, Int32)
             take = need_eq - eq_before
             take = sel(take < 0, Int32(0), take)
             take = Int32(sel(take > eq_local, eq_local, take))
             ordered = take < eq_local
             eq_base = gt_total + eq_before
-            slot_counter = s_misc + 2
-            local_counter = s_misc + 3
+            slot_counter = s_misc + 9  # this CTA's > threshold items so far
+            local_counter = s_misc + 3  # this CTA's == threshold items so far (when all are taken)
 
             if use_list:
                 par = Int32(0)
@@ -494,12 +537,12 @@ class DecodeTopK:
                         key = cute.arch.load(s_key + i, Uint32)
                         idx = cute.arch.load(s_idx + i, Int32)
                     gt = sel(key & mask > prefix, Int32(1), Int32(0))
-                    slot = self.warp_slots(gt, slot_counter)
+                    slot = gt_base + self.warp_slots(gt, slot_counter)
                     if key & mask > prefix:
                         cute.arch.store(out_row + slot, idx)
                     eq = sel(key & mask == prefix, Int32(1), Int32(0))
                     if ordered:
-                        incl, tot = self.block_scan(eq, s_scan + par * 16)
+                        incl, tot = self.block_scan(eq, s_scan + par * 32)
                         r = base + incl - eq
                         if key & mask == prefix:
                             if r < take:
@@ -521,7 +564,7 @@ class DecodeTopK:
                     for j in cutlass.range_constexpr(self.items):
                         gt = gt + sel(rkeys[j] & mask > prefix, Int32(1), Int32(0))
                         eq = eq + sel(rkeys[j] & mask == prefix, Int32(1), Int32(0))
-                    slot = self.warp_slots(gt, slot_counter)
+                    slot = gt_base + self.warp_slots(gt, slot_counter)
                     for j in cutlass.range_constexpr(self.items):
                         if rkeys[j] & mask > prefix:
                             if const_expr(self.block_mode):
@@ -530,7 +573,7 @@ class DecodeTopK:
                                 cute.arch.store(out_row + slot, g * 8 + j)
                             slot = slot + 1
                     if ordered:
-                        incl, tot = self.block_scan(eq, s_scan + par * 16)
+                        incl, tot = self.block_scan(eq, s_scan + par * 32)
                         r = base + incl - eq
                         for j in cutlass.range_constexpr(self.items):
                             if rkeys[j] & mask == prefix:

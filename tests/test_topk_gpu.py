@@ -66,8 +66,9 @@ def _check(logits, row_ends, out, k, block_mode):
 
 
 def _logits(rows, width, dtype, *, stride=None, seed=0):
+    """Random logits [rows, width] in rows padded to 32 bytes (the kernel needs 16-byte aligned rows)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    stride = stride or width
+    stride = stride or -(-width // 8) * 8
     base = torch.randn(rows, stride, device="cuda", generator=g, dtype=torch.float32).to(dtype)
     return base[:, :width]
 
@@ -98,6 +99,7 @@ ADVERSARIAL = ("all_equal", "two_values", "neg_inf_run", "nan", "ties_at_thresho
 def _adversarial(kind, rows, width, dtype, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(rows, width, device="cuda", generator=g)
+    stride = -(-width // 8) * 8
     if kind == "all_equal":
         x = torch.full_like(x, 0.5)
     elif kind == "two_values":
@@ -114,7 +116,9 @@ def _adversarial(kind, rows, width, dtype, seed=0):
     elif kind == "zeros_signed":
         x = torch.where(torch.rand(rows, width, device="cuda", generator=g) < 0.5, 0.0, -0.0)
         x[:, ::97] = -1.0
-    return x.to(dtype)
+    padded = torch.full((rows, stride), float("nan"), device="cuda", dtype=dtype)
+    padded[:, :width] = x.to(dtype)
+    return padded[:, :width]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))

@@ -41,7 +41,7 @@ BLOCK_SIZE = 8  # columns per candidate block in block mode
 # share an SM (233,472 B per SM on sm_90a/sm_100a).
 HIST_BINS = 2048
 LIST_CAPACITY = 12032
-SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 16 * 4 + 16 * 4 + LIST_CAPACITY * 8
+SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + LIST_CAPACITY * 8
 
 
 def name_for(dtype: str, block_mode: bool, cluster: int) -> str:
