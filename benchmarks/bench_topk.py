@@ -139,6 +139,8 @@ def main() -> None:
         sweep_cells = []
     sweeps = []
     for rows, length, dtype in sweep_cells:
+        if args.budget and time.time() - t0 > 1.5 * args.budget:
+            break
         sw = cluster_sweep(rows, length, 2048, dtype)
         sweeps.append(sw)
         print(f"sweep {dtype} rows={rows} len={length}: "
