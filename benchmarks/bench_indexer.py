@@ -1,0 +1,152 @@
+"""One indexer decode step on the GPU: plan, logits, selection and the whole step.
+
+For batch in {1, 8, 64} rows and context in {8K, 64K, 256K} compressed tokens
+(64 index heads of 128, k = 512, DeepGEMM scoring), time with CUDA-graph replay:
+
+- ``plan``: ``plan_decode_rows`` (top-k reset + DeepGEMM schedule);
+- ``logits``: DeepGEMM's paged MQA logits;
+- ``select``: ``decode_topk`` (the AOT kernel where it takes the shape) on those logits;
+- ``step``: plan + finish (logits + selection);
+- the same flow selecting with ``torch.topk`` (``select_torch``, ``step_torch``).
+
+Target (issue 5): the AOT top-k makes selection <= 25% of the step at every size.
+Usage: ``python3 benchmarks/bench_indexer.py [--quick] [--out FILE.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import gpu_info, rotation_count, time_eager, time_graph, write_json  # noqa: E402
+from runtime import reference  # noqa: E402
+from runtime.indexer import (  # noqa: E402
+    DecodeMetadata,
+    IndexerState,
+    SingleRank,
+    _torch_topk_select,
+    finish_decode_rows,
+    plan_decode_rows,
+)
+from runtime.scoring import BLOCK_KV, DeepGemmScorer  # noqa: E402
+
+HEADS, HEAD_DIM, K = 64, 128, 512
+TARGET_SELECT_SHARE = 0.25
+
+
+def random_cache(pages: int, gen: torch.Generator) -> torch.Tensor:
+    """Random FP8 keys with per-key scales in DeepGEMM's fused layout, built in chunks."""
+    width = HEAD_DIM + reference.INDEX_SCALE_BYTES
+    cache = torch.empty(pages, BLOCK_KV, 1, width, dtype=torch.uint8, device="cuda")
+    for p0 in range(0, pages, 4096):
+        p1 = min(pages, p0 + 4096)
+        keys = torch.randn(p1 - p0, BLOCK_KV, HEAD_DIM, device="cuda", generator=gen)
+        values, scales = reference.quantize_index_keys(keys)
+        cache[p0:p1] = reference.pack_index_k_cache(values, scales)
+    return cache
+
+
+def time_calls(calls) -> dict:
+    """CUDA-graph replay; eager events where a call cannot be captured."""
+    try:
+        return time_graph(calls)
+    except Exception as exc:  # report which way it was timed
+        torch.cuda.synchronize()
+        out = time_eager(calls)
+        out["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return out
+
+
+def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -> dict:
+    pages_per_row = ctx // BLOCK_KV
+    set_bytes = rows * pages_per_row * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4
+    sets = rotation_count(set_bytes, most=16)
+    cache = random_cache(sets * rows * pages_per_row, gen)
+    inputs = []
+    for i in range(sets):
+        table = (torch.arange(rows * pages_per_row, dtype=torch.int32, device="cuda")
+                 + i * rows * pages_per_row).view(rows, pages_per_row)
+        seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
+        md = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
+        q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        weights = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
+        auto = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
+                            scorer=scorer)
+        peer = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
+                            scorer=scorer, topk_backend="torch")
+        schedule = scorer.schedule(seq_lens)
+        logits = scorer.logits(q, weights, cache, seq_lens, table, schedule, ctx)
+        inputs.append((md, q, weights, auto, peer, schedule, logits))
+
+    from runtime.topk import decode_topk, decode_topk_plan
+
+    tp = SingleRank()
+
+    def step(state, md, q, w):
+        finish_decode_rows(state, q, w, plan_decode_rows(state, md, tp), tp)
+
+    res = {"rows": rows, "context": ctx, "k": K, "heads": HEADS, "head_dim": HEAD_DIM, "input_sets": sets}
+    res["topk_kernel"] = decode_topk_plan(inputs[0][6], rows, K, False)
+    res["plan"] = time_calls([lambda a=a: plan_decode_rows(a[3], a[0], tp) for a in inputs])
+    res["logits"] = time_calls([lambda a=a: scorer.logits(a[1], a[2], cache, a[0].seq_lens, a[0].block_table, a[5], ctx)
+                                for a in inputs])
+    res["select"] = time_calls([lambda a=a: decode_topk(a[6], a[0].seq_lens, a[3].topk_indices) for a in inputs])
+    res["select_torch"] = time_calls([lambda a=a: _torch_topk_select(a[6], a[0].seq_lens, a[4].topk_indices, False)
+                                      for a in inputs])
+    res["step"] = time_calls([lambda a=a: step(a[3], a[0], a[1], a[2]) for a in inputs])
+    res["step_torch"] = time_calls([lambda a=a: step(a[4], a[0], a[1], a[2]) for a in inputs])
+
+    # The two flows pick the same sets (up to ties torch.topk may break otherwise).
+    md, q, w, auto, peer = inputs[0][:5]
+    step(auto, md, q, w)
+    step(peer, md, q, w)
+    same = (auto.topk_indices.sort(dim=1).values == peer.topk_indices.sort(dim=1).values).all(dim=1)
+    res["rows_equal_to_torch_topk"] = int(same.sum())
+
+    m = {key: res[key]["median_us"] for key in ("plan", "logits", "select", "select_torch", "step", "step_torch")}
+    res["select_share_of_step"] = m["select"] / m["step"]
+    res["select_torch_share_of_step_torch"] = m["select_torch"] / m["step_torch"]
+    res["step_speedup_vs_torch_topk"] = m["step_torch"] / m["step"]
+    res["meets_target"] = res["select_share_of_step"] <= TARGET_SELECT_SHARE
+    del inputs, cache
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="three sizes only")
+    parser.add_argument("--out", default="benchmarks/results/indexer.json")
+    args = parser.parse_args()
+    sizes = list(itertools.product((1, 8, 64), (8192, 65536, 262144)))
+    if args.quick:
+        sizes = [(1, 8192), (8, 65536), (64, 262144)]
+    scorer = DeepGemmScorer()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    results = []
+    for rows, ctx in sizes:
+        try:
+            r = bench_one(rows, ctx, scorer, gen)
+        except Exception as exc:
+            r = {"rows": rows, "context": ctx, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        results.append(r)
+        if "error" in r:
+            print(f"rows={rows:3d} ctx={ctx:7d} ERROR {r['error']}", flush=True)
+        else:
+            print(f"rows={rows:3d} ctx={ctx:7d} plan={r['plan']['median_us']:7.1f} logits={r['logits']['median_us']:8.1f} "
+                  f"select={r['select']['median_us']:7.1f} step={r['step']['median_us']:8.1f} us "
+                  f"share={r['select_share_of_step']:.2f} | torch.topk select={r['select_torch']['median_us']:8.1f} "
+                  f"step={r['step_torch']['median_us']:8.1f} share={r['select_torch_share_of_step_torch']:.2f} "
+                  f"kernel={r['topk_kernel']}", flush=True)
+    write_json(args.out, {"bench": "indexer_decode_step", "target_select_share": TARGET_SELECT_SHARE,
+                          "info": gpu_info(), "results": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Does this DeepGEMM score on this GPU? Import, schedule, logits against the torch reference.
+
+Prints one JSON line (also written to argv[1] when given); exits 0 only when the
+logits match.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+result = {"python": sys.version.split()[0], "torch": torch.__version__}
+try:
+    t0 = time.perf_counter()
+    import deep_gemm
+
+    result["deep_gemm"] = getattr(deep_gemm, "__version__", "?")
+    result["deep_gemm_file"] = deep_gemm.__file__
+    result["import_s"] = round(time.perf_counter() - t0, 2)
+    result["num_sms"] = deep_gemm.get_num_sms()
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+    from indexer_cases import make_step
+    from runtime import reference
+    from runtime.scoring import DeepGemmScorer
+
+    step = make_step(6, heads=64, head_dim=128, max_model_len=1024, k=512, device="cuda")
+    md, a = step.metadata, step.state_args
+    scorer = DeepGemmScorer()
+    t0 = time.perf_counter()
+    schedule = scorer.schedule(md.seq_lens)
+    torch.cuda.synchronize()
+    result["schedule_first_s"] = round(time.perf_counter() - t0, 2)
+    result["schedule_shape"] = list(schedule.shape)
+    t0 = time.perf_counter()
+    got = scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, schedule,
+                        a["max_model_len"])
+    torch.cuda.synchronize()
+    result["logits_first_s"] = round(time.perf_counter() - t0, 2)
+    result["logits_shape_stride"] = [list(got.shape), list(got.stride()), str(got.dtype)]
+    want = reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], md.seq_lens,
+                                              md.block_table, a["max_model_len"])
+    valid = torch.arange(a["max_model_len"], device="cuda")[None, :] < md.seq_lens[:, None]
+    result["max_abs_err"] = float((got.float() - want).abs()[valid].max())
+    result["max_abs_logit"] = float(want[valid].abs().max())
+    result["ok"] = result["max_abs_err"] <= 1e-4 * result["max_abs_logit"] + 1e-6
+except Exception as exc:  # report, do not hide
+    result["ok"] = False
+    result["error"] = f"{type(exc).__name__}: {exc}"
+    result["traceback"] = traceback.format_exc()[-2000:]
+print(json.dumps(result))
+if len(sys.argv) > 1:
+    with open(sys.argv[1], "w") as f:
+        json.dump(result, f, indent=1)
+sys.exit(0 if result["ok"] else 1)
