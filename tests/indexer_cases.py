@@ -96,3 +96,25 @@ def make_state(step: Step, *, scorer=None, topk_backend: str = "auto", fresh: bo
     return IndexerState(topk_indices=topk, k=a["k"], index_k_cache=a["index_k_cache"],
                         max_model_len=a["max_model_len"], candidate_blocks=cand, scorer=scorer,
                         topk_backend=topk_backend)
+
+
+class Loopback:
+    """Every rank of a simulated TP group in one process: a first pass over the
+    ranks records each rank's slices, a second pass returns their concatenation,
+    as a real all-gather would (the kernels are deterministic, so the slices of
+    both passes are the same)."""
+
+    def __init__(self, world_size: int):
+        self.world_size, self.store, self.rank, self.calls = world_size, {}, 0, 0
+
+    def for_rank(self, rank: int) -> "Loopback":
+        self.rank, self.calls = rank, 0
+        return self
+
+    def all_gather(self, local: torch.Tensor) -> torch.Tensor:
+        self.store.setdefault(self.calls, {})[self.rank] = local.clone()
+        parts = self.store[self.calls]
+        self.calls += 1
+        if len(parts) < self.world_size:
+            return local.new_zeros((self.world_size * local.shape[0], *local.shape[1:]))
+        return torch.cat([parts[r] for r in range(self.world_size)])

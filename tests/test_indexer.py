@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from indexer_cases import make_state, make_step
+from indexer_cases import Loopback, make_state, make_step
 from runtime import reference
 from runtime.indexer import (
     ROW_SHARD_MIN_ROWS,
@@ -215,33 +215,12 @@ class _Fixed:
         raise AssertionError("a replicated step must not gather")
 
 
-class _Loopback:
-    """Every rank of a simulated group in one process: pass 1 records each rank's
-    slices, pass 2 returns their concatenation, as a real all-gather would."""
-
-    def __init__(self, world_size, store):
-        self.world_size, self.store, self.rank, self.calls = world_size, store, 0, 0
-
-    def for_rank(self, rank):
-        self.rank, self.calls = rank, 0
-        return self
-
-    def all_gather(self, local):
-        self.store.setdefault(self.calls, {})[self.rank] = local.clone()
-        parts = self.store[self.calls]
-        self.calls += 1
-        if len(parts) < self.world_size:
-            return torch.zeros((self.world_size * local.shape[0], *local.shape[1:]), dtype=local.dtype)
-        return torch.cat([parts[r] for r in range(self.world_size)])
-
-
 @pytest.mark.parametrize("world,rows,candidates", [(2, 18, None), (4, 18, 12), (4, 20, None), (8, 40, 12)])
 def test_flow_simulated_ranks_match_replicated(world, rows, candidates):
     step = make_step(rows, heads=8, head_dim=32, max_model_len=256, k=16, candidates=candidates, max_rows=64)
     want = make_state(step, scorer=TorchScorer())
     decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
-    group, store = _Loopback(world, {}), {}
-    group.store = store
+    group = Loopback(world)
     for _ in range(2):  # pass 1 fills the store, pass 2 gathers
         for rank in range(world):
             state = make_state(step, scorer=TorchScorer())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from indexer_cases import make_state, make_step
+from indexer_cases import Loopback, make_state, make_step
 from runtime import reference
 from runtime.indexer import SingleRank, decode_rows
 from runtime.scoring import TorchScorer, deepgemm_status
@@ -74,33 +74,13 @@ def test_flow_deepgemm_aot_topk_equals_reference(candidates):
     print(f"AOT top-k took the 16 rows: {supports_decode_topk(logits, 16, a['k'], False)}")
 
 
-class _Loopback:
-    """Every rank of a simulated group in one process (pass 1 records, pass 2 gathers)."""
-
-    def __init__(self, world_size):
-        self.world_size, self.store, self.rank, self.calls = world_size, {}, 0, 0
-
-    def for_rank(self, rank):
-        self.rank, self.calls = rank, 0
-        return self
-
-    def all_gather(self, local):
-        self.store.setdefault(self.calls, {})[self.rank] = local.clone()
-        parts = self.store[self.calls]
-        self.calls += 1
-        if len(parts) < self.world_size:
-            return torch.zeros((self.world_size * local.shape[0], *local.shape[1:]), dtype=local.dtype,
-                               device=local.device)
-        return torch.cat([parts[r] for r in range(self.world_size)])
-
-
 @pytest.mark.parametrize("world,rows", [(2, 18), (4, 18), (4, 20), (4, 64)])
 def test_flow_sharded_equals_replicated(world, rows):
     scorer = _deepgemm()
     step = _step(rows, candidates=512, max_rows=64, seed=rows)
     want = make_state(step, scorer=scorer)
     decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
-    group = _Loopback(world)
+    group = Loopback(world)
     for rnd in range(2):
         for rank in range(world):
             got = make_state(step, scorer=scorer)
