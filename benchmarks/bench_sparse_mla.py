@@ -80,7 +80,7 @@ def time_op(fn, inp: Inputs, sets: int) -> dict:
     return r
 
 
-def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log) -> dict:
+def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=()) -> dict:
     sets = sets_for(T, width)
     inp = Inputs(T, width, sets, swa, comp, sinks, gen)
     case = {"T": T, "width": width, "sinks": True, "bytes": op_bytes(T, width), "input_sets": sets}
@@ -88,7 +88,7 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log) -> dict:
 
     if tsm is not None:
         sweep = []
-        for cfg in tsm.CONFIGS:
+        for cfg in configs:
             op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
             try:
                 r = time_op(op, inp, SWEEP_SETS)
@@ -177,6 +177,7 @@ def main():
     ap.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
     ap.add_argument("--widths", type=int, nargs="*", default=list(WIDTHS))
     ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--quick-sweep", action="store_true", help="sweep only the Triton peer's QUICK_CONFIGS")
     args = ap.parse_args()
     log = lambda s: print(s, flush=True)  # noqa: E731
 
@@ -185,7 +186,7 @@ def main():
     comp = torch.randn(COMP_ROWS, D, device=DEVICE, generator=gen).to(FP8)
     sinks = torch.randn(H, device=DEVICE, generator=gen)
 
-    result = {"op": "sparse_mla_decode", "info": common.gpu_info(), "copy_gbs": common.copy_bandwidth_gbs(),
+    result = {"op": "sparse_mla_decode", "info": common.gpu_info(), "quick_sweep": args.quick_sweep, "copy_gbs": common.copy_bandwidth_gbs(),
               "pools": {"swa_rows": SWA_ROWS, "compressed_rows": COMP_ROWS}, "target": TARGET, "cases": []}
     kernel_fn = None
     try:
@@ -205,7 +206,8 @@ def main():
     for width in args.widths:
         for T in args.tokens:
             t0 = time.time()
-            case = bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log)
+            configs = () if tsm is None else (tsm.QUICK_CONFIGS if args.quick_sweep else tsm.CONFIGS)
+            case = bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs)
             result["cases"].append(case)
             fmt = lambda p: f"{case[p]['median_us']:8.2f}" if "median_us" in case.get(p, {}) else "       -"  # noqa: E731
             log(f"w={width:4d} T={T:3d} kernel {fmt('kernel')} us  triton {fmt('triton')}  reference {fmt('reference')}"

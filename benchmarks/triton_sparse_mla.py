@@ -56,6 +56,9 @@ CONFIGS = tuple(
     for f in (False, True)
 )
 DEFAULT = Config(block_n=32, tiles=1, num_warps=8, kv_major=True)
+# A short sweep for rounds with little device time.
+QUICK_CONFIGS = tuple(c for c in CONFIGS if (c.block_n, c.tiles, c.num_warps) in ((32, 1, 8), (32, 2, 8), (64, 1, 8))
+                      and (c.kv_major or not c.fp8_pv))
 
 
 @triton.jit
