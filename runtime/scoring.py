@@ -261,12 +261,12 @@ def warm_deepgemm(shapes: ServingShapes = ServingShapes(), cache_dir: str | os.P
 
 
 def check_step_compiles_nothing(step, *, repeats: int = 10, first_step_factor: float = 5.0,
-                                first_step_slack_ms: float = 20.0) -> dict:
+                                first_step_slack_ms: float = 250.0) -> dict:
     """Run ``step`` (a zero-argument callable issuing one decode step on the current
     CUDA stream) in a process whose DeepGEMM cache was warmed, and prove it
     compiled nothing: the JIT cache directory is unchanged and the first step's wall
-    time is within ``first_step_factor`` x the steady state (plus a small slack for
-    loading the cached cubins). Raises RuntimeError otherwise; returns the timings.
+    time is within ``first_step_factor`` x the steady state plus a slack for loading
+    the cached cubins (milliseconds; a compile takes seconds). Raises RuntimeError otherwise; returns the timings.
     """
     before = jit_cache_snapshot()
     if not before:

@@ -23,6 +23,8 @@ from runtime.scoring import ServingShapes, warm_deepgemm
 r = warm_deepgemm(ServingShapes(max_rows=64))
 print(json.dumps(r)); json.dump(r, open('$JOB_OUT/warm.json', 'w'), indent=1)
 "
+echo "=== zero JIT: a fresh process's first decode steps against the steady state"
+timeout 90 python3 gpu/jobs/indexer_probe.py --nojit "$JOB_OUT/no_jit.json"; echo "nojit rc=$?"
 echo "=== GPU tests"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_indexer_gpu.py -rs -s --maxfail=4 2>&1 | tail -40
 echo "=== benchmark"

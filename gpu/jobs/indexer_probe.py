@@ -1,7 +1,9 @@
 """Does this DeepGEMM score on this GPU? Import, schedule, logits against the torch reference.
 
-Prints one JSON line (also written to argv[1] when given); exits 0 only when the
-logits match.
+``indexer_probe.py [OUT.json]``: prints one JSON line (also written to OUT); exits 0
+only when the logits match. ``indexer_probe.py --nojit OUT.json``: in this fresh
+process, time the first and steady decode steps and check DeepGEMM's JIT cache
+is unchanged (``runtime.scoring.check_step_compiles_nothing``).
 """
 
 import json
@@ -11,6 +13,28 @@ import time
 import traceback
 
 import torch
+
+if sys.argv[1:2] == ["--nojit"]:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+    import runtime
+    from indexer_cases import make_state, make_step
+    from runtime.indexer import SingleRank, decode_rows
+    from runtime.scoring import DeepGemmScorer, check_step_compiles_nothing
+
+    runtime.load()  # the AOT cache loads at start-up, not in a step
+    out = {}
+    for rows in (1, 16, 64):
+        step = make_step(rows, heads=64, head_dim=128, max_model_len=8192, k=512, device="cuda", seed=rows)
+        state = make_state(step, scorer=DeepGemmScorer())
+        try:
+            out[rows] = check_step_compiles_nothing(
+                lambda: decode_rows(state, step.metadata, step.q, step.weights, SingleRank()))
+        except RuntimeError as exc:
+            out[rows] = {"error": str(exc)}
+    print(json.dumps(out))
+    with open(sys.argv[2], "w") as f:
+        json.dump(out, f, indent=1)
+    sys.exit(0 if all("error" not in v for v in out.values()) else 1)
 
 result = {"python": sys.version.split()[0], "torch": torch.__version__}
 try:
