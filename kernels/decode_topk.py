@@ -82,6 +82,9 @@ class DecodeTopK:
             cluster=[self.cluster, 1, 1],
             smem=self.smem_bytes,
             stream=stream,
+            # Two CTAs an SM (the shared memory is sized for it): caps registers at 64.
+            min_blocks_per_mp=2,
+            preferred_smem_carveout=100,
         )
 
     # ------------------------------------------------------------------ keys
@@ -372,9 +375,11 @@ class DecodeTopK:
         rkeys = cute.make_rmem_tensor(8, Uint32)
         rraw = cute.make_rmem_tensor(8, Uint32)
         rnext = cute.make_rmem_tensor(8, Uint32)
+        rnext2 = cute.make_rmem_tensor(8, Uint32)
         for j in cutlass.range_constexpr(8):
             rraw[j] = Uint32(0)
             rnext[j] = Uint32(0)
+            rnext2[j] = Uint32(0)
 
         row_end = cute.arch.load(row_ends + row, Int32)
         row_end = sel(row_end < 0, Int32(0), row_end)
@@ -414,13 +419,15 @@ class DecodeTopK:
             bound = Uint32(0)
             ok = Int32(1)  # the list holds every item at or above `bound`
             sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
-            # Loads run one tile ahead: tile i + 1's loads are in flight while tile i is counted.
+            # Loads run two tiles ahead: tiles i + 1 and i + 2 are in flight while tile i is counted.
             self.load_raw(row_addr, g_lo + tid, g_hi, row_end, rnext)
+            self.load_raw(row_addr, g_lo + T + tid, g_hi, row_end, rnext2)
             for gb in cutlass.range(g_lo, g_hi, T):
                 g = gb + tid
                 for j in cutlass.range_constexpr(8):
                     rraw[j] = rnext[j]
-                self.load_raw(row_addr, g + T, g_hi, row_end, rnext)
+                    rnext[j] = rnext2[j]
+                self.load_raw(row_addr, g + 2 * T, g_hi, row_end, rnext2)
                 self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
                 if g < g_hi:
                     for j in cutlass.range_constexpr(self.items):
