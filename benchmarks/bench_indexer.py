@@ -129,6 +129,7 @@ def main() -> None:
         sizes = [(1, 8192), (8, 65536), (64, 262144)]
     scorer = DeepGemmScorer()
     gen = torch.Generator(device="cuda").manual_seed(0)
+    info = gpu_info()
     results = []
     for rows, ctx in sizes:
         try:
@@ -144,8 +145,9 @@ def main() -> None:
                   f"share={r['select_share_of_step']:.2f} | torch.topk select={r['select_torch']['median_us']:8.1f} "
                   f"step={r['step_torch']['median_us']:8.1f} share={r['select_torch_share_of_step_torch']:.2f} "
                   f"kernel={r['topk_kernel']}", flush=True)
-    write_json(args.out, {"bench": "indexer_decode_step", "target_select_share": TARGET_SELECT_SHARE,
-                          "info": gpu_info(), "results": results})
+        # Written after every size, so a run cut short still leaves its results.
+        write_json(args.out, {"bench": "indexer_decode_step", "target_select_share": TARGET_SELECT_SHARE,
+                              "info": info, "results": results})
 
 
 if __name__ == "__main__":
