@@ -18,6 +18,9 @@ step() {  # step MAX_SECONDS MIN_SECONDS command...: run with min(MAX, what is l
   echo "+ [${t}s] $*"; timeout "$t" "$@"; local rc=$?; echo "rc=$rc"; return $rc
 }
 echo "nvcc: $(command -v nvcc) CUDA_HOME=${CUDA_HOME:-unset} budget=${budget}s"
+# A JIT cache brought back from an earlier round (same image, same DeepGEMM): the build artifact
+# that a serving machine would receive. Warming then compiles nothing.
+if [ -f .whl/dg_jit_cache.tgz ]; then tar xzf .whl/dg_jit_cache.tgz -C /tmp && echo "restored $(find $DG_JIT_CACHE_DIR -type f | wc -l) cached files"; fi
 step 180 20 python3 gpu/jobs/indexer_probe.py "$JOB_OUT/probe.json"; rc=$?
 if [ $rc != 0 ] && [ $rc != 99 ] && ls .whl/alt/*.whl >/dev/null 2>&1; then
   echo "=== primary DeepGEMM failed (rc=$rc): trying .whl/alt"
@@ -40,3 +43,4 @@ echo "=== benchmark"
 if [ "${INDEXER_FULL:-0}" = 1 ]; then q=; else q=--quick; fi
 step 200 30 python3 benchmarks/bench_indexer.py $q --out "$JOB_OUT/bench_indexer.json"
 echo "=== cache after: $(find $DG_JIT_CACHE_DIR -type f 2>/dev/null | wc -l) files; job took ${SECONDS}s"
+[ -d $DG_JIT_CACHE_DIR ] && tar czf "$JOB_OUT/dg_jit_cache.tgz" -C /tmp dg_jit_cache && ls -la "$JOB_OUT/dg_jit_cache.tgz"
