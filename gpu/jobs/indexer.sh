@@ -35,6 +35,7 @@ from runtime.scoring import ServingShapes, warm_deepgemm
 r = warm_deepgemm(ServingShapes(max_rows=64))
 print(json.dumps(r)); json.dump(r, open('$JOB_OUT/warm.json', 'w'), indent=1)
 "
+[ -d $DG_JIT_CACHE_DIR ] && tar czf "$JOB_OUT/dg_jit_cache.tgz" -C /tmp dg_jit_cache
 echo "=== zero JIT: a fresh process's first decode steps against the steady state"
 step 90 15 python3 gpu/jobs/indexer_probe.py --nojit "$JOB_OUT/no_jit.json"
 echo "=== GPU tests"
