@@ -188,6 +188,9 @@ def row_shard_rows(num_rows: int, num_requests: int, world_size: int) -> int | N
     scorer); the last ranks' slices may then be short or empty. Rows are
     independent, so a slice may split a request's rows.
     """
+    for name, value in (("num_rows", num_rows), ("num_requests", num_requests), ("world_size", world_size)):
+        if not isinstance(value, int) or value < (1 if name == "world_size" else 0):
+            raise ValueError(f"{name}: expected an int >= {1 if name == 'world_size' else 0}, got {value!r}")
     if world_size < 2 or not num_requests or num_rows % num_requests:
         return None
     if num_rows < ROW_SHARD_MIN_ROWS:
@@ -200,6 +203,8 @@ def row_shard_bounds(num_rows: int, num_requests: int, world_size: int, rank: in
     """Rows ``[start, end)`` that ``rank`` scores (empty for a rank past the last row),
     or None when the step stays replicated."""
     rows = row_shard_rows(num_rows, num_requests, world_size)
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank!r}")
     if rows is None:
         return None
     start = min(rank * rows, num_rows)

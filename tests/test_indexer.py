@@ -69,6 +69,15 @@ def test_shard_math_matches_brute_force(world):
                 assert all(s % 2 == 0 for s, e in slices if e > s)
 
 
+def test_shard_math_checks_arguments():
+    with pytest.raises(ValueError, match="world_size"):
+        row_shard_rows(16, 16, 0)
+    with pytest.raises(ValueError, match="num_rows"):
+        row_shard_rows(-1, 1, 2)
+    with pytest.raises(ValueError, match="rank"):
+        row_shard_bounds(16, 16, 2, 2)
+
+
 # ---------------------------------------------------------------------------
 # References
 # ---------------------------------------------------------------------------
