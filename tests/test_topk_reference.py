@@ -116,3 +116,35 @@ def test_host_op_cpu_fallback_and_checks():
 def test_runtime_topk_imports_no_cutlass():
     code = "import sys, runtime.topk; sys.exit(int(any(m.split('.')[0] in ('cutlass', 'kernels') for m in sys.modules)))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_cubins_for_both_archs_match_the_contract():
+    """Structural check of the committed cache (sm_100a cannot run here): every variant, its launch shape and,
+    where cuobjdump is installed, cluster barriers and distributed-shared-memory reads in the SASS."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from runtime.contract import decode_topk as contract
+
+    repo = Path(__file__).resolve().parent.parent
+    cuobjdump = shutil.which("cuobjdump")
+    try:
+        import nvidia.cu13  # noqa: F401  (the build's toolkit wheel ships cuobjdump)
+
+        cand = Path(nvidia.cu13.__path__[0]) / "bin" / "cuobjdump"
+        cuobjdump = cuobjdump or (str(cand) if cand.exists() else None)
+    except ImportError:
+        pass
+    for arch in ("sm_90a", "sm_100a"):
+        kernels = {k["name"]: k for k in json.loads((repo / "manifests" / f"{arch}.json").read_text())["kernels"]}
+        for v in contract.VARIANTS:
+            entry = kernels[v.name]
+            assert entry["threads"] == v.threads and tuple(entry["cluster"]) == v.cluster
+            assert entry["smem_bytes"] == v.smem_bytes and entry["non_portable_cluster"] == (v.cluster_size > 8)
+            assert [(p["name"], p["ctype"]) for p in entry["params"]] == [(p.name, p.ctype) for p in v.params]
+            if cuobjdump and v.cluster_size in (2, 16):
+                sass = subprocess.run([cuobjdump, "-sass", str(repo / entry["cubin"])], capture_output=True,
+                                      text=True).stdout
+                assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass, (arch, v.name)
+                assert "LD.E.128" in sass, (arch, v.name)  # the cluster's histogram reads (ld.shared::cluster.v4)
