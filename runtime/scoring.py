@@ -13,6 +13,16 @@ Two scorers share one interface (``Scorer``):
 DeepGEMM compiles its kernels at first use. ``warm_deepgemm`` runs the serving
 shapes once so that its JIT cache directory holds every kernel a decode step
 needs; ``jit_cache_snapshot`` lets a caller prove a step compiled nothing.
+
+Installing DeepGEMM where a GPU is: its host extension inlines ``at::Tensor``
+accessors, so the wheel must be built against the serving torch's ABI. For torch
+2.11 (+cu130): ``pip install tokenspeed-deepgemm==2.5.0.post20260629`` (cp312; needs
+``nvcc`` under ``CUDA_HOME`` for its JIT). The ``sgl-deep-gemm`` 0.1.x/0.2.x wheels
+are compiled against a newer torch whose ``c10::TensorImpl`` is 8 bytes shorter
+before its sizes (``PyObjectSlot`` lost its interpreter pointer): under torch 2.11
+their inline ``dim()`` reads the wrong field, which is the bogus
+``context_lens.dim() == 2`` assertion on a 2-D tensor (seen in their code: ``dim()``
+read at offset 0x38, torch 2.11's headers give 0x40).
 """
 
 from __future__ import annotations
