@@ -148,3 +148,31 @@ def test_cubins_for_both_archs_match_the_contract():
                                       text=True).stdout
                 assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass, (arch, v.name)
                 assert "LD.E.128" in sass, (arch, v.name)  # the cluster's histogram reads (ld.shared::cluster.v4)
+
+
+def test_cluster_choice_fits_one_wave():
+    """The op picks the largest cluster that fits one wave and leaves each CTA >= MIN_COLUMNS_PER_CTA columns."""
+    from runtime import topk
+
+    class FakeKernel:
+        def __init__(self, name, most):
+            self.name, self.max_active_clusters = name, most
+
+    class FakeCache:
+        most = {1: 264, 2: 132, 4: 60, 8: 30, 16: 14}
+
+        def __contains__(self, name):
+            return True
+
+        def kernel(self, name):
+            return FakeKernel(name, self.most[int(name.rsplit("_c", 1)[1])])
+
+    plan = topk._Plan(FakeCache(), "f32", False)
+    assert plan.cluster_for(1, 65536) == 16
+    assert plan.cluster_for(1, 16384) == 4
+    assert plan.cluster_for(14, 1 << 20) == 16
+    assert plan.cluster_for(15, 1 << 20) == 8
+    assert plan.cluster_for(64, 262144) == 2
+    assert plan.cluster_for(64, 2048) == 1
+    assert plan.cluster_for(264, 1 << 20) == 1
+    assert plan.cluster_for(265, 1 << 20) is None
