@@ -93,3 +93,23 @@ def test_plain_install_carries_cubins_and_manifests(tmp_path):
             assert prefix + k["cubin"] in names, k["cubin"]
     assert "runtime/loader.py" in names and "runtime/contract/__init__.py" in names
     assert not any(n.startswith(("kernels/", "cutlass")) for n in names)
+
+
+def test_check_names_each_differing_variant(tmp_path):
+    build(tmp_path)
+    path = manifest_path(tmp_path, "sm_90a")
+    data = json.loads(path.read_text())
+    entry = next(k for k in data["kernels"] if k["name"] == "probe_cluster8")
+    entry["sha256"] = "0" * 64
+    path.write_text(json.dumps(data))
+    proc = subprocess.run(BUILD + ["--only", "probe", "--out", str(tmp_path), "--check"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert "sm_90a probe_cluster8: cubin sha256 differs" in proc.stdout
+    assert "probe_cluster2" not in proc.stdout.split("CHECK FAILED")[-1]
+
+
+def test_committed_cache_is_current():
+    """The committed cubins and manifests are what the committed sources build (all families)."""
+    proc = subprocess.run(BUILD + ["--check", "--jobs", "2"], capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
