@@ -21,9 +21,12 @@ for c in . exp_mla exp_mla_push exp_mla_nopv exp_mla_tl exp_mla_push_tl; do
   export SPARSE_DECODE_AOT_CACHE=$PWD/$c
   echo "=== cache $c"
   case $c in
-    .|*_nopv) timeout 50 python3 $S time || echo "time rc=$?";;
+    .) timeout 50 python3 $S time || echo "time rc=$?"
+       timeout 40 python3 $S diag 128 265 128266 || echo "diag rc=$?";;
+    *_nopv) timeout 50 python3 $S time || echo "time rc=$?";;
     *_tl) timeout 40 python3 $S timeline || echo "timeline rc=$?";;
-    *) run_checks 640 0 1 && run_checks 128 1 && { timeout 50 python3 $S time || echo "time rc=$?"; };;
+    *) run_checks 640 0 1 && run_checks 128 1 && { timeout 50 python3 $S time || echo "time rc=$?"; }
+       [ $c = exp_mla ] && { timeout 40 python3 $S diag 128 265 128266 || echo "diag rc=$?"; };;
   esac
 done
 if command -v compute-sanitizer >/dev/null && [ "${MLA_SANITIZE:-0}" = 1 ]; then

@@ -113,6 +113,50 @@ def timing():
             print(line + " (graph, back-to-back, L2 warm)", flush=True)
 
 
+def _model(q, swa, comp, idx, lens, sinks, t, width, p_dtype):
+    """Float64 model of the kernel's math for token t (exact scores, P rounded to p_dtype x256)."""
+    act = sparse_mla_active(idx[t:t + 1], lens[t:t + 1], swa.shape[0], comp.shape[0])[0]
+    ix = idx[t].long()
+    rows = [swa if c < 128 else comp for c in range(width)]
+    kv = torch.stack([rows[c].view(torch.uint8)[ix[c].clamp(0, rows[c].shape[0] - 1)].view(torch.float8_e4m3fn).double()
+                      for c in range(width)]) * act[:, None]
+    s2 = ((q[t].double() @ kv.T) * KW["bmm1_scale"]).masked_fill(~act[None], float("-inf")) * 1.4426950408889634
+    ms, ls, os_ = [], [], []
+    for j in range(width // 128):
+        sj = s2[:, 128 * j:128 * (j + 1)]
+        m = sj.amax(1, keepdim=True).clamp(min=-3e38)
+        p = torch.exp2(sj - m)
+        pr = (p * 256).float().to(p_dtype).double()
+        ms.append(m[:, 0]), ls.append(p.sum(1)), os_.append(pr @ kv[128 * j:128 * (j + 1)])
+    big_m = torch.stack(ms).amax(0)
+    sk = None if sinks is None else sinks.double() * 1.4426950408889634
+    if sk is not None:
+        big_m = torch.maximum(big_m, sk)
+    big_l = sum(l * torch.exp2(m - big_m) for m, l in zip(ms, ls)) + (0 if sk is None else torch.exp2(sk - big_m))
+    o = sum(oj * (KW["bmm2_scale"] / 256 * torch.exp2(m - big_m) / big_l.clamp(min=1e-30))[:, None]
+            for oj, m in zip(os_, ms))
+    return o.float().to(torch.bfloat16).float()
+
+
+def diag(width, T, seed):
+    """Which part of the error is the kernel's: kernel vs an exact-score model with FP8 P (and FP16 P)."""
+    args, sinks = make_case(T, width, seed=seed)
+    out = sparse_mla_decode(*args, sinks=sinks, **KW)
+    torch.cuda.synchronize()
+    ref = sparse_mla_decode_reference(*args, sinks=sinks, **KW).float().cpu()
+    emu = emulate(*args, sinks=sinks, **KW).float().cpu()
+    got = out.float().cpu()
+    err = (got - ref).abs().flatten(1).amax(1)
+    cpu = [a.cpu() for a in args]
+    for t in err.argsort(descending=True)[:4].tolist():
+        m8 = _model(*cpu, sinks.cpu(), t, width, torch.float8_e4m3fn)
+        m16 = _model(*cpu, sinks.cpu(), t, width, torch.float16)
+        f = lambda a, b: float((a - b).abs().max())
+        print(f"diag w={width} T={T} t={t}: kernel-ref {f(got[t], ref[t]):.4g} emu-ref {f(emu[t], ref[t]):.4g} "
+              f"model8-ref {f(m8, ref[t]):.4g} kernel-model8 {f(got[t], m8):.4g} model16-ref {f(m16, ref[t]):.4g}",
+              flush=True)
+
+
 MARKS = ["wait", "gather issued", "K landed+MMA issued", "scores", "softmax+P", "stats sent", "PV done",
          "stats here", "staged/pushed", "cluster bar", "reduced+stored", "final bar"]
 
@@ -154,3 +198,5 @@ if __name__ == "__main__":
         timing()
     elif cmd == "timeline":
         timeline()
+    elif cmd == "diag":
+        diag(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
