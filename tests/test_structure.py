@@ -1,0 +1,44 @@
+"""Structural checks of the committed cubins of both archs: what the probe must contain to prove
+clusters, DSMEM stores with mbarrier completion and programmatic dependent launch."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.manifest import manifest_path
+from sass import cuobjdump, opcodes
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(cuobjdump() is None, reason="cuobjdump missing (pip install -e '.[test]')")
+
+PROBE_SASS = {
+    "UCGABAR_ARV", "UCGABAR_WAIT",  # cluster barrier
+    "STAS",  # st.async into a peer CTA's shared memory
+    "SYNCS.ARRIVE.TRANS64",  # mbarrier arrive with expected transaction bytes
+    "SYNCS.PHASECHK.TRANS64.TRYWAIT",  # mbarrier wait
+    "ACQBULK",  # griddepcontrol.wait
+    "PREEXIT",  # griddepcontrol.launch_dependents
+}
+
+
+def entries(arch, family):
+    data = json.loads(manifest_path(REPO, arch).read_text())
+    return [k for k in data["kernels"] if k["family"] == family]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_probe_sass_has_cluster_dsmem_and_pdl(arch):
+    found = entries(arch, "probe")
+    assert {k["name"] for k in found} == {"probe_cluster2", "probe_cluster8"}
+    for k in found:
+        missing = PROBE_SASS - opcodes(str(REPO / k["cubin"]))
+        assert not missing, (arch, k["name"], missing)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_empty_kernels_are_empty(arch):
+    for k in entries(arch, "empty"):
+        ops = opcodes(str(REPO / k["cubin"]))
+        assert ops <= {"EXIT", "BRA", "NOP", "LDC", "LDCU"}, (k["name"], ops)  # a constant load at most
