@@ -185,12 +185,15 @@ class DecodeTopK:
         if lane == WARP - 1:
             cute.arch.store(scratch + warp, x)
         cute.arch.sync_threads()
-        before = Int32(0)
-        total = Int32(0)
-        for w in cutlass.range_constexpr(self.warps):
-            t = cute.arch.load(scratch + w, Int32)
-            total = total + t
-            before = before + sel(warp > w, t, Int32(0))
+        # Lane w holds warp w's total; two butterfly sums give the total and this warp's offset.
+        t = Int32(0)
+        if lane < self.warps:
+            t = cute.arch.load(scratch + lane, Int32)
+        before = sel(lane < warp, t, Int32(0))
+        total = t
+        for s in cutlass.range_constexpr(5):
+            before = before + cute.arch.shuffle_sync_bfly(before, 1 << s)
+            total = total + cute.arch.shuffle_sync_bfly(total, 1 << s)
         return before + x, total
 
     @cute.jit
