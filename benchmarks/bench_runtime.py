@@ -44,12 +44,12 @@ def cold_start_profile() -> str:
     return out.stdout[-6000:] + out.stderr[-2000:]
 
 
-def cold_start(runs: int = 7) -> dict:
+def cold_start(runs: int = 5) -> dict:
     """load() in fresh processes: as a server calls it (importing cuda-python on the way), with
     cuda-python already imported, and with the loads on one thread instead of eight."""
     import os
 
-    def measure(mode: str, threads: str) -> dict:
+    def measure(mode: str, threads: str, runs: int = runs) -> dict:
         samples = []
         env = dict(os.environ, SPARSE_DECODE_AOT_LOAD_THREADS=threads)
         for _ in range(runs):
@@ -64,8 +64,8 @@ def cold_start(runs: int = 7) -> dict:
 
     return {"target_ms": 50,
             "load_including_cuda_python_import": measure("fresh", "8"),
-            "load_cuda_python_preimported": measure("preimported", "8"),
-            "load_one_thread": measure("fresh", "1")}
+            "load_cuda_python_preimported": measure("preimported", "8", 3),
+            "load_one_thread": measure("fresh", "1", 3)}
 
 
 def host_overhead(n: int = 20000, rounds: int = 7) -> dict:
@@ -117,9 +117,11 @@ def host_overhead(n: int = 20000, rounds: int = 7) -> dict:
 def main() -> None:
     from benchmarks.common import gpu_info, write_json
 
-    path = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/runtime.json"
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    path = args[0] if args else "benchmarks/results/runtime.json"
     result = {"env": gpu_info(), "cold_start": cold_start(), "launch_overhead": host_overhead()}
-    print(cold_start_profile())
+    if "--profile" in sys.argv:
+        print(cold_start_profile())
     print(json.dumps(result, indent=1))
     write_json(path, result)
 
