@@ -36,6 +36,25 @@ if sys.argv[1:2] == ["--nojit"]:
         json.dump(out, f, indent=1)
     sys.exit(0 if all("error" not in v for v in out.values()) else 1)
 
+if sys.argv[1:2] == ["--step"]:  # one small decode step, for compute-sanitizer
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+    from indexer_cases import make_state, make_step
+    from runtime import reference
+    from runtime.indexer import SingleRank, decode_rows
+    from runtime.scoring import DeepGemmScorer
+
+    step = make_step(4, heads=64, head_dim=128, max_model_len=4096, k=512, candidates=512, device="cuda")
+    scorer = DeepGemmScorer()
+    state = make_state(step, scorer=scorer)
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    md, a = step.metadata, step.state_args
+    logits = scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table,
+                           scorer.schedule(md.seq_lens), a["max_model_len"])
+    same = torch.equal(state.topk_indices[:4].sort(dim=1).values,
+                       reference.decode_topk_reference(logits, md.seq_lens, 512).sort(dim=1).values)
+    print(f"small decode step done; top-k equals the reference: {same}")
+    sys.exit(0 if same else 1)
+
 result = {"python": sys.version.split()[0], "torch": torch.__version__}
 try:
     t0 = time.perf_counter()
@@ -69,7 +88,7 @@ try:
     valid = torch.arange(a["max_model_len"], device="cuda")[None, :] < md.seq_lens[:, None]
     result["max_abs_err"] = float((got.float() - want).abs()[valid].max())
     result["max_abs_logit"] = float(want[valid].abs().max())
-    result["ok"] = result["max_abs_err"] <= 1e-4 * result["max_abs_logit"] + 1e-6
+    result["ok"] = result["max_abs_err"] <= 1e-3 * result["max_abs_logit"]  # FP8 MMA accumulation
 except Exception as exc:  # report, do not hide
     result["ok"] = False
     result["error"] = f"{type(exc).__name__}: {exc}"
