@@ -75,6 +75,17 @@ def st_global_v4_b32(addr: Int64, a, b, c, d, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_global_b32(addr: Int64, a, *, loc=None, ip=None) -> None:
+    _asm(None, [_i64(addr), _i32(a)], "st.global.b32 [$0], $1;", "l,r")
+
+
+@dsl_user_op
+def st_global_v2_b32(addr: Int64, a, b, *, loc=None, ip=None) -> None:
+    """Store two 32-bit words at an 8-byte aligned global address."""
+    _asm(None, [_i64(addr), _i32(a), _i32(b)], "st.global.v2.b32 [$0], {$1, $2};", "l,r,r")
+
+
+@dsl_user_op
 def cp_async_16(smem: Int32, gmem: Int64, src_bytes: Int32, *, loc=None, ip=None) -> None:
     """cp.async of 16 bytes global -> shared; src_bytes < 16 zero-fills the rest.
 
@@ -161,6 +172,19 @@ def mapa_shared(addr: Int32, rank, *, loc=None, ip=None) -> Int32:
 def st_cluster_f32(addr: Int32, v, *, loc=None, ip=None) -> None:
     """Store a float at a shared::cluster address (from mapa_shared)."""
     _asm(None, [_i32(addr), _f32(v)], "st.shared::cluster.f32 [$0], $1;", "r,f")
+
+
+@dsl_user_op
+def st_cluster_v2_f32(addr: Int32, a, b, *, loc=None, ip=None) -> None:
+    """Store two floats at an 8-byte aligned shared::cluster address."""
+    _asm(None, [_i32(addr), _f32(a), _f32(b)], "st.shared::cluster.v2.f32 [$0], {$1, $2};", "r,f,f")
+
+
+@dsl_user_op
+def st_async_v2_f32(addr: Int32, a, b, mbar: Int32, *, loc=None, ip=None) -> None:
+    """Two floats to a peer's shared memory (shared::cluster addresses), completing 8 bytes on its mbarrier."""
+    _asm(None, [_i32(addr), _f32(a), _f32(b), _i32(mbar)],
+         "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [$0], {$1, $2}, [$3];", "r,f,f,r")
 
 
 @dsl_user_op
@@ -272,6 +296,21 @@ def wgmma_m64n16k32_e4m3_rs(acc, a_frag, b_addr: Int32, accumulate: int, *, loc=
     s = _asm(ts, [_f32(a) for a in acc] + [_i32(x) for x in a_frag]
              + [_i32(_desc_lo(b_addr)), _i32(_DESC_HI_SW128), _i32(1 if accumulate else 0)], text, cons)
     return [Float32(v) for v in _unpack(s, ts)]
+
+
+# ---------------------------------------------------------------- timers
+
+
+@dsl_user_op
+def clock32(*, loc=None, ip=None) -> Int32:
+    """The SM's cycle counter (low 32 bits), in program order."""
+    return Int32(_asm(T.i32(), [], "mov.u32 $0, %clock;", "=r"))
+
+
+@dsl_user_op
+def globaltimer_lo(*, loc=None, ip=None) -> Int32:
+    """Low 32 bits of the global nanosecond timer."""
+    return Int32(_asm(T.i32(), [], "mov.u32 $0, %globaltimer_lo;", "=r"))
 
 
 # ---------------------------------------------------------------- math / conversion

@@ -6,18 +6,20 @@ contract (parameters, variants, shared memory) in runtime/contract/sparse_mla_de
 Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
 
   step 1  sinks -> registers (before griddepcontrol.wait: weights, not produced by the previous grid)
-  step 2  griddepcontrol.wait; indices/lens -> per-row gather index (-1 = masked) in smem
-  step 3  cp.async gather of Q [16, 512] and KV [128, 512] into 128B-swizzled K-major tiles,
+  step 2  griddepcontrol.wait; Q copies issued; each thread loads the indices of its rows
+  step 3  cp.async gather of KV [128, 512] (and Q [16, 512]) into 128B-swizzled K-major tiles,
           one async group per 128-byte K block; masked rows are zero-filled without a read
-  step 4  S^T = KV Q^T: FP8 WGMMA, two m64 tiles, N 16, K 512, issued per K block as it lands;
+  step 4  S^T = KV Q^T: FP8 WGMMA, two m64 tiles, N 16, K 512, issued per K block as it lands,
+          each K block in its own accumulators (FP32 promotion every 128 products);
           launch_dependents once they are issued
   step 5  chunk softmax per head in base 2 (bmm1_scale * log2 e folded), P^T = 256 exp2(S - m)
           as E4M3 into a 128B-swizzled K-major tile (scaled so that small weights stay normal)
-  step 6  (m, l) per head to every CTA of the cluster (st.shared::cluster), cluster arrive
-  step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see _v_fragment for the route)
-  step 8  cluster wait; merge (m, l) of all chunks and the sink; scale the partial O
-  step 9  partial O (FP32) -> staging in the own KV tile; block b of the 512 head dims goes by
-          bulk copy to CTA b % n, into its KV tile's second half; cluster barriers order the uses
+  step 6  (m, l) per head to every CTA of the cluster (st.async onto the receiver's mbarrier)
+  step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see below for the route)
+  step 8  wait for the stats; merge (m, l) of all chunks and the sink; scale the partial O
+  step 9  n = 1: BF16 straight from the accumulators. n > 1: partial O (FP32) -> staging in the
+          own KV tile; block b of the 512 head dims goes by bulk copy to CTA b % n, into its KV
+          tile's second half; relaxed cluster barriers separate the uses
   step 10 the owner sums the n partials of its block and stores BF16; a last cluster barrier
           keeps every CTA resident until the copies reading its shared memory have landed
 
@@ -30,9 +32,20 @@ With A from registers, one ldmatrix.x4.trans per 16x32 warp fragment plus four b
 permutes build the K-major fragment directly from the swizzled tile (32 ldmatrix and
 128 prmt per thread for the whole chunk); the head-dim order inside each fragment is
 permuted (lane group g holds dims 2g, 2g+1), which the epilogue undoes for free.
+Measured on the H200 (R2, L2-warm graph replay, T = 12, width 640): leaving the second
+product out entirely saves 0.67 us of 5.87 us, so no route for V can save more than that;
+per-step clocks put it at ~1400 cycles, mostly MMA issue (N = 16 is the warpgroup MMA's
+least efficient shape), not the fragment building, which a transpose would replace.
+
+Build-time experiment switches (never set for the committed cache): the contract's
+SPARSE_MLA_REDUCE=push (DSMEM stores instead of bulk copies: 0.15 us faster at T = 12,
+width 640, for 32 KiB more shared memory), and SPARSE_MLA_EXPERIMENT=skip_pv / timeline
+(per-step SM clocks written over q) used for the measurements above.
 """
 
 from __future__ import annotations
+
+import os
 
 import cutlass
 import cutlass.cute as cute
@@ -57,16 +70,17 @@ Q_OFF = KV_OFF + 4 * KV_KBLOCK  # 4 K blocks x [16 heads x 128 B]
 Q_KBLOCK = HEADS * 128
 P_OFF = Q_OFF + 4 * Q_KBLOCK  # [16 heads x 128 rows] E4M3, 128B swizzle
 RED_OFF = P_OFF + HEADS * 128  # max[4 warps][16], sum[4 warps][16] (f32)
-STATS_OFF = RED_OFF + 2 * 4 * HEADS * 4  # m[5 chunks][16], l[5][16] (f32), written by peers
+STATS_OFF = RED_OFF + 2 * 4 * HEADS * 4  # (m, l)[5 chunks][16 heads] (f32 pairs), written by peers
 IDX_OFF = STATS_OFF + 2 * 5 * HEADS * 4  # gather index per row (-1 = masked)
-MBAR_OFF = IDX_OFF + ROWS * 4
-SMEM_END = MBAR_OFF + 8
+MBAR_OFF = IDX_OFF + ROWS * 4  # [0]: partial-O blocks, [1]: stats
+SMEM_END = MBAR_OFF + 16
 # Reduction (after the second MMA): own partial O staged in the KV tile's first half,
 # peers' blocks received into its second half.
 BLOCK_DIMS = 128
 BLOCK_BYTES = HEADS * BLOCK_DIMS * 4  # one 128-dim block of partial O, FP32
 STAGE_OFF = KV_OFF
 RECV_OFF = KV_OFF + 4 * BLOCK_BYTES
+PUSH_RECV_OFF = (SMEM_END + 1023) // 1024 * 1024  # "push" reduction: 4 receive slots
 assert SMEM_END + 1023 <= contract.SMEM_BYTES
 
 
@@ -78,7 +92,7 @@ def _swz(row, chunk16):
 class SparseMlaDecodeSm90:
     """Sparse-MLA decode of tokens with up to ``width`` columns; ``has_sinks`` adds the sink term."""
 
-    def __init__(self, width: int, has_sinks: bool, smem_bytes: int):
+    def __init__(self, width: int, has_sinks: bool, smem_bytes: int, reduce: str = "bulk"):
         assert width % ROWS == 0
         self.n = width // ROWS
         # Reduction ownership: block b of 4 goes to CTA b % n; one receive slot per peer.
@@ -87,6 +101,14 @@ class SparseMlaDecodeSm90:
         self.width = width
         self.has_sinks = has_sinks
         self.smem_bytes = smem_bytes
+        # "bulk": staging + bulk copies into the owner's KV tile (DESIGN.md); "push": DSMEM
+        # stores from registers into a separate receive buffer (one cluster barrier less).
+        assert reduce in ("bulk", "push")
+        assert reduce == "bulk" or PUSH_RECV_OFF + 4 * BLOCK_BYTES + 1023 <= smem_bytes
+        self.reduce = reduce
+        # Timing experiment (never in a committed cache): leave out the second product.
+        self.skip_pv = os.environ.get("SPARSE_MLA_EXPERIMENT") == "skip_pv"
+        self.timeline = os.environ.get("SPARSE_MLA_EXPERIMENT") == "timeline"
 
     @cute.jit
     def __call__(self, out: cute.Pointer, q: cute.Pointer, swa_kv: cute.Pointer, ckv: cute.Pointer,
@@ -126,13 +148,17 @@ class SparseMlaDecodeSm90:
         heads = [8 * (hs >> 1) + 2 * t4 + (hs & 1) for hs in range(4)]
 
         # step 1: sinks (weights of the model, never written by the previous grid).
+        tl = self._mark([], tid)
         sink2 = [Float32(NEG_BIG)] * 4
         if cutlass.const_expr(self.has_sinks):
             sinks_addr = sinks.toint()
             sink2 = [ptx.ld_global_nc_f32(sinks_addr + Int64(h) * 4) * LOG2E for h in heads]
         if cutlass.const_expr(n > 1):
             if tid == 0:
-                ptx.mbarrier_init(s_mbar, 1)
+                ptx.mbarrier_init(s_mbar, 1)  # partial-O blocks (bulk copies)
+                ptx.mbarrier_init(s_mbar + 8, 1)  # every chunk's (m, l) (st.async)
+                # The n chunks' stats (8 bytes per head) complete this phase's transactions.
+                ptx.mbarrier_arrive_expect_tx(s_mbar + 8, n * HEADS * 8)
                 ptx.fence_mbarrier_init_cluster()
             # Phase 0 of the cluster barrier: peers exist and their mbarriers are initialised
             # before anyone stores into their shared memory (waited on in step 6).
@@ -140,9 +166,13 @@ class SparseMlaDecodeSm90:
 
         # step 2: everything below reads what the previous grid may have written.
         cute.arch.griddepcontrol_wait()
-        col = chunk * ROWS + tid
-        tok_len = ptx.ld_global_s32(lens.toint() + Int64(token) * 4)
-        idx = ptx.ld_global_s32(indices.toint() + (Int64(token) * self.width + Int64(col)) * 4)
+        tl = self._mark(tl, tid)  # 1: dependency released
+        c16 = tid & 7  # 16-byte chunk of a 128-byte K block this thread copies
+        r0 = tid >> 3  # rows r0 + 16 i (i < 8) of the KV tile, head r0 of Q
+        # The query needs no index: its copies go first (they join K block 0's async group).
+        q_src = q.toint() + Int64(token) * (HEADS * DIM) + Int64(r0 * DIM + c16 * 16)
+        for kb in cutlass.range_constexpr(4):
+            ptx.cp_async_16(s_q + kb * Q_KBLOCK + _swz(r0, c16), q_src + kb * 128, 16)
         rows = swa_rows
         pool = swa_kv.toint()
         if cutlass.const_expr(n > 1):
@@ -150,43 +180,59 @@ class SparseMlaDecodeSm90:
             is_c = chunk > 0
             rows = Int32(cutlass.select_(is_c, c_rows, swa_rows))
             pool = Int64(cutlass.select_(is_c, ckv.toint(), pool))
-        active = (col < tok_len) & (idx >= 0) & (idx < rows)
-        ptx.st_shared_s32(s_idx + tid * 4, Int32(cutlass.select_(active, idx, Int32(-1))))
-        cute.arch.sync_threads()
+        tok_len = ptx.ld_global_s32(lens.toint() + Int64(token) * 4)
+        idx_row = indices.toint() + (Int64(token) * self.width + Int64(chunk * ROWS)) * 4
+        # Each thread reads the indices of the rows it copies straight from global memory (eight
+        # threads share a row: one L1 line), so the gather waits for one load, not load + barrier.
+        row_off = []
+        row_bytes = []
+        for i in cutlass.range_constexpr(8):
+            r = r0 + 16 * i
+            ix = ptx.ld_global_s32(idx_row + Int64(r) * 4)
+            ok = (r + chunk * ROWS < tok_len) & (ix >= 0) & (ix < rows)
+            row_off.append(Int64(Int32(cutlass.select_(ok, ix, Int32(0)))) * ROW_BYTES + Int64(c16 * 16))
+            row_bytes.append(Int32(cutlass.select_(ok, Int32(16), Int32(0))))
 
-        # step 3: gather. Thread tid copies 16-byte chunk tid % 8 of rows tid // 8 + 16 i.
-        c16 = tid & 7
-        r0 = tid >> 3
-        row_idx = [ptx.ld_shared_s32(s_idx + (r0 + 16 * i) * 4) for i in range(8)]
-        q_head = tid >> 3
-        q_src = q.toint() + Int64(token) * (HEADS * DIM) + Int64(q_head * DIM + c16 * 16)
+        # step 3: gather, one async group per K block; a masked row is zero-filled, never read.
         for kb in cutlass.range_constexpr(4):
-            ptx.cp_async_16(s_q + kb * Q_KBLOCK + _swz(q_head, c16), q_src + kb * 128, 16)
             for i in cutlass.range_constexpr(8):
-                r = r0 + 16 * i
-                ok = Int32(row_idx[i] >= 0)
-                src = pool + Int64(row_idx[i] * ok) * ROW_BYTES + (kb * 128) + Int64(c16 * 16)
-                ptx.cp_async_16(s_kv + kb * KV_KBLOCK + _swz(r, c16), src, ok * 16)
+                ptx.cp_async_16(s_kv + kb * KV_KBLOCK + _swz(r0 + 16 * i, c16), pool + row_off[i] + kb * 128,
+                                row_bytes[i])
             cute.arch.cp_async_commit_group()
+        tl = self._mark(tl, tid)  # 2: gather issued (indices landed)
+        # The softmax's row mask (rows in accumulator order): thread tid publishes row tid; the
+        # barriers of step 4 order it before its readers.
+        ix = ptx.ld_global_s32(idx_row + Int64(tid) * 4)
+        active = (tid + chunk * ROWS < tok_len) & (ix >= 0) & (ix < rows)
+        ptx.st_shared_s32(s_idx + tid * 4, Int32(cutlass.select_(active, Int32(0), Int32(-1))))
 
         # step 4: S^T[128 rows, 16 heads] = KV x Q^T, one batch of MMAs per landed K block.
+        # Each K block (K = 128) accumulates in its own registers and the four partial sums are
+        # added in FP32 at the end: Hopper's FP8 MMA keeps only about 14 bits when it accumulates
+        # into D, which at scores in the hundreds shifts softmax weights by several percent;
+        # promoting every 128 products bounds that error to the partial sums' magnitude.
         zero8 = [Float32(0.0)] * 8
-        acc = [zero8, zero8]
+        part = []
         for kb in cutlass.range_constexpr(4):
             cute.arch.cp_async_wait_group(3 - kb)
             ptx.fence_proxy_async_shared()  # cp.async wrote through the generic proxy
             cute.arch.sync_threads()  # every thread's rows have landed
             ptx.wgmma_fence()
+            acc = [zero8, zero8]
             for ks in cutlass.range_constexpr(4):
                 for mt in cutlass.range_constexpr(2):
                     acc[mt] = ptx.wgmma_m64n16k32_e4m3_ss(
                         acc[mt], s_kv + kb * KV_KBLOCK + mt * 64 * 128 + ks * 32,
-                        s_q + kb * Q_KBLOCK + ks * 32, int(kb > 0 or ks > 0))
+                        s_q + kb * Q_KBLOCK + ks * 32, int(ks > 0))
             ptx.wgmma_commit()
+            part.append(acc[0] + acc[1])
         # The score MMAs are issued: the next grid may start its prologue.
         cute.arch.griddepcontrol_launch_dependents()
-        flat = ptx.wgmma_wait(0, acc[0] + acc[1])
-        acc = [flat[0:8], flat[8:16]]
+        tl = self._mark(tl, tid)  # 3: all K blocks landed, score MMAs issued
+        flat = ptx.wgmma_wait(0, part[0] + part[1] + part[2] + part[3])
+        tl = self._mark(tl, tid)  # 4: scores in registers
+        tot = [(flat[i] + flat[16 + i]) + (flat[32 + i] + flat[48 + i]) for i in range(16)]
+        acc = [tot[0:8], tot[8:16]]
 
         # step 5: chunk softmax per head, base 2. Thread rows: 64 mt + 16 warp + g (+8).
         scale2 = bmm1_scale * LOG2E
@@ -244,6 +290,7 @@ class SparseMlaDecodeSm90:
         ptx.fence_proxy_async_shared()  # P^T is read by WGMMA (async proxy)
         cute.arch.sync_threads()
 
+        tl = self._mark(tl, tid)  # 5: softmax done, P^T stored
         # step 6: this chunk's (m, l) per head to every CTA of the cluster.
         if cutlass.const_expr(n > 1):
             cute.arch.cluster_wait()  # phase 0: peers resident, mbarriers initialised
@@ -255,38 +302,47 @@ class SparseMlaDecodeSm90:
                 for w in cutlass.range_constexpr(4):
                     mm = cute.arch.fmax(mm, ptx.ld_shared_f32(s_red + (w * HEADS + h) * 4))
                     ll = ll + ptx.ld_shared_f32(s_red + ((4 + w) * HEADS + h) * 4)
-                ptx.st_cluster_f32(ptx.mapa_shared(s_stats + (chunk * HEADS + h) * 4, dst), mm)
-                ptx.st_cluster_f32(ptx.mapa_shared(s_stats + ((5 + chunk) * HEADS + h) * 4, dst), ll)
-            cute.arch.cluster_arrive()  # phase 1 (release): stats are out
+                # st.async completes on the receiver's mbarrier: no release fence (a GPU-scope
+                # membar in SASS) and no cluster barrier phase for the exchange.
+                ptx.st_async_v2_f32(ptx.mapa_shared(s_stats + (chunk * HEADS + h) * 8, dst), mm, ll,
+                                    ptx.mapa_shared(s_mbar + 8, dst))
 
+        tl = self._mark(tl, tid)  # 6: stats sent
         # step 7: O^T[512 dims, 16 heads] = V^T x P^T, 8 m64 tiles of head dims, K = 128 rows.
+        # Two halves of four tiles: one wgmma.fence orders a half's fragment registers before its
+        # 16 MMAs (a fence per tile costs a warpgroup arrive each), and the second half's
+        # ldmatrix/prmt overlap the first half's MMAs.
         o = []
-        for mt in cutlass.range_constexpr(8):
-            # All four K steps' fragments first: wgmma.fence then orders their register writes
-            # before the MMAs that read them (one fence per tile instead of one per MMA).
-            frags = [self._v_fragment(s_kv, mt, ks, warp, lane) for ks in range(4)]
-            frag_acc = zero8
+        for half in cutlass.range_constexpr(2 if not self.skip_pv else 0):
+            frags = [[self._v_fragment(s_kv, 4 * half + i, ks, warp, lane) for ks in range(4)] for i in range(4)]
             ptx.wgmma_fence()
-            for ks in cutlass.range_constexpr(4):
-                frag_acc = ptx.wgmma_m64n16k32_e4m3_rs(frag_acc, frags[ks], s_p + ks * 32, int(ks > 0))
+            for i in cutlass.range_constexpr(4):
+                frag_acc = zero8
+                for ks in cutlass.range_constexpr(4):
+                    frag_acc = ptx.wgmma_m64n16k32_e4m3_rs(frag_acc, frags[i][ks], s_p + ks * 32, int(ks > 0))
+                o.append(frag_acc)
             ptx.wgmma_commit()
-            o.append(frag_acc)
-        flat = ptx.wgmma_wait(0, [x for frag in o for x in frag])
-        o = [flat[8 * mt:8 * mt + 8] for mt in range(8)]
+        if cutlass.const_expr(self.skip_pv):
+            o = [zero8] * 8  # timing experiment only: what the second product costs
+        else:
+            flat = ptx.wgmma_wait(0, [x for frag in o for x in frag])
+            o = [flat[8 * mt:8 * mt + 8] for mt in range(8)]
 
+        tl = self._mark(tl, tid)  # 7: second product in registers
         # step 8: merge the chunks' (m, l) and the sink; scale this chunk's partial O.
         l_c = [Float32(0.0)] * 4
         for hs in cutlass.range_constexpr(4):
             for w in cutlass.range_constexpr(4):
                 l_c[hs] = l_c[hs] + ptx.ld_shared_f32(s_red + ((4 + w) * HEADS + heads[hs]) * 4)
         if cutlass.const_expr(n > 1):
-            cute.arch.cluster_wait()  # phase 1 (acquire): every chunk's stats have landed
+            ptx.mbarrier_wait_parity(s_mbar + 8, 0)  # every chunk's stats have landed
+        tl = self._mark(tl, tid)  # 8: stats of every chunk here
         factor = []
         for hs in cutlass.range_constexpr(4):
             h = heads[hs]
             if cutlass.const_expr(n > 1):
-                ms = [ptx.ld_shared_f32(s_stats + (j * HEADS + h) * 4) for j in range(n)]
-                ls = [ptx.ld_shared_f32(s_stats + ((5 + j) * HEADS + h) * 4) for j in range(n)]
+                ms = [ptx.ld_shared_f32(s_stats + (j * HEADS + h) * 8) for j in range(n)]
+                ls = [ptx.ld_shared_f32(s_stats + (j * HEADS + h) * 8 + 4) for j in range(n)]
             else:
                 ms = [m_c[hs]]
                 ls = [l_c[hs]]
@@ -300,27 +356,78 @@ class SparseMlaDecodeSm90:
                 big_l = big_l + ptx.ex2(sink2[hs] - big_m)
             # L >= 1 whenever a column is active; an empty token has O = 0, so any finite factor works.
             big_l = cute.arch.fmax(big_l, Float32(1e-30))
-            factor.append(bmm2_scale * (1.0 / 256.0) * ptx.ex2(m_c[hs] - big_m) / big_l)
+            # rcp.approx (1 ulp) instead of an IEEE division's slow path: 4 per thread.
+            factor.append(bmm2_scale * (1.0 / 256.0) * ptx.ex2(m_c[hs] - big_m) * cute.arch.rcp_approx(big_l))
 
-        # step 9: partial O -> staging [block][head][128 dims] FP32 in the own KV tile (its MMAs
-        # are done: wgmma_wait above). Thread holds dims 2g, 2g + 1 of each warp's 16-dim group.
-        for mt in cutlass.range_constexpr(8):
-            blk = mt // 2
-            dib = (mt % 2) * 64 + 16 * warp + 2 * g
-            for jj in cutlass.range_constexpr(2):
-                for cc in cutlass.range_constexpr(2):
-                    hs = jj * 2 + cc
-                    i0 = 4 * jj + cc  # (dim 2g, head), i0 + 2 = (dim 2g + 1, head)
-                    a = s_kv + STAGE_OFF + blk * BLOCK_BYTES + (heads[hs] * BLOCK_DIMS + dib) * 4
-                    ptx.st_shared_v2_f32(a, o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs])
-        if cutlass.const_expr(n > 1):
+        # step 9: partial O (scaled) to the CTA that owns its 128-dim block. Thread holds dims
+        # 2g, 2g + 1 of each warp's 16-dim group; a block is [16 heads x 128 dims] FP32.
+        if cutlass.const_expr(n > 1 and self.reduce == "push"):
+            # Push: stores straight from registers into the owner's receive slot (a buffer of
+            # its own, free from the start) or, for the own block, into the own KV tile.
+            dst = []
+            for blk in cutlass.range_constexpr(4):
+                owner = blk % n
+                slot = chunk - Int32(chunk > owner)
+                remote = ptx.mapa_shared(base + PUSH_RECV_OFF + slot * BLOCK_BYTES, owner)
+                local = ptx.mapa_shared(s_kv + STAGE_OFF + blk * BLOCK_BYTES, chunk)
+                dst.append(Int32(cutlass.select_(chunk == owner, local, remote)))
+            for mt in cutlass.range_constexpr(8):
+                dib = (mt % 2) * 64 + 16 * warp + 2 * g
+                for jj in cutlass.range_constexpr(2):
+                    for cc in cutlass.range_constexpr(2):
+                        hs = jj * 2 + cc
+                        i0 = 4 * jj + cc  # (dim 2g, head), i0 + 2 = (dim 2g + 1, head)
+                        ptx.st_cluster_v2_f32(dst[mt // 2] + _stage_off(heads[hs], dib),
+                                              o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs])
+            tl = self._mark(tl, tid)  # 9: partials pushed
+            # Phase 2 (release / acquire): every partial has landed; no DSMEM access follows.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            tl = self._mark(tl, tid)  # 10: cluster barrier passed
+            if chunk < 4:
+                self._reduce_store(out, s_kv, base + PUSH_RECV_OFF, token, chunk, tid, n)
+            tl = self._mark(tl, tid)  # 11: stored
+            tl = self._mark(tl, tid)  # 12: (same)
+        elif cutlass.const_expr(n == 1):
+            # One chunk: nothing to reduce. BF16 pairs straight from the accumulators; a warp's
+            # store covers 4 heads x 32 contiguous bytes (whole sectors).
+            out_tok = out.toint() + Int64(token) * (HEADS * DIM * 2)
+            for mt in cutlass.range_constexpr(8):
+                d = mt * 64 + 16 * warp + 2 * g
+                for jj in cutlass.range_constexpr(2):
+                    for cc in cutlass.range_constexpr(2):
+                        hs = jj * 2 + cc
+                        i0 = 4 * jj + cc  # (dim 2g, head), i0 + 2 = (dim 2g + 1, head)
+                        ptx.st_global_b32(out_tok + Int64((heads[hs] * DIM + d) * 2),
+                                          ptx.cvt_bf16x2(o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs]))
+            tl = self._mark(tl, tid)  # 9: stored
+            tl = self._mark(tl, tid)  # 10
+            tl = self._mark(tl, tid)  # 11
+            tl = self._mark(tl, tid)  # 12
+        else:
+            # Staging in the own KV tile (its MMAs are done: wgmma_wait above).
+            for mt in cutlass.range_constexpr(8):
+                blk = mt // 2
+                dib = (mt % 2) * 64 + 16 * warp + 2 * g
+                for jj in cutlass.range_constexpr(2):
+                    for cc in cutlass.range_constexpr(2):
+                        hs = jj * 2 + cc
+                        i0 = 4 * jj + cc
+                        a = s_kv + STAGE_OFF + blk * BLOCK_BYTES + _stage_off(heads[hs], dib)
+                        ptx.st_shared_v2_f32(a, o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs])
             ptx.fence_proxy_async_shared()  # staging is read by bulk copies (async proxy)
             if tid == 0:
                 if chunk < 4:
                     ptx.mbarrier_arrive_expect_tx(s_mbar, (n - 1) * BLOCK_BYTES)
             # Phase 2: every CTA's MMAs are done (KV tiles free) and its staging is written.
-            cute.arch.cluster_arrive()
+            # The CTA barrier orders the staging writes (fenced to the async proxy) before
+            # thread 0's copies; the cluster barrier itself only has to order execution, so
+            # it is relaxed: a release arrive costs a GPU-scope membar (MEMBAR.ALL.GPU).
+            tl = self._mark(tl, tid)  # 9: staged
+            cute.arch.sync_threads()
+            cute.arch.cluster_arrive_relaxed()
             cute.arch.cluster_wait()
+            tl = self._mark(tl, tid)  # 10: cluster barrier passed
             if tid == 0:
                 for blk in cutlass.range_constexpr(4):
                     owner = blk % n
@@ -331,14 +438,34 @@ class SparseMlaDecodeSm90:
                                               ptx.mapa_shared(s_mbar, owner))
             if chunk < 4:
                 ptx.mbarrier_wait_parity(s_mbar, 0)
-                self._reduce_store(out, s_kv, token, chunk, tid, n)
-            # Phase 3: no CTA exits while a peer's bulk copy may still read its staging.
-            cute.arch.cluster_arrive()
+                self._reduce_store(out, s_kv, s_kv + RECV_OFF, token, chunk, tid, n)
+            tl = self._mark(tl, tid)  # 11: blocks received, summed, stored
+            # Phase 3: no CTA exits while a peer's bulk copy may still read its staging (the
+            # owner's mbarrier wait saw them land). Relaxed: no data is published here, and a
+            # release would wait for this CTA's global stores to complete.
+            cute.arch.cluster_arrive_relaxed()
             cute.arch.cluster_wait()
-        else:
-            cute.arch.sync_threads()
-            for blk in cutlass.range_constexpr(4):
-                self._reduce_store(out, s_kv, token, blk, tid, 1)
+            tl = self._mark(tl, tid)  # 12: last cluster barrier passed
+        if cutlass.const_expr(self.timeline):
+            # Timing experiment: thread 0's clock marks (and the global timer at start and end)
+            # overwrite this token's query bytes [chunk * 64, + 64): never in a committed cache.
+            if tid == 0:
+                tl_dst = q.toint() + Int64(token) * (HEADS * DIM) + Int64(chunk * 64)
+                ptx.st_global_v4_b32(tl_dst, tl[0], tl[1], tl[2], tl[3])
+                ptx.st_global_v4_b32(tl_dst + 16, tl[4], tl[5], tl[6], tl[7])
+                ptx.st_global_v4_b32(tl_dst + 32, tl[8], tl[9], tl[10], tl[11])
+                ptx.st_global_v4_b32(tl_dst + 48, tl[12], tl[13], self._gtime(), Int32(bidx))
+
+    def _mark(self, tl, tid):
+        """Timing experiment: append this point's SM clock (the first mark: also the global timer)."""
+        if cutlass.const_expr(not self.timeline):
+            return tl
+        if len(tl) == 0:
+            return [ptx.clock32(), self._gtime()]
+        return tl + [ptx.clock32()]
+
+    def _gtime(self):
+        return ptx.globaltimer_lo()
 
     @cute.jit
     def _v_fragment(self, s_kv: Int32, mt: cutlass.Constexpr, ks: cutlass.Constexpr, warp: Int32, lane: Int32):
@@ -360,30 +487,40 @@ class SparseMlaDecodeSm90:
                 ptx.prmt(x[2], x[3], 0x6420), ptx.prmt(x[2], x[3], 0x7531)]
 
     @cute.jit
-    def _reduce_store(self, out: cute.Pointer, s_kv: Int32, token: Int32, blk: Int32, tid: Int32,
-                      n: cutlass.Constexpr):
+    def _reduce_store(self, out: cute.Pointer, s_kv: Int32, s_recv: Int32, token: Int32, blk: Int32,
+                      tid: Int32, n: cutlass.Constexpr):
         """Sum the n partials of 128-dim block ``blk`` (own staging + received) and store BF16.
 
-        Thread tid takes head tid // 8 and 16 consecutive dims (tid % 8) * 16.
+        Thread tid takes head tid // 8 and dims 4 (tid % 8) + 32 k, k < 4: eight lanes read
+        128 contiguous bytes (no bank conflict), and store 64 contiguous bytes per head row.
         """
         h = tid >> 3
-        d0 = (tid & 7) * 16
-        acc = [Float32(0.0)] * 16
         srcs = [s_kv + STAGE_OFF + blk * BLOCK_BYTES]
         for sl in cutlass.range_constexpr(n - 1):
-            srcs.append(s_kv + RECV_OFF + sl * BLOCK_BYTES)
-        for src in srcs:
-            for k in cutlass.range_constexpr(4):
-                v = ptx.ld_shared_v4_f32(src + (h * BLOCK_DIMS + d0 + 4 * k) * 4)
+            srcs.append(s_recv + sl * BLOCK_BYTES)
+        dst = out.toint() + (Int64(token) * HEADS + Int64(h)) * (DIM * 2) + Int64(blk * BLOCK_DIMS * 2)
+        for k in cutlass.range_constexpr(4):
+            d = (tid & 7) * 4 + 32 * k
+            acc = [Float32(0.0)] * 4
+            for src in srcs:
+                v = ptx.ld_shared_v4_f32(src + _stage_off(h, d))
                 for e in cutlass.range_constexpr(4):
-                    acc[4 * k + e] = acc[4 * k + e] + v[e]
-        words = [ptx.cvt_bf16x2(acc[2 * e], acc[2 * e + 1]) for e in range(8)]
-        dst = out.toint() + (Int64(token) * HEADS + Int64(h)) * (DIM * 2) + Int64((blk * BLOCK_DIMS + d0) * 2)
-        ptx.st_global_v4_b32(dst, words[0], words[1], words[2], words[3])
-        ptx.st_global_v4_b32(dst + 16, words[4], words[5], words[6], words[7])
+                    acc[e] = acc[e] + v[e]
+            ptx.st_global_v2_b32(dst + Int64(d * 2), ptx.cvt_bf16x2(acc[0], acc[1]), ptx.cvt_bf16x2(acc[2], acc[3]))
+
+
+def _stage_off(h, d):
+    """Byte offset of (head h, dim d) in a staged [16 heads x 128 dims] FP32 block.
+
+    Dims are XOR-swizzled by bit 1 of the head (16 dims = 16 banks), so that the epilogue's
+    8-byte stores from lanes of heads 2t and 2t + 2 fall in different bank halves; 4-dim groups
+    stay contiguous for the 16-byte reads.
+    """
+    return (h * BLOCK_DIMS + (d ^ (((h >> 1) & 1) << 4))) * 4
 
 
 def compile_variant(variant, arch: str) -> bytes:
-    op = SparseMlaDecodeSm90(variant.option("width"), variant.option("has_sinks"), variant.smem_bytes)
+    op = SparseMlaDecodeSm90(variant.option("width"), variant.option("has_sinks"), variant.smem_bytes,
+                             dict(variant.config).get("reduce", "bulk"))
     ptrs = [gmem_ptr(cutlass.Uint8) for _ in range(7)]
     return cubin_of(op, *ptrs, Int32(0), Int32(0), Float32(1.0), Float32(1.0), null_stream(), arch=arch)

@@ -8,6 +8,8 @@ of a token form one thread-block cluster along x, so the grid is
 index at or past them is masked, never read.
 """
 
+import os
+
 from . import Variant, params
 
 HEADS = 16
@@ -34,6 +36,11 @@ PARAMS = params(
 # softmax/cluster scratch and barrier, plus 1 KiB to align the base to the
 # 128-byte swizzle's 1024-byte repeat. 2 CTAs fit an SM (<= ~113 KB each).
 SMEM_BYTES = 65536 + 8192 + 2048 + 2048 + 1024
+# Cluster reduction: "bulk" (staging + bulk copies into the owner's KV tile) or "push" (DSMEM
+# stores into a separate 32 KiB receive buffer). Build-time experiment switch, default "bulk".
+REDUCE = os.environ.get("SPARSE_MLA_REDUCE", "bulk")
+if REDUCE == "push":
+    SMEM_BYTES = 77824 + 32768 + 1024
 
 
 def _variant(width: int, has_sinks: bool) -> Variant:
@@ -46,7 +53,8 @@ def _variant(width: int, has_sinks: bool) -> Variant:
         cluster=(n, 1, 1),
         smem_bytes=SMEM_BYTES,
         pdl=True,
-        config=(("width", width), ("has_sinks", has_sinks), ("heads", HEADS), ("head_dim", HEAD_DIM)),
+        config=(("width", width), ("has_sinks", has_sinks), ("heads", HEADS), ("head_dim", HEAD_DIM),
+                ("reduce", REDUCE)),
         archs=("sm_90a",),
     )
 
