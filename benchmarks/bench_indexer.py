@@ -40,13 +40,13 @@ HEADS, HEAD_DIM, K = 64, 128, 512
 TARGET_SELECT_SHARE = 0.25
 
 
-def random_cache(pages: int, gen: torch.Generator) -> torch.Tensor:
+def random_cache(pages: int, gen: torch.Generator, device: str = "cuda") -> torch.Tensor:
     """Random FP8 keys with per-key scales in DeepGEMM's fused layout, built in chunks."""
     width = HEAD_DIM + reference.INDEX_SCALE_BYTES
-    cache = torch.empty(pages, BLOCK_KV, 1, width, dtype=torch.uint8, device="cuda")
+    cache = torch.empty(pages, BLOCK_KV, 1, width, dtype=torch.uint8, device=device)
     for p0 in range(0, pages, 4096):
         p1 = min(pages, p0 + 4096)
-        keys = torch.randn(p1 - p0, BLOCK_KV, HEAD_DIM, device="cuda", generator=gen)
+        keys = torch.randn(p1 - p0, BLOCK_KV, HEAD_DIM, device=device, generator=gen)
         values, scales = reference.quantize_index_keys(keys)
         cache[p0:p1] = reference.pack_index_k_cache(values, scales)
     return cache

@@ -7,18 +7,23 @@ Run with one process per GPU, for any world size:
 
 For batch in {16, 18, 64} rows (18 leaves the last slices short or empty at
 world 4) each rank builds the same step (same seeds), runs it replicated (world
-of one, no collective) and row-sharded (DistGroup over NCCL), checks that the
-gathered top-k rows and candidate blocks equal the replicated run on every rank
-(as sets per row: the AOT kernel's order within a row is unspecified), and times
-both (CUDA events around eager steps; the sharded step includes its gathers).
-Rank 0 writes the JSON with the world size.
+of one, no collective) and row-sharded (DistGroup), checks that the gathered
+top-k rows and candidate blocks equal the replicated run on every rank (as sets
+per row: the AOT kernel's order within a row is unspecified), checks that the
+rank scored only its slice, and times both (eager steps; the sharded one
+includes its gathers). Rank 0 writes the JSON with the world size.
+
+``--cpu-smoke``: the same logic on CPU processes over gloo with the torch scorer
+and a small context (checks the script without GPUs; timings meaningless).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,11 +31,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-    os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")  # never NVLink multicast
+for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                   ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(var, value)  # never NVLink multicast
 
 from benchmarks.bench_indexer import HEAD_DIM, HEADS, K, random_cache  # noqa: E402
-from benchmarks.common import gpu_info, time_eager, write_json  # noqa: E402
 from runtime.indexer import (  # noqa: E402
     DecodeMetadata,
     DistGroup,
@@ -39,28 +44,59 @@ from runtime.indexer import (  # noqa: E402
     decode_rows,
     row_shard_bounds,
 )
-from runtime.scoring import BLOCK_KV, DeepGemmScorer  # noqa: E402
+from runtime.scoring import BLOCK_KV, DeepGemmScorer, TorchScorer  # noqa: E402
 
 CANDIDATES = 512
 
 
-def make_inputs(rows: int, ctx: int, seed: int):
-    """The same step on every rank: generated from one seed on each rank's GPU."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+class CountingScorer:
+    """Wraps a scorer and counts the rows it scored (to prove a rank scored only its slice)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.rows = inner, inner.name, 0
+
+    def schedule(self, seq_lens):
+        return self.inner.schedule(seq_lens)
+
+    def logits(self, q, *args):
+        self.rows += q.shape[0]
+        return self.inner.logits(q, *args)
+
+
+def make_inputs(rows: int, ctx: int, seed: int, device: str):
+    """The same step on every rank: generated from one seed on each rank's device."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     pages_per_row = ctx // BLOCK_KV
-    cache = random_cache(rows * pages_per_row, gen)
-    table = torch.arange(rows * pages_per_row, dtype=torch.int32, device="cuda").view(rows, pages_per_row)
-    lens = ctx - torch.randint(0, BLOCK_KV * 4, (rows,), device="cuda", generator=gen).to(torch.int32)
+    cache = random_cache(rows * pages_per_row, gen, device)
+    table = torch.arange(rows * pages_per_row, dtype=torch.int32, device=device).view(rows, pages_per_row)
+    lens = ctx - torch.randint(0, BLOCK_KV * 4, (rows,), device=device, generator=gen).to(torch.int32)
     md = DecodeMetadata(lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
-    q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-    w = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
+    q = torch.randn(rows, HEADS, HEAD_DIM, device=device, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.rand(rows, HEADS, device=device, generator=gen) * HEADS**-0.5
     return cache, md, q, w
 
 
 def new_state(rows_cap: int, cache, ctx: int, scorer) -> IndexerState:
-    return IndexerState(torch.full((rows_cap, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
-                        candidate_blocks=torch.full((rows_cap, CANDIDATES), -1, dtype=torch.int32, device="cuda"),
+    dev = cache.device
+    return IndexerState(torch.full((rows_cap, K), -1, dtype=torch.int32, device=dev), K, cache, ctx,
+                        candidate_blocks=torch.full((rows_cap, CANDIDATES), -1, dtype=torch.int32, device=dev),
                         scorer=scorer)
+
+
+def time_steps(fn, device: str, repeats: int = 20, warmup: int = 3) -> dict:
+    """Median wall microseconds of ``fn`` over ``repeats`` (synchronized), all ranks in step."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    dist.barrier()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times), "repeats": repeats}
 
 
 def main() -> None:
@@ -68,49 +104,67 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=65536)
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 18, 64])
     parser.add_argument("--out", default="benchmarks/results/indexer_tp.json")
+    parser.add_argument("--cpu-smoke", action="store_true", help="gloo on CPU with the torch scorer")
     args = parser.parse_args()
 
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    if args.cpu_smoke:
+        device, backend, ctx = "cpu", "gloo", min(args.context, 4096)
+        dist.init_process_group(backend)
+        inner = TorchScorer()
+    else:
+        device, backend, ctx = "cuda", "nccl", args.context
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        dist.init_process_group(backend, device_id=torch.device("cuda", local))
+        inner = DeepGemmScorer()
     group = DistGroup()
-    scorer = DeepGemmScorer()
     results = []
     for rows in args.rows:
-        cache, md, q, w = make_inputs(rows, args.context, seed=rows)
-        cap = 2 * rows + 8 * group.world_size  # room for world x slice rows
-        want = new_state(cap, cache, args.context, scorer)
-        got = new_state(cap, cache, args.context, scorer)
+        cache, md, q, w = make_inputs(rows, ctx, seed=rows, device=device)
+        cap = rows + 2 * group.world_size + 2  # room for world x slice rows
+        want = new_state(cap, cache, ctx, inner)
+        scorer = CountingScorer(inner)
+        got = new_state(cap, cache, ctx, scorer)
         replicated = lambda: decode_rows(want, md, q, w, SingleRank())  # noqa: E731
         sharded = lambda: decode_rows(got, md, q, w, group)  # noqa: E731
         replicated()
         sharded()
-        torch.cuda.synchronize()
-        equal = bool(torch.equal(got.topk_indices[:rows].sort(dim=1).values, want.topk_indices[:rows].sort(dim=1).values)
-                     and torch.equal(got.candidate_blocks[:rows].sort(dim=1).values,
-                                     want.candidate_blocks[:rows].sort(dim=1).values))
-        flags = [torch.tensor([int(equal)], device="cuda") for _ in range(group.world_size)]
-        dist.all_gather(flags, torch.tensor([int(equal)], device="cuda"))
-        dist.barrier()
-        t_rep = time_eager([replicated])
-        dist.barrier()
-        t_shard = time_eager([sharded])
         bounds = row_shard_bounds(rows, rows, group.world_size, group.rank)
-        results.append({"rows": rows, "context": args.context, "bounds_rank0": row_shard_bounds(rows, rows, group.world_size, 0),
-                        "slices": [row_shard_bounds(rows, rows, group.world_size, r) for r in range(group.world_size)],
-                        "equal_on_every_rank": all(int(f) for f in flags), "replicated": t_rep, "sharded": t_shard,
-                        "speedup": t_rep["median_us"] / t_shard["median_us"], "this_rank_bounds": bounds})
+        start, end = bounds or (0, rows)
+        only_slice = scorer.rows == end - start
+        equal = bool(
+            torch.equal(got.topk_indices[:rows].sort(dim=1).values, want.topk_indices[:rows].sort(dim=1).values)
+            and torch.equal(got.candidate_blocks[:rows].sort(dim=1).values,
+                            want.candidate_blocks[:rows].sort(dim=1).values))
+        flags = torch.tensor([int(equal), int(only_slice)], device=device)
+        everyone = [torch.zeros_like(flags) for _ in range(group.world_size)]
+        dist.all_gather(everyone, flags)
+        t_rep = time_steps(replicated, device)
+        t_shard = time_steps(sharded, device)
+        res = {"rows": rows, "context": ctx, "k": K, "candidates": CANDIDATES,
+               "slices": [row_shard_bounds(rows, rows, group.world_size, r) for r in range(group.world_size)],
+               "equal_on_every_rank": all(int(f[0]) for f in everyone),
+               "each_rank_scored_only_its_slice": all(int(f[1]) for f in everyone),
+               "replicated": t_rep, "sharded": t_shard, "speedup": t_rep["median_us"] / t_shard["median_us"]}
+        results.append(res)
         if group.rank == 0:
-            r = results[-1]
-            print(f"world={group.world_size} rows={rows} slices={r['slices']} equal={r['equal_on_every_rank']} "
-                  f"replicated={t_rep['median_us']:.1f}us sharded={t_shard['median_us']:.1f}us "
-                  f"speedup={r['speedup']:.2f}", flush=True)
+            print(f"world={group.world_size} rows={rows} slices={res['slices']} equal={res['equal_on_every_rank']} "
+                  f"only_slice={res['each_rank_scored_only_its_slice']} replicated={t_rep['median_us']:.1f}us "
+                  f"sharded={t_shard['median_us']:.1f}us speedup={res['speedup']:.2f}", flush=True)
         del cache, want, got
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     if group.rank == 0:
-        write_json(args.out, {"bench": "indexer_row_sharded", "world_size": group.world_size, "info": gpu_info(),
+        from benchmarks.common import write_json
+
+        info = {"world_size": group.world_size, "backend": backend}
+        if device == "cuda":
+            from benchmarks.common import gpu_info
+
+            info.update(gpu_info())
+        write_json(args.out, {"bench": "indexer_row_sharded", "world_size": group.world_size, "info": info,
                               "results": results})
-    ok = all(r["equal_on_every_rank"] for r in results)
+    ok = all(r["equal_on_every_rank"] and r["each_rank_scored_only_its_slice"] for r in results)
     dist.destroy_process_group()
     sys.exit(0 if ok else 1)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# limit: 300
+# limit: 120
 # Row-sharded indexer over NCCL (issue 6): torchrun one process per GPU at world 2 and 4 where the
 # machine has them; gathered buffers must equal a replicated run on every rank; timings as JSON.
 # On a machine of one GPU it only says so (0 s of work): the lead decides on which kind it runs.
@@ -11,9 +11,10 @@ if [ "$n" -lt 2 ]; then echo "indexer_tp: $n GPU(s) here, needs 2 or more: not r
 SITE=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 export LD_LIBRARY_PATH=$SITE/nvidia/cu13/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export DG_JIT_CACHE_DIR=/tmp/dg_jit_cache
-timeout 150 python3 -c "from runtime.scoring import ServingShapes, warm_deepgemm; print(warm_deepgemm(ServingShapes(max_rows=64)))"
+[ -f .whl/dg_jit_cache.tgz ] && tar xzf .whl/dg_jit_cache.tgz -C /tmp
+timeout 40 python3 -c "from runtime.scoring import ServingShapes, warm_deepgemm; print(warm_deepgemm(ServingShapes(max_rows=64)))"
 for w in 2 4; do
   [ "$n" -ge $w ] || continue
-  timeout 120 torchrun --standalone --nproc-per-node $w benchmarks/bench_indexer_tp.py --out "$JOB_OUT/indexer_tp_w$w.json"
+  timeout 60 torchrun --standalone --nproc-per-node $w benchmarks/bench_indexer_tp.py --out "$JOB_OUT/indexer_tp_w$w.json"
   echo "world $w rc=$?"
 done
