@@ -92,16 +92,16 @@ def _graph_time(fn, reps=50):
     return times[len(times) // 2]
 
 
-def timing():
+def timing(widths=((640, (1, 6, 12, 24, 48)), (128, (1, 6, 12, 24, 48)))):
     import os
     from pathlib import Path
 
     for width in (128, 640):
         print(f"max_tokens({width}) = {max_tokens(width)}", flush=True)
     floor = runtime.load(root=Path(__file__).resolve().parents[2])  # the committed cache has 'empty'
-    for width in (640, 128):
+    for width, tokens in widths:
         n = width // 128
-        for T in (1, 6, 12, 24, 48):
+        for T in tokens:
             args, sinks = make_case(T, width, seed=7)
             out = torch.empty(T, 16, 512, dtype=torch.bfloat16, device="cuda")
             t = _graph_time(lambda: sparse_mla_decode(*args, sinks=sinks, out=out, **KW))
@@ -196,7 +196,14 @@ if __name__ == "__main__":
         save(sys.argv[2])
     elif cmd == "time":
         timing()
+    elif cmd == "time640":
+        timing(widths=((640, (1, 12, 48)),))
     elif cmd == "timeline":
         timeline()
+    elif cmd == "final":
+        # R3 (60 s cap): checks of every variant, then timing, in one process.
+        ok = check(640, True, [1, 12, 49]) & check(640, False, [12]) & check(128, True, [12, 49]) & check(128, False, [1])
+        timing(widths=((640, (1, 12, 24, 48)), (128, (1, 12, 48))))
+        sys.exit(0 if ok else 1)
     elif cmd == "diag":
         diag(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
