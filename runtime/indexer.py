@@ -280,6 +280,31 @@ def decode_rows(
     return finish_decode_rows(state, q, weights, plan, tp, all_gather)
 
 
+def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads: int = 64) -> None:
+    """Run a dummy decode step for every row count up to ``max_rows`` (default: the
+    buffer's rows) at start-up, so that every kernel a step can pick (DeepGEMM's,
+    from its warm JIT cache, and the AOT top-k's cluster variants, loaded lazily by
+    the driver) is resident before the first real step: that step then costs what a
+    steady one does. Leaves the buffers' rows at -1. Compiles nothing when DeepGEMM's
+    cache was warmed (``runtime.scoring.warm_deepgemm``)."""
+    max_rows = state.max_rows if max_rows is None else max_rows
+    if not 0 < max_rows <= state.max_rows:
+        raise ValueError(f"max_rows: {max_rows} must be in [1, {state.max_rows}]")
+    dev = state.topk_indices.device
+    dim = state.index_k_cache.shape[-1] - reference.INDEX_SCALE_BYTES
+    pages = -(-state.max_model_len // reference.INDEX_BLOCK_KV)
+    seq_lens = torch.ones(max_rows, dtype=torch.int32, device=dev)
+    table = torch.zeros(max_rows, pages, dtype=torch.int32, device=dev)
+    q = torch.zeros(max_rows, heads, dim, device=dev).to(torch.float8_e4m3fn)
+    weights = torch.zeros(max_rows, heads, dtype=torch.float32, device=dev)
+    for rows in range(1, max_rows + 1):
+        md = DecodeMetadata(seq_lens[:rows], table[:rows], num_requests=rows, num_tokens=rows, max_seq_len=1)
+        decode_rows(state, md, q[:rows], weights[:rows], SingleRank())
+    state.topk_indices[:max_rows] = -1
+    if state.candidate_blocks is not None:
+        state.candidate_blocks[:max_rows] = -1
+
+
 def _decode_rows(state: IndexerState, q: torch.Tensor, weights: torch.Tensor, plan: DecodeRowsPlan) -> None:
     """Score rows ``[start, end)`` and select into the same rows of the buffers."""
     md, start, end = plan.metadata, plan.start, plan.end

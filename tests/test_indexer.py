@@ -196,6 +196,17 @@ def test_plan_gates_and_reset():
     assert (plan.shard, plan.start, plan.end) == (None, 0, 18)
 
 
+def test_preload_runs_every_row_count_and_clears():
+    from runtime.indexer import preload_decode_rows
+
+    step = make_step(6, heads=4, head_dim=32, max_model_len=128, k=8, candidates=8, max_rows=6)
+    state = make_state(step, scorer=TorchScorer())
+    preload_decode_rows(state, heads=4)
+    assert (state.topk_indices == -1).all() and (state.candidate_blocks == -1).all()
+    with pytest.raises(ValueError, match="max_rows"):
+        preload_decode_rows(state, 7)
+
+
 def test_input_checks_name_the_argument():
     step = make_step(4, k=8)
     state = make_state(step, scorer=TorchScorer())

@@ -7,7 +7,7 @@
 #   2. GPU tests: DeepGEMM logits vs reference, DeepGEMM + AOT top-k vs reference, sharded vs replicated,
 #      a warm cache makes a fresh process's first step compile nothing;
 #   3. the benchmark, all 9 sizes (INDEXER_QUICK=1: 3);
-#   4. zero-JIT JSON for 1/16/64 rows, the DeepGEMM probe JSON;
+#   4. zero-JIT JSON for 1/16/64 rows: a cold process, and one after preload_decode_rows;
 #   5. compute-sanitizer memcheck of one small decode step.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -37,9 +37,9 @@ step 40 10 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_indexer_gp
 echo "=== 3. benchmark"
 if [ "${INDEXER_QUICK:-0}" = 1 ]; then q=--quick; else q=; fi
 step 45 10 python3 benchmarks/bench_indexer.py $q --out "$JOB_OUT/bench_indexer.json"
-echo "=== 4. zero JIT in a fresh process; DeepGEMM probe"
+echo "=== 4. zero JIT in fresh processes: cold first steps, then first steps after a start-up preload"
 step 15 8 python3 gpu/jobs/indexer_probe.py --nojit "$JOB_OUT/no_jit.json"
-step 10 6 python3 gpu/jobs/indexer_probe.py "$JOB_OUT/probe.json"
+step 15 8 python3 gpu/jobs/indexer_probe.py --nojit "$JOB_OUT/no_jit_preloaded.json" --preload
 echo "=== 5. compute-sanitizer memcheck: one small decode step (DeepGEMM logits + AOT top-k)"
 if command -v compute-sanitizer >/dev/null; then
   step 30 12 compute-sanitizer --tool memcheck --error-exitcode 3 python3 gpu/jobs/indexer_probe.py --step 2>&1 | tail -6
