@@ -361,6 +361,11 @@ class SparseMlaDecodeSm90:
 
         # step 9: partial O (scaled) to the CTA that owns its 128-dim block. Thread holds dims
         # 2g, 2g + 1 of each warp's 16-dim group; a block is [16 heads x 128 dims] FP32.
+        if cutlass.const_expr(n > 1):
+            # Every warp's ldmatrix reads of the KV tile are complete once its second-half MMAs
+            # have run (they consumed the fragments), but say so with a barrier before the tile
+            # is overwritten: it costs little and keeps the ordering visible (and racecheck quiet).
+            cute.arch.sync_threads()
         if cutlass.const_expr(n > 1 and self.reduce == "push"):
             # Push: stores straight from registers into the owner's receive slot (a buffer of
             # its own, free from the start) or, for the own block, into the own KV tile.
