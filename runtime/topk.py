@@ -88,11 +88,15 @@ class _Plan:
                 self.kernels[c] = (kernel, kernel.max_active_clusters)
 
     def cluster_for(self, rows: int, width: int):
-        """The largest cluster that still fits one wave and leaves each CTA enough columns."""
+        """The largest cluster that fits one wave and leaves each CTA enough columns.
+
+        16 CTAs only for one or two very long rows: measured on the H200, a 16-CTA
+        cluster's histogram exchange costs more than its extra CTAs save elsewhere.
+        """
         fits = [c for c, (_, most) in self.kernels.items() if 0 < rows <= most]
         if not fits:
             return None
-        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA]
+        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA and (c <= 8 or (rows <= 2 and width >= 1 << 19))]
         return max(good) if good else min(fits)
 
 

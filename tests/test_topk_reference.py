@@ -168,10 +168,11 @@ def test_cluster_choice_fits_one_wave():
             return FakeKernel(name, self.most[int(name.rsplit("_c", 1)[1])])
 
     plan = topk._Plan(FakeCache(), "f32", False)
-    assert plan.cluster_for(1, 65536) == 16
+    assert plan.cluster_for(1, 65536) == 8
+    assert plan.cluster_for(1, 1 << 20) == 16
     assert plan.cluster_for(1, 16384) == 4
-    assert plan.cluster_for(14, 1 << 20) == 16
-    assert plan.cluster_for(15, 1 << 20) == 8
+    assert plan.cluster_for(14, 1 << 20) == 8
+    assert plan.cluster_for(8, 262144) == 8
     assert plan.cluster_for(64, 262144) == 2
     assert plan.cluster_for(64, 2048) == 1
     assert plan.cluster_for(264, 1 << 20) == 1
