@@ -3,7 +3,8 @@
 # sparse_mla_decode cluster kernel, final mode (R3, 60 s cap): every variant of the committed cache
 # against the reference and timed beside the empty kernel of the same grid (one process); then, when
 # present, uncommitted experiment builds of the same source: exp_mla_tl (per-step SM clocks written
-# over q) and exp_mla_push (DSMEM-store reduction instead of bulk copies), timed only.
+# over q), exp_mla_push (DSMEM-store reduction instead of bulk copies) and exp_mla_1cta (one CTA an
+# SM), timed only.
 # The GPU tests, benchmark and compute-sanitizer runs are in gpu/jobs/mla_support.sh.
 set -u
 S=gpu/jobs/mla_kernel_smoke.py
@@ -13,5 +14,9 @@ if [ -f exp_mla_tl/manifests/sm_90a.json ]; then
   SPARSE_DECODE_AOT_CACHE=$PWD/exp_mla_tl timeout 12 python3 $S timeline || echo "timeline rc=$?"
 fi
 if [ -f exp_mla_push/manifests/sm_90a.json ]; then
-  SPARSE_DECODE_AOT_CACHE=$PWD/exp_mla_push timeout 12 python3 $S time640 || echo "push time rc=$?"
+  SPARSE_DECODE_AOT_CACHE=$PWD/exp_mla_push timeout 12 python3 $S time640 12 24 || echo "push time rc=$?"
+fi
+# 120 KiB of shared memory: one CTA an SM (is the T = 24 step from two CTAs sharing an SM?).
+if [ -f exp_mla_1cta/manifests/sm_90a.json ]; then
+  SPARSE_DECODE_AOT_CACHE=$PWD/exp_mla_1cta timeout 12 python3 $S time640 12 24 || echo "1cta time rc=$?"
 fi

@@ -197,7 +197,7 @@ if __name__ == "__main__":
     elif cmd == "time":
         timing()
     elif cmd == "time640":
-        timing(widths=((640, (1, 12, 48)),))
+        timing(widths=((640, tuple(int(x) for x in sys.argv[2:]) or (1, 12, 48)),))
     elif cmd == "timeline":
         timeline()
     elif cmd == "final":

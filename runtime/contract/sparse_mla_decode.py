@@ -41,6 +41,8 @@ SMEM_BYTES = 65536 + 8192 + 2048 + 2048 + 1024
 REDUCE = os.environ.get("SPARSE_MLA_REDUCE", "bulk")
 if REDUCE == "push":
     SMEM_BYTES = 77824 + 32768 + 1024
+# Build-time experiment: more shared memory than needed, e.g. 120 KiB = one CTA an SM.
+SMEM_BYTES = int(os.environ.get("SPARSE_MLA_SMEM_BYTES", SMEM_BYTES))
 
 
 def _variant(width: int, has_sinks: bool) -> Variant:
