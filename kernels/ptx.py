@@ -140,6 +140,19 @@ def st_shared_u8(addr: Int32, v, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_shared_b32(addr: Int32, v, *, loc=None, ip=None) -> None:
+    _asm(None, [_i32(addr), _i32(v)], "st.shared.b32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def ld_shared_v2_b32(addr: Int32, *, loc=None, ip=None):
+    """Two 32-bit words from an 8-byte aligned shared address."""
+    ts = [T.i32()] * 2
+    s = _asm(ts, [_i32(addr)], "ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r")
+    return [Int32(v) for v in _unpack(s, ts)]
+
+
+@dsl_user_op
 def ldmatrix_x4_trans(addr: Int32, *, loc=None, ip=None):
     """ldmatrix .x4 .trans of b16 8x8 matrices; lane l gives the row address l % 8 of matrix l // 8.
 
@@ -334,6 +347,21 @@ def cvt_e4m3x2(lo, hi, *, loc=None, ip=None) -> Int32:
 def cvt_bf16x2(lo, hi, *, loc=None, ip=None) -> Int32:
     """Two floats as BF16 (round to nearest) packed in a word, lo in the low half."""
     return Int32(_asm(T.i32(), [_f32(lo), _f32(hi)], "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", pure=True))
+
+
+@dsl_user_op
+def cvt_f16x2(lo, hi, *, loc=None, ip=None) -> Int32:
+    """Two floats as FP16 (round to nearest) packed in a word, lo in the low half."""
+    return Int32(_asm(T.i32(), [_f32(lo), _f32(hi)], "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", pure=True))
+
+
+@dsl_user_op
+def unpack_f16x2(w, *, loc=None, ip=None):
+    """The two FP16 halves of a word as floats, low half first."""
+    ts = [T.f32()] * 2
+    s = _asm(ts, [_i32(w)], "{\n.reg .b16 l, h;\nmov.b32 {l, h}, $2;\ncvt.f32.f16 $0, l;\ncvt.f32.f16 $1, h;\n}",
+             "=f,=f,r", pure=True)
+    return [Float32(v) for v in _unpack(s, ts)]
 
 
 @dsl_user_op

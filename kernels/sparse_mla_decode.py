@@ -109,6 +109,9 @@ class SparseMlaDecodeSm90:
         # Timing experiment (never in a committed cache): leave out the second product.
         self.skip_pv = os.environ.get("SPARSE_MLA_EXPERIMENT") == "skip_pv"
         self.timeline = os.environ.get("SPARSE_MLA_EXPERIMENT") == "timeline"
+        # Experiment: partial O travels between CTAs as FP16 (half the DSMEM bytes).
+        self.f16_partials = os.environ.get("SPARSE_MLA_EXPERIMENT") == "f16_partials"
+        self.block_bytes = BLOCK_BYTES // 2 if self.f16_partials else BLOCK_BYTES
 
     @cute.jit
     def __call__(self, out: cute.Pointer, q: cute.Pointer, swa_kv: cute.Pointer, ckv: cute.Pointer,
@@ -418,12 +421,16 @@ class SparseMlaDecodeSm90:
                     for cc in cutlass.range_constexpr(2):
                         hs = jj * 2 + cc
                         i0 = 4 * jj + cc
-                        a = s_kv + STAGE_OFF + blk * BLOCK_BYTES + _stage_off(heads[hs], dib)
-                        ptx.st_shared_v2_f32(a, o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs])
+                        if cutlass.const_expr(self.f16_partials):
+                            a = s_kv + STAGE_OFF + blk * self.block_bytes + _stage_off(heads[hs], dib) // 2
+                            ptx.st_shared_b32(a, ptx.cvt_f16x2(o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs]))
+                        else:
+                            a = s_kv + STAGE_OFF + blk * BLOCK_BYTES + _stage_off(heads[hs], dib)
+                            ptx.st_shared_v2_f32(a, o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs])
             ptx.fence_proxy_async_shared()  # staging is read by bulk copies (async proxy)
             if tid == 0:
                 if chunk < 4:
-                    ptx.mbarrier_arrive_expect_tx(s_mbar, (n - 1) * BLOCK_BYTES)
+                    ptx.mbarrier_arrive_expect_tx(s_mbar, (n - 1) * self.block_bytes)
             # Phase 2: every CTA's MMAs are done (KV tiles free) and its staging is written.
             # The CTA barrier orders the staging writes (fenced to the async proxy) before
             # thread 0's copies; the cluster barrier itself only has to order execution, so
@@ -438,8 +445,8 @@ class SparseMlaDecodeSm90:
                     owner = blk % n
                     if chunk != owner:
                         slot = chunk - Int32(chunk > owner)
-                        dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
-                        ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + blk * BLOCK_BYTES, BLOCK_BYTES,
+                        dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * self.block_bytes, owner)
+                        ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + blk * self.block_bytes, self.block_bytes,
                                               ptx.mapa_shared(s_mbar, owner))
             if chunk < 4:
                 ptx.mbarrier_wait_parity(s_mbar, 0)
@@ -500,15 +507,19 @@ class SparseMlaDecodeSm90:
         128 contiguous bytes (no bank conflict), and store 64 contiguous bytes per head row.
         """
         h = tid >> 3
-        srcs = [s_kv + STAGE_OFF + blk * BLOCK_BYTES]
+        srcs = [s_kv + STAGE_OFF + blk * self.block_bytes]
         for sl in cutlass.range_constexpr(n - 1):
-            srcs.append(s_recv + sl * BLOCK_BYTES)
+            srcs.append(s_recv + sl * self.block_bytes)
         dst = out.toint() + (Int64(token) * HEADS + Int64(h)) * (DIM * 2) + Int64(blk * BLOCK_DIMS * 2)
         for k in cutlass.range_constexpr(4):
             d = (tid & 7) * 4 + 32 * k
             acc = [Float32(0.0)] * 4
             for src in srcs:
-                v = ptx.ld_shared_v4_f32(src + _stage_off(h, d))
+                if cutlass.const_expr(self.f16_partials):
+                    w2 = ptx.ld_shared_v2_b32(src + _stage_off(h, d) // 2)
+                    v = ptx.unpack_f16x2(w2[0]) + ptx.unpack_f16x2(w2[1])
+                else:
+                    v = ptx.ld_shared_v4_f32(src + _stage_off(h, d))
                 for e in cutlass.range_constexpr(4):
                     acc[e] = acc[e] + v[e]
             ptx.st_global_v2_b32(dst + Int64(d * 2), ptx.cvt_bf16x2(acc[0], acc[1]), ptx.cvt_bf16x2(acc[2], acc[3]))

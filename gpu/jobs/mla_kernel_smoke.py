@@ -205,5 +205,9 @@ if __name__ == "__main__":
         ok = check(640, True, [1, 12, 49]) & check(640, False, [12]) & check(128, True, [12, 49]) & check(128, False, [1])
         timing(widths=((640, (1, 12, 24, 48)), (128, (1, 12, 48))))
         sys.exit(0 if ok else 1)
+    elif cmd == "check_time640":
+        ok = check(640, True, [12])
+        timing(widths=((640, (12, 24)),))
+        sys.exit(0 if ok else 1)
     elif cmd == "diag":
         diag(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
