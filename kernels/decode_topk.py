@@ -13,7 +13,7 @@ Step 1  every CTA reads its slice once: a 2048-bin histogram of the key's top 11
         re-reading its slice from global memory in the later steps.
 Step 2  the cluster sums the histograms through distributed shared memory and every
         CTA finds the same bin holding the k-th largest key; the remaining digits
-        (11 + 10 bits for FP32, 5 for BF16) are selected the same way over the list,
+        (8 + 8 + 5 bits for FP32, 5 for BF16) are selected the same way over the list,
         which leaves the exact threshold key T and how many keys equal to T the row
         still needs.
 Step 3  keys > T are written at slots taken from a counter in CTA 0 of the cluster;
@@ -67,7 +67,8 @@ class DecodeTopK:
         self.elem_bytes = 4 if dtype == "f32" else 2
         # Digits from the top: 11 bits first (sign, exponent, 2 mantissa bits) so the
         # first bin already isolates a narrow value range; the rest as they fall.
-        self.digits = (11, 11, 10) if dtype == "f32" else (11, 5)
+        # Later digits are narrow: the cluster exchanges only 2**bits bins for them.
+        self.digits = (11, 8, 8, 5) if dtype == "f32" else (11, 5)
         assert sum(self.digits) == self.key_bits
         # Items per 8-column group: 8 in token mode, 1 block in block mode.
         self.items = 1 if block_mode else 8
@@ -249,13 +250,14 @@ class DecodeTopK:
         return base + x - count
 
     @cute.jit
-    def cluster_select(self, hist: cute.Pointer, rank_mask: Int32, krem: Int32, scratch: cute.Pointer,
+    def cluster_select(self, hist: cute.Pointer, nbins: int, krem: Int32, scratch: cute.Pointer,
                        misc: cute.Pointer):
         """Sum the cluster's histograms and find the bin b holding the krem-th largest item.
 
         Returns (b, above, count, mine_above): above = number of items in bins above b,
         so the k-th item is the (krem - above)-th largest of the count items in bin b;
-        mine_above = how many of the above are this CTA's (its slots among the > threshold). Thread t owns bins 4t..4t+3.
+        mine_above = how many of the above are this CTA's (its slots among the > threshold).
+        Thread t owns bins 4t..4t+3; only the first nbins (the digit's) are read.
         The cluster barrier orders every CTA's histogram atomics before the peers'
         reads (release/acquire); it also serves as the CTA barrier.
         """
@@ -265,27 +267,33 @@ class DecodeTopK:
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
+        # Only the digit's 2**bits bins take part (the rest of the buffer may be stale).
         c0 = Int32(0)
         c1 = Int32(0)
         c2 = Int32(0)
         c3 = Int32(0)
-        if const_expr(self.cluster > 1):
-            local = smem_addr(hist + tid * 4)
-            for r in cutlass.range_constexpr(self.cluster):
-                v0, v1, v2, v3 = ptx.ld_cluster_v4_u32(ptx.mapa_shared(local, Int32(r)))
-                c0 = c0 + Int32(v0)
-                c1 = c1 + Int32(v1)
-                c2 = c2 + Int32(v2)
-                c3 = c3 + Int32(v3)
-        else:
-            c0 = cute.arch.load(hist + tid * 4, Int32)
-            c1 = cute.arch.load(hist + tid * 4 + 1, Int32)
-            c2 = cute.arch.load(hist + tid * 4 + 2, Int32)
-            c3 = cute.arch.load(hist + tid * 4 + 3, Int32)
-        l0 = cute.arch.load(hist + tid * 4, Int32)
-        l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
-        l2 = cute.arch.load(hist + tid * 4 + 2, Int32)
-        l3 = cute.arch.load(hist + tid * 4 + 3, Int32)
+        l0 = Int32(0)
+        l1 = Int32(0)
+        l2 = Int32(0)
+        l3 = Int32(0)
+        if tid * 4 < nbins:
+            l0 = cute.arch.load(hist + tid * 4, Int32)
+            l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
+            l2 = cute.arch.load(hist + tid * 4 + 2, Int32)
+            l3 = cute.arch.load(hist + tid * 4 + 3, Int32)
+            if const_expr(self.cluster > 1):
+                local = smem_addr(hist + tid * 4)
+                for r in cutlass.range_constexpr(self.cluster):
+                    v0, v1, v2, v3 = ptx.ld_cluster_v4_u32(ptx.mapa_shared(local, Int32(r)))
+                    c0 = c0 + Int32(v0)
+                    c1 = c1 + Int32(v1)
+                    c2 = c2 + Int32(v2)
+                    c3 = c3 + Int32(v3)
+            else:
+                c0 = l0
+                c1 = l1
+                c2 = l2
+                c3 = l3
         incl, total, lincl, ltotal = self.block_scan2(c0 + c1 + c2 + c3, l0 + l1 + l2 + l3, scratch)
         above = total - incl
         labove = ltotal - lincl
@@ -432,9 +440,12 @@ class DecodeTopK:
                     rnext[j] = rnext2[j]
                 self.load_raw(row_addr, g + 2 * T, g_hi, row_end, rnext2)
                 self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
-                if g < g_hi:
-                    for j in cutlass.range_constexpr(self.items):
-                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+                # Only items at or above the bound are counted: the row's k-th largest bin is
+                # at or above every CTA's bound, so the bins the selection reads stay exact.
+                for j in cutlass.range_constexpr(self.items):
+                    if rkeys[j] != Uint32(0):
+                        if (rkeys[j] >> Uint32(shift0)) >= bound:
+                            cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
                 if ok != 0:
                     if n_list + tile > self.cap:
                         # The histogram now covers this tile too: its k-th largest bin.
@@ -463,7 +474,7 @@ class DecodeTopK:
                                 pos = pos + 1
                     n_list = n_list + tot
             # Step 2: the cluster's first digit.
-            b0, above0, count0, gt_mine = self.cluster_select(s_hist, Int32(0), k, s_scan + sp * 32, s_misc)
+            b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32, s_misc)
             krem = k - above0
             prefix = Uint32(b0) << Uint32(shift0)
             mask = Uint32(((1 << self.digits[0]) - 1) << shift0)
@@ -483,7 +494,7 @@ class DecodeTopK:
                     dmask = Uint32((1 << self.digits[d]) - 1)
                     # This buffer was last read by the peers before they arrived at the
                     # previous cluster barrier, which this CTA has passed: safe to clear.
-                    for i in cutlass.range(tid, self.bins, T):
+                    for i in cutlass.range(tid, 1 << self.digits[d], T):
                         cute.arch.store(h + i, Int32(0))
                     cute.arch.sync_threads()
                     if use_list:
@@ -498,7 +509,7 @@ class DecodeTopK:
                                 key = rkeys[j]
                                 if key & mask == prefix:
                                     cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
-                    bd, aboved, countd, gt_mined = self.cluster_select(h, Int32(0), krem, s_scan + (d % 2) * 32, s_misc)
+                    bd, aboved, countd, gt_mined = self.cluster_select(h, 1 << self.digits[d], krem, s_scan + (d % 2) * 32, s_misc)
                     krem = krem - aboved
                     prefix = prefix | (Uint32(bd) << Uint32(shift))
                     mask = mask | (dmask << Uint32(shift))
