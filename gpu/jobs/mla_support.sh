@@ -29,7 +29,7 @@ echo "benchmark rc=$?"
 echo "== compute-sanitizer memcheck, racecheck, synccheck (in parallel)"
 t=$(left 45)
 for tool in memcheck racecheck synccheck; do
-  timeout "$t" compute-sanitizer --tool "$tool" --kernel-name kns=SparseMlaDecode --error-exitcode 3 \
+  timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 \
     python3 gpu/jobs/mla_support_sanitize.py 5 > "$JOB_OUT/sanitizer_$tool.txt" 2>&1 &
 done
 for tool in memcheck racecheck synccheck; do wait -n; done
