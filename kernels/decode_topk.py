@@ -251,13 +251,16 @@ class DecodeTopK:
 
     @cute.jit
     def cluster_select(self, hist: cute.Pointer, nbins: int, krem: Int32, scratch: cute.Pointer,
-                       misc: cute.Pointer):
+                       misc: cute.Pointer, floor_slot: int = -1):
         """Sum the cluster's histograms and find the bin b holding the krem-th largest item.
 
         Returns (b, above, count, mine_above): above = number of items in bins above b,
         so the k-th item is the (krem - above)-th largest of the count items in bin b;
         mine_above = how many of the above are this CTA's (its slots among the > threshold).
-        Thread t owns bins 4t..4t+3; only the first nbins (the digit's) are read.
+        Thread t owns bins 4t..4t+3; only the first nbins (the digit's) are read. With
+        floor_slot, each CTA has published in misc[floor_slot] a bin that the answer
+        cannot be below (its own k-th largest bin); bins under the cluster's highest
+        such floor are not read from the peers (they may be incomplete, too).
         The cluster barrier orders every CTA's histogram atomics before the peers'
         reads (release/acquire); it also serves as the CTA barrier.
         """
@@ -267,6 +270,19 @@ class DecodeTopK:
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
+        lo = Int32(0)
+        if const_expr(floor_slot >= 0 and self.cluster > 1):
+            if tid < WARP:
+                f = Int32(0)
+                if tid < self.cluster:
+                    f = Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(misc + floor_slot), tid)))
+                for s in cutlass.range_constexpr(5):
+                    other = cute.arch.shuffle_sync_bfly(f, 1 << s)
+                    f = sel(other > f, other, f)
+                if tid == 0:
+                    cute.arch.store(misc + 11, f)
+            cute.arch.sync_threads()
+            lo = cute.arch.load(misc + 11, Int32)
         # Only the digit's 2**bits bins take part (the rest of the buffer may be stale).
         c0 = Int32(0)
         c1 = Int32(0)
@@ -276,7 +292,7 @@ class DecodeTopK:
         l1 = Int32(0)
         l2 = Int32(0)
         l3 = Int32(0)
-        if tid * 4 < nbins:
+        if (tid * 4 < nbins) & (tid * 4 + 3 >= lo):
             l0 = cute.arch.load(hist + tid * 4, Int32)
             l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
             l2 = cute.arch.load(hist + tid * 4 + 2, Int32)
@@ -294,6 +310,13 @@ class DecodeTopK:
                 c1 = l1
                 c2 = l2
                 c3 = l3
+            if const_expr(floor_slot >= 0 and self.cluster > 1):
+                c0 = sel(tid * 4 >= lo, c0, Int32(0))
+                c1 = sel(tid * 4 + 1 >= lo, c1, Int32(0))
+                c2 = sel(tid * 4 + 2 >= lo, c2, Int32(0))
+                l0 = sel(tid * 4 >= lo, l0, Int32(0))
+                l1 = sel(tid * 4 + 1 >= lo, l1, Int32(0))
+                l2 = sel(tid * 4 + 2 >= lo, l2, Int32(0))
         incl, total, lincl, ltotal = self.block_scan2(c0 + c1 + c2 + c3, l0 + l1 + l2 + l3, scratch)
         above = total - incl
         labove = ltotal - lincl
@@ -412,7 +435,8 @@ class DecodeTopK:
             g_lo = Int32(sel(rank * per < n_groups, rank * per, n_groups))
             g_hi = Int32(sel(g_lo + per < n_groups, g_lo + per, n_groups))
             # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
-            # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter
+            # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
+            # 11 the cluster's floor for the first digit
             for i in cutlass.range(tid, 2 * self.bins, T):
                 cute.arch.store(s_hist + i, Int32(0))
             if tid < 16:
@@ -473,8 +497,14 @@ class DecodeTopK:
                                     cute.arch.store(s_idx + pos, g * 8 + j)
                                 pos = pos + 1
                     n_list = n_list + tot
-            # Step 2: the cluster's first digit.
-            b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32, s_misc)
+            # Step 2: the cluster's first digit. Each CTA's own k-th largest bin is a floor
+            # for the row's, so the peers' bins below the highest floor are not read.
+            if const_expr(C > 1):
+                cute.arch.sync_threads()
+                self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5]
+                sp = 1 - sp
+            b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32,
+                                                              s_misc, floor_slot=5)
             krem = k - above0
             prefix = Uint32(b0) << Uint32(shift0)
             mask = Uint32(((1 << self.digits[0]) - 1) << shift0)
