@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# limit: 110
-# decode_topk: kernel vs reference (marker gpu), then the benchmark (targets' cells first, within a time budget).
+# limit: 150
+# decode_topk (final mode): GPU tests, then the benchmark JSON, then compute-sanitizer on small cases.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 run() { echo "+ $*"; "$@"; echo "rc=$?"; }
-run timeout 25 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k "every_cluster or graph or padded or out_row or fallback" --maxfail=3 2>&1 | tail -25
-run timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k "grid or adversarial" --maxfail=4 2>&1 | tail -40
-run timeout 40 python3 benchmarks/bench_topk.py --budget 20 --out "$JOB_OUT/bench_topk.json"
+run timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_topk_gpu.py 2>&1 | tail -40
+run timeout 55 python3 benchmarks/bench_topk.py --budget 30 --out "$JOB_OUT/bench_topk.json" 2>&1 | tail -120
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in memcheck synccheck racecheck; do
+  run timeout 17 "$SAN" --tool "$tool" --print-limit 20 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 | tail -8
+done
