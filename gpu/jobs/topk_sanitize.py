@@ -23,16 +23,15 @@ def main() -> int:
     cases = 0
     combos = [(d, t, b, c) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
               for b in (False, True) for c in (1, 2, 16)]
-    if quick:  # both dtypes, both modes, a cluster and a single CTA
-        combos = [("f32", torch.float32, False, 2), ("bf16", torch.bfloat16, True, 2), ("f32", torch.float32, True, 1),
-                  ("bf16", torch.bfloat16, False, 1)]
+    if quick:  # both dtypes and modes, a cluster (list path) and a single CTA (global-memory path on "equal")
+        combos = [("f32", torch.float32, False, 2), ("bf16", torch.bfloat16, True, 1)]
     for dtype, tdtype, block_mode, cluster in combos:
         if True:
             if True:
                 kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
                 k, width = 512, 40003
                 stride = 40008
-                for kind in ("randn", "equal", "ties"):
+                for kind in (("randn", "equal") if quick else ("randn", "equal", "ties")):
                     x = torch.randn(3, stride, device="cuda")
                     if kind == "equal":
                         x[:] = 1.5
