@@ -4,22 +4,26 @@ A row is split into equal slices of 8-column groups over the CTAs of a cluster.
 Each logit becomes an order-preserving unsigned key (NaN -> key of -inf, -0 -> +0),
 so "larger key" is "larger value" and one integer compare decides every tie.
 
-Step 1  every CTA reads its slice once: a 2048-bin histogram of the key's top 11
-        bits, and, in index order, a shared-memory list of (key, column) of the items
-        that can still be selected. An item whose top bits are below the bin of the
-        CTA's own k-th largest so far cannot be among the row's k largest; that bound
-        is refreshed (and the list filtered) only when the list cannot take another
+Step 1  every CTA reads its slice once (16-byte loads, two tiles ahead): a 2048-bin
+        histogram of the key's top 11 bits, and, in index order, a shared-memory list
+        of (key, column) of the items that can still be selected. An item whose top
+        bits are below the bin of the CTA's own k-th largest so far (the bound) cannot
+        be among the row's k largest: it is neither counted nor listed. The bound is
+        refreshed (and the list filtered) only when the list cannot take another
         tile. A CTA whose list still overflows (many equal keys) falls back to
         re-reading its slice from global memory in the later steps.
-Step 2  the cluster sums the histograms through distributed shared memory and every
+Step 2  the cluster sums the histograms through distributed shared memory (from the
+        highest of the CTAs' final bounds up: the bins it reads are exact) and every
         CTA finds the same bin holding the k-th largest key; the remaining digits
-        (8 + 8 + 5 bits for FP32, 5 for BF16) are selected the same way over the list,
-        which leaves the exact threshold key T and how many keys equal to T the row
-        still needs.
-Step 3  keys > T are written at slots taken from a counter in CTA 0 of the cluster;
-        keys == T fill the remaining slots in index order: a CTA takes its share
-        from the prefix of the equal counts of lower-ranked CTAs (lower columns),
-        and inside the CTA an ordered scan ranks them when not all are taken.
+        (8 + 8 + 5 bits for FP32, 5 for BF16; only 2**bits bins are exchanged) are
+        selected the same way over the list. Selection stops early once the k-th item
+        is the last of its bin. This leaves a threshold (key & mask == prefix) and how
+        many items equal to it the row still needs (all of them after an early stop).
+Step 3  keys above the threshold are written at this CTA's block of slots (one atomic
+        add on a counter in CTA 0 of the cluster); keys equal to it fill the remaining
+        slots in index order: a CTA takes its share from the prefix of the equal counts
+        of lower-ranked CTAs (lower columns), and inside the CTA an ordered scan ranks
+        them when not all are taken.
 
 Rows with at most k candidates skip the selection: their candidates in index
 order, then -1. Output order within a row is unspecified.
