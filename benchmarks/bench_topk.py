@@ -102,13 +102,46 @@ def _name(c) -> str:
     return f"{c['dtype']} rows={c['rows']} len={c['length']} k={c['k']}{' block' if c['block_mode'] else ''}"
 
 
+def table(result: dict) -> str:
+    """A markdown table of a result JSON (every cell, then the targets and the cluster sweep)."""
+    info = result["info"]
+    lines = [f"GPU: {info.get('gpu')}, driver {info.get('driver')}, torch {info.get('torch')}, "
+             f"commit {info.get('commit') or '?'}; copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write)", "",
+             "| dtype | mode | rows | length | k | kernel | op us | torch.topk us | speedup | floor us | % copy bw |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in result["cells"]:
+        torch_us = f"{c['torch_topk']['median_us']:.2f}" if "torch_topk" in c else "-"
+        speed = f"{c['speedup_vs_torch_topk']:.2f}" if "speedup_vs_torch_topk" in c else "-"
+        floor_us = f"{c['floor']['floor_us']:.2f}" if "floor" in c else "-"
+        name = c["kernel"]["name"] if c["kernel"] else "torch fallback"
+        lines.append(f"| {c['dtype']} | {'block' if c['block_mode'] else 'token'} | {c['rows']} | {c['length']} | "
+                     f"{c['k']} | {name} | {c['op']['median_us']:.2f} | {torch_us} | {speed} | {floor_us} | "
+                     f"{c['fraction_of_copy_bw'] * 100:.1f} |")
+    lines += ["", "Targets:", ""]
+    lines += [f"- {'met' if t['met'] else 'MISSED'}: {t['target']}, {t['cell']}: {t['value']}" for t in result["targets"]]
+    if result.get("cluster_sweep"):
+        lines += ["", "Cluster-size sweep (median us, k = 2048):", ""]
+        for sw in result["cluster_sweep"]:
+            lines.append(f"- {sw['dtype']} rows={sw['rows']} len={sw['length']}: "
+                         + ", ".join(f"{c} CTAs {v['median_us']:.1f}" for c, v in sw["by_cluster"].items()))
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--table", metavar="JSON", help="print a markdown table of a result JSON and exit")
+    ap.add_argument("--out")
     ap.add_argument("--quick", action="store_true", help="a few cells only (smoke run)")
     ap.add_argument("--budget", type=float, default=0, help="stop starting cells after this many seconds (0: none)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the cluster-size sweep")
     args = ap.parse_args()
+    if args.table:
+        import json
+
+        print(table(json.loads(open(args.table).read())), end="")
+        return
+    if not args.out:
+        ap.error("--out is required")
     grid = [(r, n, k, d, False) for d in DTYPES for k in KS for r in ROWS for n in LENGTHS]
     grid += [(r, n, 2048, d, True) for d in DTYPES for r, n in ((1, 1 << 20), (14, 1 << 20), (64, 262144))]
     first = [(1, 65536, 2048, "f32", False), (64, 262144, 2048, "f32", False), (64, 262144, 512, "f32", False),
