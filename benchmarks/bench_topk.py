@@ -165,7 +165,7 @@ def main() -> None:
               + f"  {c['fraction_of_copy_bw'] * 100:5.1f}% bw"
               + (f"  {c['kernel']['name']}" if c["kernel"] else ""), flush=True)
     sweep_cells = [(1, 65536, "f32"), (1, 262144, "f32"), (1, 1 << 20, "bf16"), (8, 262144, "f32"),
-                   (14, 1 << 20, "f32"), (64, 262144, "f32")]
+                   (14, 1 << 20, "f32"), (64, 262144, "f32"), (1, 16384, "f32"), (8, 65536, "bf16")]
     if args.quick:
         sweep_cells = sweep_cells[:1] + sweep_cells[-1:]
     if args.no_sweep:
