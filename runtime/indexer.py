@@ -184,8 +184,9 @@ def row_shard_rows(num_rows: int, num_requests: int, world_size: int) -> int | N
     Replicated: one rank; no requests; rows not a whole multiple of the requests
     (not a uniform decode step: some capture and profiling runs); fewer than
     ``ROW_SHARD_MIN_ROWS`` rows. Otherwise the ceiling share rounded up to an even
-    count, so every slice starts on an even row (8-byte aligned int32 rows for the
-    scorer); the last ranks' slices may then be short or empty. Rows are
+    count, so every slice starts on an even row (DeepGEMM's sm_100 varlen mode reads
+    per-row int32 ``indices`` 8 bytes at a time; one rule for both archs); the last
+    ranks' slices may then be short or empty. Rows are
     independent, so a slice may split a request's rows.
     """
     for name, value in (("num_rows", num_rows), ("num_requests", num_requests), ("world_size", world_size)):
