@@ -292,6 +292,6 @@ def _max_active_clusters(drv, entry: KernelEntry, function, sms: int) -> int:
         blocks = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, entry.threads, entry.smem_bytes),
                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return int(blocks) * sms
-    config = Kernel._make_config(drv, entry)
+    config = Kernel._make_config(drv, entry)  # one cluster's worth of CTAs
     config.gridDimX, config.gridDimY, config.gridDimZ = entry.cluster
     return int(check(drv.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))

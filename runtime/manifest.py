@@ -99,7 +99,7 @@ def manifest_path(root: Path, arch: str) -> Path:
 
 def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     """Read and structurally check ``manifests/<arch>.json`` under ``root``."""
-    root = Path(root) if root is not None else default_root()
+    root = (Path(root) if root is not None else default_root()).resolve()
     path = manifest_path(root, arch)
     fix = REBUILD.format(arch=arch)
     try:
@@ -148,7 +148,7 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
 
 def cubin_file(manifest: Manifest, entry: KernelEntry) -> Path:
     """The cubin's path, refusing any that leaves the cache root."""
-    root = manifest.root.resolve()
+    root = manifest.root  # resolved by read_manifest
     rel = Path(entry.cubin)
     target = (root / rel).resolve()
     if rel.is_absolute() or ".." in rel.parts or root not in target.parents:
