@@ -56,7 +56,7 @@ class DecodeTopK:
     """One variant: dtype, mode and cluster size are compile-time; k, shapes and strides are not."""
 
     def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
-                 smem_bytes: int):
+                 smem_bytes: int, warp_step1: bool = False):
         assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
         assert threads // WARP <= 16  # the scan scratch holds 16 warp totals per buffer
         self.dtype = dtype
@@ -76,6 +76,10 @@ class DecodeTopK:
         assert sum(self.digits) == self.key_bits
         # Items per 8-column group: 8 in token mode, 1 block in block mode.
         self.items = 1 if block_mode else 8
+        # Step 1 by independent warps (each its own contiguous sub-slice and list segment,
+        # no CTA barrier per tile) instead of CTA-wide tiles with an ordered scan each.
+        self.warp_step1 = warp_step1
+        assert list_capacity % self.warps == 0
 
     # ------------------------------------------------------------------ launch
     @cute.jit
@@ -391,6 +395,183 @@ class DecodeTopK:
             kept = kept + tot
         return kept, sp
 
+    @cute.jit
+    def warp_incl_scan(self, x: Int32) -> Int32:
+        """Inclusive prefix sum of x over the warp's lanes."""
+        lane = cute.arch.lane_idx()
+        for s in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(x, 1 << s)
+            x = sel(lane >= (1 << s), x + y, x)
+        return Int32(x)
+
+    @cute.jit
+    def warp_kth_bin(self, hist: cute.Pointer, k: Int32) -> Int32:
+        """The bin of the k-th largest item counted so far in the CTA's histogram, by one warp (0 if < k).
+
+        Other warps may be adding to the histogram meanwhile: a count read early is
+        only smaller, so the bin found is never above the true one, and still a bound.
+        """
+        lane = cute.arch.lane_idx()
+        per = self.bins // WARP
+        base = lane * per
+        mine = Int32(0)
+        for i in cutlass.range(per, unroll=8):
+            mine = mine + cute.arch.load(hist + base + i, Int32)
+        suffix = mine
+        for s in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_down(suffix, 1 << s)
+            suffix = sel(lane + (1 << s) < WARP, suffix + y, suffix)
+        suffix = Int32(suffix)
+        ballot = cute.arch.vote_ballot_sync(suffix >= k)
+        result = Int32(0)
+        if ballot != 0:
+            top = Int32(31) - Int32(cute.arch.clz(Uint32(ballot)))
+            if lane == top:
+                run = suffix - mine
+                found = Int32(0)
+                for i in cutlass.range(per):
+                    c = cute.arch.load(hist + base + per - 1 - i, Int32)
+                    if found == 0:
+                        if run + c >= k:
+                            result = base + per - 1 - i
+                            found = Int32(1)
+                    run = run + c
+            result = cute.arch.shuffle_sync(result, top)
+        return result
+
+    @cute.jit
+    def warp_filter(self, s_key: cute.Pointer, s_idx: cute.Pointer, n: Int32, bound: Uint32, shift: int) -> Int32:
+        """Keep a warp's list segment's items with first digit >= bound, in place and in order."""
+        lane = cute.arch.lane_idx()
+        kept = Int32(0)
+        for ib in cutlass.range(0, n, WARP):
+            i = ib + lane
+            key = Uint32(0)
+            idx = Int32(0)
+            if i < n:
+                key = cute.arch.load(s_key + i, Uint32)
+                idx = cute.arch.load(s_idx + i, Int32)
+            keep = (i < n) & ((key >> Uint32(shift)) >= bound)
+            flag = sel(keep, Int32(1), Int32(0))
+            incl = self.warp_incl_scan(flag)
+            if keep:
+                cute.arch.store(s_key + kept + incl - 1, key)
+                cute.arch.store(s_idx + kept + incl - 1, idx)
+            kept = kept + cute.arch.shuffle_sync(incl, WARP - 1)
+        return kept
+
+    @cute.jit
+    def step1_warp(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, s_hist: cute.Pointer,
+                   s_key: cute.Pointer, s_idx: cute.Pointer, s_warp: cute.Pointer, rraw: cute.Tensor,
+                   rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor):
+        """Step 1 by independent warps; returns (n_list, ok) with the list contiguous and in index order.
+
+        Warp w reads the w-th contiguous part of the slice (32 groups at a time) into its
+        own list segment, so warps never wait for each other; the segments, each in
+        index order and in warp order along the row, are packed at the end.
+        """
+        tid = cute.arch.thread_idx()[0]
+        lane = tid % WARP
+        warp = tid // WARP
+        W = self.warps
+        seg_cap = self.cap // W
+        shift0 = self.key_bits - self.digits[0]
+        per_w = (g_hi - g_lo + W - 1) // W
+        w_lo = Int32(sel(g_lo + warp * per_w < g_hi, g_lo + warp * per_w, g_hi))
+        w_hi = Int32(sel(w_lo + per_w < g_hi, w_lo + per_w, g_hi))
+        seg = warp * seg_cap
+        n_w = Int32(0)
+        bound = Uint32(0)
+        ok = Int32(1)
+        self.load_raw(row_addr, w_lo + lane, w_hi, row_end, rnext)
+        self.load_raw(row_addr, w_lo + WARP + lane, w_hi, row_end, rnext2)
+        for gb in cutlass.range(w_lo, w_hi, WARP):
+            g = gb + lane
+            for j in cutlass.range_constexpr(8):
+                rraw[j] = rnext[j]
+                rnext[j] = rnext2[j]
+            self.load_raw(row_addr, g + 2 * WARP, w_hi, row_end, rnext2)
+            self.raw_to_items(rraw, g, w_hi, row_end, rkeys)
+            for j in cutlass.range_constexpr(self.items):
+                if rkeys[j] != Uint32(0):
+                    if (rkeys[j] >> Uint32(shift0)) >= bound:
+                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            if ok != 0:
+                cnt = Int32(0)
+                for j in cutlass.range_constexpr(self.items):
+                    keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
+                    cnt = cnt + sel(keep, Int32(1), Int32(0))
+                incl = self.warp_incl_scan(cnt)
+                tot = cute.arch.shuffle_sync(incl, WARP - 1)
+                if n_w + tot > seg_cap:
+                    bound = Uint32(self.warp_kth_bin(s_hist, k))
+                    n_w = self.warp_filter(s_key + seg, s_idx + seg, n_w, bound, shift0)
+                    cnt = Int32(0)
+                    for j in cutlass.range_constexpr(self.items):
+                        keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
+                        cnt = cnt + sel(keep, Int32(1), Int32(0))
+                    incl = self.warp_incl_scan(cnt)
+                    tot = cute.arch.shuffle_sync(incl, WARP - 1)
+                    if n_w + tot > seg_cap:
+                        ok = Int32(0)
+                if ok != 0:
+                    pos = seg + n_w + incl - cnt
+                    for j in cutlass.range_constexpr(self.items):
+                        if rkeys[j] != Uint32(0):
+                            if (rkeys[j] >> Uint32(shift0)) >= bound:
+                                cute.arch.store(s_key + pos, rkeys[j])
+                                if const_expr(self.block_mode):
+                                    cute.arch.store(s_idx + pos, g)
+                                else:
+                                    cute.arch.store(s_idx + pos, g * 8 + j)
+                                pos = pos + 1
+                    n_w = n_w + tot
+        if lane == 0:
+            cute.arch.store(s_warp + warp, n_w)
+            cute.arch.store(s_warp + 16 + warp, ok)
+        cute.arch.sync_threads()
+        # Lane v of every warp holds warp v's count: its exclusive prefix is v's place in the list.
+        t_n = Int32(0)
+        t_ok = Int32(1)
+        if lane < W:
+            t_n = cute.arch.load(s_warp + lane, Int32)
+            t_ok = cute.arch.load(s_warp + 16 + lane, Int32)
+        start = self.warp_incl_scan(t_n) - t_n
+        n_list = cute.arch.shuffle_sync(start + t_n, WARP - 1)
+        all_ok = t_ok
+        for s in cutlass.range_constexpr(5):
+            other = cute.arch.shuffle_sync_bfly(all_ok, 1 << s)
+            all_ok = sel(other < all_ok, other, all_ok)
+        all_ok = Int32(all_ok)
+        if all_ok != 0:
+            # Pack the segments: an item moves down (its place <= its slot), so in rounds of
+            # increasing slots, with loads before stores, nothing unread is overwritten.
+            per = 4
+            rounds = (self.cap + per * self.threads - 1) // (per * self.threads)
+            for r in cutlass.range_constexpr(rounds):
+                for j in cutlass.range_constexpr(per):
+                    p = r * per * self.threads + j * self.threads + tid
+                    w = p // seg_cap
+                    off = p - w * seg_cap
+                    w_c = Int32(sel(w < W, w, Int32(0)))
+                    n_of = cute.arch.shuffle_sync(t_n, w_c)
+                    start_of = cute.arch.shuffle_sync(start, w_c)
+                    valid = (w < W) & (off < n_of)
+                    rkeys[j] = Uint32(0)
+                    rraw[j] = Uint32(0xFFFFFFFF)
+                    if valid:
+                        rkeys[j] = cute.arch.load(s_key + p, Uint32)
+                        rraw[j] = Uint32(cute.arch.load(s_idx + p, Int32))
+                        rnext[j] = Uint32(start_of + off)
+                cute.arch.sync_threads()
+                for j in cutlass.range_constexpr(per):
+                    if rraw[j] != Uint32(0xFFFFFFFF):
+                        dest = Int32(rnext[j])
+                        cute.arch.store(s_key + dest, rkeys[j])
+                        cute.arch.store(s_idx + dest, Int32(rraw[j]))
+                cute.arch.sync_threads()
+        return n_list, all_ok
+
     # ------------------------------------------------------------------ the kernel
     @cute.kernel
     def kernel(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
@@ -408,6 +589,7 @@ class DecodeTopK:
         s_hist = smem.allocate_array(Int32, 2 * self.bins, byte_alignment=16)
         s_scan = smem.allocate_array(Int32, 2 * 32, byte_alignment=16)
         s_misc = smem.allocate_array(Int32, 16, byte_alignment=16)
+        s_warp = smem.allocate_array(Int32, 32, byte_alignment=16)
         s_key = smem.allocate_array(Uint32, self.cap, byte_alignment=16)
         s_idx = smem.allocate_array(Int32, self.cap, byte_alignment=16)
         rkeys = cute.make_rmem_tensor(8, Uint32)
@@ -453,54 +635,59 @@ class DecodeTopK:
             # row's k-th largest too; the bound is refreshed, and the list filtered with
             # it, only when the list cannot take another tile.
             shift0 = self.key_bits - self.digits[0]
-            tile = T * self.items
-            n_list = Int32(0)
-            bound = Uint32(0)
-            ok = Int32(1)  # the list holds every item at or above `bound`
-            sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
-            # Loads run two tiles ahead: tiles i + 1 and i + 2 are in flight while tile i is counted.
-            self.load_raw(row_addr, g_lo + tid, g_hi, row_end, rnext)
-            self.load_raw(row_addr, g_lo + T + tid, g_hi, row_end, rnext2)
-            for gb in cutlass.range(g_lo, g_hi, T):
-                g = gb + tid
-                for j in cutlass.range_constexpr(8):
-                    rraw[j] = rnext[j]
-                    rnext[j] = rnext2[j]
-                self.load_raw(row_addr, g + 2 * T, g_hi, row_end, rnext2)
-                self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
-                # Only items at or above the bound are counted: the row's k-th largest bin is
-                # at or above every CTA's bound, so the bins the selection reads stay exact.
-                for j in cutlass.range_constexpr(self.items):
-                    if rkeys[j] != Uint32(0):
-                        if (rkeys[j] >> Uint32(shift0)) >= bound:
-                            cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
-                if ok != 0:
-                    if n_list + tile > self.cap:
-                        # The histogram now covers this tile too: its k-th largest bin.
-                        cute.arch.sync_threads()
-                        bound = Uint32(self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc))
-                        sp = 1 - sp
-                        n_list, sp = self.filter_list(s_key, s_idx, n_list, bound, shift0, s_scan, sp)
-                        if n_list + tile > self.cap:
-                            ok = Int32(0)
-                if ok != 0:
-                    cnt = Int32(0)
-                    for j in cutlass.range_constexpr(self.items):
-                        keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
-                        cnt = cnt + sel(keep, Int32(1), Int32(0))
-                    incl, tot = self.block_scan(cnt, s_scan + sp * 32)
-                    sp = 1 - sp
-                    pos = n_list + incl - cnt
+            if const_expr(self.warp_step1):
+                n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, rraw,
+                                             rnext, rnext2, rkeys)
+                sp = Int32(0)
+            else:
+                tile = T * self.items
+                n_list = Int32(0)
+                bound = Uint32(0)
+                ok = Int32(1)  # the list holds every item at or above `bound`
+                sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
+                # Loads run two tiles ahead: tiles i + 1 and i + 2 are in flight while tile i is counted.
+                self.load_raw(row_addr, g_lo + tid, g_hi, row_end, rnext)
+                self.load_raw(row_addr, g_lo + T + tid, g_hi, row_end, rnext2)
+                for gb in cutlass.range(g_lo, g_hi, T):
+                    g = gb + tid
+                    for j in cutlass.range_constexpr(8):
+                        rraw[j] = rnext[j]
+                        rnext[j] = rnext2[j]
+                    self.load_raw(row_addr, g + 2 * T, g_hi, row_end, rnext2)
+                    self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
+                    # Only items at or above the bound are counted: the row's k-th largest bin is
+                    # at or above every CTA's bound, so the bins the selection reads stay exact.
                     for j in cutlass.range_constexpr(self.items):
                         if rkeys[j] != Uint32(0):
                             if (rkeys[j] >> Uint32(shift0)) >= bound:
-                                cute.arch.store(s_key + pos, rkeys[j])
-                                if const_expr(self.block_mode):
-                                    cute.arch.store(s_idx + pos, g)
-                                else:
-                                    cute.arch.store(s_idx + pos, g * 8 + j)
-                                pos = pos + 1
-                    n_list = n_list + tot
+                                cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+                    if ok != 0:
+                        if n_list + tile > self.cap:
+                            # The histogram now covers this tile too: its k-th largest bin.
+                            cute.arch.sync_threads()
+                            bound = Uint32(self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc))
+                            sp = 1 - sp
+                            n_list, sp = self.filter_list(s_key, s_idx, n_list, bound, shift0, s_scan, sp)
+                            if n_list + tile > self.cap:
+                                ok = Int32(0)
+                    if ok != 0:
+                        cnt = Int32(0)
+                        for j in cutlass.range_constexpr(self.items):
+                            keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
+                            cnt = cnt + sel(keep, Int32(1), Int32(0))
+                        incl, tot = self.block_scan(cnt, s_scan + sp * 32)
+                        sp = 1 - sp
+                        pos = n_list + incl - cnt
+                        for j in cutlass.range_constexpr(self.items):
+                            if rkeys[j] != Uint32(0):
+                                if (rkeys[j] >> Uint32(shift0)) >= bound:
+                                    cute.arch.store(s_key + pos, rkeys[j])
+                                    if const_expr(self.block_mode):
+                                        cute.arch.store(s_idx + pos, g)
+                                    else:
+                                        cute.arch.store(s_idx + pos, g * 8 + j)
+                                    pos = pos + 1
+                        n_list = n_list + tot
             # Step 2: the cluster's first digit. Each CTA's own k-th largest bin is a floor
             # for the row's, so the peers' bins below the highest floor are not read.
             if const_expr(C > 1):
@@ -665,6 +852,7 @@ def make(variant) -> DecodeTopK:
         hist_bins=variant.option("hist_bins"),
         list_capacity=variant.option("list_capacity"),
         smem_bytes=variant.smem_bytes,
+        warp_step1=variant.option("step1") == "warp",
     )
 
 

@@ -173,24 +173,33 @@ def test_fallback_matches_for_unaligned_logits():
     _check(logits, ends, out, k, False)
 
 
-def test_every_cluster_variant():
-    """Each cluster size of each variant, launched directly, against the reference."""
+def test_every_variant():
+    """Every variant of the contract (each cluster size, both step-1 kinds), launched directly, vs the reference."""
     import runtime
     from runtime.contract import decode_topk as contract
 
     cache = runtime.load()
-    for dtype, tdtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
-        for block_mode in (False, True):
-            for cluster in contract.CLUSTERS:
-                kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
-                k, rows, width = 1024, 3, 50000 + cluster
-                logits = _logits(rows, width, tdtype, seed=cluster)
-                ends = torch.tensor([width, width // 3, 1500], dtype=torch.int32, device="cuda")
-                out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
-                kernel.launch(rows * cluster, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), width,
-                              logits.stride(0), out.stride(0), k)
-                torch.cuda.synchronize()
+    bad = []
+    for v in contract.VARIANTS:
+        kernel = cache.kernel(v.name)
+        tdtype = torch.float32 if v.option("dtype") == "f32" else torch.bfloat16
+        block_mode = v.option("block_mode")
+        cluster = v.option("cluster")
+        for kind in ("randn", "ties"):
+            k, rows, width = 1024, 3, 50000 + cluster
+            logits = _logits(rows, width, tdtype, seed=cluster)
+            if kind == "ties":
+                logits = _adversarial("ties_at_threshold", rows, width, tdtype, seed=cluster)
+            ends = torch.tensor([width, width // 3, 1500], dtype=torch.int32, device="cuda")
+            out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+            kernel.launch(rows * cluster, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), width,
+                          logits.stride(0), out.stride(0), k)
+            torch.cuda.synchronize()
+            try:
                 _check(logits, ends, out, k, block_mode)
+            except AssertionError as e:
+                bad.append(f"{v.name} {kind}: {e}")
+    assert not bad, bad
 
 
 def test_cuda_graph_capture():

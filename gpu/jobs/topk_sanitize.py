@@ -21,14 +21,15 @@ def main() -> int:
     cache = runtime.load()
     bad = 0
     cases = 0
-    combos = [(d, t, b, c) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
-              for b in (False, True) for c in (1, 2, 16)]
-    if quick:  # both dtypes and modes, a cluster (list path) and a single CTA (global-memory path on "equal")
-        combos = [("f32", torch.float32, False, 2), ("bf16", torch.bfloat16, True, 1)]
-    for dtype, tdtype, block_mode, cluster in combos:
+    combos = [(d, t, b, c, s) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
+              for b in (False, True) for c in (1, 2, 16) for s in contract.STEP1]
+    if quick:  # both dtypes and modes, a cluster (list path), a single CTA (global-memory path on "equal"), both step 1s
+        combos = [("f32", torch.float32, False, 2, "cta"), ("bf16", torch.bfloat16, True, 1, "cta"),
+                  ("f32", torch.float32, False, 2, "warp")]
+    for dtype, tdtype, block_mode, cluster, step1 in combos:
         if True:
             if True:
-                kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
+                kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster, step1))
                 k, width = 512, 40003
                 stride = 40008
                 for kind in (("randn", "equal") if quick else ("randn", "equal", "ties")):

@@ -41,17 +41,23 @@ BLOCK_SIZE = 8  # columns per candidate block in block mode
 # share an SM (233,472 B per SM on sm_90a/sm_100a).
 HIST_BINS = 2048
 LIST_CAPACITY = 12032
-SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + LIST_CAPACITY * 8
+SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + LIST_CAPACITY * 8
 
 
-def name_for(dtype: str, block_mode: bool, cluster: int) -> str:
-    return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_c{cluster}"
+# Step 1 (the one read of the logits) by CTA-wide tiles with an ordered scan each
+# ("cta"), or by independent warps on contiguous parts of the slice ("warp").
+STEP1 = ("cta", "warp")
 
 
-def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
+def name_for(dtype: str, block_mode: bool, cluster: int, step1: str = "cta") -> str:
+    suffix = "" if step1 == "cta" else f"_{step1}"
+    return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_c{cluster}{suffix}"
+
+
+def _variant(dtype: str, block_mode: bool, cluster: int, step1: str) -> Variant:
     return Variant(
         family="decode_topk",
-        name=name_for(dtype, block_mode, cluster),
+        name=name_for(dtype, block_mode, cluster, step1),
         params=PARAMS,
         threads=THREADS,
         cluster=(cluster, 1, 1),
@@ -63,12 +69,14 @@ def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
             ("cluster", cluster),
             ("list_capacity", LIST_CAPACITY),
             ("hist_bins", HIST_BINS),
+            ("step1", step1),
         ),
     )
 
 
 VARIANTS = tuple(
-    _variant(dtype, block_mode, cluster)
+    _variant(dtype, block_mode, cluster, step1)
+    for step1 in STEP1
     for dtype in DTYPES
     for block_mode in (False, True)
     for cluster in CLUSTERS
