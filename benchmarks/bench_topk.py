@@ -164,7 +164,22 @@ def main() -> None:
         grid = first
     cells = []
     skipped = []
+    sweeps = []
     t0 = time.time()
+
+    info = common.gpu_info()
+
+    def save():
+        """Write the JSON so far (after every cell: a later hang or kill keeps what was measured)."""
+        import json
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "benchmark": "decode_topk", "info": info, "copy_gbs": common.copy_bandwidth_gbs(),
+            "cells": cells, "targets": targets(cells), "cluster_sweep": sweeps, "not_run_budget": skipped,
+            "seconds": time.time() - t0}, indent=1, default=str) + "\n")
+
     for rows, length, k, dtype, block_mode in grid:
         if args.budget and time.time() - t0 > args.budget:
             skipped.append({"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": block_mode})
@@ -178,13 +193,13 @@ def main() -> None:
               + (f"  floor {c['floor']['floor_us']:7.2f} us" if "floor" in c else "  (fallback)")
               + f"  {c['fraction_of_copy_bw'] * 100:5.1f}% bw"
               + (f"  {c['kernel']['name']}" if c["kernel"] else ""), flush=True)
+        save()
     sweep_cells = [(1, 65536, "f32"), (1, 262144, "f32"), (1, 1 << 20, "bf16"), (8, 262144, "f32"),
                    (14, 1 << 20, "f32"), (64, 262144, "f32"), (1, 16384, "f32"), (8, 65536, "bf16")]
     if args.quick:
         sweep_cells = sweep_cells[:1] + sweep_cells[-1:]
     if args.no_sweep:
         sweep_cells = []
-    sweeps = []
     for rows, length, dtype in sweep_cells:
         if args.budget and time.time() - t0 > 1.5 * args.budget:
             break
@@ -192,12 +207,11 @@ def main() -> None:
         sweeps.append(sw)
         print(f"sweep {dtype} rows={rows} len={length}: "
               + "  ".join(f"c{c}={v['median_us']:.2f}us" for c, v in sw["by_cluster"].items()), flush=True)
-    result = {"benchmark": "decode_topk", "info": common.gpu_info(), "copy_gbs": common.copy_bandwidth_gbs(),
-              "cells": cells, "targets": targets(cells), "cluster_sweep": sweeps, "not_run_budget": skipped,
-              "seconds": time.time() - t0}
-    for t in result["targets"]:
+        save()
+    for t in targets(cells):
         print(("MET   " if t["met"] else "MISSED"), t["target"], t["cell"], t["value"])
-    common.write_json(args.out, result)
+    save()
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
