@@ -18,3 +18,10 @@ for w in 2 4; do
   timeout 60 torchrun --standalone --nproc-per-node $w benchmarks/bench_indexer_tp.py --out "$JOB_OUT/indexer_tp_w$w.json"
   echo "world $w rc=$?"
 done
+# Diagnostic (R3's memcheck of one small step counted 86 errors, as many as the topk job's): are they
+# CUDA API errors (e.g. in the loader's validation) or device faults? Device faults only, then the first errors.
+if command -v compute-sanitizer >/dev/null; then
+  SAN="compute-sanitizer --tool memcheck --error-exitcode 3"
+  timeout 30 $SAN --report-api-errors no python3 gpu/jobs/indexer_probe.py --step 2>&1 | grep -v "Host Frame" | tail -4
+  timeout 30 $SAN --print-limit 3 python3 gpu/jobs/indexer_probe.py --step 2>&1 | grep -v "Host Frame" | head -20
+fi
