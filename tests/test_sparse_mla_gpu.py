@@ -279,8 +279,8 @@ def test_triton_peer_matches_reference(width, with_sinks, T):
                           args, sinks)
 
 
-def _check_triton_configs(tsm, configs, args, sinks):
-    """Every config against the reference; one failure report naming each failing config."""
+def _triton_failures(tsm, configs, args, sinks):
+    """Each config against the reference: a line per failing config."""
     failures = []
     for config in configs:
         out = poisoned(args[0].shape[0])
@@ -290,15 +290,22 @@ def _check_triton_configs(tsm, configs, args, sinks):
         try:
             assert_matches(out, args, sinks, p_dtype=FP8 if config.fp8_pv else torch.bfloat16)
         except AssertionError as e:
-            failures.append(f"{config}: {str(e).splitlines()[0]}")
+            failures.append(f"width {args[3].shape[1]} {config}: {str(e).splitlines()[0]}")
+    return failures
+
+
+def _check_triton_configs(tsm, configs, args, sinks):
+    failures = _triton_failures(tsm, configs, args, sinks)
     assert not failures, "\n".join(failures)
 
 
 def test_triton_peer_every_config_runs_right():
     tsm = _triton()
+    failures = []
     for width in (128, 640):
         args, sinks = make_case(12, width, seed=5 + width)
-        _check_triton_configs(tsm, tsm.CONFIGS, args, sinks)
+        failures += _triton_failures(tsm, tsm.CONFIGS, args, sinks)
+    assert not failures, "\n".join(failures)
 
 
 def test_kernel_with_small_tensors_only_4_byte_aligned():
