@@ -45,13 +45,13 @@ def cold_start_profile() -> str:
 
 
 def cold_start(runs: int = 5) -> dict:
-    """load() in fresh processes: as a server calls it (importing cuda-python on the way), with
-    cuda-python already imported, and with the loads on one thread instead of eight."""
+    """load() in fresh processes: as a server calls it (importing cuda-python on the way), and
+    with cuda-python already imported."""
     import os
 
-    def measure(mode: str, threads: str, runs: int = runs) -> dict:
+    def measure(mode: str, runs: int = runs) -> dict:
         samples = []
-        env = dict(os.environ, SPARSE_DECODE_AOT_LOAD_THREADS=threads)
+        env = dict(os.environ)
         for _ in range(runs):
             out = subprocess.run([sys.executable, "-c", COLD_START, mode], capture_output=True, text=True,
                                  timeout=300, env=env)
@@ -63,9 +63,8 @@ def cold_start(runs: int = 5) -> dict:
                 "cuda_python_import_ms_median": statistics.median(s["cuda_python_import_ms"] for s in samples)}
 
     return {"target_ms": 50,
-            "load_including_cuda_python_import": measure("fresh", "8"),
-            "load_cuda_python_preimported": measure("preimported", "8", 3),
-            "load_one_thread": measure("fresh", "1", 3)}
+            "load_including_cuda_python_import": measure("fresh"),
+            "load_cuda_python_preimported": measure("preimported")}
 
 
 def host_overhead(n: int = 20000, rounds: int = 7) -> dict:

@@ -47,6 +47,17 @@ class CubinInfo:
         return f"sm_{self.sm}" + ("a" if self.arch_specific else "")
 
 
+def read_header(data: bytes) -> CubinInfo:
+    """Only the ELF header: the SM, without parsing sections (``kernels`` is empty)."""
+    if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2:
+        raise CubinFormatError("not an ELF64 file")
+    (machine,) = struct.unpack_from("<H", data, 0x12)
+    if machine != EM_CUDA:
+        raise CubinFormatError(f"ELF machine {machine} is not CUDA ({EM_CUDA})")
+    sm, specific = _sm_of(data)
+    return CubinInfo(sm, specific, {})
+
+
 def _sections(data: bytes):
     if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2:
         raise CubinFormatError("not an ELF64 file")

@@ -11,10 +11,10 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION
-from .cubin import CubinFormatError, read_cubin
+from .cubin import CubinFormatError, read_cubin, read_header
 from .errors import (
     REBUILD,
     CubinArchError,
@@ -149,18 +149,22 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
 def cubin_file(manifest: Manifest, entry: KernelEntry) -> Path:
     """The cubin's path, refusing any that leaves the cache root."""
     root = manifest.root  # resolved by read_manifest
-    rel = Path(entry.cubin)
-    target = (root / rel).resolve()
-    if rel.is_absolute() or ".." in rel.parts or root not in target.parents:
+    rel = PurePosixPath(entry.cubin)
+    # A lexical check (no filesystem walk on the load path); the sha256 pins the content.
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\\" in entry.cubin:
         raise PathError(
             f"cubin path {entry.cubin!r} leaves the cache root {root}.", file=manifest.path, kernel=entry.name,
             fix=f"paths are relative to the cache root; {REBUILD.format(arch=manifest.arch)}",
         )
-    return target
+    return root / rel
 
 
-def read_checked_cubin(manifest: Manifest, entry: KernelEntry) -> bytes:
-    """The cubin's bytes once its path, size, sha256, ELF arch, symbol and params check out."""
+def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool = True) -> bytes:
+    """The cubin's bytes once its path, size, sha256, ELF arch, symbol and params check out.
+
+    ``sections=False`` reads only the ELF header (the SM): the loader then checks the symbol
+    and the parameter layout through the driver instead, which is what it trusts at launch.
+    """
     fix = REBUILD.format(arch=manifest.arch)
     path = cubin_file(manifest, entry)
     try:
@@ -175,22 +179,36 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry) -> bytes:
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.sha256:
         raise CubinIntegrityError("cubin sha256 does not match the manifest (altered).", file=path, kernel=entry.name, fix=fix)
-    check_cubin_against_entry(data, entry, path, manifest.arch)
+    if sections:
+        check_cubin_against_entry(data, entry, path, manifest.arch)
+    else:
+        check_cubin_arch(data, entry, path, manifest.arch)
     return data
+
+
+def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str):
+    """The ELF header's SM must be the manifest's arch; returns the parsed header."""
+    try:
+        info = read_header(data)
+    except CubinFormatError as e:
+        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=path, kernel=entry.name,
+                                  fix=REBUILD.format(arch=arch)) from None
+    if not info.arch_matches(arch):
+        raise CubinArchError(
+            f"cubin targets {info.arch}, the manifest says {arch}.", file=path, kernel=entry.name,
+            fix=f"use the cubin built for {arch}: {REBUILD.format(arch=arch)}",
+        )
+    return info
 
 
 def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) -> None:
     """ELF-level checks: the SM, the symbol, and each parameter's offset and size."""
     fix = REBUILD.format(arch=arch)
+    check_cubin_arch(data, entry, path, arch)
     try:
         info = read_cubin(data)
     except CubinFormatError as e:
         raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=path, kernel=entry.name, fix=fix) from None
-    if not info.arch_matches(arch):
-        raise CubinArchError(
-            f"cubin targets {info.arch}, the manifest says {arch}.", file=path, kernel=entry.name,
-            fix=f"use the cubin built for {arch}: {fix}",
-        )
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
     check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF")

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# limit: 200
+# Lead's last pass: runtime tests and benchmark, then compute-sanitizer memcheck of the loader and of
+# each family's small-case script (earlier rounds' memcheck counts included the loader's probing of
+# cuFuncGetParamInfo past the last parameter, a failing API call by design, since removed).
+set -x
+python3 -m runtime verify
+python3 -m pytest -q -m gpu tests/test_runtime_gpu.py -rs 2>&1 | tail -5
+python3 benchmarks/load_breakdown.py function
+python3 benchmarks/bench_runtime.py "$JOB_OUT/runtime.json" --profile 2>&1 | tail -60
+S=/usr/local/cuda/bin/compute-sanitizer
+timeout 40 $S --tool memcheck --print-limit 5 python3 -m runtime verify 2>&1 | tail -4
+timeout 40 $S --tool memcheck --report-api-errors no --print-limit 5 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 | tail -4
+timeout 40 $S --tool memcheck --report-api-errors no --print-limit 5 python3 gpu/jobs/mla_support_sanitize.py 2>&1 | tail -6
