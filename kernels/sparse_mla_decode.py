@@ -37,10 +37,10 @@ product out entirely saves 0.67 us of 5.87 us, so no route for V can save more t
 per-step clocks put it at ~1400 cycles, mostly MMA issue (N = 16 is the warpgroup MMA's
 least efficient shape), not the fragment building, which a transpose would replace.
 
-Build-time experiment switches (never set for the committed cache): the contract's
-SPARSE_MLA_REDUCE=push (DSMEM stores instead of bulk copies: 0.15 us faster at T = 12,
-width 640, for 32 KiB more shared memory), and SPARSE_MLA_EXPERIMENT=skip_pv / timeline
-(per-step SM clocks written over q) used for the measurements above.
+Measurement switches (never set for the committed cache): a variant with reduce="push" (DSMEM
+stores instead of bulk copies: 0.15 us faster at T = 12, width 640, for 32 KiB more shared
+memory; not in the contract), and SPARSE_MLA_EXPERIMENT=skip_pv / timeline / f16_partials at
+build time (per-step SM clocks written over q) used for the measurements above.
 """
 
 from __future__ import annotations
