@@ -41,6 +41,16 @@ def _check_aligned(name, t, align=_ALIGN):
         raise ValueError(f"{name} must start at a {align}-byte aligned address")
 
 
+def _check_vector(name, t, dtype, length, length_text, device):
+    """A contiguous 1-D ``[length]`` tensor of ``dtype`` on ``device``, 4-byte aligned."""
+    _check_tensor(name, t, dtype, 1)
+    if t.shape[0] != length:
+        raise ValueError(f"{name} must be [{length_text}], got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q on {device}")
+    _check_aligned(name, t, 4)
+
+
 def _check_scale(name, v):
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
@@ -74,19 +84,9 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
     if indices.device != device:
         raise ValueError(f"indices is on {indices.device}, q on {device}")
     _check_aligned("indices", indices, 4)
-    _check_tensor("lens", lens, torch.int32, 1)
-    if lens.shape[0] != T:
-        raise ValueError(f"lens must be [T = {T}], got {tuple(lens.shape)}")
-    if lens.device != device:
-        raise ValueError(f"lens is on {lens.device}, q on {device}")
-    _check_aligned("lens", lens, 4)
+    _check_vector("lens", lens, torch.int32, T, f"T = {T}", device)
     if sinks is not None:
-        _check_tensor("sinks", sinks, torch.float32, 1)
-        if sinks.shape[0] != HEADS:
-            raise ValueError(f"sinks must be [{HEADS}], got {tuple(sinks.shape)}")
-        if sinks.device != device:
-            raise ValueError(f"sinks is on {sinks.device}, q on {device}")
-        _check_aligned("sinks", sinks, 4)
+        _check_vector("sinks", sinks, torch.float32, HEADS, f"{HEADS}", device)
     _check_scale("bmm1_scale", bmm1_scale)
     _check_scale("bmm2_scale", bmm2_scale)
     if out is not None:
