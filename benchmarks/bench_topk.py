@@ -43,14 +43,6 @@ def bench_cell(rows: int, length: int, k: int, dtype: str, block_mode: bool = Fa
     torch.cuda.synchronize()
     cell["op"] = common.time_graph(
         [lambda x=x, o=o: decode_topk(x, ends, o, block_mode=block_mode) for x, o in zip(logits, outs)])
-    if plan is not None:
-        # The same launch with the other step-1 kind (independent warps), for comparison.
-        import runtime
-
-        alt = runtime.load().kernel(plan[0] + "_warp")
-        cell["op_warp_step1"] = common.time_graph(
-            [lambda x=x, o=o: alt.launch(plan[2], x.data_ptr(), ends.data_ptr(), o.data_ptr(), length, x.stride(0),
-                                         o.stride(0), k) for x, o in zip(logits, outs)])
     if not block_mode:
         cell["torch_topk"] = common.time_graph([lambda x=x: torch.topk(x, k, dim=1) for x in logits])
         cell["speedup_vs_torch_topk"] = cell["torch_topk"]["median_us"] / cell["op"]["median_us"]
@@ -77,17 +69,15 @@ def cluster_sweep(rows: int, length: int, k: int, dtype: str) -> dict:
     ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
     out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
     res = {"rows": rows, "length": length, "k": k, "dtype": dtype, "by_cluster": {}}
-    for step1 in contract.STEP1:
-        for c in contract.CLUSTERS:
-            kernel = cache.kernel(contract.name_for(dtype, False, c, step1))
-            if rows > kernel.max_active_clusters:
-                continue
-            calls = [lambda x=x, kernel=kernel, c=c: kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(),
-                                                                 out.data_ptr(), length, x.stride(0), out.stride(0), k)
-                     for x in logits]
-            key = c if step1 == "cta" else f"{c}_{step1}"
-            res["by_cluster"][key] = {"median_us": common.time_graph(calls)["median_us"],
-                                      "max_active_clusters": kernel.max_active_clusters}
+    for c in contract.CLUSTERS:
+        kernel = cache.kernel(contract.name_for(dtype, False, c))
+        if rows > kernel.max_active_clusters:
+            continue
+        calls = [lambda x=x, kernel=kernel, c=c: kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(),
+                                                             out.data_ptr(), length, x.stride(0), out.stride(0), k)
+                 for x in logits]
+        res["by_cluster"][c] = {"median_us": common.time_graph(calls)["median_us"],
+                                "max_active_clusters": kernel.max_active_clusters}
     return res
 
 
@@ -118,22 +108,20 @@ def table(result: dict) -> str:
     info = result["info"]
     lines = [f"GPU: {info.get('gpu')}, driver {info.get('driver')}, torch {info.get('torch')}, "
              f"commit {info.get('commit') or '?'}; copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write)", "",
-             "| dtype | mode | rows | length | k | kernel | op us | warp-step-1 us | torch.topk us | speedup | floor us "
-             "| % copy bw |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| dtype | mode | rows | length | k | kernel | op us | torch.topk us | speedup | floor us | % copy bw |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         torch_us = f"{c['torch_topk']['median_us']:.2f}" if "torch_topk" in c else "-"
         speed = f"{c['speedup_vs_torch_topk']:.2f}" if "speedup_vs_torch_topk" in c else "-"
         floor_us = f"{c['floor']['floor_us']:.2f}" if "floor" in c else "-"
         name = c["kernel"]["name"] if c["kernel"] else "torch fallback"
-        warp_us = f"{c['op_warp_step1']['median_us']:.2f}" if "op_warp_step1" in c else "-"
         lines.append(f"| {c['dtype']} | {'block' if c['block_mode'] else 'token'} | {c['rows']} | {c['length']} | "
-                     f"{c['k']} | {name} | {c['op']['median_us']:.2f} | {warp_us} | {torch_us} | {speed} | {floor_us} | "
+                     f"{c['k']} | {name} | {c['op']['median_us']:.2f} | {torch_us} | {speed} | {floor_us} | "
                      f"{c['fraction_of_copy_bw'] * 100:.1f} |")
     lines += ["", "Targets:", ""]
     lines += [f"- {'met' if t['met'] else 'MISSED'}: {t['target']}, {t['cell']}: {t['value']}" for t in result["targets"]]
     if result.get("cluster_sweep"):
-        lines += ["", "Cluster-size sweep (median us by cluster size, _warp = warp step 1; k = 2048):", ""]
+        lines += ["", "Cluster-size sweep (median us by cluster size; k = 2048):", ""]
         for sw in result["cluster_sweep"]:
             lines.append(f"- {sw['dtype']} rows={sw['rows']} len={sw['length']}: "
                          + ", ".join(f"{c} {v['median_us']:.1f}" for c, v in sw["by_cluster"].items()))
@@ -187,7 +175,6 @@ def main() -> None:
         c = bench_cell(rows, length, k, dtype, block_mode)
         cells.append(c)
         print(f"{_name(c):38s} op {c['op']['median_us']:9.2f} us"
-              + (f" (warp step 1 {c['op_warp_step1']['median_us']:8.2f})" if "op_warp_step1" in c else "")
               + (f"  torch.topk {c['torch_topk']['median_us']:9.2f} us  x{c['speedup_vs_torch_topk']:6.2f}"
                  if "torch_topk" in c else "")
               + (f"  floor {c['floor']['floor_us']:7.2f} us" if "floor" in c else "  (fallback)")

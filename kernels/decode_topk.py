@@ -4,7 +4,8 @@ A row is split into equal slices of 8-column groups over the CTAs of a cluster.
 Each logit becomes an order-preserving unsigned key (NaN -> key of -inf, -0 -> +0),
 so "larger key" is "larger value" and one integer compare decides every tie.
 
-Step 1  every CTA reads its slice once (16-byte loads, two tiles ahead): a 2048-bin
+Step 1  every CTA reads its slice once (16-byte loads, two tiles ahead; on long
+        slices each warp runs its own contiguous part instead of CTA-wide tiles): a 2048-bin
         histogram of the key's top 11 bits, and, in index order, a shared-memory list
         of (key, column) of the items that can still be selected. An item whose top
         bits are below the bin of the CTA's own k-th largest so far (the bound) cannot
@@ -14,7 +15,13 @@ Step 1  every CTA reads its slice once (16-byte loads, two tiles ahead): a 2048-
         re-reading its slice from global memory in the later steps.
 Step 2  the cluster sums the histograms through distributed shared memory (from the
         highest of the CTAs' final bounds up: the bins it reads are exact) and every
-        CTA finds the same bin holding the k-th largest key; the remaining digits
+        CTA finds the same bin holding the k-th largest key.
+Gathered finish (when that bin's items fit behind CTA 0's list): every CTA writes its
+        items above the bin to its block of output slots and pushes those in the bin
+        to CTA 0 (DSMEM stores, one cluster barrier); CTA 0 alone selects among them by
+        block-local radix rounds over the remaining key bits, then over the inverted
+        index (exact ties go to the lower index), and writes them. Otherwise:
+Step 2' (cluster-wide finish) the remaining digits
         (8 + 8 + 5 bits for FP32, 5 for BF16; only 2**bits bins are exchanged) are
         selected the same way over the list. Selection stops early once the k-th item
         is the last of its bin. This leaves a threshold (key & mask == prefix) and how
@@ -56,7 +63,7 @@ class DecodeTopK:
     """One variant: dtype, mode and cluster size are compile-time; k, shapes and strides are not."""
 
     def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
-                 smem_bytes: int, warp_step1: bool = False):
+                 smem_bytes: int, warp_min_groups: int):
         assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
         assert threads // WARP <= 16  # the scan scratch holds 16 warp totals per buffer
         self.dtype = dtype
@@ -77,8 +84,14 @@ class DecodeTopK:
         # Items per 8-column group: 8 in token mode, 1 block in block mode.
         self.items = 1 if block_mode else 8
         # Step 1 by independent warps (each its own contiguous sub-slice and list segment,
-        # no CTA barrier per tile) instead of CTA-wide tiles with an ordered scan each.
-        self.warp_step1 = warp_step1
+        # no CTA barrier per tile) instead of CTA-wide tiles with an ordered scan each,
+        # for slices of at least this many groups (chosen at run time, per CTA).
+        self.warp_min_groups = warp_min_groups
+        # The gathered finish resolves the threshold bin's remaining key bits, then
+        # (for exact ties) the index bits, largest first: (word, shift, bits) rounds.
+        # Indices are < 2**21 (the host op's width limit): "lower index" is "larger ~index".
+        low_key_digits = (("key", 10, 11), ("key", 0, 10)) if dtype == "f32" else (("key", 0, 5),)
+        self.gather_rounds = low_key_digits + (("idx", 10, 11), ("idx", 0, 10))
         assert list_capacity % self.warps == 0
 
     # ------------------------------------------------------------------ launch
@@ -258,8 +271,20 @@ class DecodeTopK:
         return base + x - count
 
     @cute.jit
+    def warp_slot1(self, flag, counter: cute.Pointer) -> Int32:
+        """warp_slots for 0/1 counts: a ballot and a popcount instead of a scan."""
+        ballot = cute.arch.vote_ballot_sync(flag)
+        before = Int32(cute.arch.popc(ballot & cute.arch.lanemask_lt()))
+        total = Int32(cute.arch.popc(ballot))
+        base = Int32(0)
+        if cute.arch.lane_idx() == 0:
+            if total > 0:
+                base = cute.arch.atomic_add(counter, total)
+        return cute.arch.shuffle_sync(base, 0) + before
+
+    @cute.jit
     def cluster_select(self, hist: cute.Pointer, nbins: int, krem: Int32, scratch: cute.Pointer,
-                       misc: cute.Pointer, floor_slot: int = -1):
+                       misc: cute.Pointer, floor_slot: int = -1, local: bool = False):
         """Sum the cluster's histograms and find the bin b holding the krem-th largest item.
 
         Returns (b, above, count, mine_above): above = number of items in bins above b,
@@ -270,16 +295,18 @@ class DecodeTopK:
         cannot be below (its own k-th largest bin); bins under the cluster's highest
         such floor are not read from the peers (they may be incomplete, too).
         The cluster barrier orders every CTA's histogram atomics before the peers'
-        reads (release/acquire); it also serves as the CTA barrier.
+        reads (release/acquire); it also serves as the CTA barrier. With local, only this
+        CTA's histogram counts (the gathered finish of one CTA).
         """
         tid = cute.arch.thread_idx()[0]
-        if const_expr(self.cluster > 1):
+        clustered = self.cluster > 1 and not local
+        if const_expr(clustered):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
         lo = Int32(0)
-        if const_expr(floor_slot >= 0 and self.cluster > 1):
+        if const_expr(floor_slot >= 0 and clustered):
             if tid < WARP:
                 f = Int32(0)
                 if tid < self.cluster:
@@ -305,10 +332,10 @@ class DecodeTopK:
             l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
             l2 = cute.arch.load(hist + tid * 4 + 2, Int32)
             l3 = cute.arch.load(hist + tid * 4 + 3, Int32)
-            if const_expr(self.cluster > 1):
-                local = smem_addr(hist + tid * 4)
+            if const_expr(clustered):
+                mine = smem_addr(hist + tid * 4)
                 for r in cutlass.range_constexpr(self.cluster):
-                    v0, v1, v2, v3 = ptx.ld_cluster_v4_u32(ptx.mapa_shared(local, Int32(r)))
+                    v0, v1, v2, v3 = ptx.ld_cluster_v4_u32(ptx.mapa_shared(mine, Int32(r)))
                     c0 = c0 + Int32(v0)
                     c1 = c1 + Int32(v1)
                     c2 = c2 + Int32(v2)
@@ -318,7 +345,7 @@ class DecodeTopK:
                 c1 = l1
                 c2 = l2
                 c3 = l3
-            if const_expr(floor_slot >= 0 and self.cluster > 1):
+            if const_expr(floor_slot >= 0 and clustered):
                 c0 = sel(tid * 4 >= lo, c0, Int32(0))
                 c1 = sel(tid * 4 + 1 >= lo, c1, Int32(0))
                 c2 = sel(tid * 4 + 2 >= lo, c2, Int32(0))
@@ -572,6 +599,201 @@ class DecodeTopK:
                 cute.arch.sync_threads()
         return n_list, all_ok
 
+    @cute.jit
+    def step1_cta(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, s_hist: cute.Pointer,
+                  s_key: cute.Pointer, s_idx: cute.Pointer, s_scan: cute.Pointer, s_misc: cute.Pointer,
+                  rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor):
+        """Step 1 by CTA-wide tiles with an ordered scan each; returns (n_list, ok, sp)."""
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        shift0 = self.key_bits - self.digits[0]
+        tile = T * self.items
+        n_list = Int32(0)
+        bound = Uint32(0)
+        ok = Int32(1)  # the list holds every item at or above `bound`
+        sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
+        # Loads run two tiles ahead: tiles i + 1 and i + 2 are in flight while tile i is counted.
+        self.load_raw(row_addr, g_lo + tid, g_hi, row_end, rnext)
+        self.load_raw(row_addr, g_lo + T + tid, g_hi, row_end, rnext2)
+        for gb in cutlass.range(g_lo, g_hi, T):
+            g = gb + tid
+            for j in cutlass.range_constexpr(8):
+                rraw[j] = rnext[j]
+                rnext[j] = rnext2[j]
+            self.load_raw(row_addr, g + 2 * T, g_hi, row_end, rnext2)
+            self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
+            # Only items at or above the bound are counted: the row's k-th largest bin is
+            # at or above every CTA's bound, so the bins the selection reads stay exact.
+            for j in cutlass.range_constexpr(self.items):
+                if rkeys[j] != Uint32(0):
+                    if (rkeys[j] >> Uint32(shift0)) >= bound:
+                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            if ok != 0:
+                if n_list + tile > self.cap:
+                    # The histogram now covers this tile too: its k-th largest bin.
+                    cute.arch.sync_threads()
+                    bound = Uint32(self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc))
+                    sp = 1 - sp
+                    n_list, sp = self.filter_list(s_key, s_idx, n_list, bound, shift0, s_scan, sp)
+                    if n_list + tile > self.cap:
+                        ok = Int32(0)
+            if ok != 0:
+                cnt = Int32(0)
+                for j in cutlass.range_constexpr(self.items):
+                    keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
+                    cnt = cnt + sel(keep, Int32(1), Int32(0))
+                incl, tot = self.block_scan(cnt, s_scan + sp * 32)
+                sp = 1 - sp
+                pos = n_list + incl - cnt
+                for j in cutlass.range_constexpr(self.items):
+                    if rkeys[j] != Uint32(0):
+                        if (rkeys[j] >> Uint32(shift0)) >= bound:
+                            cute.arch.store(s_key + pos, rkeys[j])
+                            if const_expr(self.block_mode):
+                                cute.arch.store(s_idx + pos, g)
+                            else:
+                                cute.arch.store(s_idx + pos, g * 8 + j)
+                            pos = pos + 1
+                n_list = n_list + tot
+        return n_list, ok, sp
+
+    @cute.jit
+    def slot_bases(self, rank: Int32, eq_word: cute.Pointer, gt_mine: Int32, s_misc: cute.Pointer):
+        """(eq_before, gt_base): threshold-equal items of lower ranks (lower columns), from their
+        histogram word eq_word, and this CTA's first slot for its gt_mine items above the threshold
+        (one add on CTA 0's counter, so the CTAs' blocks of slots do not overlap)."""
+        tid = cute.arch.thread_idx()[0]
+        if const_expr(self.cluster > 1):
+            if tid < WARP:
+                v = Int32(0)
+                if tid < rank:
+                    v = Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(eq_word), tid)))
+                for s in cutlass.range_constexpr(5):
+                    v = v + cute.arch.shuffle_sync_bfly(v, 1 << s)
+                if tid == 0:
+                    cute.arch.store(s_misc + 4, v)
+                    counter = ptx.mapa_shared(smem_addr(s_misc + 2), Int32(0))
+                    cute.arch.store(s_misc + 8, Int32(ptx.atom_add_cluster_u32(counter, Uint32(gt_mine))))
+            cute.arch.sync_threads()
+        return cute.arch.load(s_misc + 4, Int32), cute.arch.load(s_misc + 8, Int32)
+
+    @cute.jit
+    def push_gathered(self, s_key: cute.Pointer, s_idx: cute.Pointer, dst: Int32, key: Uint32, idx: Int32):
+        """One threshold-bin item into slot dst of CTA 0's list (its own list for CTA 0)."""
+        if const_expr(self.cluster > 1):
+            ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_key + dst), Int32(0)), key)
+            ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_idx + dst), Int32(0)), Uint32(idx))
+        else:
+            cute.arch.store(s_key + dst, key)
+            cute.arch.store(s_idx + dst, idx)
+
+    @cute.jit
+    def gather_pass(self, use_list, n_list: Int32, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32,
+                    b0: Uint32, gt_base: Int32, dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer,
+                    s_misc: cute.Pointer, out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor):
+        """This CTA's items above the first digit's bin b0 to their output slots, those in it to CTA 0."""
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        shift0 = Uint32(self.key_bits - self.digits[0])
+        gt_counter = s_misc + 9
+        eq_counter = s_misc + 3
+        if use_list:
+            for ib in cutlass.range(0, n_list, T):
+                i = ib + tid
+                key = Uint32(0)
+                idx = Int32(0)
+                if i < n_list:
+                    key = cute.arch.load(s_key + i, Uint32)
+                    idx = cute.arch.load(s_idx + i, Int32)
+                # Key 0 (no item) is in bin 0, below every b0 (-inf's key is in bin 3).
+                gt = (key >> shift0) > b0
+                eq = (key >> shift0) == b0
+                slot = gt_base + self.warp_slot1(gt, gt_counter)
+                if gt:
+                    cute.arch.store(out_row + slot, idx)
+                e = dst_base + self.warp_slot1(eq, eq_counter)
+                if eq:
+                    self.push_gathered(s_key, s_idx, e, key, idx)
+        else:
+            for gb in cutlass.range(g_lo, g_hi, T):
+                g = gb + tid
+                self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
+                gt = Int32(0)
+                eq = Int32(0)
+                for j in cutlass.range_constexpr(self.items):
+                    gt = gt + sel((rkeys[j] >> shift0) > b0, Int32(1), Int32(0))
+                    eq = eq + sel((rkeys[j] >> shift0) == b0, Int32(1), Int32(0))
+                slot = gt_base + self.warp_slots(gt, gt_counter)
+                e = dst_base + self.warp_slots(eq, eq_counter)
+                for j in cutlass.range_constexpr(self.items):
+                    idx = g * 8 + j
+                    if const_expr(self.block_mode):
+                        idx = g
+                    if (rkeys[j] >> shift0) > b0:
+                        cute.arch.store(out_row + slot, idx)
+                        slot = slot + 1
+                    if (rkeys[j] >> shift0) == b0:
+                        self.push_gathered(s_key, s_idx, e, rkeys[j], idx)
+                        e = e + 1
+
+    @cute.jit
+    def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,
+                        s_key: cute.Pointer, s_idx: cute.Pointer, s_scan: cute.Pointer, s_misc: cute.Pointer,
+                        out_row: cute.Pointer):
+        """CTA 0 alone: the krem largest of the n gathered items at src (largest key, then lowest index).
+
+        Radix rounds over the keys' remaining bits, then over ~index (exact ties), each
+        a histogram in this CTA only; the selected items go to slots from first_slot on.
+        """
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        kprefix = Uint32(0)
+        kmask = Uint32(0)
+        iprefix = Uint32(0)
+        imask = Uint32(0)
+        done = Int32(0)
+        for r in cutlass.range_constexpr(len(self.gather_rounds)):
+            word, shift, bits = self.gather_rounds[r]
+            if done == 0:
+                h = s_hist + (r % 2) * self.bins
+                dmask = Uint32((1 << bits) - 1)
+                for i in cutlass.range(tid, 1 << bits, T):
+                    cute.arch.store(h + i, Int32(0))
+                cute.arch.sync_threads()
+                for i in cutlass.range(tid, n, T):
+                    key = cute.arch.load(s_key + src + i, Uint32)
+                    nidx = Uint32(cute.arch.load(s_idx + src + i, Int32)) ^ Uint32(0x1FFFFF)
+                    if (key & kmask == kprefix) & (nidx & imask == iprefix):
+                        v = key
+                        if const_expr(word == "idx"):
+                            v = nidx
+                        cute.arch.atomic_add(h + Int32((v >> Uint32(shift)) & dmask), Int32(1))
+                b, above, count, _ = self.cluster_select(h, 1 << bits, krem, s_scan + (r % 2) * 32, s_misc,
+                                                         local=True)
+                krem = krem - above
+                if const_expr(word == "key"):
+                    kprefix = kprefix | (Uint32(b) << Uint32(shift))
+                    kmask = kmask | (dmask << Uint32(shift))
+                else:
+                    iprefix = iprefix | (Uint32(b) << Uint32(shift))
+                    imask = imask | (dmask << Uint32(shift))
+                # Every item matching the prefix is needed: the rest of the bits change nothing.
+                done = sel(krem == count, Int32(1), Int32(0))
+        # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
+        for ib in cutlass.range(0, n, T):
+            i = ib + tid
+            key = Uint32(0)
+            idx = Int32(0)
+            if i < n:
+                key = cute.arch.load(s_key + src + i, Uint32)
+                idx = cute.arch.load(s_idx + src + i, Int32)
+            nidx = Uint32(idx) ^ Uint32(0x1FFFFF)
+            kk = key & kmask
+            take = (i < n) & ((kk > kprefix) | ((kk == kprefix) & (nidx & imask >= iprefix)))
+            slot = first_slot + self.warp_slot1(take, s_misc + 14)
+            if take:
+                cute.arch.store(out_row + slot, idx)
+
     # ------------------------------------------------------------------ the kernel
     @cute.kernel
     def kernel(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
@@ -622,7 +844,8 @@ class DecodeTopK:
             g_hi = Int32(sel(g_lo + per < n_groups, g_lo + per, n_groups))
             # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
             # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
-            # 11 the cluster's floor for the first digit
+            # 11 the cluster's floor for the first digit, 12 this CTA's list length (cap + 1: overflowed),
+            # 13 CTA 0's list length, 14 the gathered finish's slot counter
             for i in cutlass.range(tid, 2 * self.bins, T):
                 cute.arch.store(s_hist + i, Int32(0))
             if tid < 16:
@@ -635,59 +858,17 @@ class DecodeTopK:
             # row's k-th largest too; the bound is refreshed, and the list filtered with
             # it, only when the list cannot take another tile.
             shift0 = self.key_bits - self.digits[0]
-            if const_expr(self.warp_step1):
+            n_list = Int32(0)
+            ok = Int32(1)
+            sp = Int32(0)
+            if g_hi - g_lo >= self.warp_min_groups:
                 n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, rraw,
                                              rnext, rnext2, rkeys)
-                sp = Int32(0)
             else:
-                tile = T * self.items
-                n_list = Int32(0)
-                bound = Uint32(0)
-                ok = Int32(1)  # the list holds every item at or above `bound`
-                sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
-                # Loads run two tiles ahead: tiles i + 1 and i + 2 are in flight while tile i is counted.
-                self.load_raw(row_addr, g_lo + tid, g_hi, row_end, rnext)
-                self.load_raw(row_addr, g_lo + T + tid, g_hi, row_end, rnext2)
-                for gb in cutlass.range(g_lo, g_hi, T):
-                    g = gb + tid
-                    for j in cutlass.range_constexpr(8):
-                        rraw[j] = rnext[j]
-                        rnext[j] = rnext2[j]
-                    self.load_raw(row_addr, g + 2 * T, g_hi, row_end, rnext2)
-                    self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
-                    # Only items at or above the bound are counted: the row's k-th largest bin is
-                    # at or above every CTA's bound, so the bins the selection reads stay exact.
-                    for j in cutlass.range_constexpr(self.items):
-                        if rkeys[j] != Uint32(0):
-                            if (rkeys[j] >> Uint32(shift0)) >= bound:
-                                cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
-                    if ok != 0:
-                        if n_list + tile > self.cap:
-                            # The histogram now covers this tile too: its k-th largest bin.
-                            cute.arch.sync_threads()
-                            bound = Uint32(self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc))
-                            sp = 1 - sp
-                            n_list, sp = self.filter_list(s_key, s_idx, n_list, bound, shift0, s_scan, sp)
-                            if n_list + tile > self.cap:
-                                ok = Int32(0)
-                    if ok != 0:
-                        cnt = Int32(0)
-                        for j in cutlass.range_constexpr(self.items):
-                            keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
-                            cnt = cnt + sel(keep, Int32(1), Int32(0))
-                        incl, tot = self.block_scan(cnt, s_scan + sp * 32)
-                        sp = 1 - sp
-                        pos = n_list + incl - cnt
-                        for j in cutlass.range_constexpr(self.items):
-                            if rkeys[j] != Uint32(0):
-                                if (rkeys[j] >> Uint32(shift0)) >= bound:
-                                    cute.arch.store(s_key + pos, rkeys[j])
-                                    if const_expr(self.block_mode):
-                                        cute.arch.store(s_idx + pos, g)
-                                    else:
-                                        cute.arch.store(s_idx + pos, g * 8 + j)
-                                    pos = pos + 1
-                        n_list = n_list + tot
+                n_list, ok, sp = self.step1_cta(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_scan,
+                                                s_misc, rraw, rnext, rnext2, rkeys)
+            if tid == 0:
+                cute.arch.store(s_misc + 12, sel(ok != 0, n_list, Int32(self.cap + 1)))
             # Step 2: the cluster's first digit. Each CTA's own k-th largest bin is a floor
             # for the row's, so the peers' bins below the highest floor are not read.
             if const_expr(C > 1):
@@ -697,150 +878,171 @@ class DecodeTopK:
             b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32,
                                                               s_misc, floor_slot=5)
             krem = k - above0
-            prefix = Uint32(b0) << Uint32(shift0)
-            mask = Uint32(((1 << self.digits[0]) - 1) << shift0)
             use_list = ok != 0
-            # Once the k-th item is the last of its bin, every item of the bin is selected
-            # and the remaining digits change nothing: stop (the same on every CTA).
-            done = sel(krem == count0, Int32(1), Int32(0))
-            eq_off = b0  # histogram word counting this CTA's items equal to the prefix
+            # CTA 0's list length: the threshold bin's items of the cluster gather behind it.
+            if tid == 0:
+                base = cute.arch.load(s_misc + 12, Int32)
+                if const_expr(C > 1):
+                    base = Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(s_misc + 12), Int32(0))))
+                cute.arch.store(s_misc + 13, base)
             cute.arch.sync_threads()
-
-            # Step 2 (cont.): the remaining digits, over the list (or the slice if it did not fit).
-            for d in cutlass.range_constexpr(1, len(self.digits)):
-                if done == 0:
-                    hist_par = d % 2
-                    h = s_hist + hist_par * self.bins
-                    shift = self.key_bits - sum(self.digits[: d + 1])
-                    dmask = Uint32((1 << self.digits[d]) - 1)
-                    # This buffer was last read by the peers before they arrived at the
-                    # previous cluster barrier, which this CTA has passed: safe to clear.
-                    for i in cutlass.range(tid, 1 << self.digits[d], T):
-                        cute.arch.store(h + i, Int32(0))
+            gather_base = cute.arch.load(s_misc + 13, Int32)
+            # Once the k-th item is the last of its bin, every item of the bin is selected and
+            # the remaining digits change nothing (the cluster-wide finish stops at once). Else,
+            # if CTA 0 has room, the bin's items are gathered there and it finishes alone
+            # (block-local rounds instead of cluster-wide ones). The same choice on every CTA.
+            gather = (krem != count0) & (gather_base + count0 <= self.cap)
+            if gather:
+                eq_before, gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc)
+                self.gather_pass(use_list, n_list, row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base,
+                                 gather_base + eq_before, s_key, s_idx, s_misc, out_row, rraw, rkeys)
+                # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
+                # shared memory after this barrier: the peers may exit.
+                if const_expr(C > 1):
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
+                else:
                     cute.arch.sync_threads()
-                    if use_list:
-                        for i in cutlass.range(tid, n_list, T):
-                            key = cute.arch.load(s_key + i, Uint32)
+                if rank == 0:
+                    self.finish_gathered(gather_base, count0, krem, k - krem, s_hist, s_key, s_idx, s_scan, s_misc,
+                                         out_row)
+            else:
+                self.finish_clustered(use_list, n_list, row_addr, g_lo, g_hi, row_end, k, rank, b0, krem, count0,
+                                      gt_mine, s_hist, s_key, s_idx, s_scan, s_misc, out_row, rraw, rkeys)
+
+    @cute.jit
+    def finish_clustered(self, use_list, n_list: Int32, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32,
+                         k: Int32, rank: Int32, b0: Int32, krem: Int32, count0: Int32, gt_mine: Int32,
+                         s_hist: cute.Pointer, s_key: cute.Pointer, s_idx: cute.Pointer, s_scan: cute.Pointer,
+                         s_misc: cute.Pointer, out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor):
+        """The remaining digits by cluster-wide rounds (over the list, or the slice if it did not fit), then the writes."""
+        T = self.threads
+        C = self.cluster
+        tid = cute.arch.thread_idx()[0]
+        shift0 = self.key_bits - self.digits[0]
+        prefix = Uint32(b0) << Uint32(shift0)
+        mask = Uint32(((1 << self.digits[0]) - 1) << shift0)
+        done = sel(krem == count0, Int32(1), Int32(0))
+        eq_off = b0  # histogram word counting this CTA's items equal to the prefix
+        cute.arch.sync_threads()
+        for d in cutlass.range_constexpr(1, len(self.digits)):
+            if done == 0:
+                hist_par = d % 2
+                h = s_hist + hist_par * self.bins
+                shift = self.key_bits - sum(self.digits[: d + 1])
+                dmask = Uint32((1 << self.digits[d]) - 1)
+                # This buffer was last read by the peers before they arrived at the
+                # previous cluster barrier, which this CTA has passed: safe to clear.
+                for i in cutlass.range(tid, 1 << self.digits[d], T):
+                    cute.arch.store(h + i, Int32(0))
+                cute.arch.sync_threads()
+                if use_list:
+                    for i in cutlass.range(tid, n_list, T):
+                        key = cute.arch.load(s_key + i, Uint32)
+                        if key & mask == prefix:
+                            cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
+                else:
+                    for gb in cutlass.range(g_lo, g_hi, T):
+                        self.load_items(row_addr, gb + tid, g_hi, row_end, rraw, rkeys)
+                        for j in cutlass.range_constexpr(self.items):
+                            key = rkeys[j]
                             if key & mask == prefix:
                                 cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
-                    else:
-                        for gb in cutlass.range(g_lo, g_hi, T):
-                            self.load_items(row_addr, gb + tid, g_hi, row_end, rraw, rkeys)
-                            for j in cutlass.range_constexpr(self.items):
-                                key = rkeys[j]
-                                if key & mask == prefix:
-                                    cute.arch.atomic_add(h + Int32((key >> Uint32(shift)) & dmask), Int32(1))
-                    bd, aboved, countd, gt_mined = self.cluster_select(h, 1 << self.digits[d], krem, s_scan + (d % 2) * 32, s_misc)
-                    krem = krem - aboved
-                    prefix = prefix | (Uint32(bd) << Uint32(shift))
-                    mask = mask | (dmask << Uint32(shift))
-                    done = sel(krem == countd, Int32(1), Int32(0))
-                    gt_mine = gt_mine + gt_mined
-                    eq_off = hist_par * self.bins + bd
+                bd, aboved, countd, gt_mined = self.cluster_select(h, 1 << self.digits[d], krem,
+                                                                   s_scan + (d % 2) * 32, s_misc)
+                krem = krem - aboved
+                prefix = prefix | (Uint32(bd) << Uint32(shift))
+                mask = mask | (dmask << Uint32(shift))
+                done = sel(krem == countd, Int32(1), Int32(0))
+                gt_mine = gt_mine + gt_mined
+                eq_off = hist_par * self.bins + bd
 
-            # Step 3: write. Items with (key & mask) > prefix are selected; `krem` of those
-            # equal to it are still needed (exact ties unless all of them are taken).
-            need_eq = krem
-            gt_total = k - need_eq
-            eq_local = cute.arch.load(s_hist + eq_off, Int32)
-            # Equal keys of lower-ranked CTAs (lower columns) come first.
-            if const_expr(C > 1):
-                if tid < WARP:
-                    v = Int32(0)
-                    if tid < rank:
-                        v = Int32(ptx.ld_cluster_u32(
-                            ptx.mapa_shared(smem_addr(s_hist + eq_off), tid)))
-                    for s in cutlass.range_constexpr(5):
-                        v = v + cute.arch.shuffle_sync_bfly(v, 1 << s)
-                    if tid == 0:
-                        cute.arch.store(s_misc + 4, v)
-                        # This CTA's block of the row's > threshold slots: one add on CTA 0's counter.
-                        counter = ptx.mapa_shared(smem_addr(s_misc + 2), Int32(0))
-                        cute.arch.store(s_misc + 8, Int32(ptx.atom_add_cluster_u32(counter, Uint32(gt_mine))))
-                cute.arch.sync_threads()
-            eq_before = cute.arch.load(s_misc + 4, Int32)
-            gt_base = cute.arch.load(s_misc + 8, Int32)
-            take = need_eq - eq_before
-            take = sel(take < 0, Int32(0), take)
-            take = Int32(sel(take > eq_local, eq_local, take))
-            ordered = take < eq_local
-            eq_base = gt_total + eq_before
-            slot_counter = s_misc + 9  # this CTA's > threshold items so far
-            local_counter = s_misc + 3  # this CTA's == threshold items so far (when all are taken)
-
-            if use_list:
-                par = Int32(0)
-                base = Int32(0)
-                for ib in cutlass.range(0, n_list, T):
-                    i = ib + tid
-                    key = Uint32(0)
-                    idx = Int32(0)
-                    if i < n_list:
-                        key = cute.arch.load(s_key + i, Uint32)
-                        idx = cute.arch.load(s_idx + i, Int32)
-                    gt = sel(key & mask > prefix, Int32(1), Int32(0))
-                    slot = gt_base + self.warp_slots(gt, slot_counter)
-                    if key & mask > prefix:
-                        cute.arch.store(out_row + slot, idx)
-                    eq = sel(key & mask == prefix, Int32(1), Int32(0))
-                    if ordered:
-                        incl, tot = self.block_scan(eq, s_scan + par * 32)
-                        r = base + incl - eq
-                        if key & mask == prefix:
-                            if r < take:
-                                cute.arch.store(out_row + eq_base + r, idx)
-                        base = base + tot
-                        par = 1 - par
-                    else:
-                        if key & mask == prefix:
-                            r = cute.arch.atomic_add(local_counter, Int32(1))
+        # Step 3: write. Items with (key & mask) > prefix are selected; `krem` of those
+        # equal to it are still needed (exact ties unless all of them are taken).
+        need_eq = krem
+        gt_total = k - need_eq
+        eq_local = cute.arch.load(s_hist + eq_off, Int32)
+        eq_before, gt_base = self.slot_bases(rank, s_hist + eq_off, gt_mine, s_misc)
+        take = need_eq - eq_before
+        take = sel(take < 0, Int32(0), take)
+        take = Int32(sel(take > eq_local, eq_local, take))
+        ordered = take < eq_local
+        eq_base = gt_total + eq_before
+        slot_counter = s_misc + 9  # this CTA's > threshold items so far
+        local_counter = s_misc + 3  # this CTA's == threshold items so far (when all are taken)
+        if use_list:
+            par = Int32(0)
+            base = Int32(0)
+            for ib in cutlass.range(0, n_list, T):
+                i = ib + tid
+                key = Uint32(0)
+                idx = Int32(0)
+                if i < n_list:
+                    key = cute.arch.load(s_key + i, Uint32)
+                    idx = cute.arch.load(s_idx + i, Int32)
+                gt = sel(key & mask > prefix, Int32(1), Int32(0))
+                slot = gt_base + self.warp_slots(gt, slot_counter)
+                if key & mask > prefix:
+                    cute.arch.store(out_row + slot, idx)
+                eq = sel(key & mask == prefix, Int32(1), Int32(0))
+                if ordered:
+                    incl, tot = self.block_scan(eq, s_scan + par * 32)
+                    r = base + incl - eq
+                    if key & mask == prefix:
+                        if r < take:
                             cute.arch.store(out_row + eq_base + r, idx)
-            else:
-                par = Int32(0)
-                base = Int32(0)
-                for gb in cutlass.range(g_lo, g_hi, T):
-                    g = gb + tid
-                    self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-                    gt = Int32(0)
-                    eq = Int32(0)
+                    base = base + tot
+                    par = 1 - par
+                else:
+                    if key & mask == prefix:
+                        r = cute.arch.atomic_add(local_counter, Int32(1))
+                        cute.arch.store(out_row + eq_base + r, idx)
+        else:
+            par = Int32(0)
+            base = Int32(0)
+            for gb in cutlass.range(g_lo, g_hi, T):
+                g = gb + tid
+                self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
+                gt = Int32(0)
+                eq = Int32(0)
+                for j in cutlass.range_constexpr(self.items):
+                    gt = gt + sel(rkeys[j] & mask > prefix, Int32(1), Int32(0))
+                    eq = eq + sel(rkeys[j] & mask == prefix, Int32(1), Int32(0))
+                slot = gt_base + self.warp_slots(gt, slot_counter)
+                for j in cutlass.range_constexpr(self.items):
+                    if rkeys[j] & mask > prefix:
+                        if const_expr(self.block_mode):
+                            cute.arch.store(out_row + slot, g)
+                        else:
+                            cute.arch.store(out_row + slot, g * 8 + j)
+                        slot = slot + 1
+                if ordered:
+                    incl, tot = self.block_scan(eq, s_scan + par * 32)
+                    r = base + incl - eq
                     for j in cutlass.range_constexpr(self.items):
-                        gt = gt + sel(rkeys[j] & mask > prefix, Int32(1), Int32(0))
-                        eq = eq + sel(rkeys[j] & mask == prefix, Int32(1), Int32(0))
-                    slot = gt_base + self.warp_slots(gt, slot_counter)
-                    for j in cutlass.range_constexpr(self.items):
-                        if rkeys[j] & mask > prefix:
-                            if const_expr(self.block_mode):
-                                cute.arch.store(out_row + slot, g)
-                            else:
-                                cute.arch.store(out_row + slot, g * 8 + j)
-                            slot = slot + 1
-                    if ordered:
-                        incl, tot = self.block_scan(eq, s_scan + par * 32)
-                        r = base + incl - eq
-                        for j in cutlass.range_constexpr(self.items):
-                            if rkeys[j] & mask == prefix:
-                                if r < take:
-                                    if const_expr(self.block_mode):
-                                        cute.arch.store(out_row + eq_base + r, g)
-                                    else:
-                                        cute.arch.store(out_row + eq_base + r, g * 8 + j)
-                                r = r + 1
-                        base = base + tot
-                        par = 1 - par
-                    else:
-                        for j in cutlass.range_constexpr(self.items):
-                            if rkeys[j] & mask == prefix:
-                                r = cute.arch.atomic_add(local_counter, Int32(1))
+                        if rkeys[j] & mask == prefix:
+                            if r < take:
                                 if const_expr(self.block_mode):
                                     cute.arch.store(out_row + eq_base + r, g)
                                 else:
                                     cute.arch.store(out_row + eq_base + r, g * 8 + j)
-            # No CTA may exit while a peer can still read its histograms or add to CTA 0's
-            # counter. Those accesses have returned their values before the peer arrives, and
-            # nothing is published here, so a relaxed arrive (no wait for this CTA's stores).
-            if const_expr(C > 1):
-                cute.arch.cluster_arrive_relaxed()
-                cute.arch.cluster_wait()
+                            r = r + 1
+                    base = base + tot
+                    par = 1 - par
+                else:
+                    for j in cutlass.range_constexpr(self.items):
+                        if rkeys[j] & mask == prefix:
+                            r = cute.arch.atomic_add(local_counter, Int32(1))
+                            if const_expr(self.block_mode):
+                                cute.arch.store(out_row + eq_base + r, g)
+                            else:
+                                cute.arch.store(out_row + eq_base + r, g * 8 + j)
+        # No CTA may exit while a peer can still read its histograms or add to CTA 0's
+        # counter. Those accesses have returned their values before the peer arrives, and
+        # nothing is published here, so a relaxed arrive (no wait for this CTA's stores).
+        if const_expr(C > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
 
 
 def make(variant) -> DecodeTopK:
@@ -852,7 +1054,7 @@ def make(variant) -> DecodeTopK:
         hist_bins=variant.option("hist_bins"),
         list_capacity=variant.option("list_capacity"),
         smem_bytes=variant.smem_bytes,
-        warp_step1=variant.option("step1") == "warp",
+        warp_min_groups=variant.option("warp_step1_min_groups"),
     )
 
 

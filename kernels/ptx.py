@@ -188,6 +188,12 @@ def st_cluster_f32(addr: Int32, v, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_cluster_b32(addr: Int32, v, *, loc=None, ip=None) -> None:
+    """Store a 32-bit word at a shared::cluster address (from mapa_shared)."""
+    _asm(None, [_i32(addr), Uint32(v).ir_value()], "st.shared::cluster.b32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
 def st_cluster_v2_f32(addr: Int32, a, b, *, loc=None, ip=None) -> None:
     """Store two floats at an 8-byte aligned shared::cluster address."""
     _asm(None, [_i32(addr), _f32(a), _f32(b)], "st.shared::cluster.v2.f32 [$0], {$1, $2};", "r,f,f")

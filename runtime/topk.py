@@ -90,13 +90,14 @@ class _Plan:
     def cluster_for(self, rows: int, width: int):
         """The largest cluster that fits one wave and leaves each CTA enough columns.
 
-        16 CTAs only for one or two very long rows: measured on the H200, a 16-CTA
-        cluster's histogram exchange costs more than its extra CTAs save elsewhere.
+        16 CTAs only for one or two rows: measured on the H200 (cluster sweep of
+        benchmarks/results/decode_topk_h200.json), 16 CTAs win for a single row from 64K
+        columns on, and lose to 8 once 8 rows fill the GPU's clusters of 16.
         """
         fits = [c for c, (_, most) in self.kernels.items() if 0 < rows <= most]
         if not fits:
             return None
-        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA and (c <= 8 or (rows <= 2 and width >= 1 << 19))]
+        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA and (c <= 8 or rows <= 2)]
         return max(good) if good else min(fits)
 
 

@@ -174,7 +174,11 @@ def test_fallback_matches_for_unaligned_logits():
 
 
 def test_every_variant():
-    """Every variant of the contract (each cluster size, both step-1 kinds), launched directly, vs the reference."""
+    """Every variant of the contract (each cluster size), launched directly, vs the reference.
+
+    Two widths: a short one (the CTA-tile step 1) and one whose CTA slices reach the
+    warp step 1 (contract.WARP_STEP1_MIN_GROUPS groups of 8 columns per CTA).
+    """
     import runtime
     from runtime.contract import decode_topk as contract
 
@@ -185,8 +189,10 @@ def test_every_variant():
         tdtype = torch.float32 if v.option("dtype") == "f32" else torch.bfloat16
         block_mode = v.option("block_mode")
         cluster = v.option("cluster")
-        for kind in ("randn", "ties"):
-            k, rows, width = 1024, 3, 50000 + cluster
+        long_width = cluster * (contract.WARP_STEP1_MIN_GROUPS * 8 + 1000) + 3
+        for kind, width in (("randn", 50000 + cluster), ("ties", 50000 + cluster), ("randn", long_width),
+                            ("ties", long_width)):
+            k, rows = 1024, 3
             logits = _logits(rows, width, tdtype, seed=cluster)
             if kind == "ties":
                 logits = _adversarial("ties_at_threshold", rows, width, tdtype, seed=cluster)
@@ -198,7 +204,7 @@ def test_every_variant():
             try:
                 _check(logits, ends, out, k, block_mode)
             except AssertionError as e:
-                bad.append(f"{v.name} {kind}: {e}")
+                bad.append(f"{v.name} {kind} width={width}: {e}")
     assert not bad, bad
 
 

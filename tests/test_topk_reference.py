@@ -168,7 +168,9 @@ def test_cluster_choice_fits_one_wave():
             return FakeKernel(name, self.most[int(name.rsplit("_c", 1)[1])])
 
     plan = topk._Plan(FakeCache(), "f32", False)
-    assert plan.cluster_for(1, 65536) == 8
+    assert plan.cluster_for(1, 65536) == 16  # a single row takes 16 CTAs from 64K columns
+    assert plan.cluster_for(2, 65536) == 16
+    assert plan.cluster_for(3, 65536) == 8
     assert plan.cluster_for(1, 1 << 20) == 16
     assert plan.cluster_for(1, 16384) == 4
     assert plan.cluster_for(14, 1 << 20) == 8

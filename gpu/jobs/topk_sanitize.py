@@ -2,9 +2,10 @@
 
     compute-sanitizer --tool {memcheck,racecheck,synccheck} python3 gpu/jobs/topk_sanitize.py
 
-Covers cluster sizes 1, 2 and 16, FP32/BF16, token/block mode, the list path, the
-global-memory fallback path (all-equal rows overflow the list), ordered ties, short
-rows and a partial last group. Exits non-zero on a wrong result.
+Covers cluster sizes 1, 2 and 16, FP32/BF16, token/block mode, both step-1 loops (a
+110K-column slice of one CTA takes the warp loop), the gathered and the cluster-wide
+finish, the list path, the global-memory fallback path (all-equal rows overflow the
+list), ordered ties, short rows and a partial last group. Exits non-zero on a wrong result.
 """
 
 import sys
@@ -21,17 +22,17 @@ def main() -> int:
     cache = runtime.load()
     bad = 0
     cases = 0
-    combos = [(d, t, b, c, s) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
-              for b in (False, True) for c in (1, 2, 16) for s in contract.STEP1]
+    combos = [(d, t, b, c, w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
+              for b in (False, True) for c in (1, 2, 16) for w in (40003, 110003)]
     if quick:  # both dtypes and modes, a cluster (list path), a single CTA (global-memory path on "equal"), both step 1s
-        combos = [("f32", torch.float32, False, 2, "cta"), ("bf16", torch.bfloat16, True, 1, "cta"),
-                  ("f32", torch.float32, False, 2, "warp")]
-    for dtype, tdtype, block_mode, cluster, step1 in combos:
+        combos = [("f32", torch.float32, False, 2, 40003), ("bf16", torch.bfloat16, True, 1, 40003),
+                  ("f32", torch.float32, False, 1, 110003)]
+    for dtype, tdtype, block_mode, cluster, width in combos:
         if True:
             if True:
-                kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster, step1))
-                k, width = 512, 40003
-                stride = 40008
+                kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
+                k = 512
+                stride = width + 5
                 for kind in (("randn", "equal") if quick else ("randn", "equal", "ties")):
                     x = torch.randn(3, stride, device="cuda")
                     if kind == "equal":

@@ -44,20 +44,22 @@ LIST_CAPACITY = 12032
 SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + LIST_CAPACITY * 8
 
 
-# Step 1 (the one read of the logits) by CTA-wide tiles with an ordered scan each
-# ("cta"), or by independent warps on contiguous parts of the slice ("warp").
-STEP1 = ("cta", "warp")
+# Step 1 (the one read of the logits) runs by CTA-wide tiles with an ordered scan
+# each, or, from this many 8-column groups per CTA on, by independent warps on
+# contiguous parts of the slice (no CTA barrier per tile). Measured on the H200
+# (benchmarks/results/decode_topk_h200.json, cluster_sweep): the warp loop is ~12%
+# faster from 128K columns per CTA, even at 64K and slower below.
+WARP_STEP1_MIN_GROUPS = 12288
 
 
-def name_for(dtype: str, block_mode: bool, cluster: int, step1: str = "cta") -> str:
-    suffix = "" if step1 == "cta" else f"_{step1}"
-    return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_c{cluster}{suffix}"
+def name_for(dtype: str, block_mode: bool, cluster: int) -> str:
+    return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_c{cluster}"
 
 
-def _variant(dtype: str, block_mode: bool, cluster: int, step1: str) -> Variant:
+def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
     return Variant(
         family="decode_topk",
-        name=name_for(dtype, block_mode, cluster, step1),
+        name=name_for(dtype, block_mode, cluster),
         params=PARAMS,
         threads=THREADS,
         cluster=(cluster, 1, 1),
@@ -69,14 +71,13 @@ def _variant(dtype: str, block_mode: bool, cluster: int, step1: str) -> Variant:
             ("cluster", cluster),
             ("list_capacity", LIST_CAPACITY),
             ("hist_bins", HIST_BINS),
-            ("step1", step1),
+            ("warp_step1_min_groups", WARP_STEP1_MIN_GROUPS),
         ),
     )
 
 
 VARIANTS = tuple(
-    _variant(dtype, block_mode, cluster, step1)
-    for step1 in STEP1
+    _variant(dtype, block_mode, cluster)
     for dtype in DTYPES
     for block_mode in (False, True)
     for cluster in CLUSTERS

@@ -1,0 +1,40 @@
+"""Launch one case a few times, for ncu (helper of gpu/jobs/profile.sh).
+
+usage: profile_cases.py topk NAME ROWS LENGTH K     (FP32/BF16 from the kernel name, direct launch)
+       profile_cases.py mla T WIDTH
+"""
+import sys
+
+import torch
+
+import runtime
+
+
+def topk(name, rows, length, k):
+    kernel = runtime.load().kernel(name)
+    c = kernel.entry.cluster[0]
+    dtype = torch.float32 if "_f32_" in name else torch.bfloat16
+    x = torch.randn(rows, length, device="cuda").to(dtype)
+    ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+    out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+    for _ in range(4):
+        kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(), out.data_ptr(), length, x.stride(0), out.stride(0), k)
+    torch.cuda.synchronize()
+
+
+def mla(T, width):
+    from runtime.sparse_mla import sparse_mla_decode
+    from tests.test_sparse_mla_gpu import BMM1_SCALE, BMM2_SCALE, make_case
+
+    args, sinks = make_case(T, width, seed=7)
+    out = torch.empty((T, 16, 512), dtype=torch.bfloat16, device="cuda")
+    for _ in range(4):
+        sparse_mla_decode(*args, sinks=sinks, out=out, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "topk":
+        topk(sys.argv[2], *map(int, sys.argv[3:6]))
+    else:
+        mla(*map(int, sys.argv[2:4]))
