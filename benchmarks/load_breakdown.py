@@ -2,7 +2,10 @@
 
 Runs in a fresh process (torch and the CUDA context up first). Also times a CUkernel-only route
 (cuKernelGetParamInfo / cuKernelGetAttribute / occupancy on the CUkernel) that never asks for a
-context's CUfunction, to see whether per-context module loading is the cost.
+context's CUfunction, to see whether per-context module loading is the cost. The CPU checks are
+the loader's (path, size, sha256, ELF header; the parameter count from the kernel's ELF
+attributes). load() itself reports its phases with SPARSE_DECODE_AOT_LOAD_PROFILE=1
+(benchmarks/bench_runtime.py collects them).
 """
 
 import json
@@ -18,7 +21,7 @@ t0 = time.perf_counter()
 import cuda.bindings.driver as drv  # noqa: E402
 
 t_import = time.perf_counter() - t0
-from runtime.manifest import read_checked_cubin, read_manifest  # noqa: E402
+from runtime.manifest import check_param_count, read_checked_cubin, read_manifest  # noqa: E402
 
 route = sys.argv[1] if len(sys.argv) > 1 else "function"
 cost = defaultdict(float)
@@ -36,17 +39,18 @@ m = timed("read_manifest", read_manifest, None, "sm_90a")
 dev = drv.cuCtxGetDevice()[1]
 attr = drv.CUfunction_attribute
 for e in m.kernels.values():
-    data = timed("cpu_checks", read_checked_cubin, m, e)
+    data = timed("cpu_checks", lambda: read_checked_cubin(m, e, sections=False))
+    timed("cpu_checks", check_param_count, data, e, e.cubin, m.arch)
     lib = timed("cuLibraryLoadData", drv.cuLibraryLoadData, data, None, None, 0, None, None, 0)[1]
     k = timed("cuLibraryGetKernel", drv.cuLibraryGetKernel, lib, e.symbol.encode())[1]
     if route == "function":
         f = timed("cuKernelGetFunction", drv.cuKernelGetFunction, k)[1]
-        for i in range(len(e.params) + 1):
+        for i in range(len(e.params)):
             timed("param_info", drv.cuFuncGetParamInfo, f, i)
         timed("get_attribute", drv.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f)
         target = f
     else:
-        for i in range(len(e.params) + 1):
+        for i in range(len(e.params)):
             timed("param_info", drv.cuKernelGetParamInfo, k, i)
         timed("get_attribute", drv.cuKernelGetAttribute, attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, k, dev)
         target = drv.CUfunction(int(k))

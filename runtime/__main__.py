@@ -10,6 +10,7 @@ import time
 def verify(root=None) -> int:
     from . import load
     from .errors import CacheError
+    from .manifest import check_cache
     from .probe import run_probe
 
     start = time.perf_counter()
@@ -20,13 +21,21 @@ def verify(root=None) -> int:
         return 1
     seconds = time.perf_counter() - start
     m = cache.manifest
+    try:
+        # What load() leaves to the driver, checked on the ELF too: each kernel's symbol and its
+        # full parameter list in the cubin's .nv.info attributes.
+        check_cache(m.root, m.arch)
+    except CacheError as e:
+        print(f"FAIL (ELF sections): {e}")
+        return 1
     print(f"manifest {m.path} (arch {m.arch}, schema ok, source {m.source_hash[:12]}, toolchain "
           f"{m.toolchain.get('nvidia-cutlass-dsl', '?')})")
     for name in cache.names():
         e = cache.kernel(name).entry
         print(f"  ok {name:40s} {e.family:18s} cluster {e.cluster} threads {e.threads} smem {e.smem_bytes} "
               f"pdl {e.pdl} resident clusters {cache.kernel(name).max_active_clusters}")
-    print(f"loaded and validated {len(cache.names())} kernels in {seconds * 1e3:.1f} ms")
+    print(f"loaded and validated {len(cache.names())} kernels in {seconds * 1e3:.1f} ms; ELF symbols and "
+          f"parameter lists match the manifest")
     failed = 0
     for name, problem in run_probe(cache).items():
         print(f"  probe {name}: {'ok' if problem is None else 'FAIL ' + problem}")

@@ -9,28 +9,29 @@ of its ``.nv.info.<kernel>`` section (``EIATTR_KPARAM_INFO`` records).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
 _EIATTR_KPARAM_INFO = 0x17
 _EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
 _EF_CUDA_ACCELERATORS_V1 = 0x800  # the "a" of sm_90a in the ABI-v1 flag layout
+_SHDR = struct.Struct("<IIQQQQIIQQ")  # an ELF64 section header
 
 
 class CubinFormatError(ValueError):
     """The bytes are not a CUDA ELF this module can read."""
 
 
-@dataclass(frozen=True)
-class KernelParam:
+# NamedTuples rather than dataclasses: ``import runtime`` is part of the measured cold start,
+# and a frozen dataclass costs about 0.4 ms to define.
+class KernelParam(NamedTuple):
     ordinal: int
     offset: int
     size: int
 
 
-@dataclass(frozen=True)
-class CubinInfo:
+class CubinInfo(NamedTuple):
     sm: int  # e.g. 90, 100
     arch_specific: bool | None  # the "a" suffix where the flag layout records it, else None
     kernels: dict  # symbol -> tuple[KernelParam, ...] ordered by ordinal
@@ -47,31 +48,41 @@ class CubinInfo:
         return f"sm_{self.sm}" + ("a" if self.arch_specific else "")
 
 
-def read_header(data: bytes) -> CubinInfo:
-    """Only the ELF header: the SM, without parsing sections (``kernels`` is empty)."""
+def _check_elf(data: bytes) -> None:
     if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2:
         raise CubinFormatError("not an ELF64 file")
     (machine,) = struct.unpack_from("<H", data, 0x12)
     if machine != EM_CUDA:
         raise CubinFormatError(f"ELF machine {machine} is not CUDA ({EM_CUDA})")
+
+
+def read_header(data: bytes) -> CubinInfo:
+    """Only the ELF header: the SM, without parsing sections (``kernels`` is empty)."""
+    _check_elf(data)
     sm, specific = _sm_of(data)
     return CubinInfo(sm, specific, {})
 
 
-def _sections(data: bytes):
-    if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2:
-        raise CubinFormatError("not an ELF64 file")
-    (machine,) = struct.unpack_from("<H", data, 0x12)
-    if machine != EM_CUDA:
-        raise CubinFormatError(f"ELF machine {machine} is not CUDA ({EM_CUDA})")
+def _section_heads(data: bytes) -> tuple[list, int]:
+    """Every section header (name, type, flags, addr, offset, size, ...), bounds-checked."""
+    _check_elf(data)
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     if shoff + shnum * shentsize > len(data) or shstrndx >= shnum:
         raise CubinFormatError("section headers run past the end of the file (truncated?)")
-    heads = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    if shentsize == _SHDR.size:
+        heads = list(_SHDR.iter_unpack(data[shoff : shoff + shnum * shentsize]))
+    else:
+        heads = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
+    end = len(data)
     for h in heads:
-        if h[1] != 8 and h[4] + h[5] > len(data):  # 8 = SHT_NOBITS
+        if h[1] != 8 and h[4] + h[5] > end:  # 8 = SHT_NOBITS
             raise CubinFormatError("a section runs past the end of the file (truncated?)")
+    return heads, shstrndx
+
+
+def _sections(data: bytes):
+    heads, shstrndx = _section_heads(data)
     strtab = heads[shstrndx][4]
 
     def name(off: int) -> str:
@@ -111,6 +122,43 @@ def _kernel_params(info: bytes) -> tuple[KernelParam, ...]:
             _index, ordinal, offset, bits = struct.unpack_from("<IHHI", value)
             params.append(KernelParam(ordinal, offset, (bits >> 18) & 0x3FFF))
     return tuple(sorted(params, key=lambda p: p.ordinal))
+
+
+def kernel_param_count(data: bytes, symbol: str) -> int | None:
+    """How many parameters the ELF's attribute list gives kernel ``symbol`` (None: no such list).
+
+    Reads only the section headers and that kernel's ``.nv.info.<symbol>`` section: the loader
+    pins the parameter count with it, which ``cuFuncGetParamInfo`` alone cannot (CUDA 13.0, the
+    H200's driver 580, has no ``cuFuncGetParamCount``, and probing past the last index is a
+    failing API call that sanitizers report).
+    """
+    heads, shstrndx = _section_heads(data)
+    strtab = heads[shstrndx][4]
+    name = b".nv.info." + symbol.encode() + b"\0"
+    for h in heads:
+        if data.startswith(name, strtab + h[0]):
+            return _count_kernel_params(data, h[4], h[4] + h[5])
+    return None
+
+
+def _count_kernel_params(data: bytes, i: int, end: int) -> int:
+    """The number of ``EIATTR_KPARAM_INFO`` records in ``data[i:end]`` (as ``_kernel_params`` reads them)."""
+    count = 0
+    while i + 2 <= end:
+        fmt = data[i]
+        if fmt == _EIFMT_SVAL:
+            if i + 4 > end:
+                raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
+            size = data[i + 2] | data[i + 3] << 8
+            count += data[i + 1] == _EIATTR_KPARAM_INFO and min(size, end - i - 4) >= 12
+            i += 4 + size
+        elif fmt in (_EIFMT_BVAL, _EIFMT_HVAL):
+            i += 4
+        elif fmt == _EIFMT_NVAL:
+            i += 2
+        else:
+            raise CubinFormatError(f"unknown .nv.info attribute format {fmt}")
+    return count
 
 
 def read_cubin(data: bytes) -> CubinInfo:

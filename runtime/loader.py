@@ -1,26 +1,55 @@
 """Loading the cache onto a device and launching its kernels (no JIT at serving time).
 
 ``load()`` reads the manifest for the current device's arch, checks every cubin
-on the CPU side (manifest.py), loads it with ``cuLibraryLoadData`` (a library is
-context-independent, so every GPU of the process can use it) and checks it against
-the device: the parameter layout by ``cuFuncGetParamInfo``, shared memory against
-the opt-in limit, the cluster shape by ``cuOccupancyMaxActiveClusters``. A launch
-is one ``cuLaunchKernelEx`` on the current torch stream with arguments packed into
+on the CPU side (manifest.py: path, size, sha256, the ELF header's SM), loads it
+with ``cuLibraryLoadData`` (a library is context-independent, so every GPU of the
+process can use it) and checks it against the device: the symbol by
+``cuLibraryGetKernel``, the parameter layout by ``cuFuncGetParamInfo`` (the count
+pinned by the kernel's ELF attribute list), shared memory against the opt-in
+limit, the cluster shape by ``cuOccupancyMaxActiveClusters``. The full ELF parse
+(every kernel's parameter list) is left to ``check_cache`` and ``python -m runtime
+verify``: at load it would repeat what the driver checks. A launch is one
+``cuLaunchKernelEx`` on the current torch stream with arguments packed into
 buffers prepared at load time.
+
+``SPARSE_DECODE_AOT_LOAD_PROFILE=1`` makes ``load()`` time its phases (summed over
+kernels), print them to stderr as one JSON line and keep them in
+``KernelCache.load_profile``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import time
 from pathlib import Path
 
 import torch
 
 from .contract import ARCH_CAPABILITY
 from .driver import check, driver
-from .errors import ClusterShapeError, DeviceArchError, NoDriverError, SharedMemoryError, UnknownKernelError, REBUILD
-from .manifest import KernelEntry, Manifest, check_param_layout, default_root, read_checked_cubin, read_manifest
+from .errors import (
+    REBUILD,
+    ClusterShapeError,
+    DeviceArchError,
+    NoDriverError,
+    SharedMemoryError,
+    SymbolError,
+    UnknownKernelError,
+)
+from .manifest import (
+    KernelEntry,
+    Manifest,
+    check_param_count,
+    check_param_layout,
+    default_root,
+    no_tick,
+    read_checked_cubin,
+    read_manifest,
+)
+
+PROFILE_ENV = "SPARSE_DECODE_AOT_LOAD_PROFILE"
 
 _CTYPES = {"void*": ctypes.c_uint64, "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32,
            "float": ctypes.c_float, "int64_t": ctypes.c_int64}
@@ -36,7 +65,7 @@ def arch_for_capability(capability: tuple[int, int]) -> str | None:
 class Kernel:
     """One loaded kernel: its manifest entry and a prepared launch."""
 
-    def __init__(self, entry: KernelEntry, cu_kernel, max_active_clusters: int):
+    def __init__(self, entry: KernelEntry, cu_kernel, max_active_clusters: int, config=None):
         drv = driver()
         self.entry = entry
         self.name = entry.name
@@ -49,7 +78,9 @@ class Kernel:
         self._slots = [_CTYPES[p.ctype]() for p in entry.params]
         self._pointers = (ctypes.c_void_p * max(1, len(self._slots)))(*[ctypes.addressof(s) for s in self._slots])
         self._params_address = ctypes.addressof(self._pointers)
-        self._config = self._make_config(drv, entry)
+        # The loader passes the config it built for the occupancy query (grid = one cluster);
+        # the first launch sets the grid, since _dims starts as None.
+        self._config = config if config is not None else self._make_config(drv, entry)
         self._cluster_x = entry.cluster[0]
         self._nargs = len(self._slots)
         self._dims = None
@@ -57,22 +88,23 @@ class Kernel:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _make_config(drv, entry: KernelEntry):
+    def _make_config(drv, entry: KernelEntry, attributes: _LaunchAttributes | None = None):
+        """The kernel's CUlaunchConfig: block, dynamic shared memory, cluster and PDL attributes.
+
+        ``attributes`` shares the attribute structs across the kernels of one load (assigning
+        ``config.attrs`` copies them into the config).
+        """
+        attributes = attributes or _LaunchAttributes(drv)
         config = drv.CUlaunchConfig()
         config.blockDimX, config.blockDimY, config.blockDimZ = entry.threads, 1, 1
         config.sharedMemBytes = entry.smem_bytes
         attrs = []
         if entry.cluster_size > 1:
-            a = drv.CUlaunchAttribute()
-            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = entry.cluster
-            attrs.append(a)
+            attrs.append(attributes.cluster(entry.cluster))
         if entry.pdl:
-            a = drv.CUlaunchAttribute()
-            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            a.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(a)
-        config.attrs = attrs
+            attrs.append(attributes.pdl())
+        if attrs:
+            config.attrs = attrs
         config.numAttrs = len(attrs)
         return config
 
@@ -117,6 +149,34 @@ class Kernel:
         self._dims = dims
 
 
+class _LaunchAttributes:
+    """CUlaunchAttribute structs built once per load and shared by every kernel's config."""
+
+    def __init__(self, drv):
+        self._drv = drv
+        self._clusters = {}
+        self._pdl = None
+
+    def cluster(self, dims):
+        a = self._clusters.get(dims)
+        if a is None:
+            drv = self._drv
+            a = drv.CUlaunchAttribute()
+            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = dims
+            self._clusters[dims] = a
+        return a
+
+    def pdl(self):
+        if self._pdl is None:
+            drv = self._drv
+            a = drv.CUlaunchAttribute()
+            a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            self._pdl = a
+        return self._pdl
+
+
 def _current_raw_stream() -> int:
     """torch's current stream handle, without building a torch.cuda.Stream object
     (a CPU-only torch build lacks the fast accessors; it cannot launch anyway)."""
@@ -133,11 +193,14 @@ if _raw_stream_of is None or _current_device is None:  # pragma: no cover - CPU-
 class KernelCache:
     """Every kernel of one manifest, loaded and checked for one device."""
 
-    def __init__(self, manifest: Manifest, device: int, kernels: dict):
+    def __init__(self, manifest: Manifest, device: int, kernels: dict, load_profile: dict | None = None):
         self.manifest = manifest
         self.device = device
         self.arch = manifest.arch
         self._kernels = kernels
+        # Milliseconds per phase of the load that built this cache, where
+        # SPARSE_DECODE_AOT_LOAD_PROFILE=1 asked for them (else None).
+        self.load_profile = load_profile
 
     def kernel(self, name: str) -> Kernel:
         try:
@@ -159,28 +222,52 @@ _caches: dict = {}
 _caches_lock = threading.Lock()
 
 
+class _PhaseClock:
+    """Adds the time since the previous tick to ``label`` (SPARSE_DECODE_AOT_LOAD_PROFILE=1)."""
+
+    def __init__(self):
+        self.start = self._last = time.perf_counter()
+        self.ms: dict = {}
+
+    def __call__(self, label: str) -> None:
+        now = time.perf_counter()
+        self.ms[label] = self.ms.get(label, 0.0) + (now - self._last) * 1e3
+        self._last = now
+
+    def report(self, kernels: int) -> dict:
+        total = (time.perf_counter() - self.start) * 1e3
+        return {"total_ms": total, "kernels": kernels, "phases_ms": dict(self.ms),
+                "unaccounted_ms": total - sum(self.ms.values())}
+
+
 def load(root: str | Path | None = None, device: int | None = None) -> KernelCache:
     """Load and validate every kernel for ``device`` (default: torch's current device).
 
     Memoized per (root, device): call it once before CUDA graph capture.
     """
-    import torch
-
+    clock = _PhaseClock() if os.environ.get(PROFILE_ENV, "") not in ("", "0") else None
+    tick = clock or no_tick
     if not torch.cuda.is_available():
         driver()  # raises NoDriverError with the driver's own reason where there is none
         raise NoDriverError("torch sees no CUDA device.", fix="run on a GPU machine")
     device = torch.cuda.current_device() if device is None else int(device)
-    root = Path(root) if root is not None else default_root()
-    key = (str(root.resolve()), device)
+    root = (Path(root) if root is not None else default_root()).resolve()
+    key = (str(root), device)
+    tick("torch_device_and_root")
     with _caches_lock:
         if key not in _caches:
-            _caches[key] = _load(root, device)
+            _caches[key] = _load(root, device, tick)
+            if clock is not None:
+                import json
+                import sys
+
+                profile = clock.report(len(_caches[key].names()))
+                _caches[key].load_profile = profile
+                print(f"runtime.load profile: {json.dumps(profile)}", file=sys.stderr)
         return _caches[key]
 
 
-def _load(root: Path, device: int) -> KernelCache:
-    import torch
-
+def _load(root: Path, device: int, tick=no_tick) -> KernelCache:
     capability = torch.cuda.get_device_capability(device)
     arch = arch_for_capability(capability)
     if arch is None:
@@ -189,97 +276,142 @@ def _load(root: Path, device: int) -> KernelCache:
             f"serves ({', '.join(f'{a}: {c[0]}.{c[1]}' for a, c in ARCH_CAPABILITY.items())}).",
             fix="use the torch fallbacks on this GPU",
         )
+    tick("torch_device_and_root")
     manifest = read_manifest(root, arch)
-    return load_manifest(manifest, device)
+    tick("read_manifest")
+    return load_manifest(manifest, device, tick=tick, capability=capability)
 
 
-def load_manifest(manifest: Manifest, device: int) -> KernelCache:
+def load_manifest(manifest: Manifest, device: int, *, tick=no_tick, capability=None) -> KernelCache:
     """Load the kernels of an already-read manifest onto ``device`` (validating each)."""
-    import torch
-
     drv = driver()
+    tick("driver_import_and_cuInit")
     with torch.cuda.device(device):
-        torch.cuda.init()
-        torch.zeros(1, device=f"cuda:{device}")  # the primary context is current from here on
-        cu_device = check(drv.cuCtxGetDevice(), "cuCtxGetDevice")
+        _make_primary_context_current(device)
         want = ARCH_CAPABILITY[manifest.arch]
-        have = torch.cuda.get_device_capability(device)
-        if tuple(have) != want:
+        have = tuple(capability or torch.cuda.get_device_capability(device))
+        if have != want:
             raise DeviceArchError(
                 f"manifest arch {manifest.arch} needs compute capability {want[0]}.{want[1]}, "
                 f"device {device} has {have[0]}.{have[1]}.", file=manifest.path,
                 fix=f"load the manifest for this device's arch ({REBUILD.format(arch='<arch>')})",
             )
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        tick("torch_context")
+        cu_device = check(drv.cuCtxGetDevice(), "cuCtxGetDevice")
         smem_optin = check(drv.cuDeviceGetAttribute(
             drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device),
             "cuDeviceGetAttribute")
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        loader = _KernelLoader(drv, manifest, cu_device, smem_optin, sms, tick)
+        tick("device_attributes")
 
         # One thread: measured on the H200, eight loader threads were slower (GIL-bound checks).
-        kernels = {name: _load_kernel(drv, manifest, entry, cu_device, smem_optin, sms)
-                   for name, entry in manifest.kernels.items()}
+        kernels = {name: loader.load(entry) for name, entry in manifest.kernels.items()}
     return KernelCache(manifest, device, kernels)
 
 
-def _load_kernel(drv, manifest: Manifest, entry: KernelEntry, cu_device, smem_optin: int, sms: int) -> Kernel:
-    from .errors import SymbolError
+def _make_primary_context_current(device: int) -> None:
+    torch.cuda.init()
+    torch.zeros(1, device=f"cuda:{device}")  # the primary context is current from here on
 
-    # Size, sha256, and the ELF's SM, symbol and full parameter list; the driver's view below.
-    data = read_checked_cubin(manifest, entry)
-    path = manifest.root / entry.cubin
-    fix = REBUILD.format(arch=manifest.arch)
-    library = check(drv.cuLibraryLoadData(data, None, None, 0, None, None, 0), f"cuLibraryLoadData({path})")
-    err, cu_kernel = drv.cuLibraryGetKernel(library, entry.symbol.encode())
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise SymbolError(f"the driver finds no symbol {entry.symbol!r} ({err.name}).", file=path, kernel=entry.name, fix=fix)
-    function = check(drv.cuKernelGetFunction(cu_kernel), "cuKernelGetFunction")
-    check_param_layout(entry, _driver_param_layout(drv, function, len(entry.params)), path, manifest.arch,
-                       "cuFuncGetParamInfo")
 
-    static_smem = check(drv.cuFuncGetAttribute(
-        drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function), "cuFuncGetAttribute")
-    if entry.smem_bytes + static_smem > smem_optin:
-        raise SharedMemoryError(
-            f"needs {entry.smem_bytes} dynamic + {static_smem} static bytes of shared memory; the device allows "
-            f"{smem_optin} per block.", file=path, kernel=entry.name, fix="use a device with more shared memory",
-        )
-    attr = drv.CUfunction_attribute
-    check(drv.cuKernelSetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.smem_bytes,
-                                   cu_kernel, cu_device), "cuKernelSetAttribute(max dynamic smem)")
-    if entry.non_portable_cluster:
-        check(drv.cuKernelSetAttribute(attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
-                                       cu_kernel, cu_device), "cuKernelSetAttribute(non-portable cluster)")
-    clusters = _max_active_clusters(drv, entry, function, sms)
-    if clusters < 1:
-        raise ClusterShapeError(
-            f"the device cannot make cluster {entry.cluster} of {entry.threads}-thread CTAs with "
-            f"{entry.smem_bytes} bytes of shared memory resident.", file=path, kernel=entry.name,
-            fix="use a smaller cluster variant or a device that supports this shape",
-        )
-    return Kernel(entry, cu_kernel, clusters)
+class _KernelLoader:
+    """Loads and checks one manifest's kernels; what the kernels share is looked up once."""
+
+    def __init__(self, drv, manifest: Manifest, cu_device, smem_optin: int, sms: int, tick=no_tick):
+        self.drv, self.manifest, self.cu_device, self.smem_optin, self.sms = drv, manifest, cu_device, smem_optin, sms
+        self.tick = tick
+        self.fix = REBUILD.format(arch=manifest.arch)
+        self.attributes = _LaunchAttributes(drv)
+        attr = drv.CUfunction_attribute
+        self.static_smem = attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+        self.max_dynamic_smem = attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self.non_portable = attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+
+    def load(self, entry: KernelEntry) -> Kernel:
+        drv, tick, manifest = self.drv, self.tick, self.manifest
+        # Path inside the root, size, sha256 and the ELF header's SM; the symbol and the
+        # parameter layout are the driver's checks below.
+        data = read_checked_cubin(manifest, entry, sections=False, tick=tick)
+        path = manifest.root / entry.cubin  # for messages
+        err, library = drv.cuLibraryLoadData(data, None, None, 0, None, None, 0)
+        if err:
+            check((err,), f"cuLibraryLoadData({path})")
+        tick("cuLibraryLoadData")
+        err, cu_kernel = drv.cuLibraryGetKernel(library, entry.symbol.encode())
+        if err:
+            raise SymbolError(f"the driver finds no symbol {entry.symbol!r} ({err.name}).", file=path,
+                              kernel=entry.name, fix=self.fix)
+        tick("cuLibraryGetKernel")
+        function = _ok(drv.cuKernelGetFunction(cu_kernel), "cuKernelGetFunction")
+        tick("cuKernelGetFunction")
+        # The driver's offsets and sizes of the manifest's parameters, then the count from the
+        # kernel's ELF attribute list (a kernel with parameters the manifest lacks must not pass).
+        check_param_layout(entry, _driver_param_layout(drv, function, len(entry.params)), path, manifest.arch,
+                           "cuFuncGetParamInfo")
+        tick("cuFuncGetParamInfo")
+        check_param_count(data, entry, path, manifest.arch)
+        tick("elf_param_count")
+
+        static_smem = _ok(drv.cuFuncGetAttribute(self.static_smem, function), "cuFuncGetAttribute")
+        if entry.smem_bytes + static_smem > self.smem_optin:
+            raise SharedMemoryError(
+                f"needs {entry.smem_bytes} dynamic + {static_smem} static bytes of shared memory; the device allows "
+                f"{self.smem_optin} per block.", file=path, kernel=entry.name,
+                fix="use a device with more shared memory",
+            )
+        _ok(drv.cuKernelSetAttribute(self.max_dynamic_smem, entry.smem_bytes, cu_kernel, self.cu_device),
+            "cuKernelSetAttribute(max dynamic smem)")
+        if entry.non_portable_cluster:
+            _ok(drv.cuKernelSetAttribute(self.non_portable, 1, cu_kernel, self.cu_device),
+                "cuKernelSetAttribute(non-portable cluster)")
+        tick("shared_memory_attributes")
+        # One config per kernel: the occupancy query's (grid = one cluster), then the launches'.
+        config = Kernel._make_config(drv, entry, self.attributes)
+        tick("launch_config")
+        clusters = _max_active_clusters(drv, entry, function, self.sms, config)
+        if clusters < 1:
+            raise ClusterShapeError(
+                f"the device cannot make cluster {entry.cluster} of {entry.threads}-thread CTAs with "
+                f"{entry.smem_bytes} bytes of shared memory resident.", file=path, kernel=entry.name,
+                fix="use a smaller cluster variant or a device that supports this shape",
+            )
+        tick("occupancy")
+        kernel = Kernel(entry, cu_kernel, clusters, config)
+        tick("kernel_object")
+        return kernel
+
+
+def _ok(result, call: str):
+    """The value of a (CUresult[, value]) result; ``check`` raises with the driver's text on error."""
+    if result[0]:  # CUDA_SUCCESS is 0
+        check(result, call)
+    return result[1] if len(result) > 1 else None
 
 
 def _driver_param_layout(drv, function, count: int) -> list[tuple[int, int]]:
     """(offset, size) of the first ``count`` parameters as the driver sees them.
 
     Not probed past ``count`` (that call fails by design and tools such as compute-sanitizer
-    report every failing API call); the ELF check above already pinned the parameter count.
+    report every failing API call); the count is checked against the ELF's attribute list.
     """
     layout = []
+    get = drv.cuFuncGetParamInfo
     for index in range(count):
-        err, offset, size = drv.cuFuncGetParamInfo(function, index)
-        if err != drv.CUresult.CUDA_SUCCESS:
+        err, offset, size = get(function, index)
+        if err:
             break
         layout.append((int(offset), int(size)))
     return layout
 
 
-def _max_active_clusters(drv, entry: KernelEntry, function, sms: int) -> int:
+def _max_active_clusters(drv, entry: KernelEntry, function, sms: int, config=None) -> int:
     if entry.cluster_size == 1:
         # Not a cluster launch: resident CTAs over the whole device.
-        blocks = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, entry.threads, entry.smem_bytes),
-                       "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        blocks = _ok(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, entry.threads, entry.smem_bytes),
+                     "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return int(blocks) * sms
-    config = Kernel._make_config(drv, entry)  # one cluster's worth of CTAs
-    config.gridDimX, config.gridDimY, config.gridDimZ = entry.cluster
-    return int(check(drv.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))
+    if config is None:
+        config = Kernel._make_config(drv, entry)
+    config.gridDimX, config.gridDimY, config.gridDimZ = entry.cluster  # one cluster's worth of CTAs
+    return int(_ok(drv.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))

@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+from typing import NamedTuple
 
 from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION
-from .cubin import CubinFormatError, read_cubin, read_header
+from .cubin import CubinFormatError, kernel_param_count, read_cubin, read_header
 from .errors import (
     REBUILD,
     CubinArchError,
@@ -35,16 +35,17 @@ _ENTRY_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class ParamEntry:
+# NamedTuples, not frozen dataclasses: ``import runtime`` and building one entry per kernel are
+# part of the measured cold start of ``runtime.load()`` (a frozen dataclass costs ~0.4 ms to
+# define and several times a NamedTuple's time to construct).
+class ParamEntry(NamedTuple):
     name: str
     ctype: str
     offset: int
     size: int
 
 
-@dataclass(frozen=True)
-class KernelEntry:
+class KernelEntry(NamedTuple):
     name: str
     family: str
     config: dict
@@ -64,8 +65,7 @@ class KernelEntry:
         return self.cluster[0] * self.cluster[1] * self.cluster[2]
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):
     path: Path
     root: Path
     arch: str
@@ -130,8 +130,12 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
     missing = [f for f in _ENTRY_FIELDS if not isinstance(raw, dict) or f not in raw]
     if missing:
         raise SchemaError(f"manifest entry lacks {', '.join(missing)}.", file=path, kernel=name, fix=fix)
+    not_text = [f for f in ("name", "family", "symbol", "cubin", "sha256") if type(raw[f]) is not str]
+    if not_text:
+        raise SchemaError(f"manifest entry fields {', '.join(not_text)} must be strings.", file=path, kernel=name,
+                          fix=fix)
     try:
-        params = tuple(ParamEntry(p["name"], p["ctype"], int(p["offset"]), int(p["size"])) for p in raw["params"])
+        params = tuple([ParamEntry(p["name"], p["ctype"], int(p["offset"]), int(p["size"])) for p in raw["params"]])
         entry = KernelEntry(
             name=raw["name"], family=raw["family"], config=dict(raw["config"]), symbol=raw["symbol"],
             cubin=raw["cubin"], sha256=raw["sha256"], size=int(raw["size"]), threads=int(raw["threads"]),
@@ -146,43 +150,62 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
     return entry
 
 
-def cubin_file(manifest: Manifest, entry: KernelEntry) -> Path:
-    """The cubin's path, refusing any that leaves the cache root."""
-    root = manifest.root  # resolved by read_manifest
-    rel = PurePosixPath(entry.cubin)
-    # A lexical check (no filesystem walk on the load path); the sha256 pins the content.
-    if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\\" in entry.cubin:
+def _cubin_path(manifest: Manifest, entry: KernelEntry) -> str:
+    """The cubin's path as a string, refusing any that leaves the cache root.
+
+    A lexical check on the string (no filesystem walk, no pathlib objects on the load path);
+    the sha256 pins the content. ``..`` anywhere, an absolute path, a backslash or an empty
+    path is refused, as ``PurePosixPath`` would read them.
+    """
+    rel = entry.cubin
+    parts = [p for p in rel.split("/") if p and p != "."]
+    if not parts or ".." in parts or rel.startswith("/") or "\\" in rel:
         raise PathError(
-            f"cubin path {entry.cubin!r} leaves the cache root {root}.", file=manifest.path, kernel=entry.name,
+            f"cubin path {rel!r} leaves the cache root {manifest.root}.", file=manifest.path, kernel=entry.name,
             fix=f"paths are relative to the cache root; {REBUILD.format(arch=manifest.arch)}",
         )
-    return root / rel
+    return os.path.join(str(manifest.root), rel)  # root resolved by read_manifest
 
 
-def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool = True) -> bytes:
+def cubin_file(manifest: Manifest, entry: KernelEntry) -> Path:
+    """The cubin's path, refusing any that leaves the cache root."""
+    return Path(_cubin_path(manifest, entry))
+
+
+def no_tick(label: str) -> None:
+    """The default ``tick`` of the load path: no phase profile."""
+
+
+def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool = True, tick=no_tick) -> bytes:
     """The cubin's bytes once its path, size, sha256, ELF arch, symbol and params check out.
 
-    ``sections=False`` reads only the ELF header (the SM): the loader then checks the symbol
-    and the parameter layout through the driver instead, which is what it trusts at launch.
+    ``sections=False`` reads only the ELF header (the SM): ``runtime.load()`` then checks the
+    symbol and the parameter layout through the driver (``cuLibraryGetKernel``,
+    ``cuFuncGetParamInfo``), which is what it trusts at launch. ``tick(label)`` is called after
+    each step (the loader's phase profile).
     """
-    fix = REBUILD.format(arch=manifest.arch)
-    path = cubin_file(manifest, entry)
+    path = _cubin_path(manifest, entry)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
-        raise MissingCubinError("cubin is missing.", file=path, kernel=entry.name, fix=fix) from None
+        raise MissingCubinError("cubin is missing.", file=Path(path), kernel=entry.name,
+                                fix=REBUILD.format(arch=manifest.arch)) from None
+    tick("cubin_read")
     if len(data) != entry.size:
         raise CubinIntegrityError(
             f"cubin has {len(data)} bytes, the manifest says {entry.size} (truncated or replaced).",
-            file=path, kernel=entry.name, fix=fix,
+            file=Path(path), kernel=entry.name, fix=REBUILD.format(arch=manifest.arch),
         )
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != entry.sha256:
-        raise CubinIntegrityError("cubin sha256 does not match the manifest (altered).", file=path, kernel=entry.name, fix=fix)
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise CubinIntegrityError("cubin sha256 does not match the manifest (altered).", file=Path(path),
+                                  kernel=entry.name, fix=REBUILD.format(arch=manifest.arch))
+    tick("cubin_sha256")
     if sections:
-        check_cubin_against_entry(data, entry, path, manifest.arch)
+        check_cubin_against_entry(data, entry, Path(path), manifest.arch)
     else:
         check_cubin_arch(data, entry, path, manifest.arch)
+    tick("cubin_elf")
     return data
 
 
@@ -191,14 +214,35 @@ def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str):
     try:
         info = read_header(data)
     except CubinFormatError as e:
-        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=path, kernel=entry.name,
+        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=Path(path), kernel=entry.name,
                                   fix=REBUILD.format(arch=arch)) from None
     if not info.arch_matches(arch):
         raise CubinArchError(
-            f"cubin targets {info.arch}, the manifest says {arch}.", file=path, kernel=entry.name,
+            f"cubin targets {info.arch}, the manifest says {arch}.", file=Path(path), kernel=entry.name,
             fix=f"use the cubin built for {arch}: {REBUILD.format(arch=arch)}",
         )
     return info
+
+
+def check_param_count(data: bytes, entry: KernelEntry, path, arch: str) -> None:
+    """The manifest lists as many parameters as the ELF's attribute list of the kernel has.
+
+    The loader's one ELF read past the header: ``cuFuncGetParamInfo`` is asked for the manifest's
+    parameters only, so a kernel with more parameters than the manifest lists needs this.
+    """
+    try:
+        count = kernel_param_count(data, entry.symbol)
+    except CubinFormatError as e:
+        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=Path(path), kernel=entry.name,
+                                  fix=REBUILD.format(arch=arch)) from None
+    if count is None:
+        raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=Path(path), kernel=entry.name,
+                          fix=REBUILD.format(arch=arch))
+    if count != len(entry.params):
+        raise ParamLayoutError(
+            f"the manifest lists {len(entry.params)} parameters, the cubin's ELF has {count}.", file=Path(path),
+            kernel=entry.name, fix=f"the contract and the kernel disagree; {REBUILD.format(arch=arch)}",
+        )
 
 
 def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) -> None:

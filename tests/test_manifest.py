@@ -1,43 +1,26 @@
 """The loader's CPU-side validation on crafted caches: every refusal is a typed CacheError."""
 
-import json
 import shutil
-from pathlib import Path
 
 import pytest
+from crafted_cache import (
+    REPO,
+    add_param,
+    copy_probe_cache,
+    drop_last_param,
+    edit_manifest,
+    first_cubin,
+    shift_second_param,
+)
 
 from runtime import errors
 from runtime.manifest import check_cache, manifest_path
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def cache(tmp_path):
     """A copy of the committed probe kernels of both archs under a temporary root."""
-    for arch in ("sm_90a", "sm_100a"):
-        data = json.loads(manifest_path(REPO, arch).read_text())
-        data["kernels"] = [k for k in data["kernels"] if k["family"] == "probe"]
-        for k in data["kernels"]:
-            dst = tmp_path / k["cubin"]
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(REPO / k["cubin"], dst)
-        target = manifest_path(tmp_path, arch)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(data))
-    return tmp_path
-
-
-def edit_manifest(root, arch, fn):
-    path = manifest_path(root, arch)
-    data = json.loads(path.read_text())
-    fn(data)
-    path.write_text(json.dumps(data))
-
-
-def first_cubin(root, arch="sm_90a") -> Path:
-    data = json.loads(manifest_path(root, arch).read_text())
-    return root / data["kernels"][0]["cubin"]
+    return copy_probe_cache(tmp_path)
 
 
 def test_committed_cache_passes_every_cpu_check():
@@ -122,20 +105,20 @@ def test_duplicate_kernel_name(cache):
 
 
 def test_param_list_contradicting_the_elf(cache):
-    def shift(d):
-        d["kernels"][0]["params"][1]["offset"] = 12
-
-    edit_manifest(cache, "sm_90a", shift)
+    edit_manifest(cache, "sm_90a", shift_second_param)
     with pytest.raises(errors.ParamLayoutError, match="contradict the cubin's ELF"):
         check_cache(cache, "sm_90a")
 
 
 def test_extra_param_contradicting_the_elf(cache):
-    def extra(d):
-        d["kernels"][0]["params"].append({"name": "x", "ctype": "int32_t", "offset": 12, "size": 4})
-
-    edit_manifest(cache, "sm_90a", extra)
+    edit_manifest(cache, "sm_90a", add_param)
     with pytest.raises(errors.ParamLayoutError):
+        check_cache(cache, "sm_90a")
+
+
+def test_missing_param_contradicting_the_elf(cache):
+    edit_manifest(cache, "sm_90a", drop_last_param)
+    with pytest.raises(errors.ParamLayoutError, match="contradict the cubin's ELF"):
         check_cache(cache, "sm_90a")
 
 

@@ -1,7 +1,10 @@
 """The runtime on a GPU: load, launch (clusters of 2 and 8, DSMEM, PDL), graph capture, verify."""
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +92,42 @@ def test_python_m_runtime_verify_passes():
     print(proc.stdout, proc.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout
+
+
+@pytest.mark.parametrize("edit, error, match", [
+    ("symbol", "SymbolError", "driver finds no symbol"),
+    ("shift_second_param", "ParamLayoutError", "contradict cuFuncGetParamInfo"),
+    ("add_param", "ParamLayoutError", "contradict cuFuncGetParamInfo"),
+    ("drop_last_param", "ParamLayoutError", "the cubin's ELF has 2"),
+])
+def test_crafted_cache_refused_by_the_driver_checks(tmp_path, edit, error, match):
+    """load() reads only the ELF header on the CPU; the driver's checks refuse these."""
+    import crafted_cache
+    import torch
+
+    import runtime
+    from runtime import errors
+    from runtime.loader import arch_for_capability
+
+    arch = arch_for_capability(torch.cuda.get_device_capability())
+    crafted_cache.copy_probe_cache(tmp_path)
+    if edit == "symbol":
+        crafted_cache.edit_manifest(tmp_path, arch, lambda d: d["kernels"][0].update(symbol="kernel_not_there"))
+    else:
+        crafted_cache.edit_manifest(tmp_path, arch, getattr(crafted_cache, edit))
+    with pytest.raises(getattr(errors, error), match=match) as e:
+        runtime.load(tmp_path)
+    assert e.value.kernel == "probe_cluster2"
+
+
+def test_load_profile_on_request():
+    """SPARSE_DECODE_AOT_LOAD_PROFILE=1: load()'s phases, in a fresh process."""
+    code = "import json, runtime; print(json.dumps(runtime.load().load_profile))"
+    env = {**os.environ, "SPARSE_DECODE_AOT_LOAD_PROFILE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    profile = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(profile)
+    assert profile["phases_ms"]["cuLibraryLoadData"] > 0 and profile["kernels"] > 0
+    assert "runtime.load profile:" in proc.stderr

@@ -1,0 +1,234 @@
+"""runtime.load() on a CPU machine with a stand-in CUDA driver: its own checks, its typed errors.
+
+The stand-in answers the driver calls load() makes the way the driver does, from the cubin's
+ELF (a symbol the ELF lacks is not found; cuFuncGetParamInfo gives the ELF's offsets and sizes
+and fails past the last parameter), and uses cuda-python's real structs and enums. The device's
+side (module loading, occupancy) is only faked here; the GPU tests run it for real.
+"""
+
+import contextlib
+import json
+import types
+
+import pytest
+import torch
+from crafted_cache import add_param, copy_probe_cache, drop_last_param, edit_manifest, first_cubin, shift_second_param
+
+from runtime import errors, loader
+from runtime.cubin import read_cubin
+from runtime.manifest import manifest_path
+
+real = pytest.importorskip("cuda.bindings.driver")
+OK = real.CUresult.CUDA_SUCCESS
+
+
+class StandInDriver:
+    """The driver calls of load(), answered from each cubin's ELF; everything else is cuda-python's."""
+
+    def __init__(self, smem_optin=232448, clusters=14, static_smem=0):
+        self.smem_optin, self.clusters, self.static_smem = smem_optin, clusters, static_smem
+        self.param_queries = []  # (symbol, index, parameter count)
+        self.configs = 0
+        self.occupancy_configs = []
+
+    def __getattr__(self, name):
+        return getattr(real, name)
+
+    def CUlaunchConfig(self):  # noqa: N802 - the driver's name
+        self.configs += 1
+        return real.CUlaunchConfig()
+
+    def cuCtxGetDevice(self):  # noqa: N802
+        return OK, real.CUdevice(0)
+
+    def cuDeviceGetAttribute(self, attr, device):  # noqa: N802
+        return OK, self.smem_optin
+
+    def cuLibraryLoadData(self, data, *options):  # noqa: N802
+        return OK, read_cubin(bytes(data)).kernels
+
+    def cuLibraryGetKernel(self, library, symbol):  # noqa: N802
+        symbol = symbol.decode()
+        if symbol not in library:
+            return real.CUresult.CUDA_ERROR_NOT_FOUND, None
+        return OK, (symbol, library[symbol])
+
+    def cuKernelGetFunction(self, kernel):  # noqa: N802
+        return OK, kernel
+
+    def cuFuncGetParamInfo(self, function, index):  # noqa: N802
+        symbol, params = function
+        self.param_queries.append((symbol, index, len(params)))
+        if index >= len(params):
+            return real.CUresult.CUDA_ERROR_INVALID_VALUE, 0, 0
+        return OK, params[index].offset, params[index].size
+
+    def cuFuncGetAttribute(self, attr, function):  # noqa: N802
+        return OK, self.static_smem
+
+    def cuKernelSetAttribute(self, attr, value, kernel, device):  # noqa: N802
+        return (OK,)
+
+    def cuOccupancyMaxActiveClusters(self, function, config):  # noqa: N802
+        self.occupancy_configs.append(config)
+        return OK, self.clusters
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, threads, smem):  # noqa: N802
+        return OK, 2
+
+    def cuGetErrorString(self, err):  # noqa: N802
+        return OK, b"stand-in driver error"
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return copy_probe_cache(tmp_path)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """A Hopper device as torch reports it, and the stand-in driver; returns a factory."""
+    import runtime.driver
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(loader, "_make_primary_context_current", lambda device: None)
+    monkeypatch.setattr(loader, "_caches", {})
+
+    def make(**kwargs):
+        drv = StandInDriver(**kwargs)
+        monkeypatch.setattr(runtime.driver, "_driver", drv)
+        return drv
+
+    return make
+
+
+def test_load_passes_and_builds_one_launch_config_per_kernel(cache, stand_in):
+    drv = stand_in()
+    loaded = loader.load(cache)
+    assert set(loaded.names()) == {"probe_cluster2", "probe_cluster8"}
+    assert drv.configs == 2, "one CUlaunchConfig per kernel (the occupancy query's is the launches')"
+    ids = real.CUlaunchAttributeID
+    for name, cluster in (("probe_cluster2", 2), ("probe_cluster8", 8)):
+        kernel = loaded.kernel(name)
+        assert kernel._config in drv.occupancy_configs
+        attrs = {a.id: a for a in kernel._config.attrs}
+        assert attrs[ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION].value.clusterDim.x == cluster
+        assert ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION in attrs
+        assert kernel._config.blockDimX == kernel.entry.threads and kernel.max_active_clusters == 14
+    # The driver is asked for the manifest's parameters only, never past the last one.
+    assert drv.param_queries and all(index < count for _, index, count in drv.param_queries)
+
+
+def test_load_reads_only_the_elf_header(cache, stand_in, monkeypatch):
+    import runtime.manifest
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("load() parsed every ELF section")
+
+    monkeypatch.setattr(runtime.manifest, "check_cubin_against_entry", refuse)
+    monkeypatch.setattr(runtime.manifest, "read_cubin", refuse)
+    stand_in()
+    assert "probe_cluster8" in loader.load(cache)
+
+
+def test_symbol_missing_is_a_typed_error_at_load(cache, stand_in):
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(symbol="kernel_that_is_not_there"))
+    stand_in()
+    with pytest.raises(errors.SymbolError, match="probe_cluster2.*driver finds no symbol 'kernel_that_is_not_there'"):
+        loader.load(cache)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (shift_second_param, "contradict cuFuncGetParamInfo"),
+    (add_param, "contradict cuFuncGetParamInfo"),
+    (drop_last_param, "lists 1 parameters, the cubin's ELF has 2"),
+])
+def test_param_list_contradicting_the_binary_at_load(cache, stand_in, edit, match):
+    edit_manifest(cache, "sm_90a", edit)
+    stand_in()
+    with pytest.raises(errors.ParamLayoutError, match=match) as e:
+        loader.load(cache)
+    assert e.value.kernel == "probe_cluster2" and "build_kernels.py --arch sm_90a" in str(e.value)
+
+
+def test_shared_memory_above_the_opt_in_limit(cache, stand_in):
+    stand_in(smem_optin=64)
+    with pytest.raises(errors.SharedMemoryError, match="128 dynamic"):
+        loader.load(cache)
+
+
+def test_cluster_shape_the_device_cannot_launch(cache, stand_in):
+    stand_in(clusters=0)
+    with pytest.raises(errors.ClusterShapeError, match="cluster \\(2, 1, 1\\)"):
+        loader.load(cache)
+
+
+def _flip_a_byte(root):
+    f = first_cubin(root)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    f.write_bytes(bytes(data))
+
+
+def _other_arch(root):
+    import hashlib
+
+    other = first_cubin(root, "sm_100a").read_bytes()
+    first_cubin(root).write_bytes(other)
+
+    def swap(data):
+        data["kernels"][0].update(size=len(other), sha256=hashlib.sha256(other).hexdigest())
+
+    edit_manifest(root, "sm_90a", swap)
+
+
+@pytest.mark.parametrize("craft, error, match", [
+    (lambda root: first_cubin(root).unlink(), errors.MissingCubinError, "missing"),
+    (lambda root: first_cubin(root).write_bytes(first_cubin(root).read_bytes()[:100]), errors.CubinIntegrityError,
+     "truncated"),
+    (_flip_a_byte, errors.CubinIntegrityError, "sha256"),
+    (_other_arch, errors.CubinArchError, "sm_100.*sm_90a"),
+    (lambda root: edit_manifest(root, "sm_90a", lambda d: d["kernels"][0].update(cubin="../x.cubin")),
+     errors.PathError, "leaves the cache root"),
+    (lambda root: edit_manifest(root, "sm_90a", lambda d: d.update(schema=2)), errors.SchemaError, "schema"),
+    (lambda root: edit_manifest(root, "sm_90a", lambda d: d["kernels"].append(dict(d["kernels"][0]))),
+     errors.DuplicateKernelError, "twice"),
+])
+def test_cpu_side_refusals_through_load(cache, stand_in, craft, error, match):
+    craft(cache)
+    stand_in()
+    with pytest.raises(error, match=match):
+        loader.load(cache)
+
+
+def test_manifest_arch_the_device_cannot_run(cache, stand_in):
+    from runtime.manifest import read_manifest
+
+    stand_in()
+    with pytest.raises(errors.DeviceArchError, match="sm_100a needs compute capability 10.0"):
+        loader.load_manifest(read_manifest(cache, "sm_100a"), 0)
+
+
+def test_load_profile_on_request(cache, stand_in, monkeypatch, capsys):
+    stand_in()
+    monkeypatch.setenv(loader.PROFILE_ENV, "1")
+    profile = loader.load(cache).load_profile
+    phases = profile["phases_ms"]
+    for phase in ("read_manifest", "cubin_read", "cubin_sha256", "cubin_elf", "cuLibraryLoadData",
+                  "cuFuncGetParamInfo", "occupancy", "kernel_object"):
+        assert phases[phase] >= 0, phase
+    assert profile["kernels"] == 2 and abs(profile["total_ms"] - sum(phases.values()) - profile["unaccounted_ms"]) < 1e-6
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("runtime.load profile: ") and json.loads(line.split(": ", 1)[1])["kernels"] == 2
+
+
+def test_no_profile_by_default(cache, stand_in, monkeypatch):
+    stand_in()
+    monkeypatch.delenv(loader.PROFILE_ENV, raising=False)
+    assert loader.load(cache).load_profile is None
+    assert manifest_path(cache, "sm_90a").is_file()
