@@ -4,14 +4,17 @@ A row is split into equal slices of 8-column groups over the CTAs of a cluster.
 Each logit becomes an order-preserving unsigned key (NaN -> key of -inf, -0 -> +0),
 so "larger key" is "larger value" and one integer compare decides every tie.
 
-Step 1  every CTA reads its slice once (16-byte loads, two tiles ahead; on long
-        slices each warp runs its own contiguous part instead of CTA-wide tiles): a 2048-bin
-        histogram of the key's top 11 bits, and, in index order, a shared-memory list
-        of (key, column) of the items that can still be selected. An item whose top
+Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead), by
+        CTA-wide tiles or, on long slices, each warp its own contiguous part: a 2048-bin histogram of the key's
+        top 11 bits, and a shared-memory list (a segment per warp, packed at the end), in
+        index order, of (key, column) of the items that can still be selected. An item whose top
         bits are below the bin of the CTA's own k-th largest so far (the bound) cannot
-        be among the row's k largest: it is neither counted nor listed. The bound is
-        refreshed (and the list filtered) only when the list cannot take another
-        tile. A CTA whose list still overflows (many equal keys) falls back to
+        be among the row's k largest: it is neither counted nor listed. The test costs
+        a sign flip and a compare per item; the items that pass are written in order
+        and read back densely for their exact key and the histogram. A warp refreshes
+        its bound (and filters its segment) only when the segment cannot take another
+        iteration (a CTA tile: the CTA refreshes its bound, at a barrier). A CTA
+        whose list still overflows (many equal keys) falls back to
         re-reading its slice from global memory in the later steps.
 Step 2  the cluster sums the histograms through distributed shared memory (from the
         highest of the CTAs' final bounds up: the bins it reads are exact) and every
@@ -83,15 +86,15 @@ class DecodeTopK:
         assert sum(self.digits) == self.key_bits
         # Items per 8-column group: 8 in token mode, 1 block in block mode.
         self.items = 1 if block_mode else 8
-        # Step 1 by independent warps (each its own contiguous sub-slice and list segment,
-        # no CTA barrier per tile) instead of CTA-wide tiles with an ordered scan each,
-        # for slices of at least this many groups (chosen at run time, per CTA).
-        self.warp_min_groups = warp_min_groups
         # The gathered finish resolves the threshold bin's remaining key bits, then
         # (for exact ties) the index bits, largest first: (word, shift, bits) rounds.
         # Indices are < 2**21 (the host op's width limit): "lower index" is "larger ~index".
         low_key_digits = (("key", 10, 11), ("key", 0, 10)) if dtype == "f32" else (("key", 0, 5),)
         self.gather_rounds = low_key_digits + (("idx", 10, 11), ("idx", 0, 10))
+        # Step 1 by independent warps (each its own contiguous sub-slice and list segment,
+        # no CTA barrier per iteration) instead of CTA-wide tiles with an ordered scan
+        # each, for slices of at least this many groups (chosen at run time, per CTA).
+        self.warp_min_groups = warp_min_groups
         assert list_capacity % self.warps == 0
 
     # ------------------------------------------------------------------ launch
@@ -180,6 +183,64 @@ class DecodeTopK:
             for j in cutlass.range_constexpr(1, 8):
                 m = sel(rkeys[j] > m, rkeys[j], m)
             rkeys[0] = Uint32(m)
+
+    @cute.jit
+    def group_items(self, g: Int32, g_end: Int32, row_end: Int32) -> Int32:
+        """How many of group g's items exist: its columns before row_end (token mode) or its block; 0 past g_end."""
+        n = Int32(1)
+        if const_expr(not self.block_mode):
+            n = row_end - g * 8
+            n = Int32(sel(n > 8, Int32(8), n))
+        return Int32(sel(g < g_end, n, Int32(0)))
+
+    @cute.jit
+    def fast_keys(self, rraw: cute.Tensor, g: Int32, g_end: Int32, row_end: Int32, rkeys: cute.Tensor):
+        """Group g's item keys for the step-1 filter.
+
+        Token mode: the sign-flip key only (two operations), which differs from key_of
+        just for NaN and -0; exact_key fixes the few items that pass. Block mode: the
+        exact key of the block (the maximum of its columns).
+        """
+        if const_expr(self.block_mode):
+            self.raw_to_items(rraw, g, g_end, row_end, rkeys)
+        else:
+            for j in cutlass.range_constexpr(8):
+                if const_expr(self.dtype == "f32"):
+                    raw = rraw[j]
+                    rkeys[j] = raw ^ sel(raw >= Uint32(0x80000000), Uint32(0xFFFFFFFF), Uint32(0x80000000))
+                else:
+                    raw = (rraw[j // 2] >> Uint32(16 * (j % 2))) & Uint32(0xFFFF)
+                    rkeys[j] = raw ^ sel(raw >= Uint32(0x8000), Uint32(0xFFFF), Uint32(0x8000))
+
+    @cute.jit
+    def exact_key(self, fast: Uint32) -> Uint32:
+        """key_of from the sign-flip key: NaN (above +inf or below -inf there) -> -inf, -0 -> +0."""
+        if const_expr(self.dtype == "f32"):
+            key = sel(fast == Uint32(0x7FFFFFFF), Uint32(0x80000000), fast)
+            return Uint32(sel((fast > Uint32(0xFF800000)) | (fast < Uint32(0x007FFFFF)), Uint32(0x007FFFFF), key))
+        else:
+            key = sel(fast == Uint32(0x7FFF), Uint32(0x8000), fast)
+            return Uint32(sel((fast > Uint32(0xFF80)) | (fast < Uint32(0x007F)), Uint32(0x007F), key))
+
+    @cute.jit
+    def fast_bound(self, bound: Uint32) -> Uint32:
+        """The lowest sign-flip key that may have an exact key in a bin >= bound.
+
+        An exact key >= bound's first key (bins >= 4 hold no NaN) has the same sign-flip
+        key, except +0 (its sign-flip -0 is one below): one below the bin's first key
+        covers it. At bins below 4 (-inf and NaN live in bin 3) everything passes.
+        """
+        first = bound << Uint32(self.key_bits - self.digits[0])
+        return Uint32(sel(bound >= Uint32(4), first - Uint32(1), Uint32(0)))
+
+    @cute.jit
+    def passing_count(self, rkeys: cute.Tensor, n_valid: Int32, lo: Uint32):
+        """This lane's items passing the step-1 filter, their inclusive prefix over the warp, and the warp's total."""
+        cnt = Int32(0)
+        for j in cutlass.range_constexpr(self.items):
+            cnt = cnt + sel((j < n_valid) & (rkeys[j] >= lo), Int32(1), Int32(0))
+        incl = self.warp_incl_scan(cnt)
+        return cnt, incl, cute.arch.shuffle_sync(incl, WARP - 1)
 
     @cute.jit
     def load_items(self, row_addr: Int64, g: Int32, g_end: Int32, row_end: Int32, rraw: cute.Tensor,
@@ -334,8 +395,9 @@ class DecodeTopK:
             l3 = cute.arch.load(hist + tid * 4 + 3, Int32)
             if const_expr(clustered):
                 mine = smem_addr(hist + tid * 4)
-                for r in cutlass.range_constexpr(self.cluster):
-                    v0, v1, v2, v3 = ptx.ld_cluster_v4_u32(ptx.mapa_shared(mine, Int32(r)))
+                # Four peers at a time: all sixteen in flight would cost the step-1 loop its registers.
+                for r in cutlass.range(self.cluster, unroll=4):
+                    v0, v1, v2, v3 = ptx.ld_cluster_v4_u32(ptx.mapa_shared(mine, r))
                     c0 = c0 + Int32(v0)
                     c1 = c1 + Int32(v1)
                     c2 = c2 + Int32(v2)
@@ -494,8 +556,10 @@ class DecodeTopK:
         """Step 1 by independent warps; returns (n_list, ok) with the list contiguous and in index order.
 
         Warp w reads the w-th contiguous part of the slice (32 groups at a time) into its
-        own list segment, so warps never wait for each other; the segments, each in
-        index order and in warp order along the row, are packed at the end.
+        own list segment, so warps never wait for each other; the segments, each in index
+        order and in warp order along the row, are packed at the end. Per item the loop
+        costs a sign flip and a compare; the items that pass are written in index order
+        (one warp scan) and then handled densely (exact key, histogram).
         """
         tid = cute.arch.thread_idx()[0]
         lane = tid % WARP
@@ -518,41 +582,50 @@ class DecodeTopK:
                 rraw[j] = rnext[j]
                 rnext[j] = rnext2[j]
             self.load_raw(row_addr, g + 2 * WARP, w_hi, row_end, rnext2)
-            self.raw_to_items(rraw, g, w_hi, row_end, rkeys)
-            for j in cutlass.range_constexpr(self.items):
-                if rkeys[j] != Uint32(0):
-                    if (rkeys[j] >> Uint32(shift0)) >= bound:
-                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            n_valid = self.group_items(g, w_hi, row_end)
+            self.fast_keys(rraw, g, w_hi, row_end, rkeys)
+            lo = self.fast_bound(bound)
+            cnt, incl, tot = self.passing_count(rkeys, n_valid, lo)
             if ok != 0:
-                cnt = Int32(0)
-                for j in cutlass.range_constexpr(self.items):
-                    keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
-                    cnt = cnt + sel(keep, Int32(1), Int32(0))
-                incl = self.warp_incl_scan(cnt)
-                tot = cute.arch.shuffle_sync(incl, WARP - 1)
                 if n_w + tot > seg_cap:
                     bound = Uint32(self.warp_kth_bin(s_hist, k))
                     n_w = self.warp_filter(s_key + seg, s_idx + seg, n_w, bound, shift0)
-                    cnt = Int32(0)
-                    for j in cutlass.range_constexpr(self.items):
-                        keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
-                        cnt = cnt + sel(keep, Int32(1), Int32(0))
-                    incl = self.warp_incl_scan(cnt)
-                    tot = cute.arch.shuffle_sync(incl, WARP - 1)
+                    lo = self.fast_bound(bound)
+                    cnt, incl, tot = self.passing_count(rkeys, n_valid, lo)
                     if n_w + tot > seg_cap:
                         ok = Int32(0)
-                if ok != 0:
-                    pos = seg + n_w + incl - cnt
-                    for j in cutlass.range_constexpr(self.items):
-                        if rkeys[j] != Uint32(0):
-                            if (rkeys[j] >> Uint32(shift0)) >= bound:
-                                cute.arch.store(s_key + pos, rkeys[j])
-                                if const_expr(self.block_mode):
-                                    cute.arch.store(s_idx + pos, g)
-                                else:
-                                    cute.arch.store(s_idx + pos, g * 8 + j)
-                                pos = pos + 1
-                    n_w = n_w + tot
+            if ok != 0:
+                # Passing items go to the segment in index order (lane, then column), then the
+                # warp reads them back densely: exact keys and the histogram, no per-item divergence.
+                pos = seg + n_w + incl - cnt
+                for j in cutlass.range_constexpr(self.items):
+                    if (j < n_valid) & (rkeys[j] >= lo):
+                        cute.arch.store(s_key + pos, rkeys[j])
+                        if const_expr(self.block_mode):
+                            cute.arch.store(s_idx + pos, g)
+                        else:
+                            cute.arch.store(s_idx + pos, g * 8 + j)
+                        pos = pos + 1
+                cute.arch.sync_warp()
+                for s in cutlass.range(0, tot, WARP):
+                    i = seg + n_w + s + lane
+                    if s + lane < tot:
+                        fast = cute.arch.load(s_key + i, Uint32)
+                        key = self.exact_key(fast)
+                        if key != fast:
+                            cute.arch.store(s_key + i, key)
+                        if (key >> Uint32(shift0)) >= bound:
+                            cute.arch.atomic_add(s_hist + Int32(key >> Uint32(shift0)), Int32(1))
+                cute.arch.sync_warp()
+                n_w = n_w + tot
+            else:
+                # The segment is full of items at or above the bound: count only (the later
+                # steps re-read this CTA's slice from global memory).
+                for j in cutlass.range_constexpr(self.items):
+                    if (j < n_valid) & (rkeys[j] >= lo):
+                        key = self.exact_key(rkeys[j])
+                        if (key >> Uint32(shift0)) >= bound:
+                            cute.arch.atomic_add(s_hist + Int32(key >> Uint32(shift0)), Int32(1))
         if lane == 0:
             cute.arch.store(s_warp + warp, n_w)
             cute.arch.store(s_warp + 16 + warp, ok)
@@ -980,23 +1053,22 @@ class DecodeTopK:
                 if i < n_list:
                     key = cute.arch.load(s_key + i, Uint32)
                     idx = cute.arch.load(s_idx + i, Int32)
-                gt = sel(key & mask > prefix, Int32(1), Int32(0))
-                slot = gt_base + self.warp_slots(gt, slot_counter)
+                slot = gt_base + self.warp_slot1(key & mask > prefix, slot_counter)
                 if key & mask > prefix:
                     cute.arch.store(out_row + slot, idx)
-                eq = sel(key & mask == prefix, Int32(1), Int32(0))
+                eq = (i < n_list) & (key & mask == prefix)
                 if ordered:
-                    incl, tot = self.block_scan(eq, s_scan + par * 32)
-                    r = base + incl - eq
-                    if key & mask == prefix:
+                    incl, tot = self.block_scan(sel(eq, Int32(1), Int32(0)), s_scan + par * 32)
+                    r = base + incl - 1
+                    if eq:
                         if r < take:
                             cute.arch.store(out_row + eq_base + r, idx)
                     base = base + tot
                     par = 1 - par
                 else:
-                    if key & mask == prefix:
-                        r = cute.arch.atomic_add(local_counter, Int32(1))
-                        cute.arch.store(out_row + eq_base + r, idx)
+                    r = eq_base + self.warp_slot1(eq, local_counter)
+                    if eq:
+                        cute.arch.store(out_row + r, idx)
         else:
             par = Int32(0)
             base = Int32(0)
@@ -1053,8 +1125,8 @@ def make(variant) -> DecodeTopK:
         threads=variant.threads,
         hist_bins=variant.option("hist_bins"),
         list_capacity=variant.option("list_capacity"),
-        smem_bytes=variant.smem_bytes,
         warp_min_groups=variant.option("warp_step1_min_groups"),
+        smem_bytes=variant.smem_bytes,
     )
 
 

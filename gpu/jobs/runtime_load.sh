@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# limit: 60
+# limit: 150
 # runtime.load() cold start after the loader's cost work: the benchmark first (7 fresh processes per
 # mode, with and without the cuda.bindings import inside load(), then 2 per mode with
 # SPARSE_DECODE_AOT_LOAD_PROFILE=1 for the phase breakdown; JSON written after each step), then the
