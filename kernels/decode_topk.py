@@ -761,53 +761,62 @@ class DecodeTopK:
             cute.arch.store(s_idx + dst, idx)
 
     @cute.jit
-    def gather_pass(self, use_list, n_list: Int32, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32,
-                    b0: Uint32, gt_base: Int32, dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer,
-                    s_misc: cute.Pointer, out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor):
-        """This CTA's items above the first digit's bin b0 to their output slots, those in it to CTA 0."""
+    def gather_list(self, n_list: Int32, b0: Uint32, gt_base: Int32, dst_base: Int32, s_key: cute.Pointer,
+                    s_idx: cute.Pointer, s_misc: cute.Pointer, out_row: cute.Pointer, pushes: bool, writes: bool):
+        """Over the list: this CTA's items in the first digit's bin b0 to CTA 0 (pushes), those above it
+        to their output slots (writes)."""
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        shift0 = Uint32(self.key_bits - self.digits[0])
+        for ib in cutlass.range(0, n_list, T):
+            i = ib + tid
+            key = Uint32(0)
+            idx = Int32(0)
+            if i < n_list:
+                key = cute.arch.load(s_key + i, Uint32)
+                idx = cute.arch.load(s_idx + i, Int32)
+            # Key 0 (no item) is in bin 0, below every b0 (-inf's key is in bin 3).
+            if const_expr(writes):
+                gt = (key >> shift0) > b0
+                slot = gt_base + self.warp_slot1(gt, s_misc + 9)
+                if gt:
+                    cute.arch.store(out_row + slot, idx)
+            if const_expr(pushes):
+                eq = (key >> shift0) == b0
+                e = dst_base + self.warp_slot1(eq, s_misc + 3)
+                if eq:
+                    self.push_gathered(s_key, s_idx, e, key, idx)
+
+    @cute.jit
+    def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
+                     dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
+                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor):
+        """gather_list's pushes and writes for a CTA whose list overflowed: one re-read of its slice."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         shift0 = Uint32(self.key_bits - self.digits[0])
         gt_counter = s_misc + 9
         eq_counter = s_misc + 3
-        if use_list:
-            for ib in cutlass.range(0, n_list, T):
-                i = ib + tid
-                key = Uint32(0)
-                idx = Int32(0)
-                if i < n_list:
-                    key = cute.arch.load(s_key + i, Uint32)
-                    idx = cute.arch.load(s_idx + i, Int32)
-                # Key 0 (no item) is in bin 0, below every b0 (-inf's key is in bin 3).
-                gt = (key >> shift0) > b0
-                eq = (key >> shift0) == b0
-                slot = gt_base + self.warp_slot1(gt, gt_counter)
-                if gt:
+        for gb in cutlass.range(g_lo, g_hi, T):
+            g = gb + tid
+            self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
+            gt = Int32(0)
+            eq = Int32(0)
+            for j in cutlass.range_constexpr(self.items):
+                gt = gt + sel((rkeys[j] >> shift0) > b0, Int32(1), Int32(0))
+                eq = eq + sel((rkeys[j] >> shift0) == b0, Int32(1), Int32(0))
+            slot = gt_base + self.warp_slots(gt, gt_counter)
+            e = dst_base + self.warp_slots(eq, eq_counter)
+            for j in cutlass.range_constexpr(self.items):
+                idx = g * 8 + j
+                if const_expr(self.block_mode):
+                    idx = g
+                if (rkeys[j] >> shift0) > b0:
                     cute.arch.store(out_row + slot, idx)
-                e = dst_base + self.warp_slot1(eq, eq_counter)
-                if eq:
-                    self.push_gathered(s_key, s_idx, e, key, idx)
-        else:
-            for gb in cutlass.range(g_lo, g_hi, T):
-                g = gb + tid
-                self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-                gt = Int32(0)
-                eq = Int32(0)
-                for j in cutlass.range_constexpr(self.items):
-                    gt = gt + sel((rkeys[j] >> shift0) > b0, Int32(1), Int32(0))
-                    eq = eq + sel((rkeys[j] >> shift0) == b0, Int32(1), Int32(0))
-                slot = gt_base + self.warp_slots(gt, gt_counter)
-                e = dst_base + self.warp_slots(eq, eq_counter)
-                for j in cutlass.range_constexpr(self.items):
-                    idx = g * 8 + j
-                    if const_expr(self.block_mode):
-                        idx = g
-                    if (rkeys[j] >> shift0) > b0:
-                        cute.arch.store(out_row + slot, idx)
-                        slot = slot + 1
-                    if (rkeys[j] >> shift0) == b0:
-                        self.push_gathered(s_key, s_idx, e, rkeys[j], idx)
-                        e = e + 1
+                    slot = slot + 1
+                if (rkeys[j] >> shift0) == b0:
+                    self.push_gathered(s_key, s_idx, e, rkeys[j], idx)
+                    e = e + 1
 
     @cute.jit
     def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,
@@ -967,12 +976,22 @@ class DecodeTopK:
             gather = (krem != count0) & (gather_base + count0 <= self.cap)
             if gather:
                 eq_before, gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc)
-                self.gather_pass(use_list, n_list, row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base,
-                                 gather_base + eq_before, s_key, s_idx, s_misc, out_row, rraw, rkeys)
+                dst_base = gather_base + eq_before
+                if use_list:
+                    self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row,
+                                     pushes=True, writes=C == 1)
+                else:
+                    self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
+                                      s_misc, out_row, rraw, rkeys)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
-                # shared memory after this barrier: the peers may exit.
+                # shared memory after this barrier: the peers may exit. The output writes of a
+                # listed CTA go between the arrive and the wait: the arrive's release does not
+                # wait for them, and they hide the barrier's latency.
                 if const_expr(C > 1):
                     cute.arch.cluster_arrive()
+                    if use_list:
+                        self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row,
+                                         pushes=False, writes=True)
                     cute.arch.cluster_wait()
                 else:
                     cute.arch.sync_threads()
