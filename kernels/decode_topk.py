@@ -162,6 +162,22 @@ class DecodeTopK:
                                 rraw[j // 2] = rraw[j // 2] | (half << Uint32(16))
 
     @cute.jit
+    def prime_loads(self, row_addr: Int64, g: Int32, step: int, g_end: Int32, row_end: Int32, rnext: cute.Tensor,
+                    rnext2: cute.Tensor):
+        """Start step 1's load pipeline: groups g and g + step in flight (two iterations ahead)."""
+        self.load_raw(row_addr, g, g_end, row_end, rnext)
+        self.load_raw(row_addr, g + step, g_end, row_end, rnext2)
+
+    @cute.jit
+    def next_loads(self, row_addr: Int64, g_ahead: Int32, g_end: Int32, row_end: Int32, rraw: cute.Tensor,
+                   rnext: cute.Tensor, rnext2: cute.Tensor):
+        """Advance the pipeline: this iteration's raw bits into rraw, group g_ahead's loads issued."""
+        for j in cutlass.range_constexpr(8):
+            rraw[j] = rnext[j]
+            rnext[j] = rnext2[j]
+        self.load_raw(row_addr, g_ahead, g_end, row_end, rnext2)
+
+    @cute.jit
     def raw_to_items(self, rraw: cute.Tensor, g: Int32, g_end: Int32, row_end: Int32, rkeys: cute.Tensor):
         """Group g's items from its raw bits: 8 column keys, or 1 block key (their max).
 
@@ -469,11 +485,7 @@ class DecodeTopK:
         kept = Int32(0)
         for ib in cutlass.range(0, n, self.threads):
             i = ib + tid
-            key = Uint32(0)
-            idx = Int32(0)
-            if i < n:
-                key = cute.arch.load(s_key + i, Uint32)
-                idx = cute.arch.load(s_idx + i, Int32)
+            key, idx = self.list_item(s_key, s_idx, i, n)
             keep = (i < n) & ((key >> Uint32(shift)) >= bound)
             flag = sel(keep, Int32(1), Int32(0))
             incl, tot = self.block_scan(flag, scratch + sp * 32)
@@ -483,6 +495,16 @@ class DecodeTopK:
                 cute.arch.store(s_idx + kept + incl - 1, idx)
             kept = kept + tot
         return kept, sp
+
+    @cute.jit
+    def list_item(self, s_key: cute.Pointer, s_idx: cute.Pointer, i: Int32, n: Int32):
+        """(key, index) of list slot i, or (0, 0) past the n listed (key 0 matches no threshold)."""
+        key = Uint32(0)
+        idx = Int32(0)
+        if i < n:
+            key = cute.arch.load(s_key + i, Uint32)
+            idx = cute.arch.load(s_idx + i, Int32)
+        return key, idx
 
     @cute.jit
     def warp_incl_scan(self, x: Int32) -> Int32:
@@ -535,11 +557,7 @@ class DecodeTopK:
         kept = Int32(0)
         for ib in cutlass.range(0, n, WARP):
             i = ib + lane
-            key = Uint32(0)
-            idx = Int32(0)
-            if i < n:
-                key = cute.arch.load(s_key + i, Uint32)
-                idx = cute.arch.load(s_idx + i, Int32)
+            key, idx = self.list_item(s_key, s_idx, i, n)
             keep = (i < n) & ((key >> Uint32(shift)) >= bound)
             flag = sel(keep, Int32(1), Int32(0))
             incl = self.warp_incl_scan(flag)
@@ -574,14 +592,10 @@ class DecodeTopK:
         n_w = Int32(0)
         bound = Uint32(0)
         ok = Int32(1)
-        self.load_raw(row_addr, w_lo + lane, w_hi, row_end, rnext)
-        self.load_raw(row_addr, w_lo + WARP + lane, w_hi, row_end, rnext2)
+        self.prime_loads(row_addr, w_lo + lane, WARP, w_hi, row_end, rnext, rnext2)
         for gb in cutlass.range(w_lo, w_hi, WARP):
             g = gb + lane
-            for j in cutlass.range_constexpr(8):
-                rraw[j] = rnext[j]
-                rnext[j] = rnext2[j]
-            self.load_raw(row_addr, g + 2 * WARP, w_hi, row_end, rnext2)
+            self.next_loads(row_addr, g + 2 * WARP, w_hi, row_end, rraw, rnext, rnext2)
             n_valid = self.group_items(g, w_hi, row_end)
             self.fast_keys(rraw, g, w_hi, row_end, rkeys)
             lo = self.fast_bound(bound)
@@ -685,15 +699,10 @@ class DecodeTopK:
         bound = Uint32(0)
         ok = Int32(1)  # the list holds every item at or above `bound`
         sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
-        # Loads run two tiles ahead: tiles i + 1 and i + 2 are in flight while tile i is counted.
-        self.load_raw(row_addr, g_lo + tid, g_hi, row_end, rnext)
-        self.load_raw(row_addr, g_lo + T + tid, g_hi, row_end, rnext2)
+        self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
-            for j in cutlass.range_constexpr(8):
-                rraw[j] = rnext[j]
-                rnext[j] = rnext2[j]
-            self.load_raw(row_addr, g + 2 * T, g_hi, row_end, rnext2)
+            self.next_loads(row_addr, g + 2 * T, g_hi, row_end, rraw, rnext, rnext2)
             self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
             # Only items at or above the bound are counted: the row's k-th largest bin is
             # at or above every CTA's bound, so the bins the selection reads stay exact.
@@ -770,11 +779,7 @@ class DecodeTopK:
         shift0 = Uint32(self.key_bits - self.digits[0])
         for ib in cutlass.range(0, n_list, T):
             i = ib + tid
-            key = Uint32(0)
-            idx = Int32(0)
-            if i < n_list:
-                key = cute.arch.load(s_key + i, Uint32)
-                idx = cute.arch.load(s_idx + i, Int32)
+            key, idx = self.list_item(s_key, s_idx, i, n_list)
             # Key 0 (no item) is in bin 0, below every b0 (-inf's key is in bin 3).
             if const_expr(writes):
                 gt = (key >> shift0) > b0
@@ -864,11 +869,7 @@ class DecodeTopK:
         # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
         for ib in cutlass.range(0, n, T):
             i = ib + tid
-            key = Uint32(0)
-            idx = Int32(0)
-            if i < n:
-                key = cute.arch.load(s_key + src + i, Uint32)
-                idx = cute.arch.load(s_idx + src + i, Int32)
+            key, idx = self.list_item(s_key + src, s_idx + src, i, n)
             nidx = Uint32(idx) ^ Uint32(0x1FFFFF)
             kk = key & kmask
             take = (i < n) & ((kk > kprefix) | ((kk == kprefix) & (nidx & imask >= iprefix)))
@@ -1067,11 +1068,7 @@ class DecodeTopK:
             base = Int32(0)
             for ib in cutlass.range(0, n_list, T):
                 i = ib + tid
-                key = Uint32(0)
-                idx = Int32(0)
-                if i < n_list:
-                    key = cute.arch.load(s_key + i, Uint32)
-                    idx = cute.arch.load(s_idx + i, Int32)
+                key, idx = self.list_item(s_key, s_idx, i, n_list)
                 slot = gt_base + self.warp_slot1(key & mask > prefix, slot_counter)
                 if key & mask > prefix:
                     cute.arch.store(out_row + slot, idx)
