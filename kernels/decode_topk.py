@@ -259,6 +259,24 @@ class DecodeTopK:
         return cnt, incl, cute.arch.shuffle_sync(incl, WARP - 1)
 
     @cute.jit
+    def item_index(self, g: Int32, j: int) -> Int32:
+        """The output index of item j of group g: its column (token mode) or the block g."""
+        if const_expr(self.block_mode):
+            return g
+        else:
+            return g * 8 + j
+
+    @cute.jit
+    def count_vs_threshold(self, rkeys: cute.Tensor, mask: Uint32, prefix: Uint32):
+        """How many of a group's items are above the threshold (key & mask > prefix) and equal to it."""
+        gt = Int32(0)
+        eq = Int32(0)
+        for j in cutlass.range_constexpr(self.items):
+            gt = gt + sel(rkeys[j] & mask > prefix, Int32(1), Int32(0))
+            eq = eq + sel(rkeys[j] & mask == prefix, Int32(1), Int32(0))
+        return gt, eq
+
+    @cute.jit
     def load_items(self, row_addr: Int64, g: Int32, g_end: Int32, row_end: Int32, rraw: cute.Tensor,
                    rkeys: cute.Tensor):
         """The items of group g (8 column keys, or 1 block key); all key 0 if g >= g_end."""
@@ -615,10 +633,7 @@ class DecodeTopK:
                 for j in cutlass.range_constexpr(self.items):
                     if (j < n_valid) & (rkeys[j] >= lo):
                         cute.arch.store(s_key + pos, rkeys[j])
-                        if const_expr(self.block_mode):
-                            cute.arch.store(s_idx + pos, g)
-                        else:
-                            cute.arch.store(s_idx + pos, g * 8 + j)
+                        cute.arch.store(s_idx + pos, self.item_index(g, j))
                         pos = pos + 1
                 cute.arch.sync_warp()
                 for s in cutlass.range(0, tot, WARP):
@@ -731,10 +746,7 @@ class DecodeTopK:
                     if rkeys[j] != Uint32(0):
                         if (rkeys[j] >> Uint32(shift0)) >= bound:
                             cute.arch.store(s_key + pos, rkeys[j])
-                            if const_expr(self.block_mode):
-                                cute.arch.store(s_idx + pos, g)
-                            else:
-                                cute.arch.store(s_idx + pos, g * 8 + j)
+                            cute.arch.store(s_idx + pos, self.item_index(g, j))
                             pos = pos + 1
                 n_list = n_list + tot
         return n_list, ok, sp
@@ -805,17 +817,11 @@ class DecodeTopK:
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-            gt = Int32(0)
-            eq = Int32(0)
-            for j in cutlass.range_constexpr(self.items):
-                gt = gt + sel((rkeys[j] >> shift0) > b0, Int32(1), Int32(0))
-                eq = eq + sel((rkeys[j] >> shift0) == b0, Int32(1), Int32(0))
+            gt, eq = self.count_vs_threshold(rkeys, Uint32(0xFFFFFFFF) << shift0, b0 << shift0)
             slot = gt_base + self.warp_slots(gt, gt_counter)
             e = dst_base + self.warp_slots(eq, eq_counter)
             for j in cutlass.range_constexpr(self.items):
-                idx = g * 8 + j
-                if const_expr(self.block_mode):
-                    idx = g
+                idx = self.item_index(g, j)
                 if (rkeys[j] >> shift0) > b0:
                     cute.arch.store(out_row + slot, idx)
                     slot = slot + 1
@@ -1091,18 +1097,11 @@ class DecodeTopK:
             for gb in cutlass.range(g_lo, g_hi, T):
                 g = gb + tid
                 self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-                gt = Int32(0)
-                eq = Int32(0)
-                for j in cutlass.range_constexpr(self.items):
-                    gt = gt + sel(rkeys[j] & mask > prefix, Int32(1), Int32(0))
-                    eq = eq + sel(rkeys[j] & mask == prefix, Int32(1), Int32(0))
+                gt, eq = self.count_vs_threshold(rkeys, mask, prefix)
                 slot = gt_base + self.warp_slots(gt, slot_counter)
                 for j in cutlass.range_constexpr(self.items):
                     if rkeys[j] & mask > prefix:
-                        if const_expr(self.block_mode):
-                            cute.arch.store(out_row + slot, g)
-                        else:
-                            cute.arch.store(out_row + slot, g * 8 + j)
+                        cute.arch.store(out_row + slot, self.item_index(g, j))
                         slot = slot + 1
                 if ordered:
                     incl, tot = self.block_scan(eq, s_scan + par * 32)
@@ -1110,10 +1109,7 @@ class DecodeTopK:
                     for j in cutlass.range_constexpr(self.items):
                         if rkeys[j] & mask == prefix:
                             if r < take:
-                                if const_expr(self.block_mode):
-                                    cute.arch.store(out_row + eq_base + r, g)
-                                else:
-                                    cute.arch.store(out_row + eq_base + r, g * 8 + j)
+                                cute.arch.store(out_row + eq_base + r, self.item_index(g, j))
                             r = r + 1
                     base = base + tot
                     par = 1 - par
@@ -1121,10 +1117,7 @@ class DecodeTopK:
                     for j in cutlass.range_constexpr(self.items):
                         if rkeys[j] & mask == prefix:
                             r = cute.arch.atomic_add(local_counter, Int32(1))
-                            if const_expr(self.block_mode):
-                                cute.arch.store(out_row + eq_base + r, g)
-                            else:
-                                cute.arch.store(out_row + eq_base + r, g * 8 + j)
+                            cute.arch.store(out_row + eq_base + r, self.item_index(g, j))
         # No CTA may exit while a peer can still read its histograms or add to CTA 0's
         # counter. Those accesses have returned their values before the peer arrives, and
         # nothing is published here, so a relaxed arrive (no wait for this CTA's stores).

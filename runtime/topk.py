@@ -36,6 +36,13 @@ _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 MIN_COLUMNS_PER_CTA = 4096
 
 
+def _require_int32_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+
+
 def _check_args(logits, row_ends, out, block_mode):
     """Every argument checked before anything is launched; returns (rows, width, k)."""
     if not isinstance(logits, torch.Tensor):
@@ -49,18 +56,12 @@ def _check_args(logits, row_ends, out, block_mode):
         raise ValueError(f"logits: width {width} exceeds {MAX_WIDTH} columns")
     if width > 1 and logits.stride(1) != 1:
         raise ValueError(f"logits must have unit column stride, got strides {logits.stride()}")
-    if not isinstance(row_ends, torch.Tensor):
-        raise TypeError(f"row_ends must be a torch.Tensor, got {type(row_ends).__name__}")
-    if row_ends.dtype != torch.int32:
-        raise TypeError(f"row_ends must be int32, got {row_ends.dtype}")
+    _require_int32_tensor("row_ends", row_ends)
     if row_ends.dim() != 1 or row_ends.shape[0] != rows:
         raise ValueError(f"row_ends must have shape [{rows}], got {tuple(row_ends.shape)}")
     if rows > 1 and row_ends.stride(0) != 1:
         raise ValueError("row_ends must be contiguous")
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if out.dtype != torch.int32:
-        raise TypeError(f"out must be int32, got {out.dtype}")
+    _require_int32_tensor("out", out)
     if out.dim() != 2 or out.shape[0] != rows:
         raise ValueError(f"out must have shape [{rows}, k], got {tuple(out.shape)}")
     k = out.shape[1]
