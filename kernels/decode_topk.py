@@ -9,11 +9,12 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead), by
         top 11 bits, and a shared-memory list (a segment per warp, packed at the end), in
         index order, of (key, column) of the items that can still be selected. An item whose top
         bits are below the bin of the CTA's own k-th largest so far (the bound) cannot
-        be among the row's k largest: it is neither counted nor listed. The test costs
-        a sign flip and a compare per item; the items that pass are written in order
+        be among the row's k largest: it is neither counted nor listed. In the warp loop
+        the test is one float compare per item; the items that pass are written in order
         and read back densely for their exact key and the histogram. A warp refreshes
         its bound (and filters its segment) only when the segment cannot take another
-        iteration (a CTA tile: the CTA refreshes its bound, at a barrier). A CTA
+        iteration (a CTA tile: the CTA refreshes its bound, at a barrier); at the end
+        the segments keep only the items at or above the CTA's final k-th bin. A CTA
         whose list still overflows (many equal keys) falls back to
         re-reading its slice from global memory in the later steps.
 Step 2  the cluster sums the histograms through distributed shared memory (from the
@@ -50,6 +51,16 @@ from . import ptx
 from .compile import cubin_of, gmem_ptr, null_stream
 
 WARP = 32
+# Consecutive list slots a lane reads at once (vector loads) in the end-of-step-1 segment
+# filter; the segment capacity is a multiple of it.
+LIST_VEC = 8
+# List slots a thread takes per iteration of the gather pass (T apart).
+GATHER_VEC = 8
+
+
+def count_bits(most: int) -> int:
+    """Bits of a count that is at most `most` (a compile-time value)."""
+    return int(most).bit_length()
 
 
 def smem_addr(ptr: cute.Pointer) -> Int32:
@@ -95,7 +106,7 @@ class DecodeTopK:
         # no CTA barrier per iteration) instead of CTA-wide tiles with an ordered scan
         # each, for slices of at least this many groups (chosen at run time, per CTA).
         self.warp_min_groups = warp_min_groups
-        assert list_capacity % self.warps == 0
+        assert list_capacity % (self.warps * LIST_VEC) == 0
 
     # ------------------------------------------------------------------ launch
     @cute.jit
@@ -210,53 +221,71 @@ class DecodeTopK:
         return Int32(sel(g < g_end, n, Int32(0)))
 
     @cute.jit
-    def fast_keys(self, rraw: cute.Tensor, g: Int32, g_end: Int32, row_end: Int32, rkeys: cute.Tensor):
-        """Group g's item keys for the step-1 filter.
+    def filter_values(self, rraw: cute.Tensor, g: Int32, g_end: Int32, row_end: Int32, rvals: cute.Tensor):
+        """Group g's item values for the step-1 filter.
 
-        Token mode: the sign-flip key only (two operations), which differs from key_of
-        just for NaN and -0; exact_key fixes the few items that pass. Block mode: the
-        exact key of the block (the maximum of its columns).
+        Token mode: each column's value as FP32 bits (BF16 widened by a shift), compared
+        with the threshold as floats: one instruction, no key. key_of runs only on the
+        few items that pass (listed_key). Block mode: the exact key of the block (the
+        maximum of its columns).
         """
         if const_expr(self.block_mode):
-            self.raw_to_items(rraw, g, g_end, row_end, rkeys)
+            self.raw_to_items(rraw, g, g_end, row_end, rvals)
         else:
             for j in cutlass.range_constexpr(8):
                 if const_expr(self.dtype == "f32"):
-                    raw = rraw[j]
-                    rkeys[j] = raw ^ sel(raw >= Uint32(0x80000000), Uint32(0xFFFFFFFF), Uint32(0x80000000))
+                    rvals[j] = rraw[j]
                 else:
-                    raw = (rraw[j // 2] >> Uint32(16 * (j % 2))) & Uint32(0xFFFF)
-                    rkeys[j] = raw ^ sel(raw >= Uint32(0x8000), Uint32(0xFFFF), Uint32(0x8000))
+                    rvals[j] = (rraw[j // 2] << Uint32(16 * (1 - j % 2))) & Uint32(0xFFFF0000)
 
     @cute.jit
-    def exact_key(self, fast: Uint32) -> Uint32:
-        """key_of from the sign-flip key: NaN (above +inf or below -inf there) -> -inf, -0 -> +0."""
-        if const_expr(self.dtype == "f32"):
-            key = sel(fast == Uint32(0x7FFFFFFF), Uint32(0x80000000), fast)
-            return Uint32(sel((fast > Uint32(0xFF800000)) | (fast < Uint32(0x007FFFFF)), Uint32(0x007FFFFF), key))
+    def listed_key(self, v: Uint32) -> Uint32:
+        """The exact key of a value filter_values produced."""
+        if const_expr(self.block_mode):
+            return v
+        elif const_expr(self.dtype == "f32"):
+            return self.key_of(v)
         else:
-            key = sel(fast == Uint32(0x7FFF), Uint32(0x8000), fast)
-            return Uint32(sel((fast > Uint32(0xFF80)) | (fast < Uint32(0x007F)), Uint32(0x007F), key))
+            return self.key_of(v >> Uint32(16))
 
     @cute.jit
-    def fast_bound(self, bound: Uint32) -> Uint32:
-        """The lowest sign-flip key that may have an exact key in a bin >= bound.
+    def pass_threshold(self, bound: Uint32) -> Uint32:
+        """What an item's value is compared with in step 1: every item whose exact key's first digit
+        is >= bound passes (and a few more: -0 beside +0, NaN).
 
-        An exact key >= bound's first key (bins >= 4 hold no NaN) has the same sign-flip
-        key, except +0 (its sign-flip -0 is one below): one below the bin's first key
-        covers it. At bins below 4 (-inf and NaN live in bin 3) everything passes.
+        Token mode: the FP32 bits of the smallest value in bin `bound` (the inverse of key_of on
+        the bin's first key); below bin 4 (-inf and NaN are in bin 3) -inf, and NaN passes any
+        threshold (setp.geu): everything passes. Block mode: the bin's first key.
         """
         first = bound << Uint32(self.key_bits - self.digits[0])
-        return Uint32(sel(bound >= Uint32(4), first - Uint32(1), Uint32(0)))
+        if const_expr(self.block_mode):
+            return Uint32(first)
+        else:
+            sign = Uint32(1 << (self.key_bits - 1))
+            raw = sel(first >= sign, first & (sign - Uint32(1)), ~first & (sign | (sign - Uint32(1))))
+            raw = raw << Uint32(32 - self.key_bits)
+            return Uint32(sel(bound >= Uint32(4), raw, Uint32(0xFF800000)))
 
     @cute.jit
-    def passing_count(self, rkeys: cute.Tensor, n_valid: Int32, lo: Uint32):
-        """This lane's items passing the step-1 filter, their inclusive prefix over the warp, and the warp's total."""
+    def item_passes(self, v: Uint32, thr: Uint32) -> Int32:
+        """1 if a filter value passes the threshold (pass_threshold), else 0."""
+        if const_expr(self.block_mode):
+            return Int32(sel(v >= thr, Int32(1), Int32(0)))
+        else:
+            return ptx.f32_geu(v, thr)
+
+    @cute.jit
+    def passing_count(self, rvals: cute.Tensor, n_valid: Int32, thr: Uint32):
+        """This lane's items passing the step-1 filter, the warp's passing items in lanes below, and the warp's total."""
         cnt = Int32(0)
-        for j in cutlass.range_constexpr(self.items):
-            cnt = cnt + sel((j < n_valid) & (rkeys[j] >= lo), Int32(1), Int32(0))
-        incl = self.warp_incl_scan(cnt)
-        return cnt, incl, cute.arch.shuffle_sync(incl, WARP - 1)
+        if n_valid >= self.items:
+            for j in cutlass.range_constexpr(self.items):
+                cnt = cnt + self.item_passes(rvals[j], thr)
+        else:  # the row's partial last group, or a lane past its warp's part
+            for j in cutlass.range_constexpr(self.items):
+                cnt = cnt + sel(j < n_valid, self.item_passes(rvals[j], thr), Int32(0))
+        excl, tot = self.warp_small_prefix(cnt, count_bits(self.items))
+        return cnt, excl, tot
 
     @cute.jit
     def item_index(self, g: Int32, j: int) -> Int32:
@@ -285,24 +314,28 @@ class DecodeTopK:
 
     # ------------------------------------------------------------------ block-wide helpers
     @cute.jit
-    def block_scan(self, val: Int32, scratch: cute.Pointer):
+    def block_scan(self, val: Int32, scratch: cute.Pointer, bits: int = 0):
         """Inclusive prefix sum of val over the CTA's threads, and the CTA total.
 
-        One barrier; the caller alternates between two scratch buffers (or puts a
-        barrier between calls) so a later call cannot overwrite words still being read.
+        With bits, val < 2**bits and the warp part is warp_small_prefix (ballots, not a
+        shuffle chain). One barrier; the caller alternates between two scratch buffers
+        (or puts a barrier between calls) so a later call cannot overwrite words still
+        being read.
         """
         tid = cute.arch.thread_idx()[0]
         lane = tid % WARP
         warp = tid // WARP
         x = val
-        for s in cutlass.range_constexpr(5):
-            y = cute.arch.shuffle_sync_up(x, 1 << s)
-            x = sel(lane >= (1 << s), x + y, x)
-        x = Int32(x)
-        if lane == WARP - 1:
-            cute.arch.store(scratch + warp, x)
+        if const_expr(bits > 0):
+            excl, warp_total = self.warp_small_prefix(val, bits)
+            x = excl + val
+            if lane == WARP - 1:
+                cute.arch.store(scratch + warp, warp_total)
+        else:
+            x = self.warp_incl_scan(val)
+            if lane == WARP - 1:
+                cute.arch.store(scratch + warp, x)
         cute.arch.sync_threads()
-        # Lane w holds warp w's total; two butterfly sums give the total and this warp's offset.
         t = Int32(0)
         if lane < self.warps:
             t = cute.arch.load(scratch + lane, Int32)
@@ -352,11 +385,7 @@ class DecodeTopK:
         One shared-memory atomic per warp instead of one per item.
         """
         lane = cute.arch.lane_idx()
-        x = count
-        for s in cutlass.range_constexpr(5):
-            y = cute.arch.shuffle_sync_up(x, 1 << s)
-            x = sel(lane >= (1 << s), x + y, x)
-        x = Int32(x)
+        x = self.warp_incl_scan(count)
         total = cute.arch.shuffle_sync(x, WARP - 1)
         base = Int32(0)
         if lane == WARP - 1:
@@ -506,7 +535,7 @@ class DecodeTopK:
             key, idx = self.list_item(s_key, s_idx, i, n)
             keep = (i < n) & ((key >> Uint32(shift)) >= bound)
             flag = sel(keep, Int32(1), Int32(0))
-            incl, tot = self.block_scan(flag, scratch + sp * 32)
+            incl, tot = self.block_scan(flag, scratch + sp * 32, bits=1)
             sp = 1 - sp
             if keep:
                 cute.arch.store(s_key + kept + incl - 1, key)
@@ -523,6 +552,56 @@ class DecodeTopK:
             key = cute.arch.load(s_key + i, Uint32)
             idx = cute.arch.load(s_idx + i, Int32)
         return key, idx
+
+    @cute.jit
+    def warp_small_prefix(self, cnt: Int32, bits: int):
+        """Exclusive prefix sum over the warp's lanes of counts below 2**bits, and the warp's total.
+
+        One ballot per bit of the count instead of a shuffle scan: the ballots are
+        independent, so the chain is a few cycles instead of five shuffle latencies
+        (the step-1 loops are latency-bound at one or two CTAs an SM).
+        """
+        lt = cute.arch.lanemask_lt()
+        before = Int32(0)
+        total = Int32(0)
+        for b in cutlass.range_constexpr(bits):
+            m = cute.arch.vote_ballot_sync(((cnt >> Int32(b)) & Int32(1)) != Int32(0))
+            before = before + (Int32(cute.arch.popc(m & lt)) << Int32(b))
+            total = total + (Int32(cute.arch.popc(m)) << Int32(b))
+        return before, total
+
+    @cute.jit
+    def warp_atomic_base(self, total: Int32, counter: cute.Pointer) -> Int32:
+        """One shared-memory atomic add of a warp-uniform total (by lane 0); every lane gets the old value."""
+        base = Int32(0)
+        if cute.arch.lane_idx() == 0:
+            if total != 0:
+                base = cute.arch.atomic_add(counter, total)
+        return cute.arch.shuffle_sync(base, 0)
+
+    @cute.jit
+    def warp_reserve(self, count: Int32, bits: int, counter: cute.Pointer) -> Int32:
+        """This lane's first slot for `count` (< 2**bits) items among slots the warp reserves on a counter."""
+        before, total = self.warp_small_prefix(count, bits)
+        return self.warp_atomic_base(total, counter) + before
+
+    @cute.jit
+    def load_slots(self, s_key: cute.Pointer, s_idx: cute.Pointer, i0: Int32, n: Int32, keys: cute.Tensor,
+                   idxs: cute.Tensor) -> Int32:
+        """Keys and indices of list slots i0 .. i0 + V - 1 (V = keys' size, 4 or 8; i0 a multiple of V,
+        the list 16-byte aligned), and how many of them are below n.
+
+        A thread at or past n reads slots 0 .. V - 1 instead (no branch; the caller's list
+        holds them). Slots i0 < n are inside the list when n's region ends at a multiple of V.
+        """
+        n_valid = n - i0
+        i_rd = Int32(sel(n_valid > 0, i0, Int32(0)))
+        for h in cutlass.range_constexpr(cute.size(keys) // 4):
+            k0, k1, k2, k3 = ptx.ld_shared_v4_u32(smem_addr(s_key + i_rd + 4 * h))
+            x0, x1, x2, x3 = ptx.ld_shared_v4_u32(smem_addr(s_idx + i_rd + 4 * h))
+            keys[4 * h], keys[4 * h + 1], keys[4 * h + 2], keys[4 * h + 3] = k0, k1, k2, k3
+            idxs[4 * h], idxs[4 * h + 1], idxs[4 * h + 2], idxs[4 * h + 3] = x0, x1, x2, x3
+        return n_valid
 
     @cute.jit
     def warp_incl_scan(self, x: Int32) -> Int32:
@@ -569,33 +648,56 @@ class DecodeTopK:
         return result
 
     @cute.jit
-    def warp_filter(self, s_key: cute.Pointer, s_idx: cute.Pointer, n: Int32, bound: Uint32, shift: int) -> Int32:
-        """Keep a warp's list segment's items with first digit >= bound, in place and in order."""
+    def warp_filter(self, s_key: cute.Pointer, s_idx: cute.Pointer, n: Int32, bound: Uint32, shift: int,
+                    vec: int = 1) -> Int32:
+        """Keep a warp's list segment's items with first digit >= bound, in place and in order.
+
+        A lane takes `vec` consecutive slots an iteration (vector loads for vec 4 or 8; the
+        segment's base and capacity are multiples of LIST_VEC): fewer iterations of the
+        scan chain, at the cost of 2 * vec registers (vec 1 inside the step-1 loop).
+        In place is safe: an item moves down, and every slot an iteration writes was
+        read by the warp before the iteration's scan.
+        """
         lane = cute.arch.lane_idx()
         kept = Int32(0)
-        for ib in cutlass.range(0, n, WARP):
-            i = ib + lane
-            key, idx = self.list_item(s_key, s_idx, i, n)
-            keep = (i < n) & ((key >> Uint32(shift)) >= bound)
-            flag = sel(keep, Int32(1), Int32(0))
-            incl = self.warp_incl_scan(flag)
-            if keep:
-                cute.arch.store(s_key + kept + incl - 1, key)
-                cute.arch.store(s_idx + kept + incl - 1, idx)
-            kept = kept + cute.arch.shuffle_sync(incl, WARP - 1)
+        keys = cute.make_rmem_tensor(vec, Uint32)
+        idxs = cute.make_rmem_tensor(vec, Uint32)
+        for ib in cutlass.range(0, n, WARP * vec):
+            i0 = ib + lane * vec
+            n_valid = n - i0
+            if const_expr(vec == 1):
+                key, idx = self.list_item(s_key, s_idx, i0, n)
+                keys[0] = key
+                idxs[0] = Uint32(idx)
+            else:
+                self.load_slots(s_key, s_idx, i0, n, keys, idxs)
+            cnt = Int32(0)
+            for j in cutlass.range_constexpr(vec):
+                cnt = cnt + sel((n_valid > j) & ((keys[j] >> Uint32(shift)) >= bound), Int32(1), Int32(0))
+            before, total = self.warp_small_prefix(cnt, count_bits(vec))
+            pos = kept + before
+            for j in cutlass.range_constexpr(vec):
+                if (n_valid > j) & ((keys[j] >> Uint32(shift)) >= bound):
+                    cute.arch.store(s_key + pos, keys[j])
+                    cute.arch.store(s_idx + pos, Int32(idxs[j]))
+                    pos = pos + 1
+            kept = kept + total
         return kept
 
     @cute.jit
     def step1_warp(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, s_hist: cute.Pointer,
-                   s_key: cute.Pointer, s_idx: cute.Pointer, s_warp: cute.Pointer, rraw: cute.Tensor,
-                   rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor):
-        """Step 1 by independent warps; returns (n_list, ok) with the list contiguous and in index order.
+                   s_key: cute.Pointer, s_idx: cute.Pointer, s_warp: cute.Pointer, s_scan: cute.Pointer,
+                   s_misc: cute.Pointer, rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor,
+                   rkeys: cute.Tensor):
+        """Step 1 by independent warps; returns (n_list, ok) with the list contiguous and in index order,
+        and the CTA's k-th largest bin in misc[5] (its first scan scratch buffer used).
 
         Warp w reads the w-th contiguous part of the slice (32 groups at a time) into its
         own list segment, so warps never wait for each other; the segments, each in index
         order and in warp order along the row, are packed at the end. Per item the loop
-        costs a sign flip and a compare; the items that pass are written in index order
-        (one warp scan) and then handled densely (exact key, histogram).
+        costs one float compare with a threshold (pass_threshold of the warp's bound);
+        the items that pass are written in index order (one warp scan) and then handled
+        densely (exact key, histogram).
         """
         tid = cute.arch.thread_idx()[0]
         lane = tid % WARP
@@ -609,29 +711,29 @@ class DecodeTopK:
         seg = warp * seg_cap
         n_w = Int32(0)
         bound = Uint32(0)
+        thr = self.pass_threshold(bound)
         ok = Int32(1)
         self.prime_loads(row_addr, w_lo + lane, WARP, w_hi, row_end, rnext, rnext2)
         for gb in cutlass.range(w_lo, w_hi, WARP):
             g = gb + lane
             self.next_loads(row_addr, g + 2 * WARP, w_hi, row_end, rraw, rnext, rnext2)
             n_valid = self.group_items(g, w_hi, row_end)
-            self.fast_keys(rraw, g, w_hi, row_end, rkeys)
-            lo = self.fast_bound(bound)
-            cnt, incl, tot = self.passing_count(rkeys, n_valid, lo)
+            self.filter_values(rraw, g, w_hi, row_end, rkeys)
+            cnt, before, tot = self.passing_count(rkeys, n_valid, thr)
             if ok != 0:
                 if n_w + tot > seg_cap:
                     bound = Uint32(self.warp_kth_bin(s_hist, k))
                     n_w = self.warp_filter(s_key + seg, s_idx + seg, n_w, bound, shift0)
-                    lo = self.fast_bound(bound)
-                    cnt, incl, tot = self.passing_count(rkeys, n_valid, lo)
+                    thr = self.pass_threshold(bound)
+                    cnt, before, tot = self.passing_count(rkeys, n_valid, thr)
                     if n_w + tot > seg_cap:
                         ok = Int32(0)
             if ok != 0:
                 # Passing items go to the segment in index order (lane, then column), then the
                 # warp reads them back densely: exact keys and the histogram, no per-item divergence.
-                pos = seg + n_w + incl - cnt
+                pos = seg + n_w + before
                 for j in cutlass.range_constexpr(self.items):
-                    if (j < n_valid) & (rkeys[j] >= lo):
+                    if (j < n_valid) & (self.item_passes(rkeys[j], thr) != 0):
                         cute.arch.store(s_key + pos, rkeys[j])
                         cute.arch.store(s_idx + pos, self.item_index(g, j))
                         pos = pos + 1
@@ -639,9 +741,8 @@ class DecodeTopK:
                 for s in cutlass.range(0, tot, WARP):
                     i = seg + n_w + s + lane
                     if s + lane < tot:
-                        fast = cute.arch.load(s_key + i, Uint32)
-                        key = self.exact_key(fast)
-                        if key != fast:
+                        key = self.listed_key(cute.arch.load(s_key + i, Uint32))
+                        if const_expr(not self.block_mode):
                             cute.arch.store(s_key + i, key)
                         if (key >> Uint32(shift0)) >= bound:
                             cute.arch.atomic_add(s_hist + Int32(key >> Uint32(shift0)), Int32(1))
@@ -651,10 +752,17 @@ class DecodeTopK:
                 # The segment is full of items at or above the bound: count only (the later
                 # steps re-read this CTA's slice from global memory).
                 for j in cutlass.range_constexpr(self.items):
-                    if (j < n_valid) & (rkeys[j] >= lo):
-                        key = self.exact_key(rkeys[j])
+                    if (j < n_valid) & (self.item_passes(rkeys[j], thr) != 0):
+                        key = self.listed_key(rkeys[j])
                         if (key >> Uint32(shift0)) >= bound:
                             cute.arch.atomic_add(s_hist + Int32(key >> Uint32(shift0)), Int32(1))
+        # The CTA's k-th largest bin (exact now: a barrier after every atomic) is a floor for
+        # the row's threshold: the segments keep only the items at or above it, so the
+        # list the later steps read (and CTA 0's room for the gathered finish) is short.
+        cute.arch.sync_threads()
+        final = Uint32(self.local_kth_bin(s_hist, k, s_scan, s_misc))  # -> misc[5]
+        if ok != 0:
+            n_w = self.warp_filter(s_key + seg, s_idx + seg, n_w, final, shift0, vec=LIST_VEC)
         if lane == 0:
             cute.arch.store(s_warp + warp, n_w)
             cute.arch.store(s_warp + 16 + warp, ok)
@@ -739,7 +847,7 @@ class DecodeTopK:
                 for j in cutlass.range_constexpr(self.items):
                     keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
                     cnt = cnt + sel(keep, Int32(1), Int32(0))
-                incl, tot = self.block_scan(cnt, s_scan + sp * 32)
+                incl, tot = self.block_scan(cnt, s_scan + sp * 32, bits=count_bits(self.items))
                 sp = 1 - sp
                 pos = n_list + incl - cnt
                 for j in cutlass.range_constexpr(self.items):
@@ -783,26 +891,52 @@ class DecodeTopK:
 
     @cute.jit
     def gather_list(self, n_list: Int32, b0: Uint32, gt_base: Int32, dst_base: Int32, s_key: cute.Pointer,
-                    s_idx: cute.Pointer, s_misc: cute.Pointer, out_row: cute.Pointer, pushes: bool, writes: bool):
+                    s_idx: cute.Pointer, s_misc: cute.Pointer, out_row: cute.Pointer, rkeys: cute.Tensor,
+                    ridx: cute.Tensor, pushes: bool, writes: bool):
         """Over the list: this CTA's items in the first digit's bin b0 to CTA 0 (pushes), those above it
-        to their output slots (writes)."""
+        to their output slots (writes).
+
+        An iteration is a chain of dependent steps (loads, ballots, a shared atomic, the
+        stores), so a thread takes GATHER_VEC slots at once, T apart: for each of them the
+        warp's lanes read consecutive slots and write consecutive destinations (one
+        ballot each places them; DSMEM and global stores stay coalesced), and one atomic
+        on a packed counter (above-bin count in the low half, in-bin count in the high
+        half) reserves the warp's destinations of the whole iteration.
+        """
         T = self.threads
+        V = GATHER_VEC
         tid = cute.arch.thread_idx()[0]
+        lt = cute.arch.lanemask_lt()
         shift0 = Uint32(self.key_bits - self.digits[0])
-        for ib in cutlass.range(0, n_list, T):
-            i = ib + tid
-            key, idx = self.list_item(s_key, s_idx, i, n_list)
-            # Key 0 (no item) is in bin 0, below every b0 (-inf's key is in bin 3).
-            if const_expr(writes):
-                gt = (key >> shift0) > b0
-                slot = gt_base + self.warp_slot1(gt, s_misc + 9)
-                if gt:
-                    cute.arch.store(out_row + slot, idx)
-            if const_expr(pushes):
-                eq = (key >> shift0) == b0
-                e = dst_base + self.warp_slot1(eq, s_misc + 3)
-                if eq:
-                    self.push_gathered(s_key, s_idx, e, key, idx)
+        for ib in cutlass.range(0, n_list, T * V):
+            total = Int32(0)
+            for j in cutlass.range_constexpr(V):
+                # Slots past n_list read as key 0: bin 0, below every b0 (-inf's key is in bin 3).
+                key, idx = self.list_item(s_key, s_idx, ib + j * T + tid, n_list)
+                rkeys[j] = key
+                ridx[j] = Uint32(idx)
+                if const_expr(writes):
+                    total = total + Int32(cute.arch.popc(cute.arch.vote_ballot_sync((key >> shift0) > b0)))
+                if const_expr(pushes):
+                    total = total + (Int32(cute.arch.popc(cute.arch.vote_ballot_sync((key >> shift0) == b0)))
+                                     << Int32(16))
+            base = self.warp_atomic_base(total, s_misc + 10)
+            slot = gt_base + (base & Int32(0xFFFF))
+            e = dst_base + (base >> Int32(16))
+            # The ballots again (cheaper than keeping 2 * V masks live).
+            for j in cutlass.range_constexpr(V):
+                if const_expr(writes):
+                    gt = (rkeys[j] >> shift0) > b0
+                    m = cute.arch.vote_ballot_sync(gt)
+                    if gt:
+                        cute.arch.store(out_row + slot + Int32(cute.arch.popc(m & lt)), Int32(ridx[j]))
+                    slot = slot + Int32(cute.arch.popc(m))
+                if const_expr(pushes):
+                    eq = (rkeys[j] >> shift0) == b0
+                    m = cute.arch.vote_ballot_sync(eq)
+                    if eq:
+                        self.push_gathered(s_key, s_idx, e + Int32(cute.arch.popc(m & lt)), rkeys[j], Int32(ridx[j]))
+                    e = e + Int32(cute.arch.popc(m))
 
     @cute.jit
     def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
@@ -876,12 +1010,19 @@ class DecodeTopK:
         for ib in cutlass.range(0, n, T):
             i = ib + tid
             key, idx = self.list_item(s_key + src, s_idx + src, i, n)
-            nidx = Uint32(idx) ^ Uint32(0x1FFFFF)
-            kk = key & kmask
-            take = (i < n) & ((kk > kprefix) | ((kk == kprefix) & (nidx & imask >= iprefix)))
+            take = self.gathered_taken(key, Uint32(idx), i < n, kprefix, kmask, iprefix, imask)
             slot = first_slot + self.warp_slot1(take, s_misc + 14)
             if take:
                 cute.arch.store(out_row + slot, idx)
+
+    @cute.jit
+    def gathered_taken(self, key: Uint32, idx: Uint32, valid, kprefix: Uint32, kmask: Uint32, iprefix: Uint32,
+                       imask: Uint32):
+        """Selected by the gathered finish: above the prefix on the key bits, or equal there and not
+        below it on ~index."""
+        nidx = idx ^ Uint32(0x1FFFFF)
+        kk = key & kmask
+        return valid & ((kk > kprefix) | ((kk == kprefix) & (nidx & imask >= iprefix)))
 
     # ------------------------------------------------------------------ the kernel
     @cute.kernel
@@ -933,6 +1074,7 @@ class DecodeTopK:
             g_hi = Int32(sel(g_lo + per < n_groups, g_lo + per, n_groups))
             # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
             # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
+            # 10 the gather pass's packed (> threshold, in-bin << 16) counter,
             # 11 the cluster's floor for the first digit, 12 this CTA's list length (cap + 1: overflowed),
             # 13 CTA 0's list length, 14 the gathered finish's slot counter
             for i in cutlass.range(tid, 2 * self.bins, T):
@@ -951,8 +1093,9 @@ class DecodeTopK:
             ok = Int32(1)
             sp = Int32(0)
             if g_hi - g_lo >= self.warp_min_groups:
-                n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, rraw,
-                                             rnext, rnext2, rkeys)
+                n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, s_scan,
+                                             s_misc, rraw, rnext, rnext2, rkeys)
+                sp = Int32(1)
             else:
                 n_list, ok, sp = self.step1_cta(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_scan,
                                                 s_misc, rraw, rnext, rnext2, rkeys)
@@ -960,10 +1103,12 @@ class DecodeTopK:
                 cute.arch.store(s_misc + 12, sel(ok != 0, n_list, Int32(self.cap + 1)))
             # Step 2: the cluster's first digit. Each CTA's own k-th largest bin is a floor
             # for the row's, so the peers' bins below the highest floor are not read.
+            # (The warp loop has published it already.)
             if const_expr(C > 1):
-                cute.arch.sync_threads()
-                self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5]
-                sp = 1 - sp
+                if g_hi - g_lo < self.warp_min_groups:
+                    cute.arch.sync_threads()
+                    self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5]
+                    sp = 1 - sp
             b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32,
                                                               s_misc, floor_slot=5)
             krem = k - above0
@@ -985,8 +1130,8 @@ class DecodeTopK:
                 eq_before, gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc)
                 dst_base = gather_base + eq_before
                 if use_list:
-                    self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row,
-                                     pushes=True, writes=C == 1)
+                    self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row, rkeys,
+                                     rraw, pushes=True, writes=C == 1)
                 else:
                     self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
                                       s_misc, out_row, rraw, rkeys)
@@ -998,7 +1143,7 @@ class DecodeTopK:
                     cute.arch.cluster_arrive()
                     if use_list:
                         self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row,
-                                         pushes=False, writes=True)
+                                         rkeys, rraw, pushes=False, writes=True)
                     cute.arch.cluster_wait()
                 else:
                     cute.arch.sync_threads()
@@ -1080,7 +1225,7 @@ class DecodeTopK:
                     cute.arch.store(out_row + slot, idx)
                 eq = (i < n_list) & (key & mask == prefix)
                 if ordered:
-                    incl, tot = self.block_scan(sel(eq, Int32(1), Int32(0)), s_scan + par * 32)
+                    incl, tot = self.block_scan(sel(eq, Int32(1), Int32(0)), s_scan + par * 32, bits=1)
                     r = base + incl - 1
                     if eq:
                         if r < take:
@@ -1104,7 +1249,7 @@ class DecodeTopK:
                         cute.arch.store(out_row + slot, self.item_index(g, j))
                         slot = slot + 1
                 if ordered:
-                    incl, tot = self.block_scan(eq, s_scan + par * 32)
+                    incl, tot = self.block_scan(eq, s_scan + par * 32, bits=count_bits(self.items))
                     r = base + incl - eq
                     for j in cutlass.range_constexpr(self.items):
                         if rkeys[j] & mask == prefix:

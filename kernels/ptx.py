@@ -402,6 +402,20 @@ def ld_global_nc_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
+def ld_shared_v4_u32(addr: Int32, *, loc=None, ip=None):
+    """Four words from a 16-byte aligned shared::cta address, one request."""
+    st = _asm([T.i32()] * 4, [_i32(addr)], "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r")
+    return tuple(Uint32(v) for v in _unpack(st, [T.i32()] * 4))
+
+
+@dsl_user_op
+def f32_geu(a_bits, b_bits, *, loc=None, ip=None) -> Int32:
+    """1 if the float with bits a_bits is >= the one with bits b_bits or either is NaN (setp.geu), else 0."""
+    return Int32(_asm(T.i32(), [Uint32(a_bits).ir_value(), Uint32(b_bits).ir_value()],
+                      "{\n.reg .pred p;\nsetp.geu.f32 p, $1, $2;\nselp.s32 $0, 1, 0, p;\n}", "=r,r,r", pure=True))
+
+
+@dsl_user_op
 def ld_cluster_u32(addr: Int32, *, loc=None, ip=None) -> Uint32:
     """A word at a shared::cluster address (from mapa_shared); order it with a cluster barrier."""
     return Uint32(_asm(T.i32(), [_i32(addr)], "ld.shared::cluster.u32 $0, [$1];", "=r,r"))

@@ -45,7 +45,7 @@ SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + LIST_CAPACITY * 
 
 # Step 1 (the one read of the logits) runs by CTA-wide tiles with an ordered scan
 # each, or, from this many 8-column groups per CTA on, by independent warps on
-# contiguous parts of the slice with a sign-flip prefilter. Measured on the H200
+# contiguous parts of the slice with a float-compare prefilter. Measured on the H200
 # (benchmarks/results/decode_topk_h200.json): the warp loop wins from 64K columns
 # per CTA (1M-column rows, 64 x 256K), the tiles below (up to ~1 us at 4K columns).
 WARP_STEP1_MIN_GROUPS = 8192

@@ -1,0 +1,57 @@
+"""Time decode_topk kernels of several cache roots side by side on chosen cases (helper of gpu jobs).
+
+usage: topk_roots.py OUT.json ROOT [ROOT ...]
+
+Each root is a cache folder (cubins/ + manifests/); "." is the committed cache. Every
+case is launched directly (no host op) in CUDA graphs with rotated inputs, as
+benchmarks/bench_topk.py does, so experimental builds (e.g. one stopping after a
+phase) are compared on the same inputs in one process.
+"""
+import json
+import sys
+
+import torch
+
+from benchmarks import common
+from runtime.loader import load
+
+CASES = (  # kernel, rows, length, k
+    ("decode_topk_f32_token_c2", 1, 8192, 512),
+    ("decode_topk_f32_token_c4", 1, 16384, 2048),
+    ("decode_topk_f32_token_c16", 1, 65536, 2048),
+    ("decode_topk_f32_token_c16", 1, 262144, 2048),
+    ("decode_topk_f32_token_c8", 8, 65536, 2048),
+    ("decode_topk_f32_token_c8", 8, 1 << 20, 2048),
+    ("decode_topk_f32_token_c2", 64, 16384, 2048),
+    ("decode_topk_f32_token_c2", 64, 262144, 2048),
+)
+
+
+def main() -> None:
+    out_path, roots = sys.argv[1], sys.argv[2:]
+    caches = {r: load(None if r == "." else r) for r in roots}
+    results = []
+    for name, rows, length, k in CASES:
+        nbytes = rows * length * 4
+        sets = common.rotation_count(nbytes, most=16)
+        g = torch.Generator(device="cuda").manual_seed(rows * 31 + length)
+        xs = [torch.randn(rows, length, device="cuda", generator=g) for _ in range(sets)]
+        ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+        out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+        cell = {"kernel": name, "rows": rows, "length": length, "k": k, "us": {}}
+        for r, cache in caches.items():
+            kernel = cache.kernel(name)
+            c = kernel.entry.cluster[0]
+            calls = [lambda x=x, kernel=kernel, c=c: kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(),
+                                                                 out.data_ptr(), length, x.stride(0), out.stride(0), k)
+                     for x in xs]
+            cell["us"][r] = round(common.time_graph(calls)["median_us"], 2)
+        print(name, rows, length, k, cell["us"], flush=True)
+        results.append(cell)
+        del xs
+    with open(out_path, "w") as f:
+        json.dump({"info": common.gpu_info(), "roots": roots, "cases": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
