@@ -231,12 +231,10 @@ class DecodeTopK:
         """
         if const_expr(self.block_mode):
             self.raw_to_items(rraw, g, g_end, row_end, rvals)
-        else:
+        elif const_expr(self.dtype == "bf16"):
             for j in cutlass.range_constexpr(8):
-                if const_expr(self.dtype == "f32"):
-                    rvals[j] = rraw[j]
-                else:
-                    rvals[j] = (rraw[j // 2] << Uint32(16 * (1 - j % 2))) & Uint32(0xFFFF0000)
+                rvals[j] = (rraw[j // 2] << Uint32(16 * (1 - j % 2))) & Uint32(0xFFFF0000)
+        # FP32: the values are rraw itself (the caller passes rvals = rraw).
 
     @cute.jit
     def listed_key(self, v: Uint32) -> Uint32:
@@ -713,19 +711,23 @@ class DecodeTopK:
         bound = Uint32(0)
         thr = self.pass_threshold(bound)
         ok = Int32(1)
+        # FP32 token mode compares the loaded bits themselves: no copy (registers are tight).
+        rvals = rkeys
+        if const_expr(self.dtype == "f32" and not self.block_mode):
+            rvals = rraw
         self.prime_loads(row_addr, w_lo + lane, WARP, w_hi, row_end, rnext, rnext2)
         for gb in cutlass.range(w_lo, w_hi, WARP):
             g = gb + lane
             self.next_loads(row_addr, g + 2 * WARP, w_hi, row_end, rraw, rnext, rnext2)
             n_valid = self.group_items(g, w_hi, row_end)
-            self.filter_values(rraw, g, w_hi, row_end, rkeys)
-            cnt, before, tot = self.passing_count(rkeys, n_valid, thr)
+            self.filter_values(rraw, g, w_hi, row_end, rvals)
+            cnt, before, tot = self.passing_count(rvals, n_valid, thr)
             if ok != 0:
                 if n_w + tot > seg_cap:
                     bound = Uint32(self.warp_kth_bin(s_hist, k))
                     n_w = self.warp_filter(s_key + seg, s_idx + seg, n_w, bound, shift0)
                     thr = self.pass_threshold(bound)
-                    cnt, before, tot = self.passing_count(rkeys, n_valid, thr)
+                    cnt, before, tot = self.passing_count(rvals, n_valid, thr)
                     if n_w + tot > seg_cap:
                         ok = Int32(0)
             if ok != 0:
@@ -733,8 +735,8 @@ class DecodeTopK:
                 # warp reads them back densely: exact keys and the histogram, no per-item divergence.
                 pos = seg + n_w + before
                 for j in cutlass.range_constexpr(self.items):
-                    if (j < n_valid) & (self.item_passes(rkeys[j], thr) != 0):
-                        cute.arch.store(s_key + pos, rkeys[j])
+                    if (j < n_valid) & (self.item_passes(rvals[j], thr) != 0):
+                        cute.arch.store(s_key + pos, rvals[j])
                         cute.arch.store(s_idx + pos, self.item_index(g, j))
                         pos = pos + 1
                 cute.arch.sync_warp()
@@ -752,8 +754,8 @@ class DecodeTopK:
                 # The segment is full of items at or above the bound: count only (the later
                 # steps re-read this CTA's slice from global memory).
                 for j in cutlass.range_constexpr(self.items):
-                    if (j < n_valid) & (self.item_passes(rkeys[j], thr) != 0):
-                        key = self.listed_key(rkeys[j])
+                    if (j < n_valid) & (self.item_passes(rvals[j], thr) != 0):
+                        key = self.listed_key(rvals[j])
                         if (key >> Uint32(shift0)) >= bound:
                             cute.arch.atomic_add(s_hist + Int32(key >> Uint32(shift0)), Int32(1))
         # The CTA's k-th largest bin (exact now: a barrier after every atomic) is a floor for
@@ -1131,7 +1133,7 @@ class DecodeTopK:
                 dst_base = gather_base + eq_before
                 if use_list:
                     self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row, rkeys,
-                                     rraw, pushes=True, writes=C == 1)
+                                     rraw, pushes=True, writes=False)
                 else:
                     self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
                                       s_misc, out_row, rraw, rkeys)
@@ -1139,11 +1141,13 @@ class DecodeTopK:
                 # shared memory after this barrier: the peers may exit. The output writes of a
                 # listed CTA go between the arrive and the wait: the arrive's release does not
                 # wait for them, and they hide the barrier's latency.
+                # (One CTA: the same two passes; fewer registers live than one pass doing both.)
                 if const_expr(C > 1):
                     cute.arch.cluster_arrive()
-                    if use_list:
-                        self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row,
-                                         rkeys, rraw, pushes=False, writes=True)
+                if use_list:
+                    self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row,
+                                     rkeys, rraw, pushes=False, writes=True)
+                if const_expr(C > 1):
                     cute.arch.cluster_wait()
                 else:
                     cute.arch.sync_threads()

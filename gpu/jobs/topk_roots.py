@@ -24,6 +24,10 @@ CASES = (  # kernel, rows, length, k
     ("decode_topk_f32_token_c8", 8, 1 << 20, 2048),
     ("decode_topk_f32_token_c2", 64, 16384, 2048),
     ("decode_topk_f32_token_c2", 64, 262144, 2048),
+    ("decode_topk_f32_token_c8", 8, 262144, 512),
+    ("decode_topk_f32_token_c8", 14, 262144, 2048),
+    ("decode_topk_f32_token_c2", 64, 65536, 512),
+    ("decode_topk_f32_token_c1", 256, 65536, 2048),
 )
 
 

@@ -46,9 +46,10 @@ SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + LIST_CAPACITY * 
 # Step 1 (the one read of the logits) runs by CTA-wide tiles with an ordered scan
 # each, or, from this many 8-column groups per CTA on, by independent warps on
 # contiguous parts of the slice with a float-compare prefilter. Measured on the H200
-# (benchmarks/results/decode_topk_h200.json): the warp loop wins from 64K columns
-# per CTA (1M-column rows, 64 x 256K), the tiles below (up to ~1 us at 4K columns).
-WARP_STEP1_MIN_GROUPS = 8192
+# (gpu/jobs/topk_roots.py, one process, committed vs candidate builds): with ballot
+# prefix sums the warp loop wins from 32K columns per CTA (8 x 256K, 14 x 256K and
+# 64 x 64K: ~1.1 us faster), and loses at 16K (1 x 256K on 16 CTAs: 2.2 us slower).
+WARP_STEP1_MIN_GROUPS = 4096
 
 
 def name_for(dtype: str, block_mode: bool, cluster: int) -> str:
