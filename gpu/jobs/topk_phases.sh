@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # limit: 150
-# decode_topk: where the time goes. Builds that stop after each phase (.gl/stopN, carried; see
-# gpu/jobs/topk_roots.py) timed beside the committed cache, and one ncu of a long-row case.
+# decode_topk: where the time goes. Builds that stop after each phase (.gl/stopN from
+# gpu/jobs/make_stop_builds.py, carried) timed beside the committed cache (gpu/jobs/topk_roots.py),
+# and one ncu of a long-row case (of .gl/cand where there is one).
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 roots=(.); for r in .gl/cand .gl/stop9 .gl/stop1 .gl/stop2 .gl/stop3; do [ -d "$r" ] && roots+=("$r"); done
 echo "+ roots ${roots[*]}"
-[ -d .gl/stop7 ] && timeout 30 python3 gpu/jobs/topk_diag.py 2>&1 | tail -12
 timeout 90 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots.json" "${roots[@]}" 2>&1 | tail -20
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -d .gl/cand ] && export SPARSE_DECODE_AOT_CACHE=$PWD/.gl/cand  # profile the candidate where there is one
