@@ -418,7 +418,9 @@ class DecodeTopK:
         such floor are not read from the peers (they may be incomplete, too).
         The cluster barrier orders every CTA's histogram atomics before the peers'
         reads (release/acquire); it also serves as the CTA barrier. With local, only this
-        CTA's histogram counts (the gathered finish of one CTA).
+        CTA's histogram counts (the gathered finish of one CTA). With floor_slot (the first
+        digit), misc[4] gets bin b's count of the lower-ranked CTAs (their columns are lower:
+        the gathered finish's place for this CTA's items of the bin), from the same reads.
         """
         tid = cute.arch.thread_idx()[0]
         clustered = self.cluster > 1 and not local
@@ -449,6 +451,10 @@ class DecodeTopK:
         l1 = Int32(0)
         l2 = Int32(0)
         l3 = Int32(0)
+        e0 = Int32(0)  # the lower-ranked CTAs' counts (first digit of a cluster): misc[4] for bin b
+        e1 = Int32(0)
+        e2 = Int32(0)
+        e3 = Int32(0)
         if (tid * 4 < nbins) & (tid * 4 + 3 >= lo):
             l0 = cute.arch.load(hist + tid * 4, Int32)
             l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
@@ -456,13 +462,20 @@ class DecodeTopK:
             l3 = cute.arch.load(hist + tid * 4 + 3, Int32)
             if const_expr(clustered):
                 mine = smem_addr(hist + tid * 4)
-                # Four peers at a time: all sixteen in flight would cost the step-1 loop its registers.
-                for r in cutlass.range(self.cluster, unroll=4):
+                rank = cute.arch.block_idx_in_cluster()
+                # Eight peers at a time: all sixteen in flight would cost the step-1 loop its registers.
+                for r in cutlass.range(self.cluster, unroll=8):
                     v0, v1, v2, v3 = ptx.ld_cluster_v4_u32(ptx.mapa_shared(mine, r))
                     c0 = c0 + Int32(v0)
                     c1 = c1 + Int32(v1)
                     c2 = c2 + Int32(v2)
                     c3 = c3 + Int32(v3)
+                    if const_expr(floor_slot >= 0):
+                        below = r < rank
+                        e0 = e0 + sel(below, Int32(v0), Int32(0))
+                        e1 = e1 + sel(below, Int32(v1), Int32(0))
+                        e2 = e2 + sel(below, Int32(v2), Int32(0))
+                        e3 = e3 + sel(below, Int32(v3), Int32(0))
             else:
                 c0 = l0
                 c1 = l1
@@ -488,6 +501,8 @@ class DecodeTopK:
                     cute.arch.store(misc + 1, above)
                     cute.arch.store(misc + 6, cq)
                     cute.arch.store(misc + 7, labove)
+                    if const_expr(floor_slot >= 0 and clustered):
+                        cute.arch.store(misc + 4, (e0, e1, e2, e3)[q])
             above = above + cq
             labove = labove + lq
         cute.arch.sync_threads()
@@ -611,18 +626,22 @@ class DecodeTopK:
         return Int32(x)
 
     @cute.jit
-    def warp_kth_bin(self, hist: cute.Pointer, k: Int32) -> Int32:
+    def warp_kth_bin(self, hist: cute.Pointer, k: Int32, floor: Uint32) -> Int32:
         """The bin of the k-th largest item counted so far in the CTA's histogram, by one warp (0 if < k).
 
         Other warps may be adding to the histogram meanwhile: a count read early is
         only smaller, so the bin found is never above the true one, and still a bound.
+        floor is an earlier answer (counts only grow: the new one is not below it), so a
+        lane whose bins all lie below it reads none of them.
         """
         lane = cute.arch.lane_idx()
         per = self.bins // WARP
+        assert per == 2 * WARP  # the search below takes two bins a lane
         base = lane * per
         mine = Int32(0)
-        for i in cutlass.range(per, unroll=8):
-            mine = mine + cute.arch.load(hist + base + i, Int32)
+        if Uint32(base + per) > floor:
+            for i in cutlass.range(per, unroll=8):
+                mine = mine + cute.arch.load(hist + base + i, Int32)
         suffix = mine
         for s in cutlass.range_constexpr(5):
             y = cute.arch.shuffle_sync_down(suffix, 1 << s)
@@ -631,18 +650,22 @@ class DecodeTopK:
         ballot = cute.arch.vote_ballot_sync(suffix >= k)
         result = Int32(0)
         if ballot != 0:
+            # The highest lane whose suffix reaches k holds the bin: the warp searches its
+            # `per` bins together, two a lane from the top (a scan, not a serial walk).
+            # Re-read counts can only be larger: the bin found is still a valid bound.
             top = Int32(31) - Int32(cute.arch.clz(Uint32(ballot)))
-            if lane == top:
-                run = suffix - mine
-                found = Int32(0)
-                for i in cutlass.range(per):
-                    c = cute.arch.load(hist + base + per - 1 - i, Int32)
-                    if found == 0:
-                        if run + c >= k:
-                            result = base + per - 1 - i
-                            found = Int32(1)
-                    run = run + c
-            result = cute.arch.shuffle_sync(result, top)
+            run = cute.arch.shuffle_sync(suffix - mine, top)
+            hi = top * per + per - 1 - 2 * lane
+            c_hi = cute.arch.load(hist + hi, Int32)
+            c_lo = cute.arch.load(hist + hi - 1, Int32)
+            through_lo = run + self.warp_incl_scan(c_hi + c_lo)
+            first = Uint32(cute.arch.vote_ballot_sync(through_lo >= k))
+            # first != 0: the last pair ends at top's lowest bin, where the count reaches k.
+            l_star = Int32(cute.arch.popc((first & (Uint32(0) - first)) - Uint32(1)))
+            reached_hi = Uint32(cute.arch.vote_ballot_sync(through_lo - c_lo >= k))
+            result = top * per + per - 1 - 2 * l_star
+            result = sel((reached_hi >> Uint32(l_star)) & Uint32(1) != Uint32(0), result, result - 1)
+            result = Int32(sel(result > 0, result, Int32(0)))
         return result
 
     @cute.jit
@@ -724,7 +747,7 @@ class DecodeTopK:
             cnt, before, tot = self.passing_count(rvals, n_valid, thr)
             if ok != 0:
                 if n_w + tot > seg_cap:
-                    bound = Uint32(self.warp_kth_bin(s_hist, k))
+                    bound = Uint32(self.warp_kth_bin(s_hist, k, bound))
                     n_w = self.warp_filter(s_key + seg, s_idx + seg, n_w, bound, shift0)
                     thr = self.pass_threshold(bound)
                     cnt, before, tot = self.passing_count(rvals, n_valid, thr)
@@ -862,20 +885,24 @@ class DecodeTopK:
         return n_list, ok, sp
 
     @cute.jit
-    def slot_bases(self, rank: Int32, eq_word: cute.Pointer, gt_mine: Int32, s_misc: cute.Pointer):
+    def slot_bases(self, rank: Int32, eq_word: cute.Pointer, gt_mine: Int32, s_misc: cute.Pointer,
+                   eq_known: bool = False):
         """(eq_before, gt_base): threshold-equal items of lower ranks (lower columns), from their
-        histogram word eq_word, and this CTA's first slot for its gt_mine items above the threshold
-        (one add on CTA 0's counter, so the CTAs' blocks of slots do not overlap)."""
+        histogram word eq_word (or, eq_known, already in misc[4]), and this CTA's first slot for its
+        gt_mine items above the threshold (one add on CTA 0's counter, so the CTAs' blocks of slots
+        do not overlap)."""
         tid = cute.arch.thread_idx()[0]
         if const_expr(self.cluster > 1):
             if tid < WARP:
-                v = Int32(0)
-                if tid < rank:
-                    v = Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(eq_word), tid)))
-                for s in cutlass.range_constexpr(5):
-                    v = v + cute.arch.shuffle_sync_bfly(v, 1 << s)
+                if const_expr(not eq_known):
+                    v = Int32(0)
+                    if tid < rank:
+                        v = Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(eq_word), tid)))
+                    for s in cutlass.range_constexpr(5):
+                        v = v + cute.arch.shuffle_sync_bfly(v, 1 << s)
+                    if tid == 0:
+                        cute.arch.store(s_misc + 4, v)
                 if tid == 0:
-                    cute.arch.store(s_misc + 4, v)
                     counter = ptx.mapa_shared(smem_addr(s_misc + 2), Int32(0))
                     cute.arch.store(s_misc + 8, Int32(ptx.atom_add_cluster_u32(counter, Uint32(gt_mine))))
             cute.arch.sync_threads()
@@ -1129,7 +1156,7 @@ class DecodeTopK:
             # (block-local rounds instead of cluster-wide ones). The same choice on every CTA.
             gather = (krem != count0) & (gather_base + count0 <= self.cap)
             if gather:
-                eq_before, gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc)
+                eq_before, gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)
                 dst_base = gather_base + eq_before
                 if use_list:
                     self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row, rkeys,
