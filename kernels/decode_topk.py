@@ -11,6 +11,7 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead), by
         bits are below the bin of the CTA's own k-th largest so far (the bound) cannot
         be among the row's k largest: it is neither counted nor listed. In the warp loop
         the test is one float compare per item; the items that pass are written in order
+        (their places from one ballot per bit of the lanes' counts, not a shuffle scan)
         and read back densely for their exact key and the histogram. A warp refreshes
         its bound (and filters its segment) only when the segment cannot take another
         iteration (a CTA tile: the CTA refreshes its bound, at a barrier); at the end
@@ -19,10 +20,12 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead), by
         re-reading its slice from global memory in the later steps.
 Step 2  the cluster sums the histograms through distributed shared memory (from the
         highest of the CTAs' final bounds up: the bins it reads are exact) and every
-        CTA finds the same bin holding the k-th largest key.
+        CTA finds the same bin holding the k-th largest key (and, from the same reads,
+        how many of that bin's items the lower-ranked CTAs hold).
 Gathered finish (when that bin's items fit behind CTA 0's list): every CTA writes its
         items above the bin to its block of output slots and pushes those in the bin
-        to CTA 0 (DSMEM stores, one cluster barrier); CTA 0 alone selects among them by
+        to CTA 0 (DSMEM stores, coalesced: ballots place them; one cluster barrier);
+        CTA 0 alone selects among them by
         block-local radix rounds over the remaining key bits, then over the inverted
         index (exact ties go to the lower index), and writes them. Otherwise:
 Step 2' (cluster-wide finish) the remaining digits
@@ -591,12 +594,6 @@ class DecodeTopK:
             if total != 0:
                 base = cute.arch.atomic_add(counter, total)
         return cute.arch.shuffle_sync(base, 0)
-
-    @cute.jit
-    def warp_reserve(self, count: Int32, bits: int, counter: cute.Pointer) -> Int32:
-        """This lane's first slot for `count` (< 2**bits) items among slots the warp reserves on a counter."""
-        before, total = self.warp_small_prefix(count, bits)
-        return self.warp_atomic_base(total, counter) + before
 
     @cute.jit
     def load_slots(self, s_key: cute.Pointer, s_idx: cute.Pointer, i0: Int32, n: Int32, keys: cute.Tensor,
