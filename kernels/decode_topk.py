@@ -400,12 +400,7 @@ class DecodeTopK:
         """warp_slots for 0/1 counts: a ballot and a popcount instead of a scan."""
         ballot = cute.arch.vote_ballot_sync(flag)
         before = Int32(cute.arch.popc(ballot & cute.arch.lanemask_lt()))
-        total = Int32(cute.arch.popc(ballot))
-        base = Int32(0)
-        if cute.arch.lane_idx() == 0:
-            if total > 0:
-                base = cute.arch.atomic_add(counter, total)
-        return cute.arch.shuffle_sync(base, 0) + before
+        return self.warp_atomic_base(Int32(cute.arch.popc(ballot)), counter) + before
 
     @cute.jit
     def cluster_select(self, hist: cute.Pointer, nbins: int, krem: Int32, scratch: cute.Pointer,
@@ -591,7 +586,7 @@ class DecodeTopK:
         """One shared-memory atomic add of a warp-uniform total (by lane 0); every lane gets the old value."""
         base = Int32(0)
         if cute.arch.lane_idx() == 0:
-            if total != 0:
+            if total > 0:
                 base = cute.arch.atomic_add(counter, total)
         return cute.arch.shuffle_sync(base, 0)
 

@@ -36,10 +36,10 @@ class CudaCallError(RuntimeError):
 
 
 def check(result, call: str):
-    """Unpack a cuda-python result tuple, raising on any error."""
-    drv = driver()
+    """Unpack a cuda-python result tuple, raising on any error (CUDA_SUCCESS is 0: one test on success)."""
     err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != drv.CUresult.CUDA_SUCCESS:
+    if err:
+        drv = driver()
         _, text = drv.cuGetErrorString(err)
         raise CudaCallError(f"{call} failed: {err.name} ({text.decode() if text else ''})")
     if not rest:

@@ -334,16 +334,14 @@ class _KernelLoader:
         # parameter layout are the driver's checks below.
         data = read_checked_cubin(manifest, entry, sections=False, tick=tick)
         path = manifest.root / entry.cubin  # for messages
-        err, library = drv.cuLibraryLoadData(data, None, None, 0, None, None, 0)
-        if err:
-            check((err,), f"cuLibraryLoadData({path})")
+        library = check(drv.cuLibraryLoadData(data, None, None, 0, None, None, 0), f"cuLibraryLoadData({path})")
         tick("cuLibraryLoadData")
         err, cu_kernel = drv.cuLibraryGetKernel(library, entry.symbol.encode())
         if err:
             raise SymbolError(f"the driver finds no symbol {entry.symbol!r} ({err.name}).", file=path,
                               kernel=entry.name, fix=self.fix)
         tick("cuLibraryGetKernel")
-        function = _ok(drv.cuKernelGetFunction(cu_kernel), "cuKernelGetFunction")
+        function = check(drv.cuKernelGetFunction(cu_kernel), "cuKernelGetFunction")
         tick("cuKernelGetFunction")
         # The driver's offsets and sizes of the manifest's parameters, then the count from the
         # kernel's ELF attribute list (a kernel with parameters the manifest lacks must not pass).
@@ -353,18 +351,18 @@ class _KernelLoader:
         check_param_count(data, entry, path, manifest.arch)
         tick("elf_param_count")
 
-        static_smem = _ok(drv.cuFuncGetAttribute(self.static_smem, function), "cuFuncGetAttribute")
+        static_smem = check(drv.cuFuncGetAttribute(self.static_smem, function), "cuFuncGetAttribute")
         if entry.smem_bytes + static_smem > self.smem_optin:
             raise SharedMemoryError(
                 f"needs {entry.smem_bytes} dynamic + {static_smem} static bytes of shared memory; the device allows "
                 f"{self.smem_optin} per block.", file=path, kernel=entry.name,
                 fix="use a device with more shared memory",
             )
-        _ok(drv.cuKernelSetAttribute(self.max_dynamic_smem, entry.smem_bytes, cu_kernel, self.cu_device),
-            "cuKernelSetAttribute(max dynamic smem)")
+        check(drv.cuKernelSetAttribute(self.max_dynamic_smem, entry.smem_bytes, cu_kernel, self.cu_device),
+              "cuKernelSetAttribute(max dynamic smem)")
         if entry.non_portable_cluster:
-            _ok(drv.cuKernelSetAttribute(self.non_portable, 1, cu_kernel, self.cu_device),
-                "cuKernelSetAttribute(non-portable cluster)")
+            check(drv.cuKernelSetAttribute(self.non_portable, 1, cu_kernel, self.cu_device),
+                  "cuKernelSetAttribute(non-portable cluster)")
         tick("shared_memory_attributes")
         # One config per kernel: the occupancy query's (grid = one cluster), then the launches'.
         config = Kernel._make_config(drv, entry, self.attributes)
@@ -380,13 +378,6 @@ class _KernelLoader:
         kernel = Kernel(entry, cu_kernel, clusters, config)
         tick("kernel_object")
         return kernel
-
-
-def _ok(result, call: str):
-    """The value of a (CUresult[, value]) result; ``check`` raises with the driver's text on error."""
-    if result[0]:  # CUDA_SUCCESS is 0
-        check(result, call)
-    return result[1] if len(result) > 1 else None
 
 
 def _driver_param_layout(drv, function, count: int) -> list[tuple[int, int]]:
@@ -408,10 +399,10 @@ def _driver_param_layout(drv, function, count: int) -> list[tuple[int, int]]:
 def _max_active_clusters(drv, entry: KernelEntry, function, sms: int, config=None) -> int:
     if entry.cluster_size == 1:
         # Not a cluster launch: resident CTAs over the whole device.
-        blocks = _ok(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, entry.threads, entry.smem_bytes),
-                     "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        blocks = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, entry.threads, entry.smem_bytes),
+                       "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return int(blocks) * sms
     if config is None:
         config = Kernel._make_config(drv, entry)
     config.gridDimX, config.gridDimY, config.gridDimZ = entry.cluster  # one cluster's worth of CTAs
-    return int(_ok(drv.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))
+    return int(check(drv.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))

@@ -104,7 +104,6 @@ class _Plan:
 
 _plans: dict = {}
 _plans_lock = threading.Lock()
-_cache_error: list = []
 
 
 def _plan_for(device: torch.device, dtype: str, block_mode: bool):
@@ -121,8 +120,7 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
                     cache = runtime.load()
                 plan = _Plan(cache, dtype, block_mode)
                 _plans[key] = plan if plan.kernels else None
-            except Exception as e:  # no cache for this device: the fallback serves it
-                _cache_error.append(e)
+            except Exception:  # no cache for this device: the fallback serves it
                 _plans[key] = None
         return _plans[key]
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # limit: 240
-# decode_topk candidate build (.gl/cand, carried: a full cache root): GPU tests and sanitizers on it,
-# then timed beside the committed cache on the cases of gpu/jobs/topk_roots.py.
+# decode_topk candidate build (.gl/cand, carried: a full cache root, e.g. from
+# `python build_kernels.py --arch sm_90a --out .gl/cand`): GPU tests and sanitizers on it, then it and
+# any other .gl/cand* roots timed beside the committed cache on the cases of gpu/jobs/topk_roots.py.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 run() { echo "+ $*"; "$@"; echo "rc=$?"; }
