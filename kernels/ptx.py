@@ -389,6 +389,16 @@ def ld_global_nc_v4_u32(addr: Int64, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def prefetch_l2_bulk(addr: Int64, nbytes, *, loc=None, ip=None) -> None:
+    """Ask L2 for nbytes (a multiple of 16) of global memory at a 16-byte aligned address.
+
+    One instruction of one thread, no registers and no completion: the later loads of
+    those bytes hit L2 instead of waiting on DRAM (sm_90+).
+    """
+    _asm(None, [_i64(addr), _i32(nbytes)], "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r")
+
+
+@dsl_user_op
 def ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
     """One word of read-only global data."""
     return Uint32(_asm(T.i32(), [_i64(addr)], "ld.global.nc.u32 $0, [$1];", "=r,l", pure=True))

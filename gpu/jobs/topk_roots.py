@@ -8,6 +8,7 @@ benchmarks/bench_topk.py does, so experimental builds (e.g. one stopping after a
 phase) are compared on the same inputs in one process.
 """
 import json
+import os
 import sys
 
 import torch
@@ -28,18 +29,36 @@ CASES = (  # kernel, rows, length, k
     ("decode_topk_f32_token_c8", 14, 262144, 2048),
     ("decode_topk_f32_token_c2", 64, 65536, 512),
     ("decode_topk_f32_token_c1", 256, 65536, 2048),
+    ("decode_topk_f32_token_c16", 1, 1 << 20, 2048),
+    ("decode_topk_bf16_token_c16", 1, 262144, 2048),
+    ("decode_topk_bf16_token_c16", 1, 1 << 20, 2048),
+    ("decode_topk_bf16_token_c8", 8, 65536, 512),
+    ("decode_topk_bf16_token_c2", 64, 262144, 2048),
+)
+
+
+# TOPK_ROOTS_CASES=occupancy: the same work per SM at one and at two CTAs an SM.
+OCCUPANCY_CASES = (
+    ("decode_topk_f32_token_c2", 64, 262144, 2048),
+    ("decode_topk_f32_token_c2", 128, 131072, 2048),
+    ("decode_topk_f32_token_c2", 64, 131072, 2048),
+    ("decode_topk_f32_token_c2", 128, 65536, 2048),
+    ("decode_topk_f32_token_c8", 8, 262144, 2048),
+    ("decode_topk_f32_token_c8", 16, 131072, 2048),
 )
 
 
 def main() -> None:
     out_path, roots = sys.argv[1], sys.argv[2:]
+    cases = OCCUPANCY_CASES if os.environ.get("TOPK_ROOTS_CASES") == "occupancy" else CASES
     caches = {r: load(None if r == "." else r) for r in roots}
     results = []
-    for name, rows, length, k in CASES:
-        nbytes = rows * length * 4
+    for name, rows, length, k in cases:
+        dtype = torch.bfloat16 if "_bf16_" in name else torch.float32
+        nbytes = rows * length * dtype.itemsize
         sets = common.rotation_count(nbytes, most=16)
         g = torch.Generator(device="cuda").manual_seed(rows * 31 + length)
-        xs = [torch.randn(rows, length, device="cuda", generator=g) for _ in range(sets)]
+        xs = [torch.randn(rows, length, device="cuda", generator=g).to(dtype) for _ in range(sets)]
         ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
         out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
         cell = {"kernel": name, "rows": rows, "length": length, "k": k, "us": {}}
