@@ -22,9 +22,10 @@ Step 2  the cluster sums the histograms through distributed shared memory (from 
         highest of the CTAs' final bounds up: the bins it reads are exact) and every
         CTA finds the same bin holding the k-th largest key (and, from the same reads,
         how many of that bin's items the lower-ranked CTAs hold).
-Gathered finish (when that bin's items fit behind CTA 0's list): every CTA writes its
-        items above the bin to its block of output slots and pushes those in the bin
-        to CTA 0 (DSMEM stores, coalesced: ballots place them; one cluster barrier);
+Gathered finish (when that bin's items fit behind CTA 0's list): every CTA pushes its
+        items in the bin to CTA 0 (DSMEM stores, coalesced: ballots place them), each
+        warp reserves output slots for its items above the bin with one add on the row's
+        counter in CTA 0, and after one cluster barrier's arrive writes them there;
         CTA 0 alone selects among them by
         block-local radix rounds over the remaining key bits, then over the inverted
         index (exact ties go to the lower index), and writes them. Otherwise:
@@ -607,12 +608,17 @@ class DecodeTopK:
         return before, total
 
     @cute.jit
-    def warp_atomic_base(self, total: Int32, counter: cute.Pointer) -> Int32:
-        """One shared-memory atomic add of a warp-uniform total (by lane 0); every lane gets the old value."""
+    def warp_atomic_base(self, total: Int32, counter: cute.Pointer, in_cta0: bool = False) -> Int32:
+        """One shared-memory atomic add of a warp-uniform total (by lane 0) on counter, or with in_cta0 on
+        the same word of CTA 0 of the cluster; every lane gets the old value."""
         base = Int32(0)
         if cute.arch.lane_idx() == 0:
             if total > 0:
-                base = cute.arch.atomic_add(counter, total)
+                if const_expr(in_cta0 and self.cluster > 1):
+                    base = Int32(ptx.atom_add_cluster_u32(ptx.mapa_shared(smem_addr(counter), Int32(0)),
+                                                          Uint32(total)))
+                else:
+                    base = cute.arch.atomic_add(counter, total)
         return cute.arch.shuffle_sync(base, 0)
 
     @cute.jit
@@ -762,6 +768,7 @@ class DecodeTopK:
         if const_expr(self.dtype == "f32" and not self.block_mode):
             rvals = rraw
         self.prime_loads(row_addr, w_lo + lane, WARP, w_hi, row_end, rnext, rnext2)
+        cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
         for gb in cutlass.range(w_lo, w_hi, WARP):
             g = gb + lane
             self.next_loads(row_addr, g + 2 * WARP, w_hi, row_end, rraw, rnext, rnext2)
@@ -876,6 +883,7 @@ class DecodeTopK:
         if p0 < g_hi:
             self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
         self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
+        cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             self.next_loads(row_addr, g + 2 * T, g_hi, row_end, rraw, rnext, rnext2)
@@ -947,53 +955,55 @@ class DecodeTopK:
             cute.arch.store(s_idx + dst, idx)
 
     @cute.jit
-    def gather_list(self, n_list: Int32, b0: Uint32, gt_base: Int32, dst_base: Int32, s_key: cute.Pointer,
-                    s_idx: cute.Pointer, s_misc: cute.Pointer, out_row: cute.Pointer, rkeys: cute.Tensor,
-                    ridx: cute.Tensor, pushes: bool, writes: bool):
-        """Over the list: this CTA's items in the first digit's bin b0 to CTA 0 (pushes), those above it
-        to their output slots (writes).
+    def gather_list(self, n_list: Int32, b0: Uint32, dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer,
+                    s_misc: cute.Pointer, out_row: cute.Pointer, rkeys: cute.Tensor, ridx: cute.Tensor,
+                    pushes: bool, slot0: Int32) -> Int32:
+        """One pass over the list. pushes: this CTA's items in the first digit's bin b0 to CTA 0, and
+        the warp's count of items above the bin (all its iterations) returned, for one reservation of
+        output slots. Else (writes): those items to their output slots, from slot0 on, in the same order.
 
         An iteration is a chain of dependent steps (loads, ballots, a shared atomic, the
         stores), so a thread takes GATHER_VEC slots at once, T apart: for each of them the
         warp's lanes read consecutive slots and write consecutive destinations (one
-        ballot each places them; DSMEM and global stores stay coalesced), and one atomic
-        on a packed counter (above-bin count in the low half, in-bin count in the high
-        half) reserves the warp's destinations of the whole iteration.
+        ballot each places them; DSMEM and global stores stay coalesced). The pushes take
+        their list slots behind dst_base from this CTA's in-bin counter, one atomic a warp
+        and iteration; the writes need none (the warp's block of slots is reserved).
         """
         T = self.threads
         V = GATHER_VEC
         tid = cute.arch.thread_idx()[0]
         lt = cute.arch.lanemask_lt()
         shift0 = Uint32(self.key_bits - self.digits[0])
+        n_above = Int32(0)
+        slot = slot0
         for ib in cutlass.range(0, n_list, T * V):
-            total = Int32(0)
+            n_in = Int32(0)
             for j in cutlass.range_constexpr(V):
                 # Slots past n_list read as key 0: bin 0, below every b0 (-inf's key is in bin 3).
                 key, idx = self.list_item(s_key, s_idx, ib + j * T + tid, n_list)
                 rkeys[j] = key
                 ridx[j] = Uint32(idx)
-                if const_expr(writes):
-                    total = total + Int32(cute.arch.popc(cute.arch.vote_ballot_sync((key >> shift0) > b0)))
                 if const_expr(pushes):
-                    total = total + (Int32(cute.arch.popc(cute.arch.vote_ballot_sync((key >> shift0) == b0)))
-                                     << Int32(16))
-            base = self.warp_atomic_base(total, s_misc + 10)
-            slot = gt_base + (base & Int32(0xFFFF))
-            e = dst_base + (base >> Int32(16))
-            # The ballots again (cheaper than keeping 2 * V masks live).
+                    n_in = n_in + Int32(cute.arch.popc(cute.arch.vote_ballot_sync((key >> shift0) == b0)))
+                    n_above = n_above + Int32(cute.arch.popc(cute.arch.vote_ballot_sync((key >> shift0) > b0)))
+            e = Int32(0)
+            if const_expr(pushes):
+                e = dst_base + self.warp_atomic_base(n_in, s_misc + 10)
+            # The ballots again (cheaper than keeping V masks live).
             for j in cutlass.range_constexpr(V):
-                if const_expr(writes):
-                    gt = (rkeys[j] >> shift0) > b0
-                    m = cute.arch.vote_ballot_sync(gt)
-                    if gt:
-                        cute.arch.store(out_row + slot + Int32(cute.arch.popc(m & lt)), Int32(ridx[j]))
-                    slot = slot + Int32(cute.arch.popc(m))
                 if const_expr(pushes):
                     eq = (rkeys[j] >> shift0) == b0
                     m = cute.arch.vote_ballot_sync(eq)
                     if eq:
                         self.push_gathered(s_key, s_idx, e + Int32(cute.arch.popc(m & lt)), rkeys[j], Int32(ridx[j]))
                     e = e + Int32(cute.arch.popc(m))
+                else:
+                    gt = (rkeys[j] >> shift0) > b0
+                    m = cute.arch.vote_ballot_sync(gt)
+                    if gt:
+                        cute.arch.store(out_row + slot + Int32(cute.arch.popc(m & lt)), Int32(ridx[j]))
+                    slot = slot + Int32(cute.arch.popc(m))
+        return n_above
 
     @cute.jit
     def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
@@ -1110,6 +1120,18 @@ class DecodeTopK:
             rnext[j] = Uint32(0)
             rnext2[j] = Uint32(0)
 
+        # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
+        # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
+        # 10 the gather pass's in-bin counter,
+        # 11 the cluster's floor for the first digit, 12 this CTA's list length (cap + 1: overflowed),
+        # 13 CTA 0's list length, 14 the gathered finish's slot counter
+        # Zeroed first, on every path (the short-row path does not read them): a use of row_end
+        # placed before these stores would make them wait for its load. Step 1's barrier, after
+        # its first loads are issued, orders them before any use.
+        for i in cutlass.range_constexpr(0, 2 * self.bins, T * 4):
+            ptx.st_shared_v4_b32(smem_addr(s_hist + i + tid * 4), 0, 0, 0, 0)
+        if tid < 16:
+            cute.arch.store(s_misc + tid, Int32(0))
         row_end = cute.arch.load(row_ends + row, Int32)
         row_end = sel(row_end < 0, Int32(0), row_end)
         row_end = Int32(sel(row_end > width, width, row_end))
@@ -1129,16 +1151,6 @@ class DecodeTopK:
             per = (n_groups + C - 1) // C
             g_lo = Int32(sel(rank * per < n_groups, rank * per, n_groups))
             g_hi = Int32(sel(g_lo + per < n_groups, g_lo + per, n_groups))
-            # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
-            # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
-            # 10 the gather pass's packed (> threshold, in-bin << 16) counter,
-            # 11 the cluster's floor for the first digit, 12 this CTA's list length (cap + 1: overflowed),
-            # 13 CTA 0's list length, 14 the gathered finish's slot counter
-            for i in cutlass.range(tid, 2 * self.bins, T):
-                cute.arch.store(s_hist + i, Int32(0))
-            if tid < 16:
-                cute.arch.store(s_misc + tid, Int32(0))
-            cute.arch.sync_threads()
 
             # Step 1: one read of the slice: the first digit's histogram, and the list of
             # the items that can still be selected, in index order. An item whose digit is
@@ -1184,12 +1196,17 @@ class DecodeTopK:
             # (block-local rounds instead of cluster-wide ones). The same choice on every CTA.
             gather = (krem != count0) & (gather_base + count0 <= self.cap)
             if gather:
-                eq_before, gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)
-                dst_base = gather_base + eq_before
+                # The lower ranks' in-bin count came with the select (misc[4]).
+                dst_base = gather_base + cute.arch.load(s_misc + 4, Int32)
+                slot0 = Int32(0)
                 if use_list:
-                    self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row, rkeys,
-                                     rraw, pushes=True, writes=False)
+                    n_above = self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row, rkeys,
+                                               rraw, pushes=True, slot0=Int32(0))
+                    # The warp's output slots: one add on the row's counter in CTA 0 (before this CTA
+                    # arrives at the barrier below, after which CTA 0 may finish and exit).
+                    slot0 = self.warp_atomic_base(n_above, s_misc + 2, in_cta0=True)
                 else:
+                    gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
                     self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
                                       s_misc, out_row, rraw, rkeys)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
@@ -1200,8 +1217,8 @@ class DecodeTopK:
                 if const_expr(C > 1):
                     cute.arch.cluster_arrive()
                 if use_list:
-                    self.gather_list(n_list, Uint32(b0), gt_base, dst_base, s_key, s_idx, s_misc, out_row,
-                                     rkeys, rraw, pushes=False, writes=True)
+                    self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row,
+                                     rkeys, rraw, pushes=False, slot0=slot0)
                 if const_expr(C > 1):
                     cute.arch.cluster_wait()
                 else:

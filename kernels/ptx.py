@@ -140,6 +140,13 @@ def st_shared_u8(addr: Int32, v, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_shared_v4_b32(addr: Int32, a, b, c, d, *, loc=None, ip=None) -> None:
+    """Store four 32-bit words at a 16-byte aligned shared::cta address, one request."""
+    _asm(None, [_i32(addr), _i32(a), _i32(b), _i32(c), _i32(d)],
+         "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r")
+
+
+@dsl_user_op
 def st_shared_b32(addr: Int32, v, *, loc=None, ip=None) -> None:
     _asm(None, [_i32(addr), _i32(v)], "st.shared.b32 [$0], $1;", "r,r")
 

@@ -31,9 +31,12 @@ SUPPORTED_K = contract.SUPPORTED_K
 MAX_WIDTH = (1 << 21) - 1  # int32 index math in the kernel, 21-bit indices in the reference
 _ALIGN = 16  # bytes: the kernel reads 16-byte vectors
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
-# Columns a CTA should own at least before a row is split further: below this the
-# cluster's barriers cost more than the extra CTAs save.
-MIN_COLUMNS_PER_CTA = 4096
+# Columns a CTA should own at least, by cluster size, before a row is split further:
+# below this the cluster's barriers cost more than the extra CTAs save. Measured on the
+# H200 (gpu/jobs/topk_roots.py, TOPK_ROOTS_CASES=small; decode_topk_ab_h200.json:
+# routing_ab): 4 CTAs of 2K columns beat 2 of 4K (8K columns, 1 and 8 rows: 0.5 us),
+# while 2 CTAs of 2K lose to one of 4K (1.2 us) and 8 of 2K to 4 of 4K (0.7 us).
+MIN_COLUMNS_PER_CTA = {1: 0, 2: 4096, 4: 2048, 8: 4096, 16: 4096}
 
 
 def _require_int32_tensor(name: str, t) -> None:
@@ -98,7 +101,7 @@ class _Plan:
         fits = [c for c, (_, most) in self.kernels.items() if 0 < rows <= most]
         if not fits:
             return None
-        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA and (c <= 8 or rows <= 2)]
+        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA[c] and (c <= 8 or rows <= 2)]
         return max(good) if good else min(fits)
 
 

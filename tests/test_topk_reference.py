@@ -151,7 +151,7 @@ def test_cubins_for_both_archs_match_the_contract():
 
 
 def test_cluster_choice_fits_one_wave():
-    """The op picks the largest cluster that fits one wave and leaves each CTA >= MIN_COLUMNS_PER_CTA columns."""
+    """The op picks the largest cluster that fits one wave and leaves each CTA >= MIN_COLUMNS_PER_CTA[c] columns."""
     from runtime import topk
 
     class FakeKernel:
@@ -173,6 +173,11 @@ def test_cluster_choice_fits_one_wave():
     assert plan.cluster_for(3, 65536) == 8
     assert plan.cluster_for(1, 1 << 20) == 16
     assert plan.cluster_for(1, 16384) == 4
+    assert plan.cluster_for(1, 8192) == 4  # 2K columns a CTA are enough for 4 CTAs ...
+    assert plan.cluster_for(8, 8192) == 4
+    assert plan.cluster_for(64, 8192) == 2  # ... where 4 fit one wave
+    assert plan.cluster_for(1, 4096) == 1  # but not for 2
+    assert plan.cluster_for(1, 8191) == 1
     assert plan.cluster_for(14, 1 << 20) == 8
     assert plan.cluster_for(8, 262144) == 8
     assert plan.cluster_for(64, 262144) == 2

@@ -46,10 +46,11 @@ SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + LIST_CAPACITY * 
 # Step 1 (the one read of the logits) runs by CTA-wide tiles with an ordered scan
 # each, or, from this many 8-column groups per CTA on, by independent warps on
 # contiguous parts of the slice with a float-compare prefilter. Measured on the H200
-# (gpu/jobs/topk_roots.py, one process, committed vs candidate builds): with ballot
-# prefix sums the warp loop wins from 32K columns per CTA (8 x 256K, 14 x 256K and
-# 64 x 64K: ~1.1 us faster), and loses at 16K (1 x 256K on 16 CTAs: 2.2 us slower).
-WARP_STEP1_MIN_GROUPS = 4096
+# (gpu/jobs/topk_roots.py, one process, committed vs candidate builds): with the
+# bound refresh free of bank conflicts the warp loop wins from 16K columns per CTA
+# (1 x 256K on 16 CTAs: 1.5 us faster, 8 x 32K on 2 CTAs a row: 1.5 us) and changes
+# nothing from 32K on (benchmarks/results/decode_topk_ab_h200.json: routing_ab).
+WARP_STEP1_MIN_GROUPS = 2048
 
 
 def name_for(dtype: str, block_mode: bool, cluster: int) -> str:

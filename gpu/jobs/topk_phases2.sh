@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# limit: 200
+# decode_topk: phase-stop builds (.gl/stopN from gpu/jobs/make_stop_builds.py, carried) timed beside the
+# committed cache, then stall sampling of three cases of the committed cache (gpu/jobs/profile3.sh).
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+roots=(.); for r in .gl/stop9 .gl/stop1 .gl/stop2 .gl/stop3; do [ -d "$r" ] && roots+=("$r"); done
+echo "+ roots ${roots[*]}"
+timeout 100 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_phases.json" "${roots[@]}" 2>&1 | tail -20
+bash gpu/jobs/profile3.sh
