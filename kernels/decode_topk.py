@@ -430,19 +430,19 @@ class DecodeTopK:
 
     @cute.jit
     def cluster_select(self, hist: cute.Pointer, nbins: int, krem: Int32, scratch: cute.Pointer,
-                       misc: cute.Pointer, floor_slot: int = -1, local: bool = False):
+                       misc: cute.Pointer, floors=None, local: bool = False):
         """Sum the cluster's histograms and find the bin b holding the krem-th largest item.
 
         Returns (b, above, count, mine_above): above = number of items in bins above b,
         so the k-th item is the (krem - above)-th largest of the count items in bin b;
         mine_above = how many of the above are this CTA's (its slots among the > threshold).
         Thread t owns bins 4t..4t+3; only the first nbins (the digit's) are read. With
-        floor_slot, each CTA has published in misc[floor_slot] a bin that the answer
-        cannot be below (its own k-th largest bin); bins under the cluster's highest
-        such floor are not read from the peers (they may be incomplete, too).
+        floors (the first digit), every CTA has stored into floors[its rank] of each CTA a bin
+        that the answer cannot be below (its own k-th largest bin); bins under the cluster's
+        highest such floor are not read from the peers (they may be incomplete, too).
         The cluster barrier orders every CTA's histogram atomics before the peers'
         reads (release/acquire); it also serves as the CTA barrier. With local, only this
-        CTA's histogram counts (the gathered finish of one CTA). With floor_slot (the first
+        CTA's histogram counts (the gathered finish of one CTA). With floors (the first
         digit), misc[4] gets bin b's count of the lower-ranked CTAs (their columns are lower:
         the gathered finish's place for this CTA's items of the bin), from the same reads.
         """
@@ -454,18 +454,12 @@ class DecodeTopK:
         else:
             cute.arch.sync_threads()
         lo = Int32(0)
-        if const_expr(floor_slot >= 0 and clustered):
-            if tid < WARP:
-                f = Int32(0)
-                if tid < self.cluster:
-                    f = Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(misc + floor_slot), tid)))
-                for s in cutlass.range_constexpr(5):
-                    other = cute.arch.shuffle_sync_bfly(f, 1 << s)
-                    f = sel(other > f, other, f)
-                if tid == 0:
-                    cute.arch.store(misc + 11, f)
-            cute.arch.sync_threads()
-            lo = cute.arch.load(misc + 11, Int32)
+        with_floors = floors is not None
+        if const_expr(with_floors and clustered):
+            # The peers' floors are local (stored here before the barrier): every thread takes the max.
+            for r in cutlass.range_constexpr(self.cluster):
+                f = cute.arch.load(floors + r, Int32)
+                lo = Int32(sel(f > lo, f, lo))
         # Only the digit's 2**bits bins take part (the rest of the buffer may be stale).
         c0 = Int32(0)
         c1 = Int32(0)
@@ -494,7 +488,7 @@ class DecodeTopK:
                     c1 = c1 + Int32(v1)
                     c2 = c2 + Int32(v2)
                     c3 = c3 + Int32(v3)
-                    if const_expr(floor_slot >= 0):
+                    if const_expr(with_floors):
                         below = r < rank
                         e0 = e0 + sel(below, Int32(v0), Int32(0))
                         e1 = e1 + sel(below, Int32(v1), Int32(0))
@@ -505,7 +499,7 @@ class DecodeTopK:
                 c1 = l1
                 c2 = l2
                 c3 = l3
-            if const_expr(floor_slot >= 0 and clustered):
+            if const_expr(with_floors and clustered):
                 c0 = sel(tid * 4 >= lo, c0, Int32(0))
                 c1 = sel(tid * 4 + 1 >= lo, c1, Int32(0))
                 c2 = sel(tid * 4 + 2 >= lo, c2, Int32(0))
@@ -525,7 +519,7 @@ class DecodeTopK:
                     cute.arch.store(misc + 1, above)
                     cute.arch.store(misc + 6, cq)
                     cute.arch.store(misc + 7, labove)
-                    if const_expr(floor_slot >= 0 and clustered):
+                    if const_expr(with_floors and clustered):
                         cute.arch.store(misc + 4, (e0, e1, e2, e3)[q])
             above = above + cq
             labove = labove + lq
@@ -1109,6 +1103,8 @@ class DecodeTopK:
         s_scan = smem.allocate_array(Int32, 2 * 32, byte_alignment=16)
         s_misc = smem.allocate_array(Int32, 16, byte_alignment=16)
         s_warp = smem.allocate_array(Int32, 32, byte_alignment=16)
+        # Written by the peers: [r] CTA r's k-th largest bin after step 1, [16] CTA 0's list length.
+        s_peer = smem.allocate_array(Int32, 32, byte_alignment=16)
         s_key = smem.allocate_array(Uint32, self.cap, byte_alignment=16)
         s_idx = smem.allocate_array(Int32, self.cap, byte_alignment=16)
         rkeys = cute.make_rmem_tensor(8, Uint32)
@@ -1123,8 +1119,7 @@ class DecodeTopK:
         # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
         # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
         # 10 the gather pass's in-bin counter,
-        # 11 the cluster's floor for the first digit, 12 this CTA's list length (cap + 1: overflowed),
-        # 13 CTA 0's list length, 14 the gathered finish's slot counter
+        # 14 the gathered finish's slot counter
         # Zeroed first, on every path (the short-row path does not read them): a use of row_end
         # placed before these stores would make them wait for its load. Step 1's barrier, after
         # its first loads are issued, orders them before any use.
@@ -1161,6 +1156,10 @@ class DecodeTopK:
             n_list = Int32(0)
             ok = Int32(1)
             sp = Int32(0)
+            if const_expr(C > 1):
+                # Every CTA of the cluster has started before any stores into its shared memory
+                # (the pushes after step 1 wait on this phase).
+                cute.arch.cluster_arrive_relaxed()
             if g_hi - g_lo >= self.warp_min_groups:
                 n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, s_scan,
                                              s_misc, rraw, rnext, rnext2, rkeys)
@@ -1168,28 +1167,30 @@ class DecodeTopK:
             else:
                 n_list, ok, sp = self.step1_cta(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_scan,
                                                 s_misc, rraw, rnext, rnext2, rkeys)
-            if tid == 0:
-                cute.arch.store(s_misc + 12, sel(ok != 0, n_list, Int32(self.cap + 1)))
+            # This CTA's list length (cap + 1: it overflowed).
+            list_len = Int32(sel(ok != 0, n_list, Int32(self.cap + 1)))
             # Step 2: the cluster's first digit. Each CTA's own k-th largest bin is a floor
             # for the row's, so the peers' bins below the highest floor are not read.
-            # (The warp loop has published it already.)
+            # (The warp loop has found it already.) The floors, and CTA 0's list length (the
+            # threshold bin's items of the cluster gather behind it), go into every CTA's
+            # s_peer before the select's barrier: they are read locally, with no round trip.
+            gather_base = list_len
             if const_expr(C > 1):
                 if g_hi - g_lo < self.warp_min_groups:
                     cute.arch.sync_threads()
                     self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5]
                     sp = 1 - sp
+                cute.arch.cluster_wait()
+                if tid < C:
+                    ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + rank), tid), cute.arch.load(s_misc + 5, Int32))
+                    if rank == 0:
+                        ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 16), tid), list_len)
             b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32,
-                                                              s_misc, floor_slot=5)
+                                                              s_misc, floors=s_peer)
             krem = k - above0
             use_list = ok != 0
-            # CTA 0's list length: the threshold bin's items of the cluster gather behind it.
-            if tid == 0:
-                base = cute.arch.load(s_misc + 12, Int32)
-                if const_expr(C > 1):
-                    base = Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(s_misc + 12), Int32(0))))
-                cute.arch.store(s_misc + 13, base)
-            cute.arch.sync_threads()
-            gather_base = cute.arch.load(s_misc + 13, Int32)
+            if const_expr(C > 1):
+                gather_base = cute.arch.load(s_peer + 16, Int32)
             # Once the k-th item is the last of its bin, every item of the bin is selected and
             # the remaining digits change nothing (the cluster-wide finish stops at once). Else,
             # if CTA 0 has room, the bin's items are gathered there and it finishes alone

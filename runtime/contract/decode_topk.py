@@ -37,11 +37,12 @@ SUPPORTED_K = (512, 1024, 2048)
 BLOCK_SIZE = 8  # columns per candidate block in block mode
 
 # Shared memory per CTA: two 2048-bin histograms (16 KiB), a scan scratch and a
-# few words, and the candidate list of (key, index) pairs. 110 KiB lets two CTAs
-# share an SM (233,472 B per SM on sm_90a/sm_100a).
+# few words (misc, per-warp counts, the words the peers store), and the candidate
+# list of (key, index) pairs. 110 KiB lets two CTAs share an SM (233,472 B per SM on
+# sm_90a/sm_100a).
 HIST_BINS = 2048
 LIST_CAPACITY = 12032
-SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + LIST_CAPACITY * 8
+SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 32 * 4 + LIST_CAPACITY * 8
 
 # Step 1 (the one read of the logits) runs by CTA-wide tiles with an ordered scan
 # each, or, from this many 8-column groups per CTA on, by independent warps on
