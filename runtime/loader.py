@@ -177,6 +177,20 @@ class _LaunchAttributes:
         return self._pdl
 
 
+def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:
+    """``kernel.launch(grid, *args)`` on ``device``'s current stream.
+
+    A launch goes to the current device's stream, so a call whose tensors live on another
+    GPU than the current one switches devices around the launch (the common case, the
+    current device, costs one comparison).
+    """
+    if device.index is None or device.index == (_current_device or torch.cuda.current_device)():
+        kernel.launch(grid, *args)
+    else:
+        with torch.cuda.device(device):
+            kernel.launch(grid, *args)
+
+
 def _current_raw_stream() -> int:
     """torch's current stream handle, without building a torch.cuda.Stream object
     (a CPU-only torch build lacks the fast accessors; it cannot launch anyway)."""

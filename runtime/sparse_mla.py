@@ -16,6 +16,7 @@ import numbers
 import torch
 
 from .contract import sparse_mla_decode as contract
+from .loader import launch_on
 from .reference import sparse_mla_decode_reference
 
 FP8 = torch.float8_e4m3fn
@@ -168,9 +169,5 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     args = (out.data_ptr(), q.data_ptr(), swa_kv.data_ptr(), compressed_kv.data_ptr(), indices.data_ptr(),
             lens.data_ptr(), 0 if sinks is None else sinks.data_ptr(), swa_kv.shape[0], compressed_kv.shape[0],
             float(bmm1_scale), float(bmm2_scale))
-    if q.device.index is None or q.device.index == torch.cuda.current_device():
-        kernel.launch(T * n, *args)
-    else:
-        with torch.cuda.device(q.device):  # the launch goes to that device's current stream
-            kernel.launch(T * n, *args)
+    launch_on(q.device, kernel, T * n, *args)
     return out

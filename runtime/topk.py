@@ -25,6 +25,7 @@ import threading
 import torch
 
 from .contract import decode_topk as contract
+from .loader import launch_on
 from .reference import decode_topk_reference
 
 SUPPORTED_K = contract.SUPPORTED_K
@@ -169,8 +170,8 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
         out.copy_(decode_topk_reference(logits, row_ends, k, block_mode=block_mode))
         return
     kernel, cluster = chosen
-    kernel.launch(rows * cluster, logits.data_ptr(), row_ends.data_ptr(), out.data_ptr(), width,
-                  logits.stride(0), out.stride(0), k)
+    launch_on(logits.device, kernel, rows * cluster, logits.data_ptr(), row_ends.data_ptr(), out.data_ptr(), width,
+              logits.stride(0), out.stride(0), k)
 
 
 def decode_topk_plan(logits: torch.Tensor, rows: int, k: int, block_mode: bool):

@@ -232,3 +232,31 @@ def test_no_profile_by_default(cache, stand_in, monkeypatch):
     monkeypatch.delenv(loader.PROFILE_ENV, raising=False)
     assert loader.load(cache).load_profile is None
     assert manifest_path(cache, "sm_90a").is_file()
+
+
+def test_launch_on_switches_to_the_tensors_device(monkeypatch):
+    """A launch goes to the current device's stream: launch_on makes the tensors' device current around it."""
+    current = {"index": 0}
+    calls = []
+
+    @contextlib.contextmanager
+    def device(d):
+        before = current["index"]
+        current["index"] = d.index
+        try:
+            yield
+        finally:
+            current["index"] = before
+
+    class FakeKernel:
+        def launch(self, grid, *args):
+            calls.append((current["index"], grid, args))
+
+    monkeypatch.setattr(loader, "_current_device", lambda: current["index"])
+    monkeypatch.setattr(loader.torch.cuda, "device", device)
+    kernel = FakeKernel()
+    loader.launch_on(torch.device("cuda", 0), kernel, 4, 1, 2)
+    loader.launch_on(torch.device("cuda", 1), kernel, 8, 3)
+    loader.launch_on(torch.device("cuda"), kernel, 2)
+    assert calls == [(0, 4, (1, 2)), (1, 8, (3,)), (0, 2, ())]
+    assert current["index"] == 0  # restored after the launch on device 1

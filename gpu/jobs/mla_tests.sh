@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# limit: 60
+# sparse_mla_decode AOT kernel vs the reference and the runtime's GPU tests (after a host-side launch change).
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+timeout 40 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_sparse_mla_gpu.py -k "not triton" 2>&1 | tail -3
+timeout 30 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_runtime_gpu.py 2>&1 | tail -3
