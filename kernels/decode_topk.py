@@ -94,7 +94,7 @@ class DecodeTopK:
     """One variant: dtype, mode and cluster size are compile-time; k, shapes and strides are not."""
 
     def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
-                 smem_bytes: int, warp_min_groups: int):
+                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int):
         assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
         assert threads // WARP <= 16  # the scan scratch holds 16 warp totals per buffer
         self.dtype = dtype
@@ -105,6 +105,7 @@ class DecodeTopK:
         self.bins = hist_bins
         self.cap = list_capacity
         self.smem_bytes = smem_bytes
+        self.ctas_per_sm = ctas_per_sm
         self.key_bits = 32 if dtype == "f32" else 16
         self.elem_bytes = 4 if dtype == "f32" else 2
         # Digits from the top: 11 bits first (sign, exponent, 2 mantissa bits) so the
@@ -136,8 +137,8 @@ class DecodeTopK:
             cluster=[self.cluster, 1, 1],
             smem=self.smem_bytes,
             stream=stream,
-            # Two CTAs an SM (the shared memory is sized for it): caps registers at 64.
-            min_blocks_per_mp=2,
+            # Two CTAs an SM (the shared memory is sized for it) cap registers at 64; one allows 128.
+            min_blocks_per_mp=self.ctas_per_sm,
             preferred_smem_carveout=100,
         )
 
@@ -1357,6 +1358,7 @@ def make(variant) -> DecodeTopK:
         hist_bins=variant.option("hist_bins"),
         list_capacity=variant.option("list_capacity"),
         warp_min_groups=variant.option("warp_step1_min_groups"),
+        ctas_per_sm=variant.option("ctas_per_sm"),
         smem_bytes=variant.smem_bytes,
     )
 

@@ -43,6 +43,13 @@ BLOCK_SIZE = 8  # columns per candidate block in block mode
 HIST_BINS = 2048
 LIST_CAPACITY = 12032
 SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 32 * 4 + LIST_CAPACITY * 8
+# Clusters of this many CTAs or more serve few rows (one wave holds few of them anyway):
+# they are compiled for one CTA an SM, so up to 128 registers a thread instead of the 64
+# that two CTAs an SM allow. Measured on the H200 (decode_topk_ab_h200.json: regs_ab):
+# 0.2-0.55 us faster on every 8- and 16-CTA case; one wave then holds 16 clusters of 8
+# (was 30) and 8 of 16 (was 14). Twice the list as well was slower (fewer bound refreshes
+# let more items through: 8 x 256K k512 19.9 -> 27.1 us; wide_list_ab).
+ONE_CTA_PER_SM_MIN_CLUSTER = 8
 
 # Step 1 (the one read of the logits) runs by CTA-wide tiles with an ordered scan
 # each, or, from this many 8-column groups per CTA on, by independent warps on
@@ -71,6 +78,7 @@ def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
             ("dtype", dtype),
             ("block_mode", block_mode),
             ("cluster", cluster),
+            ("ctas_per_sm", 1 if cluster >= ONE_CTA_PER_SM_MIN_CLUSTER else 2),
             ("list_capacity", LIST_CAPACITY),
             ("hist_bins", HIST_BINS),
             ("warp_step1_min_groups", WARP_STEP1_MIN_GROUPS),
