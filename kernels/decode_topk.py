@@ -307,7 +307,8 @@ class DecodeTopK:
         """This lane's items passing the step-1 filter, the warp's passing items in lanes below, and the warp's total."""
         cnt = Int32(0)
         if n_valid >= self.items:
-            # A pairwise sum: three dependent adds instead of a chain of eight.
+            # Written as a pairwise sum (three dependent adds instead of eight); ptxas may still
+            # emit a chain of predicated increments (it does in the FP32 token cubins).
             cnt = Int32(pairwise_sum([self.item_passes(rvals[j], thr) for j in range(self.items)]))
         else:  # the row's partial last group, or a lane past its warp's part
             for j in cutlass.range_constexpr(self.items):
