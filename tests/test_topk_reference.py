@@ -120,7 +120,8 @@ def test_runtime_topk_imports_no_cutlass():
 
 def test_cubins_for_both_archs_match_the_contract():
     """Structural check of the committed cache (sm_100a cannot run here): every variant, its launch shape and,
-    where cuobjdump is installed, cluster barriers and distributed-shared-memory reads in the SASS."""
+    where cuobjdump is installed, cluster barriers, distributed-shared-memory reads and the bulk L2 prefetch in
+    the SASS."""
     import json
     import shutil
     from pathlib import Path
@@ -148,6 +149,7 @@ def test_cubins_for_both_archs_match_the_contract():
                                       text=True).stdout
                 assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass, (arch, v.name)
                 assert "LD.E.128" in sass, (arch, v.name)  # the cluster's histogram reads (ld.shared::cluster.v4)
+                assert "UBLKPF.L2" in sass, (arch, v.name)  # step 1's bulk L2 prefetch of a CTA-tile slice
 
 
 def test_cluster_choice_fits_one_wave():
