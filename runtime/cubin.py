@@ -102,12 +102,15 @@ def _sm_of(data: bytes) -> tuple[int, bool | None]:
     raise CubinFormatError(f"unknown CUDA ELF ABI version {abi_version}")
 
 
-def _kernel_params(info: bytes) -> tuple[KernelParam, ...]:
-    params, i = [], 0
+def _attributes(info: bytes):
+    """(attribute, value) of each record of a ``.nv.info`` section, in order."""
+    i = 0
     while i + 2 <= len(info):
         fmt, attr = info[i], info[i + 1]
         if fmt == _EIFMT_SVAL:
-            (size,) = struct.unpack_from("<H", info, i + 2)
+            if i + 4 > len(info):
+                raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
+            size = info[i + 2] | info[i + 3] << 8
             value = info[i + 4 : i + 4 + size]
             i += 4 + size
         elif fmt in (_EIFMT_BVAL, _EIFMT_HVAL):
@@ -118,7 +121,17 @@ def _kernel_params(info: bytes) -> tuple[KernelParam, ...]:
             i += 2
         else:
             raise CubinFormatError(f"unknown .nv.info attribute format {fmt}")
-        if attr == _EIATTR_KPARAM_INFO and len(value) >= 12:
+        yield attr, value
+
+
+def _is_param(attr: int, value: bytes) -> bool:
+    return attr == _EIATTR_KPARAM_INFO and len(value) >= 12
+
+
+def _kernel_params(info: bytes) -> tuple[KernelParam, ...]:
+    params = []
+    for attr, value in _attributes(info):
+        if _is_param(attr, value):
             _index, ordinal, offset, bits = struct.unpack_from("<IHHI", value)
             params.append(KernelParam(ordinal, offset, (bits >> 18) & 0x3FFF))
     return tuple(sorted(params, key=lambda p: p.ordinal))
@@ -137,28 +150,8 @@ def kernel_param_count(data: bytes, symbol: str) -> int | None:
     name = b".nv.info." + symbol.encode() + b"\0"
     for h in heads:
         if data.startswith(name, strtab + h[0]):
-            return _count_kernel_params(data, h[4], h[4] + h[5])
+            return sum(_is_param(attr, value) for attr, value in _attributes(data[h[4] : h[4] + h[5]]))
     return None
-
-
-def _count_kernel_params(data: bytes, i: int, end: int) -> int:
-    """The number of ``EIATTR_KPARAM_INFO`` records in ``data[i:end]`` (as ``_kernel_params`` reads them)."""
-    count = 0
-    while i + 2 <= end:
-        fmt = data[i]
-        if fmt == _EIFMT_SVAL:
-            if i + 4 > end:
-                raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
-            size = data[i + 2] | data[i + 3] << 8
-            count += data[i + 1] == _EIATTR_KPARAM_INFO and min(size, end - i - 4) >= 12
-            i += 4 + size
-        elif fmt in (_EIFMT_BVAL, _EIFMT_HVAL):
-            i += 4
-        elif fmt == _EIFMT_NVAL:
-            i += 2
-        else:
-            raise CubinFormatError(f"unknown .nv.info attribute format {fmt}")
-    return count
 
 
 def read_cubin(data: bytes) -> CubinInfo:

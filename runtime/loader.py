@@ -65,7 +65,7 @@ def arch_for_capability(capability: tuple[int, int]) -> str | None:
 class Kernel:
     """One loaded kernel: its manifest entry and a prepared launch."""
 
-    def __init__(self, entry: KernelEntry, cu_kernel, max_active_clusters: int, config=None):
+    def __init__(self, entry: KernelEntry, cu_kernel, max_active_clusters: int, config):
         drv = driver()
         self.entry = entry
         self.name = entry.name
@@ -78,9 +78,9 @@ class Kernel:
         self._slots = [_CTYPES[p.ctype]() for p in entry.params]
         self._pointers = (ctypes.c_void_p * max(1, len(self._slots)))(*[ctypes.addressof(s) for s in self._slots])
         self._params_address = ctypes.addressof(self._pointers)
-        # The loader passes the config it built for the occupancy query (grid = one cluster);
-        # the first launch sets the grid, since _dims starts as None.
-        self._config = config if config is not None else self._make_config(drv, entry)
+        # The config the loader built for the occupancy query (grid = one cluster); the first
+        # launch sets the grid, since _dims starts as None.
+        self._config = config
         self._cluster_x = entry.cluster[0]
         self._nargs = len(self._slots)
         self._dims = None
@@ -88,13 +88,12 @@ class Kernel:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _make_config(drv, entry: KernelEntry, attributes: _LaunchAttributes | None = None):
+    def _make_config(drv, entry: KernelEntry, attributes: _LaunchAttributes):
         """The kernel's CUlaunchConfig: block, dynamic shared memory, cluster and PDL attributes.
 
         ``attributes`` shares the attribute structs across the kernels of one load (assigning
         ``config.attrs`` copies them into the config).
         """
-        attributes = attributes or _LaunchAttributes(drv)
         config = drv.CUlaunchConfig()
         config.blockDimX, config.blockDimY, config.blockDimZ = entry.threads, 1, 1
         config.sharedMemBytes = entry.smem_bytes
@@ -410,13 +409,11 @@ def _driver_param_layout(drv, function, count: int) -> list[tuple[int, int]]:
     return layout
 
 
-def _max_active_clusters(drv, entry: KernelEntry, function, sms: int, config=None) -> int:
+def _max_active_clusters(drv, entry: KernelEntry, function, sms: int, config) -> int:
     if entry.cluster_size == 1:
         # Not a cluster launch: resident CTAs over the whole device.
         blocks = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(function, entry.threads, entry.smem_bytes),
                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return int(blocks) * sms
-    if config is None:
-        config = Kernel._make_config(drv, entry)
     config.gridDimX, config.gridDimY, config.gridDimZ = entry.cluster  # one cluster's worth of CTAs
     return int(check(drv.cuOccupancyMaxActiveClusters(function, config), "cuOccupancyMaxActiveClusters"))

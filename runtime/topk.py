@@ -129,15 +129,21 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
         return _plans[key]
 
 
-def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
-    """(kernel, cluster) that takes this call, or None."""
-    if not logits.is_cuda or rows < 1 or k not in SUPPORTED_K or logits.dtype not in _DTYPES:
-        return None
+def _shape_supported(logits, k: int) -> bool:
+    """What ``_check_args`` requires of the logits and k, as a yes/no (for the queries, which take any call)."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype not in _DTYPES:
+        return False
     width = logits.shape[1]
-    if width < 1 or width > MAX_WIDTH:
+    return k in SUPPORTED_K and width <= MAX_WIDTH and (width <= 1 or logits.stride(1) == 1)
+
+
+def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
+    """(kernel, cluster) that takes this call, or None; for arguments ``_check_args`` accepts
+    (or ``_shape_supported`` says it would): the dtype, k, width limit and column stride are not re-checked."""
+    width = logits.shape[1]
+    if not logits.is_cuda or rows < 1 or width < 1:
         return None
-    elem = logits.element_size()
-    if logits.data_ptr() % _ALIGN or (logits.stride(0) * elem) % _ALIGN or (width > 1 and logits.stride(1) != 1):
+    if logits.data_ptr() % _ALIGN or (logits.stride(0) * logits.element_size()) % _ALIGN:
         return None
     plan = _plan_for(logits.device, _DTYPES[logits.dtype], block_mode)
     if plan is None:
@@ -155,7 +161,7 @@ def supports_decode_topk(logits: torch.Tensor, rows: int, k: int, block_mode: bo
     outside ``SUPPORTED_K``, a GPU without a cache, or more rows than one wave of the
     smallest fitting cluster holds; ``decode_topk`` then uses the exact torch fallback.
     """
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+    if not _shape_supported(logits, int(k)):
         return False
     return _kernel_for(logits, int(rows), int(k), bool(block_mode)) is not None
 
@@ -176,6 +182,8 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
 
 def decode_topk_plan(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
     """(kernel name, cluster size, grid CTAs) the op would launch, or None (benchmarks, tests)."""
+    if not _shape_supported(logits, int(k)):
+        return None
     chosen = _kernel_for(logits, int(rows), int(k), bool(block_mode))
     if chosen is None:
         return None

@@ -4,6 +4,7 @@ import math
 import random
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -186,3 +187,37 @@ def test_cluster_choice_fits_one_wave():
     assert plan.cluster_for(64, 2048) == 1
     assert plan.cluster_for(264, 1 << 20) == 1
     assert plan.cluster_for(265, 1 << 20) is None
+
+
+def test_which_calls_the_kernel_takes(monkeypatch):
+    """supports_decode_topk on CUDA-looking tensors (a subclass, CPU memory) with a stand-in plan: the kernel
+    takes aligned FP32/BF16 rows with unit column stride and a supported k; anything else goes to the fallback."""
+    from runtime import topk
+
+    class CudaLooking(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+    class Plan:
+        kernels = {2: (types.SimpleNamespace(name="decode_topk_f32_token_c2"), 132)}
+
+        def cluster_for(self, rows, width):
+            return 2 if rows <= 132 else None
+
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: Plan())
+    base = torch.zeros(4, 1032)
+    ok = base[:, :1024].as_subclass(CudaLooking)  # row stride 1032 floats: 16-byte multiple
+    assert topk.supports_decode_topk(ok, 4, 512, False)
+    assert topk.decode_topk_plan(ok, 4, 512, False) == ("decode_topk_f32_token_c2", 2, 8)
+    assert topk.supports_decode_topk(ok.bfloat16().as_subclass(CudaLooking), 4, 2048, True)
+    assert not topk.supports_decode_topk(ok, 4, 256, False)  # k not supported
+    assert not topk.supports_decode_topk(ok, 0, 512, False)  # no rows
+    assert not topk.supports_decode_topk(ok, 200, 512, False)  # more rows than one wave
+    assert not topk.supports_decode_topk(ok.half().as_subclass(CudaLooking), 4, 512, False)  # dtype
+    assert not topk.supports_decode_topk(base[:, 1:1025].as_subclass(CudaLooking), 4, 512, False)  # 4-byte start
+    assert not topk.supports_decode_topk(torch.zeros(4, 1030)[:, :1024].as_subclass(CudaLooking), 4, 512, False)  # row stride
+    assert not topk.supports_decode_topk(base[:, ::2].as_subclass(CudaLooking), 4, 512, False)  # column stride 2
+    assert not topk.supports_decode_topk(torch.zeros(1024).as_subclass(CudaLooking), 1, 512, False)  # 1-D
+    assert not topk.supports_decode_topk(base[:, :0].as_subclass(CudaLooking), 4, 512, False)  # no columns
+    assert not topk.supports_decode_topk(base[:, :1024], 4, 512, False)  # CPU
