@@ -6,7 +6,6 @@
 set -x
 python3 -m runtime verify
 python3 -m pytest -q -m gpu tests/test_runtime_gpu.py -rs 2>&1 | tail -5
-python3 benchmarks/load_breakdown.py function
 python3 benchmarks/bench_runtime.py "$JOB_OUT/runtime.json" --profile 2>&1 | tail -60
 S=/usr/local/cuda/bin/compute-sanitizer
 timeout 40 $S --tool memcheck --print-limit 5 python3 -m runtime verify 2>&1 | tail -4

@@ -4,5 +4,4 @@ set -x
 python3 -c "import torch, cuda.bindings; print(torch.__version__, torch.cuda.get_device_name(), cuda.bindings.__version__)"
 python3 -m runtime verify
 python3 -m pytest -q -m gpu tests/test_runtime_gpu.py -rs 2>&1 | tail -30
-for r in function kernel function kernel; do python3 benchmarks/load_breakdown.py $r; done
 python3 benchmarks/bench_runtime.py "$JOB_OUT/runtime.json"

@@ -3,13 +3,8 @@
 # decode_topk after the gathered finish: GPU tests, sanitizers on small cases, benchmark + cluster sweep, one ncu.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-run() { echo "+ $*"; "$@"; echo "rc=$?"; }
-run timeout 60 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k "not every_variant" 2>&1 | tail -30
-run timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k every_variant 2>&1 | tail -20
-SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-run timeout 30 "$SAN" --tool memcheck --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 | tail -6
-run timeout 30 "$SAN" --tool synccheck --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 | tail -6
-run timeout 45 "$SAN" --tool racecheck --racecheck-report hazard --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 | grep -v "^========= *$" | tail -40
+source gpu/tools/topk_checks.sh
+topk_checks
 run timeout 110 python3 benchmarks/bench_topk.py --budget 70 --out "$JOB_OUT/bench_topk.json" 2>&1 | tail -80
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 timeout 40 "$NCU" --clock-control none --kernel-name regex:decode_topk --launch-skip 2 --launch-count 1 --set full \

@@ -1,0 +1,16 @@
+# Sourced by gpu/jobs/topk2.sh and topk_cand.sh: decode_topk's GPU tests (every variant too) and
+# compute-sanitizer memcheck, synccheck and racecheck on small cases, against the cache that
+# SPARSE_DECODE_AOT_CACHE names (the committed one where unset). The racecheck log goes to
+# $JOB_OUT/racecheck.log; its first hazards are printed.
+run() { echo "+ $*"; "$@"; echo "rc=$?"; }
+topk_checks() {
+  run timeout 60 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k "not every_variant" 2>&1 | tail -30
+  run timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k every_variant 2>&1 | tail -20
+  local san
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  run timeout 30 "$san" --tool memcheck --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 | tail -6
+  run timeout 30 "$san" --tool synccheck --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 | tail -6
+  timeout 45 "$san" --tool racecheck --racecheck-report hazard --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick \
+    > "$JOB_OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; grep -B2 -A12 "Error: Race" "$JOB_OUT/racecheck.log" | head -40; tail -3 "$JOB_OUT/racecheck.log"
+}
