@@ -55,7 +55,16 @@ SMALL_CASES = tuple(
                             (64, 8192, 512), (1, 16384, 2048), (64, 16384, 2048), (8, 32768, 2048))
     for c in (1, 2, 4)
 )
-CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES}
+# TOPK_ROOTS_CASES=bf16: BF16 token mode on every cluster size (the warp loop's unit of groups).
+BF16_CASES = tuple(
+    (f"decode_topk_bf16_token_c{c}", rows, length, k)
+    for c, rows, length, k in ((1, 256, 65536, 2048), (1, 128, 262144, 512), (2, 64, 262144, 2048),
+                               (2, 64, 262144, 512), (2, 64, 65536, 512), (2, 64, 1 << 20, 512), (4, 1, 16384, 512),
+                               (4, 8, 16384, 2048), (8, 8, 65536, 512), (8, 8, 262144, 2048), (8, 14, 1 << 20, 512),
+                               (16, 1, 65536, 2048), (16, 1, 262144, 512), (16, 1, 262144, 2048),
+                               (16, 1, 1 << 20, 2048))
+)
+CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES}
 
 
 def main() -> None:
