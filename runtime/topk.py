@@ -95,14 +95,16 @@ class _Plan:
     def cluster_for(self, rows: int, width: int):
         """The largest cluster that fits one wave and leaves each CTA enough columns.
 
-        16 CTAs only for one or two rows: measured on the H200 (cluster sweep of
-        benchmarks/results/decode_topk_h200.json), 16 CTAs win for a single row from 64K
-        columns on, and lose to 8 once 8 rows fill the GPU's clusters of 16.
+        Measured on the H200 with 8 and 16 CTAs at one CTA an SM (gpu/jobs/topk_roots.py,
+        TOPK_ROOTS_CASES=wide; decode_topk_ab_h200.json: wide_routing): from 64K columns, 16
+        CTAs a row beat 8 for every row count that one wave of 16 holds (3 to 6 rows: 64K
+        1.9-2.1 us, 256K 0.9-1.5 us, 1M 7.3-8.8 us faster), and two waves of 16 lose to one
+        of 8 (8 rows: 5.7-20 us slower); the wave limit is the device's, read at load.
         """
         fits = [c for c, (_, most) in self.kernels.items() if 0 < rows <= most]
         if not fits:
             return None
-        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA[c] and (c <= 8 or rows <= 2)]
+        good = [c for c in fits if width >= c * MIN_COLUMNS_PER_CTA[c]]
         return max(good) if good else min(fits)
 
 

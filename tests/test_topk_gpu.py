@@ -209,6 +209,30 @@ def test_every_variant():
     assert not bad, bad
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+def test_few_rows_take_the_widest_cluster_that_fits(dtype):
+    """3 to 7 rows of 64K columns or more go to 16 CTAs a row where one wave of 16 holds them (else 8),
+    through the op, with exact results (row ends short of the width and of k included)."""
+    from runtime.topk import decode_topk_plan
+
+    for rows, width, k in ((3, 65536, 2048), (5, 262144 + 5, 512), (7, 1 << 20, 1024), (8, 65536, 512)):
+        logits = _logits(rows, width, dtype, seed=rows)
+        ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+        ends[-1] = k // 2
+        ends[0] = width - 9
+        name, cluster, _ = decode_topk_plan(logits, rows, k, False)
+        most16 = _max_active_clusters(name.replace(f"_c{cluster}", "_c16"))
+        assert cluster == (16 if rows <= most16 else 8), (rows, name, most16)
+        out = _run(logits, ends, k, False)
+        _check(logits, ends, out, k, False)
+
+
+def _max_active_clusters(name):
+    import runtime
+
+    return runtime.load().kernel(name).max_active_clusters
+
+
 def test_cuda_graph_capture():
     from runtime.topk import decode_topk
 

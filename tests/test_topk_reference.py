@@ -162,7 +162,7 @@ def test_cluster_choice_fits_one_wave():
             self.name, self.max_active_clusters = name, most
 
     class FakeCache:
-        most = {1: 264, 2: 132, 4: 60, 8: 30, 16: 14}
+        most = {1: 264, 2: 132, 4: 60, 8: 15, 16: 7}  # the H200's one-wave clusters (8 and 16: one CTA an SM)
 
         def __contains__(self, name):
             return True
@@ -173,7 +173,9 @@ def test_cluster_choice_fits_one_wave():
     plan = topk._Plan(FakeCache(), "f32", False)
     assert plan.cluster_for(1, 65536) == 16  # a single row takes 16 CTAs from 64K columns
     assert plan.cluster_for(2, 65536) == 16
-    assert plan.cluster_for(3, 65536) == 8
+    assert plan.cluster_for(7, 65536) == 16  # as many rows as one wave of 16 holds
+    assert plan.cluster_for(8, 65536) == 8  # two waves of 16 lose to one of 8
+    assert plan.cluster_for(7, 65535) == 8  # under 4K columns a CTA on 16
     assert plan.cluster_for(1, 1 << 20) == 16
     assert plan.cluster_for(1, 16384) == 4
     assert plan.cluster_for(1, 8192) == 4  # 2K columns a CTA are enough for 4 CTAs ...
@@ -182,6 +184,8 @@ def test_cluster_choice_fits_one_wave():
     assert plan.cluster_for(1, 4096) == 1  # but not for 2
     assert plan.cluster_for(1, 8191) == 1
     assert plan.cluster_for(14, 1 << 20) == 8
+    assert plan.cluster_for(15, 1 << 20) == 8
+    assert plan.cluster_for(16, 1 << 20) == 4
     assert plan.cluster_for(8, 262144) == 8
     assert plan.cluster_for(64, 262144) == 2
     assert plan.cluster_for(64, 2048) == 1

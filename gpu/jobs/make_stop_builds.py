@@ -31,7 +31,7 @@ def patch(src: str) -> str:
     lines = src.split("\n")
     begin = find(lines, "    def kernel(self, logits")
     end = find(lines, "    @cute.jit", begin)
-    after_step1 = find(lines, "cute.arch.store(s_misc + 12", begin) + 1
+    after_step1 = find(lines, "list_len = Int32(sel(ok != 0", begin) + 1
     after_digit = find(lines, "krem = k - above0", begin)
     lines = wrap(lines, after_digit, end - 1, "self.stop == 2")
     lines = wrap(lines, after_step1, end - 1 + 4, "self.stop in (1, 9)")

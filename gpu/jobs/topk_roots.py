@@ -64,7 +64,17 @@ BF16_CASES = tuple(
                                (16, 1, 65536, 2048), (16, 1, 262144, 512), (16, 1, 262144, 2048),
                                (16, 1, 1 << 20, 2048))
 )
-CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES}
+# TOPK_ROOTS_CASES=wide: 8 against 16 CTAs a row on a few rows (both one CTA an SM; the op's routing).
+WIDE_CASES = tuple(
+    (f"decode_topk_{dtype}_token_c{c}", rows, length, k)
+    for dtype in ("f32", "bf16")
+    for rows in (3, 4, 6, 8)
+    for length in (65536, 262144, 1 << 20)
+    for k in (512, 2048)
+    for c in (8, 16)
+    if dtype == "f32" or (rows == 8 and k == 2048)
+)
+CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES, "wide": WIDE_CASES}
 
 
 def main() -> None:
@@ -87,6 +97,7 @@ def main() -> None:
             except Exception:  # a partial root (e.g. FP32-only phase-stop builds)
                 continue
             c = kernel.entry.cluster[0]
+            cell.setdefault("max_active_clusters", kernel.max_active_clusters)
             calls = [lambda x=x, kernel=kernel, c=c: kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(),
                                                                  out.data_ptr(), length, x.stride(0), out.stride(0), k)
                      for x in xs]
