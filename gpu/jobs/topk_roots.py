@@ -74,7 +74,17 @@ WIDE_CASES = tuple(
     for c in (8, 16)
     if dtype == "f32" or (rows == 8 and k == 2048)
 )
-CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES, "wide": WIDE_CASES}
+# TOPK_ROOTS_CASES=c12: 12 CTAs a row beside 8 and 16 (8 rows: one wave of 16 holds 7 on the H200).
+C12_CASES = tuple(
+    (f"decode_topk_{dtype}_token_c{c}", rows, length, k)
+    for dtype, rows, length, k in (("f32", 8, 65536, 2048), ("f32", 8, 262144, 512), ("f32", 8, 262144, 2048),
+                                   ("f32", 8, 1 << 20, 512), ("f32", 8, 1 << 20, 2048), ("f32", 6, 1 << 20, 2048),
+                                   ("f32", 6, 262144, 2048), ("f32", 10, 1 << 20, 2048), ("f32", 11, 262144, 2048),
+                                   ("bf16", 8, 262144, 2048), ("bf16", 8, 1 << 20, 512), ("bf16", 8, 1 << 20, 2048))
+    for c in (8, 12, 16)
+)
+CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES, "wide": WIDE_CASES,
+             "c12": C12_CASES}
 
 
 def main() -> None:
