@@ -83,8 +83,16 @@ C12_CASES = tuple(
                                    ("bf16", 8, 262144, 2048), ("bf16", 8, 1 << 20, 512), ("bf16", 8, 1 << 20, 2048))
     for c in (8, 12, 16)
 )
+# TOPK_ROOTS_CASES=c8to11: 8 against 9, 10 and 11 CTAs a row where 8 rows do not fit one wave of 16.
+C8TO11_CASES = tuple(
+    (f"decode_topk_{dtype}_token_c{c}", rows, length, k)
+    for dtype, rows, length, k in (("f32", 8, 262144, 512), ("f32", 8, 262144, 2048), ("f32", 8, 1 << 20, 512),
+                                   ("f32", 8, 1 << 20, 2048), ("f32", 14, 262144, 2048), ("f32", 14, 1 << 20, 2048),
+                                   ("bf16", 8, 1 << 20, 2048), ("bf16", 8, 262144, 2048))
+    for c in (8, 9, 10, 11)
+)
 CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES, "wide": WIDE_CASES,
-             "c12": C12_CASES}
+             "c12": C12_CASES, "c8to11": C8TO11_CASES}
 
 
 def main() -> None:
