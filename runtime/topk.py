@@ -98,7 +98,7 @@ class _Plan:
         Measured on the H200 with 8 and 16 CTAs at one CTA an SM (gpu/jobs/topk_roots.py,
         TOPK_ROOTS_CASES=wide; decode_topk_ab_h200.json: wide_routing): from 64K columns, 16
         CTAs a row beat 8 for every row count that one wave of 16 holds (3 to 6 rows: 64K
-        1.9-2.1 us, 256K 0.9-1.5 us, 1M 7.3-8.8 us faster), and two waves of 16 lose to one
+        2.1 us, 256K 0.8-1.6 us, 1M 7.3-9.4 us faster), and two waves of 16 lose to one
         of 8 (8 rows: 5.7-20 us slower); the wave limit is the device's, read at load.
         """
         fits = [c for c, (_, most) in self.kernels.items() if 0 < rows <= most]
