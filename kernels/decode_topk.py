@@ -731,6 +731,43 @@ class DecodeTopK:
         return kept
 
     @cute.jit
+    def load_warp_tile(self, row_addr: Int64, gb: Int32, end: Int32, rraw: cute.Tensor):
+        """FP32 token warp loop: lane l's columns 8 gb + 4 l + (0..3) into rraw[0:4] and 8 gb + 128 + 4 l + (0..3)
+        into rraw[4:8], those before column `end` only.
+
+        Each 16-byte load instruction of the warp then reads 512 contiguous bytes (a lane's
+        8 contiguous columns would leave half of every 32-byte sector to the other load:
+        twice the sectors through L2, as ncu counts them). Nothing is used here.
+        """
+        lane = cute.arch.lane_idx()
+        for h in cutlass.range_constexpr(2):
+            c = gb * 8 + 128 * h + 4 * lane
+            addr = row_addr + Int64(c) * 4
+            if c + 4 <= end:
+                rraw[4 * h], rraw[4 * h + 1], rraw[4 * h + 2], rraw[4 * h + 3] = ptx.ld_global_nc_v4_u32(addr)
+            else:
+                for j in cutlass.range_constexpr(4):
+                    if c + j < end:
+                        rraw[4 * h + j] = ptx.ld_global_nc_u32(addr + j * 4)
+
+    @cute.jit
+    def half_counts(self, rraw: cute.Tensor, v_lo: Int32, v_hi: Int32, thr: Uint32):
+        """load_warp_tile's two halves: each half's passing items in this lane, the warp's passing items of the
+        half in lanes below, and the warp's total of the half (v_lo, v_hi: the half's valid columns)."""
+        c_lo = Int32(0)
+        c_hi = Int32(0)
+        if v_hi >= 4:
+            c_lo = Int32(pairwise_sum([ptx.f32_geu(rraw[j], thr) for j in range(4)]))
+            c_hi = Int32(pairwise_sum([ptx.f32_geu(rraw[4 + j], thr) for j in range(4)]))
+        else:
+            for j in cutlass.range_constexpr(4):
+                c_lo = c_lo + sel(j < v_lo, ptx.f32_geu(rraw[j], thr), Int32(0))
+                c_hi = c_hi + sel(j < v_hi, ptx.f32_geu(rraw[4 + j], thr), Int32(0))
+        b_lo, t_lo = self.warp_small_prefix(c_lo, 3)
+        b_hi, t_hi = self.warp_small_prefix(c_hi, 3)
+        return b_lo, t_lo, b_hi, t_hi
+
+    @cute.jit
     def step1_warp(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, s_hist: cute.Pointer,
                    s_key: cute.Pointer, s_idx: cute.Pointer, s_warp: cute.Pointer, s_scan: cute.Pointer,
                    s_misc: cute.Pointer, rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor,
@@ -759,35 +796,77 @@ class DecodeTopK:
         bound = Uint32(0)
         thr = self.pass_threshold(bound)
         ok = Int32(1)
-        # FP32 token mode compares the loaded bits themselves: no copy (registers are tight).
+        # FP32 token mode compares the loaded bits themselves: no copy (registers are tight),
+        # and reads lane-contiguous 16-byte pieces (load_warp_tile): the warp's 256 columns of
+        # an iteration are two halves of 128, each in lane order, so items are listed in index
+        # order half by half.
+        contig = self.dtype == "f32" and not self.block_mode
         rvals = rkeys
-        if const_expr(self.dtype == "f32" and not self.block_mode):
+        if const_expr(contig):
             rvals = rraw
-        self.prime_loads(row_addr, w_lo + lane, WARP, w_hi, row_end, rnext, rnext2)
+        end_w = sel(w_hi * 8 < row_end, w_hi * 8, row_end)
+        if const_expr(contig):
+            self.load_warp_tile(row_addr, w_lo, end_w, rnext)
+            self.load_warp_tile(row_addr, w_lo + WARP, end_w, rnext2)
+        else:
+            self.prime_loads(row_addr, w_lo + lane, WARP, w_hi, row_end, rnext, rnext2)
         cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
         for gb in cutlass.range(w_lo, w_hi, WARP):
             g = gb + lane
-            self.next_loads(row_addr, g + 2 * WARP, w_hi, row_end, rraw, rnext, rnext2)
-            n_valid = self.group_items(g, w_hi, row_end)
-            self.filter_values(rraw, g, w_hi, row_end, rvals)
-            cnt, before, tot = self.passing_count(rvals, n_valid, thr)
+            cnt = Int32(0)
+            before = Int32(0)
+            tot = Int32(0)
+            n_valid = Int32(0)
+            v_lo = Int32(0)
+            v_hi = Int32(0)
+            b_hi = Int32(0)
+            t_lo = Int32(0)
+            if const_expr(contig):
+                for j in cutlass.range_constexpr(8):
+                    rraw[j] = rnext[j]
+                    rnext[j] = rnext2[j]
+                self.load_warp_tile(row_addr, gb + 2 * WARP, end_w, rnext2)
+                v_lo = end_w - (gb * 8 + 4 * lane)
+                v_hi = v_lo - 128
+                before, t_lo, b_hi, t_hi = self.half_counts(rraw, v_lo, v_hi, thr)
+                tot = t_lo + t_hi
+            else:
+                self.next_loads(row_addr, g + 2 * WARP, w_hi, row_end, rraw, rnext, rnext2)
+                n_valid = self.group_items(g, w_hi, row_end)
+                self.filter_values(rraw, g, w_hi, row_end, rvals)
+                cnt, before, tot = self.passing_count(rvals, n_valid, thr)
             if ok != 0:
                 if n_w + tot > seg_cap:
                     bound = Uint32(self.warp_kth_bin(s_hist, k, bound))
                     n_w = self.warp_filter(s_key + seg, s_idx + seg, n_w, bound, shift0)
                     thr = self.pass_threshold(bound)
-                    cnt, before, tot = self.passing_count(rvals, n_valid, thr)
+                    if const_expr(contig):
+                        before, t_lo, b_hi, t_hi = self.half_counts(rraw, v_lo, v_hi, thr)
+                        tot = t_lo + t_hi
+                    else:
+                        cnt, before, tot = self.passing_count(rvals, n_valid, thr)
                     if n_w + tot > seg_cap:
                         ok = Int32(0)
             if ok != 0:
                 # Passing items go to the segment in index order (lane, then column), then the
                 # warp reads them back densely: exact keys and the histogram, no per-item divergence.
-                pos = seg + n_w + before
-                for j in cutlass.range_constexpr(self.items):
-                    if (j < n_valid) & (self.item_passes(rvals[j], thr) != 0):
-                        cute.arch.store(s_key + pos, rvals[j])
-                        cute.arch.store(s_idx + pos, self.item_index(g, j))
-                        pos = pos + 1
+                if const_expr(contig):
+                    pos = seg + n_w + before
+                    pos_hi = seg + n_w + t_lo + b_hi
+                    for j in cutlass.range_constexpr(8):
+                        if const_expr(j == 4):
+                            pos = pos_hi
+                        if ((v_lo if j < 4 else v_hi) > j % 4) & (ptx.f32_geu(rraw[j], thr) != 0):
+                            cute.arch.store(s_key + pos, rraw[j])
+                            cute.arch.store(s_idx + pos, gb * 8 + 128 * (j // 4) + 4 * lane + j % 4)
+                            pos = pos + 1
+                else:
+                    pos = seg + n_w + before
+                    for j in cutlass.range_constexpr(self.items):
+                        if (j < n_valid) & (self.item_passes(rvals[j], thr) != 0):
+                            cute.arch.store(s_key + pos, rvals[j])
+                            cute.arch.store(s_idx + pos, self.item_index(g, j))
+                            pos = pos + 1
                 cute.arch.sync_warp()
                 for s in cutlass.range(0, tot, WARP):
                     i = seg + n_w + s + lane
@@ -803,7 +882,10 @@ class DecodeTopK:
                 # The segment is full of items at or above the bound: count only (the later
                 # steps re-read this CTA's slice from global memory).
                 for j in cutlass.range_constexpr(self.items):
-                    if (j < n_valid) & (self.item_passes(rvals[j], thr) != 0):
+                    valid = j < n_valid
+                    if const_expr(contig):
+                        valid = (v_lo if j < 4 else v_hi) > j % 4
+                    if valid & (self.item_passes(rvals[j], thr) != 0):
                         key = self.listed_key(rvals[j])
                         if (key >> Uint32(shift0)) >= bound:
                             cute.arch.atomic_add(s_hist + Int32(key >> Uint32(shift0)), Int32(1))
