@@ -213,10 +213,15 @@ class DecodeTopK:
     def next_loads(self, row_addr: Int64, g_ahead: Int32, g_end: Int32, row_end: Int32, rraw: cute.Tensor,
                    rnext: cute.Tensor, rnext2: cute.Tensor):
         """Advance the pipeline: this iteration's raw bits into rraw, group g_ahead's loads issued."""
+        self.rotate_loads(rraw, rnext, rnext2)
+        self.load_raw(row_addr, g_ahead, g_end, row_end, rnext2)
+
+    @cute.jit
+    def rotate_loads(self, rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor):
+        """The load pipeline's registers move one stage: rraw <- rnext <- rnext2 (free for the next loads)."""
         for j in cutlass.range_constexpr(8):
             rraw[j] = rnext[j]
             rnext[j] = rnext2[j]
-        self.load_raw(row_addr, g_ahead, g_end, row_end, rnext2)
 
     @cute.jit
     def raw_to_items(self, rraw: cute.Tensor, g: Int32, g_end: Int32, row_end: Int32, rkeys: cute.Tensor):
@@ -813,18 +818,8 @@ class DecodeTopK:
         cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
         for gb in cutlass.range(w_lo, w_hi, WARP):
             g = gb + lane
-            cnt = Int32(0)
-            before = Int32(0)
-            tot = Int32(0)
-            n_valid = Int32(0)
-            v_lo = Int32(0)
-            v_hi = Int32(0)
-            b_hi = Int32(0)
-            t_lo = Int32(0)
             if const_expr(contig):
-                for j in cutlass.range_constexpr(8):
-                    rraw[j] = rnext[j]
-                    rnext[j] = rnext2[j]
+                self.rotate_loads(rraw, rnext, rnext2)
                 self.load_warp_tile(row_addr, gb + 2 * WARP, end_w, rnext2)
                 v_lo = end_w - (gb * 8 + 4 * lane)
                 v_hi = v_lo - 128
@@ -882,9 +877,10 @@ class DecodeTopK:
                 # The segment is full of items at or above the bound: count only (the later
                 # steps re-read this CTA's slice from global memory).
                 for j in cutlass.range_constexpr(self.items):
-                    valid = j < n_valid
                     if const_expr(contig):
                         valid = (v_lo if j < 4 else v_hi) > j % 4
+                    else:
+                        valid = j < n_valid
                     if valid & (self.item_passes(rvals[j], thr) != 0):
                         key = self.listed_key(rvals[j])
                         if (key >> Uint32(shift0)) >= bound:
