@@ -269,7 +269,7 @@ class DecodeTopK:
         elif const_expr(self.dtype == "bf16"):
             for j in cutlass.range_constexpr(8):
                 rvals[j] = (rraw[j // 2] << Uint32(16 * (1 - j % 2))) & Uint32(0xFFFF0000)
-        # FP32: the values are rraw itself (the caller passes rvals = rraw).
+        # FP32 token mode compares rraw itself (the warp loop's lane-contiguous tiles).
 
     @cute.jit
     def listed_key(self, v: Uint32) -> Uint32:
@@ -746,7 +746,7 @@ class DecodeTopK:
         """
         lane = cute.arch.lane_idx()
         for h in cutlass.range_constexpr(2):
-            c = gb * 8 + 128 * h + 4 * lane
+            c = self.tile_item_column(gb, lane, 4 * h)
             addr = row_addr + Int64(c) * 4
             if c + 4 <= end:
                 rraw[4 * h], rraw[4 * h + 1], rraw[4 * h + 2], rraw[4 * h + 3] = ptx.ld_global_nc_v4_u32(addr)
@@ -755,10 +755,21 @@ class DecodeTopK:
                     if c + j < end:
                         rraw[4 * h + j] = ptx.ld_global_nc_u32(addr + j * 4)
 
+    def tile_item_valid(self, v_lo: Int32, v_hi: Int32, j: int):
+        """Whether item j (0..7) of a load_warp_tile tile lies before its end (plain Python: traced inline)."""
+        return (v_lo if j < 4 else v_hi) > j % 4
+
+    def tile_item_column(self, gb: Int32, lane: Int32, j: int) -> Int32:
+        """The column of item j (0..7) of the load_warp_tile tile at group gb in this lane (traced inline)."""
+        return gb * 8 + 128 * (j // 4) + 4 * lane + j % 4
+
     @cute.jit
     def half_counts(self, rraw: cute.Tensor, v_lo: Int32, v_hi: Int32, thr: Uint32):
         """load_warp_tile's two halves: each half's passing items in this lane, the warp's passing items of the
-        half in lanes below, and the warp's total of the half (v_lo, v_hi: the half's valid columns)."""
+        half in lanes below, and the warp's total of the half (v_lo, v_hi: the half's valid columns).
+
+        passing_count over each half with its own validity would do the same with two fast-path
+        branches instead of one (and other cubins)."""
         c_lo = Int32(0)
         c_hi = Int32(0)
         if v_hi >= 4:
@@ -851,9 +862,9 @@ class DecodeTopK:
                     for j in cutlass.range_constexpr(8):
                         if const_expr(j == 4):
                             pos = pos_hi
-                        if ((v_lo if j < 4 else v_hi) > j % 4) & (ptx.f32_geu(rraw[j], thr) != 0):
+                        if self.tile_item_valid(v_lo, v_hi, j) & (ptx.f32_geu(rraw[j], thr) != 0):
                             cute.arch.store(s_key + pos, rraw[j])
-                            cute.arch.store(s_idx + pos, gb * 8 + 128 * (j // 4) + 4 * lane + j % 4)
+                            cute.arch.store(s_idx + pos, self.tile_item_column(gb, lane, j))
                             pos = pos + 1
                 else:
                     pos = seg + n_w + before
@@ -878,7 +889,7 @@ class DecodeTopK:
                 # steps re-read this CTA's slice from global memory).
                 for j in cutlass.range_constexpr(self.items):
                     if const_expr(contig):
-                        valid = (v_lo if j < 4 else v_hi) > j % 4
+                        valid = self.tile_item_valid(v_lo, v_hi, j)
                     else:
                         valid = j < n_valid
                     if valid & (self.item_passes(rvals[j], thr) != 0):

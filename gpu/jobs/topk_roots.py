@@ -37,6 +37,16 @@ CASES = (  # kernel, rows, length, k
 )
 
 
+def beside(shapes, clusters, dtype="f32"):
+    """(kernel, rows, length, k) cases: each shape (rows, length, k) on each cluster size, token mode;
+    a shape may lead with its own dtype: (dtype, rows, length, k)."""
+    cases = []
+    for shape in shapes:
+        d, rest = (shape[0], shape[1:]) if isinstance(shape[0], str) else (dtype, shape)
+        cases += [(f"decode_topk_{d}_token_c{c}", *rest) for c in clusters]
+    return tuple(cases)
+
+
 # TOPK_ROOTS_CASES=occupancy: the same work per SM at one and at two CTAs an SM.
 OCCUPANCY_CASES = (
     ("decode_topk_f32_token_c2", 64, 262144, 2048),
@@ -49,12 +59,8 @@ OCCUPANCY_CASES = (
 
 
 # TOPK_ROOTS_CASES=small: cluster sizes side by side on short rows (the op's routing).
-SMALL_CASES = tuple(
-    (f"decode_topk_f32_token_c{c}", rows, length, k)
-    for rows, length, k in ((1, 4096, 512), (8, 4096, 512), (64, 4096, 512), (1, 8192, 512), (8, 8192, 512),
-                            (64, 8192, 512), (1, 16384, 2048), (64, 16384, 2048), (8, 32768, 2048))
-    for c in (1, 2, 4)
-)
+SMALL_CASES = beside(((1, 4096, 512), (8, 4096, 512), (64, 4096, 512), (1, 8192, 512), (8, 8192, 512),
+                      (64, 8192, 512), (1, 16384, 2048), (64, 16384, 2048), (8, 32768, 2048)), (1, 2, 4))
 # TOPK_ROOTS_CASES=bf16: BF16 token mode on every cluster size (the warp loop's unit of groups).
 BF16_CASES = tuple(
     (f"decode_topk_bf16_token_c{c}", rows, length, k)
@@ -75,22 +81,12 @@ WIDE_CASES = tuple(
     if dtype == "f32" or (rows == 8 and k == 2048)
 )
 # TOPK_ROOTS_CASES=c12: 12 CTAs a row beside 8 and 16 (8 rows: one wave of 16 holds 7 on the H200).
-C12_CASES = tuple(
-    (f"decode_topk_{dtype}_token_c{c}", rows, length, k)
-    for dtype, rows, length, k in (("f32", 8, 65536, 2048), ("f32", 8, 262144, 512), ("f32", 8, 262144, 2048),
-                                   ("f32", 8, 1 << 20, 512), ("f32", 8, 1 << 20, 2048), ("f32", 6, 1 << 20, 2048),
-                                   ("f32", 6, 262144, 2048), ("f32", 10, 1 << 20, 2048), ("f32", 11, 262144, 2048),
-                                   ("bf16", 8, 262144, 2048), ("bf16", 8, 1 << 20, 512), ("bf16", 8, 1 << 20, 2048))
-    for c in (8, 12, 16)
-)
+C12_CASES = beside(((8, 65536, 2048), (8, 262144, 512), (8, 262144, 2048), (8, 1 << 20, 512), (8, 1 << 20, 2048),
+                    (6, 1 << 20, 2048), (6, 262144, 2048), (10, 1 << 20, 2048), (11, 262144, 2048),
+                    ("bf16", 8, 262144, 2048), ("bf16", 8, 1 << 20, 512), ("bf16", 8, 1 << 20, 2048)), (8, 12, 16))
 # TOPK_ROOTS_CASES=c8to11: 8 against 9, 10 and 11 CTAs a row where 8 rows do not fit one wave of 16.
-C8TO11_CASES = tuple(
-    (f"decode_topk_{dtype}_token_c{c}", rows, length, k)
-    for dtype, rows, length, k in (("f32", 8, 262144, 512), ("f32", 8, 262144, 2048), ("f32", 8, 1 << 20, 512),
-                                   ("f32", 8, 1 << 20, 2048), ("f32", 14, 262144, 2048), ("f32", 14, 1 << 20, 2048),
-                                   ("bf16", 8, 1 << 20, 2048), ("bf16", 8, 262144, 2048))
-    for c in (8, 9, 10, 11)
-)
+C8TO11_CASES = beside(((8, 262144, 512), (8, 262144, 2048), (8, 1 << 20, 512), (8, 1 << 20, 2048), (14, 262144, 2048),
+                       (14, 1 << 20, 2048), ("bf16", 8, 1 << 20, 2048), ("bf16", 8, 262144, 2048)), (8, 9, 10, 11))
 CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES, "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 
