@@ -17,11 +17,19 @@ Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
   step 6  (m, l) per head to every CTA of the cluster (st.async onto the receiver's mbarrier)
   step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see below for the route)
   step 8  wait for the stats; merge (m, l) of all chunks and the sink; scale the partial O
-  step 9  n = 1: BF16 straight from the accumulators. n > 1: partial O (FP32) -> staging in the
-          own KV tile; block b of the 512 head dims goes by bulk copy to CTA b % n, into its KV
-          tile's second half; relaxed cluster barriers separate the uses
-  step 10 the owner sums the n partials of its block and stores BF16; a last cluster barrier
-          keeps every CTA resident until the copies reading its shared memory have landed
+  step 9  n = 1: BF16 straight from the accumulators. n > 1: partial O (FP16, see below) ->
+          staging in the own KV tile; block b of the 512 head dims goes by bulk copy to CTA
+          b % n, into its KV tile's second half; relaxed cluster barriers separate the uses
+  step 10 the owner sums the n partials of its block in FP32, applies bmm2_scale and stores
+          BF16; a last cluster barrier keeps every CTA resident until the copies reading its
+          shared memory have landed
+
+Why the partials travel as FP16: the reduction is bound by the bytes crossing distributed
+shared memory (each owner receives n - 1 blocks), and FP16 halves them (measured on the H200,
+T = 12, width 640, L2-warm: 5.79 -> 5.18 us). The sm_100a original rounds them to BF16; FP16
+keeps 3 more bits, and its range is safe because a staged partial is scaled by the token's
+softmax normalisation (exp2(m_c - M) / L, without bmm2_scale): |partial| <= max |kv| <= 448.
+The rounding adds at most 2^-11 of sum_c p_c |kv_c| to an output (before bmm2_scale).
 
 Why V^T comes from registers: Hopper's FP8 WGMMA reads shared-memory operands K-major
 only, and V (the same tile as K) is stored with the head dims contiguous, i.e. MN-major
@@ -37,10 +45,10 @@ product out entirely saves 0.67 us of 5.87 us, so no route for V can save more t
 per-step clocks put it at ~1400 cycles, mostly MMA issue (N = 16 is the warpgroup MMA's
 least efficient shape), not the fragment building, which a transpose would replace.
 
-Measurement switches (never set for the committed cache): a variant with reduce="push" (DSMEM
-stores instead of bulk copies: 0.15 us faster at T = 12, width 640, for 32 KiB more shared
-memory; not in the contract), and SPARSE_MLA_EXPERIMENT=skip_pv / timeline / f16_partials at
-build time (per-step SM clocks written over q) used for the measurements above.
+Measurement switches (never set for the committed cache): SPARSE_MLA_EXPERIMENT=skip_pv /
+timeline at build time (per-step SM clocks written over q), used for the measurements above.
+(An earlier "push" route, DSMEM stores from registers into a separate 32 KiB buffer instead of
+the bulk copies, measured 0.15 us faster with FP32 partials; it is not kept.)
 """
 
 from __future__ import annotations
@@ -77,10 +85,9 @@ SMEM_END = MBAR_OFF + 16
 # Reduction (after the second MMA): own partial O staged in the KV tile's first half,
 # peers' blocks received into its second half.
 BLOCK_DIMS = 128
-BLOCK_BYTES = HEADS * BLOCK_DIMS * 4  # one 128-dim block of partial O, FP32
+BLOCK_BYTES = HEADS * BLOCK_DIMS * 2  # one 128-dim block of partial O, FP16
 STAGE_OFF = KV_OFF
 RECV_OFF = KV_OFF + 4 * BLOCK_BYTES
-PUSH_RECV_OFF = (SMEM_END + 1023) // 1024 * 1024  # "push" reduction: 4 receive slots
 assert SMEM_END + 1023 <= contract.SMEM_BYTES
 
 
@@ -101,17 +108,11 @@ class SparseMlaDecodeSm90:
         self.width = width
         self.has_sinks = has_sinks
         self.smem_bytes = smem_bytes
-        # "bulk": staging + bulk copies into the owner's KV tile (DESIGN.md); "push": DSMEM
-        # stores from registers into a separate receive buffer (one cluster barrier less).
-        assert reduce in ("bulk", "push")
-        assert reduce == "bulk" or PUSH_RECV_OFF + 4 * BLOCK_BYTES + 1023 <= smem_bytes
-        self.reduce = reduce
+        # The contract's only route: staging + bulk copies into the owner's KV tile (DESIGN.md).
+        assert reduce == "bulk"
         # Timing experiment (never in a committed cache): leave out the second product.
         self.skip_pv = os.environ.get("SPARSE_MLA_EXPERIMENT") == "skip_pv"
         self.timeline = os.environ.get("SPARSE_MLA_EXPERIMENT") == "timeline"
-        # Experiment: partial O travels between CTAs as FP16 (half the DSMEM bytes).
-        self.f16_partials = os.environ.get("SPARSE_MLA_EXPERIMENT") == "f16_partials"
-        self.block_bytes = BLOCK_BYTES // 2 if self.f16_partials else BLOCK_BYTES
 
     @cute.jit
     def __call__(self, out: cute.Pointer, q: cute.Pointer, swa_kv: cute.Pointer, ckv: cute.Pointer,
@@ -359,8 +360,10 @@ class SparseMlaDecodeSm90:
                 big_l = big_l + ptx.ex2(sink2[hs] - big_m)
             # L >= 1 whenever a column is active; an empty token has O = 0, so any finite factor works.
             big_l = cute.arch.fmax(big_l, Float32(1e-30))
-            # rcp.approx (1 ulp) instead of an IEEE division's slow path: 4 per thread.
-            factor.append(bmm2_scale * (1.0 / 256.0) * ptx.ex2(m_c[hs] - big_m) * cute.arch.rcp_approx(big_l))
+            # rcp.approx (1 ulp) instead of an IEEE division's slow path: 4 per thread. With a
+            # cluster, bmm2_scale is applied by the block's owner: the FP16 partials stay <= max |kv|.
+            scale = (1.0 / 256.0) if cutlass.const_expr(n > 1) else bmm2_scale * (1.0 / 256.0)
+            factor.append(scale * ptx.ex2(m_c[hs] - big_m) * cute.arch.rcp_approx(big_l))
 
         # step 9: partial O (scaled) to the CTA that owns its 128-dim block. Thread holds dims
         # 2g, 2g + 1 of each warp's 16-dim group; a block is [16 heads x 128 dims] FP32.
@@ -369,34 +372,7 @@ class SparseMlaDecodeSm90:
             # have run (they consumed the fragments), but say so with a barrier before the tile
             # is overwritten: it costs little and keeps the ordering visible (and racecheck quiet).
             cute.arch.sync_threads()
-        if cutlass.const_expr(n > 1 and self.reduce == "push"):
-            # Push: stores straight from registers into the owner's receive slot (a buffer of
-            # its own, free from the start) or, for the own block, into the own KV tile.
-            dst = []
-            for blk in cutlass.range_constexpr(4):
-                owner = blk % n
-                slot = chunk - Int32(chunk > owner)
-                remote = ptx.mapa_shared(base + PUSH_RECV_OFF + slot * BLOCK_BYTES, owner)
-                local = ptx.mapa_shared(s_kv + STAGE_OFF + blk * BLOCK_BYTES, chunk)
-                dst.append(Int32(cutlass.select_(chunk == owner, local, remote)))
-            for mt in cutlass.range_constexpr(8):
-                dib = (mt % 2) * 64 + 16 * warp + 2 * g
-                for jj in cutlass.range_constexpr(2):
-                    for cc in cutlass.range_constexpr(2):
-                        hs = jj * 2 + cc
-                        i0 = 4 * jj + cc  # (dim 2g, head), i0 + 2 = (dim 2g + 1, head)
-                        ptx.st_cluster_v2_f32(dst[mt // 2] + _stage_off(heads[hs], dib),
-                                              o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs])
-            tl = self._mark(tl, tid)  # 9: partials pushed
-            # Phase 2 (release / acquire): every partial has landed; no DSMEM access follows.
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
-            tl = self._mark(tl, tid)  # 10: cluster barrier passed
-            if chunk < 4:
-                self._reduce_store(out, s_kv, base + PUSH_RECV_OFF, token, chunk, tid, n)
-            tl = self._mark(tl, tid)  # 11: stored
-            tl = self._mark(tl, tid)  # 12: (same)
-        elif cutlass.const_expr(n == 1):
+        if cutlass.const_expr(n == 1):
             # One chunk: nothing to reduce. BF16 pairs straight from the accumulators; a warp's
             # store covers 4 heads x 32 contiguous bytes (whole sectors).
             out_tok = out.toint() + Int64(token) * (HEADS * DIM * 2)
@@ -413,24 +389,20 @@ class SparseMlaDecodeSm90:
             tl = self._mark(tl, tid)  # 11
             tl = self._mark(tl, tid)  # 12
         else:
-            # Staging in the own KV tile (its MMAs are done: wgmma_wait above).
+            # Staging in the own KV tile (its MMAs are done: wgmma_wait above), as FP16 pairs.
             for mt in cutlass.range_constexpr(8):
                 blk = mt // 2
                 dib = (mt % 2) * 64 + 16 * warp + 2 * g
                 for jj in cutlass.range_constexpr(2):
                     for cc in cutlass.range_constexpr(2):
                         hs = jj * 2 + cc
-                        i0 = 4 * jj + cc
-                        if cutlass.const_expr(self.f16_partials):
-                            a = s_kv + STAGE_OFF + blk * self.block_bytes + _stage_off(heads[hs], dib) // 2
-                            ptx.st_shared_b32(a, ptx.cvt_f16x2(o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs]))
-                        else:
-                            a = s_kv + STAGE_OFF + blk * BLOCK_BYTES + _stage_off(heads[hs], dib)
-                            ptx.st_shared_v2_f32(a, o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs])
+                        i0 = 4 * jj + cc  # (dim 2g, head), i0 + 2 = (dim 2g + 1, head)
+                        a = s_kv + STAGE_OFF + blk * BLOCK_BYTES + _stage_off(heads[hs], dib)
+                        ptx.st_shared_b32(a, ptx.cvt_f16x2(o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs]))
             ptx.fence_proxy_async_shared()  # staging is read by bulk copies (async proxy)
             if tid == 0:
                 if chunk < 4:
-                    ptx.mbarrier_arrive_expect_tx(s_mbar, (n - 1) * self.block_bytes)
+                    ptx.mbarrier_arrive_expect_tx(s_mbar, (n - 1) * BLOCK_BYTES)
             # Phase 2: every CTA's MMAs are done (KV tiles free) and its staging is written.
             # The CTA barrier orders the staging writes (fenced to the async proxy) before
             # thread 0's copies; the cluster barrier itself only has to order execution, so
@@ -445,12 +417,12 @@ class SparseMlaDecodeSm90:
                     owner = blk % n
                     if chunk != owner:
                         slot = chunk - Int32(chunk > owner)
-                        dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * self.block_bytes, owner)
-                        ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + blk * self.block_bytes, self.block_bytes,
+                        dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
+                        ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + blk * BLOCK_BYTES, BLOCK_BYTES,
                                               ptx.mapa_shared(s_mbar, owner))
             if chunk < 4:
                 ptx.mbarrier_wait_parity(s_mbar, 0)
-                self._reduce_store(out, s_kv, s_kv + RECV_OFF, token, chunk, tid, n)
+                self._reduce_store(out, s_kv, s_kv + RECV_OFF, token, chunk, tid, n, bmm2_scale)
             tl = self._mark(tl, tid)  # 11: blocks received, summed, stored
             # Phase 3: no CTA exits while a peer's bulk copy may still read its staging (the
             # owner's mbarrier wait saw them land). Relaxed: no data is published here, and a
@@ -500,39 +472,40 @@ class SparseMlaDecodeSm90:
 
     @cute.jit
     def _reduce_store(self, out: cute.Pointer, s_kv: Int32, s_recv: Int32, token: Int32, blk: Int32,
-                      tid: Int32, n: cutlass.Constexpr):
-        """Sum the n partials of 128-dim block ``blk`` (own staging + received) and store BF16.
+                      tid: Int32, n: cutlass.Constexpr, bmm2_scale: Float32):
+        """Sum the n FP16 partials of 128-dim block ``blk`` (own staging + received) in FP32, scale by
+        bmm2_scale and store BF16.
 
-        Thread tid takes head tid // 8 and dims 4 (tid % 8) + 32 k, k < 4: eight lanes read
-        128 contiguous bytes (no bank conflict), and store 64 contiguous bytes per head row.
+        Thread tid takes head tid // 8 and dims 8 (tid % 8) + 64 k, k < 2: eight lanes read a head's
+        128 contiguous bytes of a partial (all 32 banks once) and store 128 contiguous bytes.
         """
         h = tid >> 3
-        srcs = [s_kv + STAGE_OFF + blk * self.block_bytes]
+        srcs = [s_kv + STAGE_OFF + blk * BLOCK_BYTES]
         for sl in cutlass.range_constexpr(n - 1):
-            srcs.append(s_recv + sl * self.block_bytes)
+            srcs.append(s_recv + sl * BLOCK_BYTES)
         dst = out.toint() + (Int64(token) * HEADS + Int64(h)) * (DIM * 2) + Int64(blk * BLOCK_DIMS * 2)
-        for k in cutlass.range_constexpr(4):
-            d = (tid & 7) * 4 + 32 * k
-            acc = [Float32(0.0)] * 4
+        for k in cutlass.range_constexpr(2):
+            d = (tid & 7) * 8 + 64 * k
+            acc = [Float32(0.0)] * 8
             for src in srcs:
-                if cutlass.const_expr(self.f16_partials):
-                    w2 = ptx.ld_shared_v2_b32(src + _stage_off(h, d) // 2)
-                    v = ptx.unpack_f16x2(w2[0]) + ptx.unpack_f16x2(w2[1])
-                else:
-                    v = ptx.ld_shared_v4_f32(src + _stage_off(h, d))
-                for e in cutlass.range_constexpr(4):
-                    acc[e] = acc[e] + v[e]
-            ptx.st_global_v2_b32(dst + Int64(d * 2), ptx.cvt_bf16x2(acc[0], acc[1]), ptx.cvt_bf16x2(acc[2], acc[3]))
+                words = ptx.ld_shared_v4_u32(src + _stage_off(h, d))
+                for w in cutlass.range_constexpr(4):
+                    pair = ptx.unpack_f16x2(words[w])
+                    acc[2 * w] = acc[2 * w] + pair[0]
+                    acc[2 * w + 1] = acc[2 * w + 1] + pair[1]
+            ptx.st_global_v4_b32(dst + Int64(d * 2), *[ptx.cvt_bf16x2(acc[2 * w] * bmm2_scale,
+                                                                       acc[2 * w + 1] * bmm2_scale)
+                                                       for w in range(4)])
 
 
 def _stage_off(h, d):
-    """Byte offset of (head h, dim d) in a staged [16 heads x 128 dims] FP32 block.
+    """Byte offset of (head h, dim d) in a staged [16 heads x 128 dims] FP16 block.
 
-    Dims are XOR-swizzled by bit 1 of the head (16 dims = 16 banks), so that the epilogue's
-    8-byte stores from lanes of heads 2t and 2t + 2 fall in different bank halves; 4-dim groups
-    stay contiguous for the 16-byte reads.
+    Dims are XOR-swizzled by 16 times bits 1-2 of the head (32 bytes = 8 banks a step): the
+    staging's 4-byte stores from the lanes of heads 2t, 2t + 2, 2t + 4, 2t + 6 (t4 = 0..3) then
+    fall in four different 8-bank groups. Groups of 16 dims stay contiguous (16-byte reads).
     """
-    return (h * BLOCK_DIMS + (d ^ (((h >> 1) & 1) << 4))) * 4
+    return (h * BLOCK_DIMS + (d ^ (((h >> 1) & 3) << 4))) * 2
 
 
 def compile_variant(variant, arch: str) -> bytes:
