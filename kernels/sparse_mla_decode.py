@@ -16,10 +16,12 @@ Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
           as E4M3 into a 128B-swizzled K-major tile (scaled so that small weights stay normal)
   step 6  (m, l) per head to every CTA of the cluster (st.async onto the receiver's mbarrier)
   step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see below for the route)
-  step 8  wait for the stats; merge (m, l) of all chunks and the sink; scale the partial O
-  step 9  n = 1: BF16 straight from the accumulators. n > 1: partial O (FP16, see below) ->
-          staging in the own KV tile; block b of the 512 head dims goes by bulk copy to CTA
-          b % n, into its KV tile's second half; relaxed cluster barriers separate the uses
+  step 8  while the second product runs: wait for the stats; merge (m, l) of all chunks and the
+          sink into each head's scale factor
+  step 9  n = 1: BF16 straight from the accumulators. n > 1: scaled partial O (FP16, see below)
+          -> staging in the own KV tile, the first half's tiles while the second half's MMAs
+          run; block b of the 512 head dims goes by bulk copy to CTA b % n, into its KV
+          tile's second quarter; relaxed cluster barriers separate the uses
   step 10 the owner sums the n partials of its block in FP32, applies bmm2_scale and stores
           BF16; a last cluster barrier keeps every CTA resident until the copies reading its
           shared memory have landed
@@ -328,19 +330,16 @@ class SparseMlaDecodeSm90:
             ptx.wgmma_commit()
         if cutlass.const_expr(self.skip_pv):
             o = [zero8] * 8  # timing experiment only: what the second product costs
-        else:
-            flat = ptx.wgmma_wait(0, [x for frag in o for x in frag])
-            o = [flat[8 * mt:8 * mt + 8] for mt in range(8)]
 
-        tl = self._mark(tl, tid)  # 7: second product in registers
-        # step 8: merge the chunks' (m, l) and the sink; scale this chunk's partial O.
+        tl = self._mark(tl, tid)  # 7: second product issued
+        # step 8 (while the second product runs): merge the chunks' (m, l) and the sink into
+        # this chunk's scale factor per head.
         l_c = [Float32(0.0)] * 4
         for hs in cutlass.range_constexpr(4):
             for w in cutlass.range_constexpr(4):
                 l_c[hs] = l_c[hs] + ptx.ld_shared_f32(s_red + ((4 + w) * HEADS + heads[hs]) * 4)
         if cutlass.const_expr(n > 1):
             ptx.mbarrier_wait_parity(s_mbar + 8, 0)  # every chunk's stats have landed
-        tl = self._mark(tl, tid)  # 8: stats of every chunk here
         factor = []
         for hs in cutlass.range_constexpr(4):
             h = heads[hs]
@@ -364,17 +363,13 @@ class SparseMlaDecodeSm90:
             # cluster, bmm2_scale is applied by the block's owner: the FP16 partials stay <= max |kv|.
             scale = (1.0 / 256.0) if cutlass.const_expr(n > 1) else bmm2_scale * (1.0 / 256.0)
             factor.append(scale * ptx.ex2(m_c[hs] - big_m) * cute.arch.rcp_approx(big_l))
+        tl = self._mark(tl, tid)  # 8: stats of every chunk here, factors ready
 
-        # step 9: partial O (scaled) to the CTA that owns its 128-dim block. Thread holds dims
-        # 2g, 2g + 1 of each warp's 16-dim group; a block is [16 heads x 128 dims] FP32.
-        if cutlass.const_expr(n > 1):
-            # Every warp's ldmatrix reads of the KV tile are complete once its second-half MMAs
-            # have run (they consumed the fragments), but say so with a barrier before the tile
-            # is overwritten: it costs little and keeps the ordering visible (and racecheck quiet).
-            cute.arch.sync_threads()
         if cutlass.const_expr(n == 1):
             # One chunk: nothing to reduce. BF16 pairs straight from the accumulators; a warp's
             # store covers 4 heads x 32 contiguous bytes (whole sectors).
+            if cutlass.const_expr(not self.skip_pv):
+                o = self._wait_tiles(0, o, 0, 8)
             out_tok = out.toint() + Int64(token) * (HEADS * DIM * 2)
             for mt in cutlass.range_constexpr(8):
                 d = mt * 64 + 16 * warp + 2 * g
@@ -389,8 +384,17 @@ class SparseMlaDecodeSm90:
             tl = self._mark(tl, tid)  # 11
             tl = self._mark(tl, tid)  # 12
         else:
-            # Staging in the own KV tile (its MMAs are done: wgmma_wait above), as FP16 pairs.
+            # step 9: partial O (scaled, FP16 pairs) staged in the own KV tile, block b (128 dims)
+            # for CTA b % n; a thread holds dims 2g, 2g + 1 of each warp's 16-dim group. The first
+            # half's tiles (blocks 0, 1) are staged while the second half's MMAs still run: they
+            # overwrite K blocks 0 and 1, which only the first half's fragments read (ldmatrix,
+            # before the warpgroup's collective MMAs of that half, complete at the wait).
+            # The CTA barrier says so explicitly (it costs little and keeps racecheck quiet).
             for mt in cutlass.range_constexpr(8):
+                if cutlass.const_expr(mt % 4 == 0 and not self.skip_pv):
+                    o = self._wait_tiles(1 - mt // 4, o, mt, mt + 4)
+                if cutlass.const_expr(mt == 0):
+                    cute.arch.sync_threads()
                 blk = mt // 2
                 dib = (mt % 2) * 64 + 16 * warp + 2 * g
                 for jj in cutlass.range_constexpr(2):
@@ -439,6 +443,12 @@ class SparseMlaDecodeSm90:
                 ptx.st_global_v4_b32(tl_dst + 16, tl[4], tl[5], tl[6], tl[7])
                 ptx.st_global_v4_b32(tl_dst + 32, tl[8], tl[9], tl[10], tl[11])
                 ptx.st_global_v4_b32(tl_dst + 48, tl[12], tl[13], self._gtime(), Int32(bidx))
+
+    def _wait_tiles(self, pending: int, o, lo: int, hi: int):
+        """o with tiles [lo, hi) of the second product in registers: wait until at most `pending`
+        of its commit groups (a half each) are in flight, passing those tiles' accumulators through."""
+        flat = ptx.wgmma_wait(pending, [x for frag in o[lo:hi] for x in frag])
+        return o[:lo] + [flat[8 * i:8 * i + 8] for i in range(hi - lo)] + o[hi:]
 
     def _mark(self, tl, tid):
         """Timing experiment: append this point's SM clock (the first mark: also the global timer)."""

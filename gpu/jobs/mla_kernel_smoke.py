@@ -162,8 +162,8 @@ def diag(width, T, seed):
               flush=True)
 
 
-MARKS = ["wait", "gather issued", "K landed+MMA issued", "scores", "softmax+P", "stats sent", "PV done",
-         "stats here", "staged/pushed", "cluster bar", "reduced+stored", "final bar"]
+MARKS = ["wait", "gather issued", "K landed+MMA issued", "scores", "softmax+P", "stats sent", "PV issued",
+         "factors ready", "staged", "cluster bar", "reduced+stored", "final bar"]
 
 
 def timeline():
