@@ -46,6 +46,8 @@ order, then -1. Output order within a row is unspecified.
 
 from __future__ import annotations
 
+import os
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32, const_expr
@@ -124,6 +126,11 @@ class DecodeTopK:
         # no CTA barrier per iteration) instead of CTA-wide tiles with an ordered scan
         # each, for slices of at least this many groups (chosen at run time, per CTA).
         self.warp_min_groups = warp_min_groups
+        # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
+        # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
+        self.timeline = os.environ.get("DECODE_TOPK_EXPERIMENT") == "timeline"
+        if self.timeline:
+            self.cap -= self.warps * LIST_VEC  # room for the 16 marks in the same shared memory
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
         assert list_capacity % (self.warps * LIST_VEC) == 0
 
@@ -446,7 +453,8 @@ class DecodeTopK:
         Thread t owns bins 4t..4t+3; only the first nbins (the digit's) are read. With
         floors (the first digit), every CTA has stored into floors[its rank] of each CTA a bin
         that the answer cannot be below (its own k-th largest bin); bins under the cluster's
-        highest such floor are not read from the peers (they may be incomplete, too).
+        highest such floor are not read from the peers (they may be incomplete, too), nor those
+        above every CTA's highest nonempty bin (floors[32 + r]).
         The cluster barrier orders every CTA's histogram atomics before the peers'
         reads (release/acquire); it also serves as the CTA barrier. With local, only this
         CTA's histogram counts (the gathered finish of one CTA). With floors (the first
@@ -461,12 +469,19 @@ class DecodeTopK:
         else:
             cute.arch.sync_threads()
         lo = Int32(0)
+        hi = Int32(nbins - 1)
         with_floors = floors is not None
         if const_expr(with_floors and clustered):
-            # The peers' floors are local (stored here before the barrier): every thread takes the max.
+            # The peers' floors and highest nonempty bins are local (stored here before the barrier):
+            # every thread takes the maxima. No CTA has an item above the highest of the latter, so
+            # the bins above it are not read (from 16 peers, reading every bin above the floor
+            # moved some 30 KiB through distributed shared memory on randn rows).
+            hi = Int32(0)
             for r in cutlass.range_constexpr(self.cluster):
                 f = cute.arch.load(floors + r, Int32)
                 lo = Int32(sel(f > lo, f, lo))
+                t = cute.arch.load(floors + 32 + r, Int32)
+                hi = Int32(sel(t > hi, t, hi))
         # Only the digit's 2**bits bins take part (the rest of the buffer may be stale).
         c0 = Int32(0)
         c1 = Int32(0)
@@ -480,7 +495,7 @@ class DecodeTopK:
         e1 = Int32(0)
         e2 = Int32(0)
         e3 = Int32(0)
-        if (tid * 4 < nbins) & (tid * 4 + 3 >= lo):
+        if (tid * 4 < nbins) & (tid * 4 + 3 >= lo) & (tid * 4 <= hi):
             l0 = cute.arch.load(hist + tid * 4, Int32)
             l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
             l2 = cute.arch.load(hist + tid * 4 + 2, Int32)
@@ -536,7 +551,8 @@ class DecodeTopK:
 
     @cute.jit
     def local_kth_bin(self, hist: cute.Pointer, k: Int32, scratch: cute.Pointer, misc: cute.Pointer) -> Int32:
-        """The bin of the k-th largest item in this CTA's histogram so far (0 if it holds fewer than k).
+        """The bin of the k-th largest item in this CTA's histogram so far (0 if it holds fewer than k);
+        misc[11] gets the highest bin holding an item (0 if none).
 
         The caller has put a CTA barrier after the histogram's atomics.
         """
@@ -547,8 +563,14 @@ class DecodeTopK:
         c3 = cute.arch.load(hist + tid * 4 + 3, Int32)
         if tid == 0:
             cute.arch.store(misc + 5, Int32(0))
-        incl, total = self.block_scan(c0 + c1 + c2 + c3, scratch)
+            cute.arch.store(misc + 11, Int32(0))
+        own = c0 + c1 + c2 + c3
+        incl, total = self.block_scan(own, scratch)
         above = total - incl
+        if (above == 0) & (own > 0):
+            # The one thread whose bins hold the highest item (nothing above them, something in them).
+            top = sel(c3 > 0, Int32(3), sel(c2 > 0, Int32(2), sel(c1 > 0, Int32(1), Int32(0))))
+            cute.arch.store(misc + 11, tid * 4 + top)
         for q in cutlass.range_constexpr(3, -1, -1):
             cq = (c0, c1, c2, c3)[q]
             if above < k:
@@ -1194,10 +1216,15 @@ class DecodeTopK:
         s_scan = smem.allocate_array(Int32, 2 * 32, byte_alignment=16)
         s_misc = smem.allocate_array(Int32, 16, byte_alignment=16)
         s_warp = smem.allocate_array(Int32, 32, byte_alignment=16)
-        # Written by the peers: [r] CTA r's k-th largest bin after step 1, [16] CTA 0's list length.
-        s_peer = smem.allocate_array(Int32, 32, byte_alignment=16)
+        # Written by the peers: [r] CTA r's k-th largest bin after step 1, [16] CTA 0's list length,
+        # [32 + r] CTA r's highest nonempty bin.
+        s_peer = smem.allocate_array(Int32, 48, byte_alignment=16)
         s_key = smem.allocate_array(Uint32, self.cap, byte_alignment=16)
         s_idx = smem.allocate_array(Int32, self.cap, byte_alignment=16)
+        s_tl = s_misc
+        if const_expr(self.timeline):
+            s_tl = smem.allocate_array(Int32, 16, byte_alignment=16)
+        self.mark(s_tl, 0)
         rkeys = cute.make_rmem_tensor(8, Uint32)
         rraw = cute.make_rmem_tensor(8, Uint32)
         rnext = cute.make_rmem_tensor(8, Uint32)
@@ -1209,7 +1236,7 @@ class DecodeTopK:
 
         # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
         # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
-        # 10 the gather pass's in-bin counter,
+        # 10 the gather pass's in-bin counter, 11 local highest nonempty bin,
         # 14 the gathered finish's slot counter
         # Zeroed first, on every path (the short-row path does not read them): a use of row_end
         # placed before these stores would make them wait for its load. Step 1's barrier, after
@@ -1229,11 +1256,13 @@ class DecodeTopK:
         row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
 
         if n_items <= k:
+            self.mark(s_tl, 1)
             # Every candidate is selected: index order, then -1. No cluster barrier on
             # this path (the whole cluster takes it, as n_items is per row).
             for j in cutlass.range(rank * T + tid, k, C * T):
                 cute.arch.store(out_row + j, sel(j < n_items, j, Int32(-1)))
         else:
+            self.mark(s_tl, 1)
             per = (n_groups + C - 1) // C
             g_lo = Int32(sel(rank * per < n_groups, rank * per, n_groups))
             g_hi = Int32(sel(g_lo + per < n_groups, g_lo + per, n_groups))
@@ -1260,6 +1289,7 @@ class DecodeTopK:
                                                 s_misc, rraw, rnext, rnext2, rkeys)
             # This CTA's list length (cap + 1: it overflowed).
             list_len = Int32(sel(ok != 0, n_list, Int32(self.cap + 1)))
+            self.mark(s_tl, 2)
             # Step 2: the cluster's first digit. Each CTA's own k-th largest bin is a floor
             # for the row's, so the peers' bins below the highest floor are not read.
             # (The warp loop has found it already.) The floors, and CTA 0's list length (the
@@ -1272,14 +1302,18 @@ class DecodeTopK:
                     self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5]
                     sp = 1 - sp
                 cute.arch.cluster_wait()
+                self.mark(s_tl, 3)
                 if tid < C:
                     ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + rank), tid), cute.arch.load(s_misc + 5, Int32))
+                    ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 32 + rank), tid),
+                                       cute.arch.load(s_misc + 11, Int32))
                     if rank == 0:
                         ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 16), tid), list_len)
             b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32,
                                                               s_misc, floors=s_peer)
             krem = k - above0
             use_list = ok != 0
+            self.mark(s_tl, 4)
             if const_expr(C > 1):
                 gather_base = cute.arch.load(s_peer + 16, Int32)
             # Once the k-th item is the last of its bin, every item of the bin is selected and
@@ -1294,6 +1328,7 @@ class DecodeTopK:
                 if use_list:
                     n_above = self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row, rkeys,
                                                rraw, pushes=True, slot0=Int32(0))
+                    self.mark(s_tl, 12)
                     # The warp's output slots: one add on the row's counter in CTA 0 (before this CTA
                     # arrives at the barrier below, after which CTA 0 may finish and exit).
                     slot0 = self.warp_atomic_base(n_above, s_misc + 2, in_cta0=True)
@@ -1301,6 +1336,7 @@ class DecodeTopK:
                     gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
                     self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
                                       s_misc, out_row, rraw, rkeys)
+                self.mark(s_tl, 5)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                 # shared memory after this barrier: the peers may exit. The output writes of a
                 # listed CTA go between the arrive and the wait: the arrive's release does not
@@ -1315,12 +1351,37 @@ class DecodeTopK:
                     cute.arch.cluster_wait()
                 else:
                     cute.arch.sync_threads()
+                self.mark(s_tl, 6)
                 if rank == 0:
                     self.finish_gathered(gather_base, count0, krem, k - krem, s_hist, s_key, s_idx, s_scan, s_misc,
                                          out_row)
+                self.mark(s_tl, 7)
             else:
+                self.mark(s_tl, 8)  # the cluster-wide finish instead (no 5-7)
                 self.finish_clustered(use_list, n_list, row_addr, g_lo, g_hi, row_end, k, rank, b0, krem, count0,
                                       gt_mine, s_hist, s_key, s_idx, s_scan, s_misc, out_row, rraw, rkeys)
+        if const_expr(self.timeline):
+            cute.arch.sync_threads()
+            self.mark(s_tl, 9)
+            if tid == 0:
+                # Marks 0-9 and 12 (0 where a path has none), the global timer at the start (11) and end (10), over this
+                # CTA's 64 bytes of the row's logits from byte 64 * rank (read by no CTA any more).
+                cute.arch.store(s_tl + 10, ptx.globaltimer_lo())
+                dst = row_addr + Int64(rank) * 64
+                for q in cutlass.range_constexpr(4):
+                    ptx.st_global_v4_b32(dst + 16 * q, *[cute.arch.load(s_tl + 4 * q + j, Int32) for j in range(4)])
+
+    @cute.jit
+    def mark(self, s_tl: cute.Pointer, i: int):
+        """Timing experiment: thread 0's SM clock as mark i (mark 0 also zeroes the others and keeps the
+        global timer in slot 11). Nothing without the timeline switch."""
+        if const_expr(self.timeline):
+            if cute.arch.thread_idx()[0] == 0:
+                if const_expr(i == 0):
+                    for j in cutlass.range_constexpr(16):
+                        cute.arch.store(s_tl + j, Int32(0))
+                    cute.arch.store(s_tl + 11, ptx.globaltimer_lo())
+                cute.arch.store(s_tl + i, ptx.clock32())
 
     @cute.jit
     def finish_clustered(self, use_list, n_list: Int32, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32,

@@ -1,0 +1,95 @@
+"""Per-phase SM clocks of decode_topk from a timeline build (DECODE_TOPK_EXPERIMENT=timeline).
+
+usage: topk_timeline.py ROOT OUT.json
+
+ROOT holds the timeline build (cubins/ + manifests/). Each case runs a few times on fresh
+logits (the build writes its marks over the row's first bytes); thread 0 of every CTA
+reports the clock at each phase's end (kernels/decode_topk.py, DecodeTopK.mark), and the
+global timer at its start and end. Printed per case: each phase's cycles (mean, min, max
+over CTAs and runs) and the CTA and grid spans in ns.
+"""
+import json
+import sys
+
+import torch
+
+from benchmarks import common
+from runtime.loader import load
+
+PHASES = ("setup", "step 1", "cluster wait", "first digit", "pushes", "writes+barrier", "finish (CTA 0)", "to end")
+CASES = (  # kernel, rows, length, k
+    ("decode_topk_f32_token_c4", 1, 16384, 2048),
+    ("decode_topk_f32_token_c16", 1, 65536, 2048),
+    ("decode_topk_f32_token_c16", 1, 262144, 2048),
+    ("decode_topk_f32_token_c16", 1, 1 << 20, 2048),
+    ("decode_topk_f32_token_c8", 8, 262144, 2048),
+    ("decode_topk_f32_token_c2", 64, 8192, 512),
+    ("decode_topk_f32_token_c2", 64, 262144, 2048),
+    ("decode_topk_bf16_token_c16", 1, 262144, 2048),
+    ("decode_topk_bf16_token_c8", 8, 65536, 512),
+)
+RUNS = 5
+
+
+def phases(marks):
+    """Cycles of each phase from one CTA's marks (slots 0-9, 12); the cluster-wide finish (mark 8) has no 5-7."""
+    m = [int(x) & 0xFFFFFFFF for x in marks]
+    d = lambda a, b: (m[b] - m[a]) & 0xFFFFFFFF
+    out = {"setup": d(0, 1), "step 1": d(1, 2), "cluster wait": d(2, 3) if m[3] else 0,
+           "first digit": d(3 if m[3] else 2, 4)}
+    if m[5]:
+        if m[12]:  # a listed CTA: the pushes pass, then its warps' output-slot reservation
+            out.update({"pushes pass": d(4, 12), "slot reservation": d(12, 5)})
+        out.update({"pushes": d(4, 5), "writes+barrier": d(5, 6), "finish (CTA 0)": d(6, 7), "to end": d(7, 9)})
+    else:
+        out.update({"clustered finish": d(8, 9)})
+    return out
+
+
+def main() -> None:
+    root, out_path = sys.argv[1], sys.argv[2]
+    cache = load(root)
+    results = []
+    for name, rows, length, k in CASES:
+        kernel = cache.kernel(name)
+        c = kernel.entry.cluster[0]
+        dtype = torch.bfloat16 if "_bf16_" in name else torch.float32
+        g = torch.Generator(device="cuda").manual_seed(rows * 31 + length)
+        base = torch.randn(rows, length, device="cuda", generator=g).to(dtype)
+        ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+        out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+        per = {}
+        spans, grid = [], []
+        for run in range(RUNS + 1):
+            x = base.clone()
+            torch.cuda.synchronize()
+            kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(), out.data_ptr(), length, x.stride(0), out.stride(0), k)
+            torch.cuda.synchronize()
+            if run == 0:
+                continue  # the first launch loads the module
+            words = x.view(torch.int32)[:, :16 * c].reshape(rows, c, 16).cpu()
+            starts, ends_ns = [], []
+            for r in range(rows):
+                for rank in range(c):
+                    w = words[r, rank].tolist()
+                    for key, v in phases(w[:10] + [0, 0, w[12]]).items():
+                        per.setdefault(key, []).append(v)
+                    starts.append(w[11] & 0xFFFFFFFF)
+                    ends_ns.append(w[10] & 0xFFFFFFFF)
+                    spans.append((w[10] - w[11]) & 0xFFFFFFFF)
+            grid.append((max(ends_ns) - min(starts)) & 0xFFFFFFFF)
+        cell = {"kernel": name, "rows": rows, "length": length, "k": k,
+                "cta_span_ns_mean": sum(spans) / len(spans), "grid_span_ns_median": sorted(grid)[len(grid) // 2],
+                "phases_cycles": {key: {"mean": round(sum(v) / len(v)), "min": min(v), "max": max(v)}
+                                  for key, v in per.items()}}
+        results.append(cell)
+        print(f"{name} rows={rows} length={length} k={k}: CTA span {cell['cta_span_ns_mean']:.0f} ns, "
+              f"grid span {cell['grid_span_ns_median']} ns", flush=True)
+        for key, v in cell["phases_cycles"].items():
+            print(f"    {key:18s} mean {v['mean']:7d}  min {v['min']:7d}  max {v['max']:7d}", flush=True)
+    with open(out_path, "w") as f:
+        json.dump({"info": common.gpu_info(), "root": root, "phases": PHASES, "cases": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
