@@ -1140,7 +1140,7 @@ class DecodeTopK:
     @cute.jit
     def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,
                         s_key: cute.Pointer, s_idx: cute.Pointer, s_scan: cute.Pointer, s_misc: cute.Pointer,
-                        out_row: cute.Pointer):
+                        out_row: cute.Pointer, s_tl: cute.Pointer):
         """CTA 0 alone: the krem largest of the n gathered items at src (largest key, then lowest index).
 
         Radix rounds over the keys' remaining bits, then over ~index (exact ties), each
@@ -1153,24 +1153,42 @@ class DecodeTopK:
         iprefix = Uint32(0)
         imask = Uint32(0)
         done = Int32(0)
-        for r in cutlass.range_constexpr(len(self.gather_rounds)):
-            word, shift, bits = self.gather_rounds[r]
+        rounds = self.gather_rounds
+        # Both histogram buffers are zeroed here, behind one barrier; a buffer is zeroed again for
+        # the round after next once its round's select has read it (the next round's barriers
+        # order those stores before that round's atomics).
+        for r in cutlass.range_constexpr(2):
+            self.zero_bins(s_hist + r * self.bins, 1 << rounds[r][2])
+        cute.arch.sync_threads()
+        for r in cutlass.range_constexpr(len(rounds)):
+            word, shift, bits = rounds[r]
+            # Prefix tests that can fail in this round: the key's from the second round on, the
+            # index's after the first index round (masks are still 0 before). Unneeded loads go too.
+            key_test = r > 0
+            idx_test = r > 0 and rounds[r - 1][0] == "idx"
             if done == 0:
                 h = s_hist + (r % 2) * self.bins
                 dmask = Uint32((1 << bits) - 1)
-                for i in cutlass.range(tid, 1 << bits, T):
-                    cute.arch.store(h + i, Int32(0))
-                cute.arch.sync_threads()
-                for i in cutlass.range(tid, n, T):
+                for i in cutlass.range(tid, n, T, unroll=4):
                     key = cute.arch.load(s_key + src + i, Uint32)
-                    nidx = Uint32(cute.arch.load(s_idx + src + i, Int32)) ^ Uint32(0x1FFFFF)
-                    if (key & kmask == kprefix) & (nidx & imask == iprefix):
-                        v = key
+                    v = key
+                    if const_expr(word == "idx" or idx_test):
+                        nidx = Uint32(cute.arch.load(s_idx + src + i, Int32)) ^ Uint32(0x1FFFFF)
                         if const_expr(word == "idx"):
                             v = nidx
-                        cute.arch.atomic_add(h + Int32((v >> Uint32(shift)) & dmask), Int32(1))
+                    bin_ptr = h + Int32((v >> Uint32(shift)) & dmask)
+                    if const_expr(idx_test):
+                        if (key & kmask == kprefix) & (nidx & imask == iprefix):
+                            cute.arch.atomic_add(bin_ptr, Int32(1))
+                    elif const_expr(key_test):
+                        if key & kmask == kprefix:
+                            cute.arch.atomic_add(bin_ptr, Int32(1))
+                    else:
+                        cute.arch.atomic_add(bin_ptr, Int32(1))
                 b, above, count, _ = self.cluster_select(h, 1 << bits, krem, s_scan + (r % 2) * 32, s_misc,
                                                          local=True)
+                if const_expr(r + 2 < len(rounds)):
+                    self.zero_bins(h, 1 << rounds[r + 2][2])
                 krem = krem - above
                 if const_expr(word == "key"):
                     kprefix = kprefix | (Uint32(b) << Uint32(shift))
@@ -1180,14 +1198,28 @@ class DecodeTopK:
                     imask = imask | (dmask << Uint32(shift))
                 # Every item matching the prefix is needed: the rest of the bits change nothing.
                 done = sel(krem == count, Int32(1), Int32(0))
+                if const_expr(r < 2):
+                    self.mark(s_tl, 13 + r)
+        self.mark(s_tl, 15)
         # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
-        for ib in cutlass.range(0, n, T):
+        for ib in cutlass.range(0, n, T, unroll=2):
             i = ib + tid
             key, idx = self.list_item(s_key + src, s_idx + src, i, n)
             take = self.gathered_taken(key, Uint32(idx), i < n, kprefix, kmask, iprefix, imask)
             slot = first_slot + self.warp_slot1(take, s_misc + 14)
             if take:
                 cute.arch.store(out_row + slot, idx)
+
+    @cute.jit
+    def zero_bins(self, h: cute.Pointer, nbins: int):
+        """Zero the first nbins (a multiple of 4) of a histogram, 16 bytes a store."""
+        tid = cute.arch.thread_idx()[0]
+        for i in cutlass.range_constexpr(0, nbins, self.threads * 4):
+            if const_expr(i + self.threads * 4 <= nbins):
+                ptx.st_shared_v4_b32(smem_addr(h + i + tid * 4), 0, 0, 0, 0)
+            else:
+                if i + tid * 4 < nbins:
+                    ptx.st_shared_v4_b32(smem_addr(h + i + tid * 4), 0, 0, 0, 0)
 
     @cute.jit
     def gathered_taken(self, key: Uint32, idx: Uint32, valid, kprefix: Uint32, kmask: Uint32, iprefix: Uint32,
@@ -1354,7 +1386,7 @@ class DecodeTopK:
                 self.mark(s_tl, 6)
                 if rank == 0:
                     self.finish_gathered(gather_base, count0, krem, k - krem, s_hist, s_key, s_idx, s_scan, s_misc,
-                                         out_row)
+                                         out_row, s_tl)
                 self.mark(s_tl, 7)
             else:
                 self.mark(s_tl, 8)  # the cluster-wide finish instead (no 5-7)
@@ -1364,7 +1396,7 @@ class DecodeTopK:
             cute.arch.sync_threads()
             self.mark(s_tl, 9)
             if tid == 0:
-                # Marks 0-9 and 12 (0 where a path has none), the global timer at the start (11) and end (10), over this
+                # Marks 0-9 and 12-15 (0 where a path has none), the global timer at the start (11) and end (10), over this
                 # CTA's 64 bytes of the row's logits from byte 64 * rank (read by no CTA any more).
                 cute.arch.store(s_tl + 10, ptx.globaltimer_lo())
                 dst = row_addr + Int64(rank) * 64

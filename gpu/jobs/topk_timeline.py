@@ -32,7 +32,8 @@ RUNS = 5
 
 
 def phases(marks):
-    """Cycles of each phase from one CTA's marks (slots 0-9, 12); the cluster-wide finish (mark 8) has no 5-7."""
+    """Cycles of each phase from one CTA's marks (slots 0-15 but 10, 11); the cluster-wide finish (mark 8) has
+    no 5-7, only CTA 0 has 13-15."""
     m = [int(x) & 0xFFFFFFFF for x in marks]
     d = lambda a, b: (m[b] - m[a]) & 0xFFFFFFFF
     out = {"setup": d(0, 1), "step 1": d(1, 2), "cluster wait": d(2, 3) if m[3] else 0,
@@ -41,6 +42,9 @@ def phases(marks):
         if m[12]:  # a listed CTA: the pushes pass, then its warps' output-slot reservation
             out.update({"pushes pass": d(4, 12), "slot reservation": d(12, 5)})
         out.update({"pushes": d(4, 5), "writes+barrier": d(5, 6), "finish (CTA 0)": d(6, 7), "to end": d(7, 9)})
+        if m[15]:  # CTA 0's finish: its first two radix rounds, any later ones, the selection pass
+            out.update({"finish round 1": d(6, 13), "finish round 2": d(13, 14) if m[14] else 0,
+                        "finish later rounds": d(14 if m[14] else 13, 15), "finish selection pass": d(15, 7)})
     else:
         out.update({"clustered finish": d(8, 9)})
     return out
@@ -72,7 +76,7 @@ def main() -> None:
             for r in range(rows):
                 for rank in range(c):
                     w = words[r, rank].tolist()
-                    for key, v in phases(w[:10] + [0, 0, w[12]]).items():
+                    for key, v in phases(w[:10] + [0, 0] + w[12:16]).items():
                         per.setdefault(key, []).append(v)
                     starts.append(w[11] & 0xFFFFFFFF)
                     ends_ns.append(w[10] & 0xFFFFFFFF)

@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # limit: 60
-# decode_topk per-phase clocks from a carried timeline build (.gl/topk_tl: DECODE_TOPK_EXPERIMENT=timeline).
+# decode_topk per-phase clocks from carried timeline builds (.gl/tl_*: DECODE_TOPK_EXPERIMENT=timeline), one
+# process each.
 set -u
-timeout 50 python3 gpu/jobs/topk_timeline.py .gl/topk_tl "$JOB_OUT/topk_timeline.json"
+for root in .gl/tl_*; do
+  echo "== $root"
+  timeout 25 python3 gpu/jobs/topk_timeline.py "$root" "$JOB_OUT/topk_timeline_$(basename "$root").json"
+done
