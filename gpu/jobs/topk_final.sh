@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# limit: 150
+# decode_topk on the committed tree: GPU tests (every variant too) and compute-sanitizer, then the benchmark
+# without the cluster sweep (JSON + table to $JOB_OUT).
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+source gpu/tools/topk_checks.sh
+topk_checks
+run timeout 80 python3 benchmarks/bench_topk.py --budget 70 --no-sweep --out "$JOB_OUT/bench_topk.json" 2>&1 | tail -8
