@@ -1,0 +1,58 @@
+"""decode_topk of several cache roots side by side on indexer logits (DeepGEMM scoring), one process.
+
+usage: indexer_roots.py OUT.json ROOT [ROOT ...]
+
+The logits are those of benchmarks/bench_indexer.py (random FP8 keys, paged, 64 heads of 128;
+k = 512); each root's kernel (the one the op routes the shape to) is launched directly in CUDA
+graphs over the same rotated input sets, so cache builds compare on real indexer rows.
+"""
+import json
+import sys
+
+import torch
+
+from benchmarks.bench_indexer import HEADS, HEAD_DIM, K, random_cache
+from benchmarks.common import gpu_info, rotation_count, time_graph
+from runtime.loader import load
+from runtime.scoring import BLOCK_KV, DeepGemmScorer
+from runtime.topk import decode_topk_plan
+
+SIZES = ((64, 8192), (64, 65536), (64, 262144), (8, 65536), (1, 65536))
+
+
+def main() -> None:
+    out_path, roots = sys.argv[1], sys.argv[2:]
+    caches = {r: load(None if r == "." else r) for r in roots}
+    scorer = DeepGemmScorer()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cells = []
+    for rows, ctx in SIZES:
+        pages = ctx // BLOCK_KV
+        sets = rotation_count(rows * pages * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
+        cache = random_cache(sets * rows * pages, gen)
+        xs = []
+        for i in range(sets):
+            table = (torch.arange(rows * pages, dtype=torch.int32, device="cuda") + i * rows * pages).view(rows, pages)
+            seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
+            q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+            w = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
+            xs.append((scorer.logits(q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx), seq_lens))
+        name, c, grid = decode_topk_plan(xs[0][0], rows, K, False)
+        out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+        cell = {"kernel": name, "rows": rows, "context": ctx, "k": K, "us": {}}
+        for r, kc in caches.items():
+            kernel = kc.kernel(name)
+            calls = [lambda x=x, e=e, kernel=kernel: kernel.launch(grid, x.data_ptr(), e.data_ptr(), out.data_ptr(),
+                                                                  x.shape[1], x.stride(0), out.stride(0), K)
+                     for x, e in xs]
+            cell["us"][r] = round(time_graph(calls)["median_us"], 2)
+        print(name, rows, ctx, cell["us"], flush=True)
+        cells.append(cell)
+        del xs, cache
+        torch.cuda.empty_cache()
+    with open(out_path, "w") as f:
+        json.dump({"info": gpu_info(), "roots": roots, "cases": cells}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
