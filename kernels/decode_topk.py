@@ -134,6 +134,22 @@ class DecodeTopK:
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
         assert list_capacity % (self.warps * LIST_VEC) == 0
 
+    def smem_arrays(self):
+        """The kernel's shared-memory arrays in allocation order, (name, 32-bit words) each, every one
+        16-byte aligned: what the contract's SMEM_BYTES has to hold (tests/test_topk_reference.py)."""
+        arrays = [("hist", 2 * self.bins),  # two histograms (the finish alternates)
+                  ("scan", 2 * 32),  # two scan scratch buffers
+                  ("misc", 16),
+                  ("warp", 32),
+                  # Written by the peers: [r] CTA r's k-th largest bin after step 1, [16] CTA 0's list
+                  # length, [32 + r] CTA r's highest nonempty bin.
+                  ("peer", 48),
+                  ("key", self.cap),
+                  ("idx", self.cap)]
+        if self.timeline:
+            arrays.append(("marks", 16))
+        return arrays
+
     # ------------------------------------------------------------------ launch
     @cute.jit
     def __call__(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
@@ -1244,18 +1260,11 @@ class DecodeTopK:
         row = bid // C
 
         smem = SmemAllocator()
-        s_hist = smem.allocate_array(Int32, 2 * self.bins, byte_alignment=16)
-        s_scan = smem.allocate_array(Int32, 2 * 32, byte_alignment=16)
-        s_misc = smem.allocate_array(Int32, 16, byte_alignment=16)
-        s_warp = smem.allocate_array(Int32, 32, byte_alignment=16)
-        # Written by the peers: [r] CTA r's k-th largest bin after step 1, [16] CTA 0's list length,
-        # [32 + r] CTA r's highest nonempty bin.
-        s_peer = smem.allocate_array(Int32, 48, byte_alignment=16)
-        s_key = smem.allocate_array(Uint32, self.cap, byte_alignment=16)
-        s_idx = smem.allocate_array(Int32, self.cap, byte_alignment=16)
-        s_tl = s_misc
-        if const_expr(self.timeline):
-            s_tl = smem.allocate_array(Int32, 16, byte_alignment=16)
+        s = {name: smem.allocate_array(Uint32 if name == "key" else Int32, words, byte_alignment=16)
+             for name, words in self.smem_arrays()}
+        s_hist, s_scan, s_misc, s_warp = s["hist"], s["scan"], s["misc"], s["warp"]
+        s_peer, s_key, s_idx = s["peer"], s["key"], s["idx"]
+        s_tl = s.get("marks", s_misc)
         self.mark(s_tl, 0)
         rkeys = cute.make_rmem_tensor(8, Uint32)
         rraw = cute.make_rmem_tensor(8, Uint32)

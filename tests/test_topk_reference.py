@@ -153,6 +153,26 @@ def test_cubins_for_both_archs_match_the_contract():
                 assert "UBLKPF.L2" in sass, (arch, v.name)  # step 1's bulk L2 prefetch of a CTA-tile slice
 
 
+@pytest.mark.parametrize("timeline", [False, True])
+def test_kernel_shared_memory_fits_the_contract(monkeypatch, timeline):
+    """Every variant's shared-memory arrays (16-byte aligned, in allocation order) fit the smem_bytes the
+    runtime launches it with, with and without the timing experiment's marks: an array past the end would
+    only show on the GPU, as an illegal address."""
+    pytest.importorskip("cutlass")
+    from kernels import decode_topk as kernel
+    from runtime.contract import decode_topk as contract
+
+    monkeypatch.setenv("DECODE_TOPK_EXPERIMENT", "timeline" if timeline else "")
+    for v in contract.VARIANTS:
+        op = kernel.make(v)
+        used = 0
+        for _name, words in op.smem_arrays():
+            used = (used + 15) // 16 * 16 + 4 * words
+        assert used <= v.smem_bytes, (v.name, used, v.smem_bytes)
+        if not timeline:
+            assert used == v.smem_bytes, (v.name, used, v.smem_bytes)  # the contract holds nothing else
+
+
 def test_cluster_choice_fits_one_wave():
     """The op picks the largest cluster that fits one wave and leaves each CTA >= MIN_COLUMNS_PER_CTA[c] columns."""
     from runtime import topk
