@@ -67,6 +67,13 @@ GATHER_VEC = 8
 # not DRAM (measured on the H200: 0.2-0.6 us faster; a running prefetch ahead of the warp
 # loop was 1-3 us slower on long slices, so the warp loop has none).
 PREFETCH_PIECE_BYTES = 4096
+# On clusters of at least GATHER_STAGE_MIN_CLUSTER CTAs, the gathered finish's pushes are staged (then
+# copied to CTA 0 densely) when the CTA's items of the threshold bin fit GATHER_STAGE (key, index)
+# pairs: the second histogram buffer, unused by then. Measured on the H200 (decode_topk_ab_h200.json:
+# staged_pushes_ab): 0.03-0.57 us faster on 16 CTAs, 0.1-0.56 us slower on 1 to 8 (the extra barrier
+# and copy outweigh the sparse DSMEM stores there).
+GATHER_STAGE = 1024
+GATHER_STAGE_MIN_CLUSTER = 16
 
 
 def count_bits(most: int) -> int:
@@ -133,6 +140,7 @@ class DecodeTopK:
             self.cap -= self.warps * LIST_VEC  # room for the 16 marks in the same shared memory
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
         assert list_capacity % (self.warps * LIST_VEC) == 0
+        assert 2 * GATHER_STAGE <= hist_bins  # the pushes' stage is the second histogram buffer
 
     def smem_arrays(self):
         """The kernel's shared-memory arrays in allocation order, (name, 32-bit words) each, every one
@@ -1078,9 +1086,44 @@ class DecodeTopK:
             cute.arch.store(s_idx + dst, idx)
 
     @cute.jit
+    def push_list_staged(self, n_list: Int32, b0: Int32, dst_base: Int32, gt_mine: Int32, s_hist: cute.Pointer,
+                         s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer, out_row: cute.Pointer,
+                         rkeys: cute.Tensor, rraw: cute.Tensor) -> Int32:
+        """gather_list's pushes on a large cluster; returns the warp's first output slot for its items above
+        the bin. The CTA's output slots (gt_mine of them, exact): one add on the row's counter in CTA 0,
+        issued first so that its round trip overlaps the pass (one a warp queued up at CTA 0: 1-3K
+        cycles on 16 CTAs). The items of the bin are staged here, then copied to CTA 0 densely (a DSMEM
+        store of a few lanes each otherwise), unless too many for the stage."""
+        tid = cute.arch.thread_idx()[0]
+        gt_base = Int32(0)
+        if tid == 0:
+            gt_base = Int32(ptx.atom_add_cluster_u32(ptx.mapa_shared(smem_addr(s_misc + 2), Int32(0)),
+                                                     Uint32(gt_mine)))
+        stage = s_hist + self.bins
+        staged = cute.arch.load(s_hist + b0, Int32) <= GATHER_STAGE
+        n_above = self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row, rkeys, rraw,
+                                   pushes=True, slot0=Int32(0), stage=stage, staged=staged)
+        if tid == 0:
+            cute.arch.store(s_misc + 8, gt_base)
+        cute.arch.sync_threads()  # the stage and misc[8], misc[10] written
+        if staged:
+            self.push_staged(stage, cute.arch.load(s_misc + 10, Int32), s_key, s_idx, dst_base)
+        return cute.arch.load(s_misc + 8, Int32) + self.warp_atomic_base(n_above, s_misc + 9)
+
+    @cute.jit
+    def push_staged(self, stage: cute.Pointer, n: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, dst: Int32):
+        """This CTA's n staged threshold-bin items to slots dst.. of CTA 0's list: consecutive lanes,
+        consecutive words (a warp's DSMEM stores are dense, not a few lanes each)."""
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        for i in cutlass.range(tid, n, T):
+            self.push_gathered(s_key, s_idx, dst + i, cute.arch.load(stage + i, Uint32),
+                               Int32(cute.arch.load(stage + GATHER_STAGE + i, Uint32)))
+
+    @cute.jit
     def gather_list(self, n_list: Int32, b0: Uint32, dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer,
                     s_misc: cute.Pointer, out_row: cute.Pointer, rkeys: cute.Tensor, ridx: cute.Tensor,
-                    pushes: bool, slot0: Int32) -> Int32:
+                    pushes: bool, slot0: Int32, stage: cute.Pointer = None, staged=None) -> Int32:
         """One pass over the list. pushes: this CTA's items in the first digit's bin b0 to CTA 0, and
         the warp's count of items above the bin (all its iterations) returned, for one reservation of
         output slots. Else (writes): those items to their output slots, from slot0 on, in the same order.
@@ -1090,7 +1133,9 @@ class DecodeTopK:
         warp's lanes read consecutive slots and write consecutive destinations (one
         ballot each places them; DSMEM and global stores stay coalesced). The pushes take
         their list slots behind dst_base from this CTA's in-bin counter, one atomic a warp
-        and iteration; the writes need none (the warp's block of slots is reserved).
+        and iteration; the writes need none (the warp's block of slots is reserved). With
+        staged, the pushes go to this CTA's staging area instead (keys at stage, indices
+        GATHER_STAGE words after), in the same order, for push_staged to copy densely.
         """
         T = self.threads
         V = GATHER_VEC
@@ -1111,14 +1156,24 @@ class DecodeTopK:
                     n_above = n_above + Int32(cute.arch.popc(cute.arch.vote_ballot_sync((key >> shift0) > b0)))
             e = Int32(0)
             if const_expr(pushes):
-                e = dst_base + self.warp_atomic_base(n_in, s_misc + 10)
+                # Slots relative to the stage where there is one, else in CTA 0's list.
+                e = self.warp_atomic_base(n_in, s_misc + 10)
+                if const_expr(stage is None):
+                    e = dst_base + e
             # The ballots again (cheaper than keeping V masks live).
             for j in cutlass.range_constexpr(V):
                 if const_expr(pushes):
                     eq = (rkeys[j] >> shift0) == b0
                     m = cute.arch.vote_ballot_sync(eq)
                     if eq:
-                        self.push_gathered(s_key, s_idx, e + Int32(cute.arch.popc(m & lt)), rkeys[j], Int32(ridx[j]))
+                        at = e + Int32(cute.arch.popc(m & lt))
+                        if const_expr(stage is None):
+                            self.push_gathered(s_key, s_idx, at, rkeys[j], Int32(ridx[j]))
+                        elif staged:
+                            cute.arch.store(stage + at, rkeys[j])
+                            cute.arch.store(stage + GATHER_STAGE + at, ridx[j])
+                        else:
+                            self.push_gathered(s_key, s_idx, dst_base + at, rkeys[j], Int32(ridx[j]))
                     e = e + Int32(cute.arch.popc(m))
                 else:
                     gt = (rkeys[j] >> shift0) > b0
@@ -1367,12 +1422,16 @@ class DecodeTopK:
                 dst_base = gather_base + cute.arch.load(s_misc + 4, Int32)
                 slot0 = Int32(0)
                 if use_list:
-                    n_above = self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row, rkeys,
-                                               rraw, pushes=True, slot0=Int32(0))
+                    if const_expr(C >= GATHER_STAGE_MIN_CLUSTER):
+                        slot0 = self.push_list_staged(n_list, b0, dst_base, gt_mine, s_hist, s_key, s_idx, s_misc,
+                                                      out_row, rkeys, rraw)
+                    else:
+                        n_above = self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row,
+                                                   rkeys, rraw, pushes=True, slot0=Int32(0))
+                        # The warp's output slots: one add on the row's counter in CTA 0 (before this
+                        # CTA arrives at the barrier below, after which CTA 0 may finish and exit).
+                        slot0 = self.warp_atomic_base(n_above, s_misc + 2, in_cta0=True)
                     self.mark(s_tl, 12)
-                    # The warp's output slots: one add on the row's counter in CTA 0 (before this CTA
-                    # arrives at the barrier below, after which CTA 0 may finish and exit).
-                    slot0 = self.warp_atomic_base(n_above, s_misc + 2, in_cta0=True)
                 else:
                     gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
                     self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
