@@ -19,13 +19,14 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead), by
         whose list still overflows (many equal keys) falls back to
         re-reading its slice from global memory in the later steps.
 Step 2  the cluster sums the histograms through distributed shared memory (from the
-        highest of the CTAs' final bounds up: the bins it reads are exact) and every
-        CTA finds the same bin holding the k-th largest key (and, from the same reads,
-        how many of that bin's items the lower-ranked CTAs hold).
+        highest of the CTAs' final bounds up to the highest nonempty bin of any CTA: the
+        bins it reads are exact) and every CTA finds the same bin holding the k-th largest
+        key (and, from the same reads, how many of that bin's items the lower-ranked CTAs hold).
 Gathered finish (when that bin's items fit behind CTA 0's list): every CTA pushes its
-        items in the bin to CTA 0 (DSMEM stores, coalesced: ballots place them), each
-        warp reserves output slots for its items above the bin with one add on the row's
-        counter in CTA 0, and after one cluster barrier's arrive writes them there;
+        items in the bin to CTA 0 (DSMEM stores, coalesced: ballots place them; on 16
+        CTAs staged first and copied densely), each warp (on 16 CTAs: each CTA) reserves
+        output slots for its items above the bin with one add on the row's counter in
+        CTA 0, and after one cluster barrier's arrive writes them there;
         CTA 0 alone selects among them by
         block-local radix rounds over the remaining key bits, then over the inverted
         index (exact ties go to the lower index), and writes them. Otherwise:
