@@ -1338,8 +1338,7 @@ class DecodeTopK:
         # Zeroed first, on every path (the short-row path does not read them): a use of row_end
         # placed before these stores would make them wait for its load. Step 1's barrier, after
         # its first loads are issued, orders them before any use.
-        for i in cutlass.range_constexpr(0, 2 * self.bins, T * 4):
-            ptx.st_shared_v4_b32(smem_addr(s_hist + i + tid * 4), 0, 0, 0, 0)
+        self.zero_bins(s_hist, 2 * self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
         row_end = cute.arch.load(row_ends + row, Int32)

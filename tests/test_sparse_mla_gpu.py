@@ -167,12 +167,16 @@ def rounding_bounds(q, swa_kv, compressed_kv, indices, lens, *, sinks, bmm1_scal
     return acc_bound, p_bound, partial_scale
 
 
-def error_budget(ref, emu, bounds, *, partial_rel=0.0):
-    """Per-element error budget [T, 16, 512] (module docstring) from the reference, the same-precision
-    emulation and ``rounding_bounds``; ``partial_rel``: relative rounding of the chunks' partials."""
+def token_terms(ref, emu):
+    """Per token: the same-precision emulation's largest error (P's rounding, as it fell in torch) and
+    the largest reference output (its BF16 ulp)."""
+    return (emu - ref).abs().flatten(1).amax(1), ref.abs().flatten(1).amax(1)
+
+
+def error_budget(e, top, bounds, *, partial_rel=0.0):
+    """Per-element error budget [T, 16, 512] (module docstring) from ``token_terms`` and
+    ``rounding_bounds``; ``partial_rel``: relative rounding of the chunks' partials."""
     acc, p_round, partial_scale = bounds
-    e = (emu - ref).abs().flatten(1).amax(1)  # per token: P's rounding, as it fell in torch
-    top = ref.abs().flatten(1).amax(1)
     return (torch.maximum((3 * e)[:, None, None], p_round) + 2 * acc + partial_rel * partial_scale
             + (2**-8 * top + 1e-6)[:, None, None])
 
@@ -192,10 +196,9 @@ def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0):
     empty = ~sparse_mla_active(args[3], args[4], args[1].shape[0], args[2].shape[0]).any(1)
     assert (got[empty] == 0).all(), "a token without active columns must be zeros"
     emu = emulate(*args, p_dtype=p_dtype, **kw).float()
-    e = (emu - ref).abs().flatten(1).amax(1)
+    e, top = token_terms(ref, emu)
     acc, p_round, partial_scale = bounds = rounding_bounds(*args, p_dtype=p_dtype, **kw)  # per element
-    top = ref.abs().flatten(1).amax(1)
-    budget = error_budget(ref, emu, bounds, partial_rel=partial_rel)
+    budget = error_budget(e, top, bounds, partial_rel=partial_rel)
     err = (got - ref).abs()
     over = (err > budget).flatten(1).any(1).nonzero().flatten().tolist()
 
