@@ -13,8 +13,10 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead), by
         the test is one float compare per item; the items that pass are written in order
         (their places from one ballot per bit of the lanes' counts, not a shuffle scan)
         and read back densely for their exact key and the histogram. A warp refreshes
-        its bound (and filters its segment) only when the segment cannot take another
-        iteration (a CTA tile: the CTA refreshes its bound, at a barrier); at the end
+        its bound (and filters its segment) when the segment cannot take another
+        iteration; on 1- and 16-CTA clusters the warps also share a bound that one warp
+        in 16 recomputes each iteration (a CTA tile: the CTA refreshes its bound, at a
+        barrier, when its list is full); at the end
         the segments keep only the items at or above the CTA's final k-th bin. A CTA
         whose list still overflows (many equal keys) falls back to
         re-reading its slice from global memory in the later steps.
@@ -75,6 +77,13 @@ PREFETCH_PIECE_BYTES = 4096
 # and copy outweigh the sparse DSMEM stores there).
 GATHER_STAGE = 1024
 GATHER_STAGE_MIN_CLUSTER = 16
+# Step 1's warp loop on clusters of these sizes shares one bound among the CTA's warps, which
+# a warp recomputes every BOUND_SHARE_PERIOD of its iterations (staggered: one warp in that
+# many each iteration). Measured on the H200 (decode_topk_ab_h200.json: shared_bound_ab):
+# 0.4-2.6 us faster on most 1- and 16-CTA rows (1 x 1M k2048 30.8 -> 29.1 us, 256 x 64K on
+# 1 CTA 45.4 -> 42.8 us), slower on 8 CTAs (up to +1.2 us) and no faster on 2 and 4.
+BOUND_SHARE_CLUSTERS = (1, 16)
+BOUND_SHARE_PERIOD = 16
 
 
 def count_bits(most: int) -> int:
@@ -831,6 +840,28 @@ class DecodeTopK:
         return b_lo, t_lo, b_hi, t_hi
 
     @cute.jit
+    def shared_bound(self, s_hist: cute.Pointer, s_misc: cute.Pointer, k: Int32, it: Int32, warp: Int32,
+                     bound: Uint32):
+        """The warp loop's bound raised to the CTA's shared one (misc[12]); on its turn (every
+        BOUND_SHARE_PERIOD iterations, staggered over the warps) a warp first recomputes that from
+        the histogram. Returns (bound, thr).
+
+        A warp's own refresh waits for its segment to fill, which on long slices leaves the
+        bound far below the CTA's k-th largest so far (a third of the items passed on 1 x 1M);
+        one warp's refresh serves every warp. Every value stored is a bound (the k-th largest
+        of items counted so far), so racing stores and reads are safe; a warp's own bound
+        only rises.
+        """
+        if (it + warp) % BOUND_SHARE_PERIOD == 0:
+            mine = Uint32(self.warp_kth_bin(s_hist, k, bound))
+            if cute.arch.lane_idx() == 0:
+                cute.arch.store(s_misc + 12, Int32(mine))
+            bound = Uint32(sel(mine > bound, mine, bound))
+        shared = Uint32(cute.arch.load(s_misc + 12, Int32))
+        bound = Uint32(sel(shared > bound, shared, bound))
+        return bound, self.pass_threshold(bound)
+
+    @cute.jit
     def step1_warp(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, s_hist: cute.Pointer,
                    s_key: cute.Pointer, s_idx: cute.Pointer, s_warp: cute.Pointer, s_scan: cute.Pointer,
                    s_misc: cute.Pointer, rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor,
@@ -876,6 +907,8 @@ class DecodeTopK:
         cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
         for gb in cutlass.range(w_lo, w_hi, WARP):
             g = gb + lane
+            if const_expr(self.cluster in BOUND_SHARE_CLUSTERS):
+                bound, thr = self.shared_bound(s_hist, s_misc, k, (gb - w_lo) // WARP, warp, bound)
             if const_expr(contig):
                 self.rotate_loads(rraw, rnext, rnext2)
                 self.load_warp_tile(row_addr, gb + 2 * WARP, end_w, rnext2)
@@ -1334,7 +1367,7 @@ class DecodeTopK:
         # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
         # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
         # 10 the gather pass's in-bin counter, 11 local highest nonempty bin,
-        # 14 the gathered finish's slot counter
+        # 12 step 1's shared bound (warp loop), 14 the gathered finish's slot counter
         # Zeroed first, on every path (the short-row path does not read them): a use of row_end
         # placed before these stores would make them wait for its load. Step 1's barrier, after
         # its first loads are issued, orders them before any use.

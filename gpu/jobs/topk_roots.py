@@ -87,7 +87,16 @@ C12_CASES = beside(((8, 65536, 2048), (8, 262144, 512), (8, 262144, 2048), (8, 1
 # TOPK_ROOTS_CASES=c8to11: 8 against 9, 10 and 11 CTAs a row where 8 rows do not fit one wave of 16.
 C8TO11_CASES = beside(((8, 262144, 512), (8, 262144, 2048), (8, 1 << 20, 512), (8, 1 << 20, 2048), (14, 262144, 2048),
                        (14, 1 << 20, 2048), ("bf16", 8, 1 << 20, 2048), ("bf16", 8, 262144, 2048)), (8, 9, 10, 11))
-CASE_SETS = {"occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES, "wide": WIDE_CASES,
+# TOPK_ROOTS_CASES=share: the cluster sizes whose step-1 warp loop shares one bound (1, 8, 16), FP32 and BF16.
+SHARE_CASES = (
+    ("decode_topk_f32_token_c1", 256, 65536, 512), ("decode_topk_f32_token_c1", 128, 262144, 2048),
+    ("decode_topk_f32_token_c8", 8, 262144, 2048), ("decode_topk_f32_token_c8", 8, 1 << 20, 512),
+    ("decode_topk_f32_token_c8", 14, 1 << 20, 2048), ("decode_topk_f32_token_c8", 14, 262144, 512),
+    ("decode_topk_f32_token_c16", 1, 262144, 512), ("decode_topk_f32_token_c16", 1, 1 << 20, 512),
+    ("decode_topk_bf16_token_c8", 8, 262144, 2048), ("decode_topk_bf16_token_c8", 14, 1 << 20, 512),
+    ("decode_topk_bf16_token_c16", 1, 262144, 512), ("decode_topk_bf16_token_c1", 256, 65536, 2048),
+)
+CASE_SETS = {"share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES, "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 
 
