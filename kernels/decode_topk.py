@@ -848,14 +848,14 @@ class DecodeTopK:
 
         A warp's own refresh waits for its segment to fill, which on long slices leaves the
         bound far below the CTA's k-th largest so far (a third of the items passed on 1 x 1M);
-        one warp's refresh serves every warp. Every value stored is a bound (the k-th largest
-        of items counted so far), so racing stores and reads are safe; a warp's own bound
-        only rises.
+        one warp's refresh serves every warp. Every value is a bound (the k-th largest of
+        items counted so far), so a read racing with the atomic max is safe (a stale value is
+        a lower bound); the shared and a warp's own bound only rise.
         """
         if (it + warp) % BOUND_SHARE_PERIOD == 0:
             mine = Uint32(self.warp_kth_bin(s_hist, k, bound))
             if cute.arch.lane_idx() == 0:
-                cute.arch.store(s_misc + 12, Int32(mine))
+                cute.arch.atomic_max(s_misc + 12, Int32(mine))
             bound = Uint32(sel(mine > bound, mine, bound))
         shared = Uint32(cute.arch.load(s_misc + 12, Int32))
         bound = Uint32(sel(shared > bound, shared, bound))
