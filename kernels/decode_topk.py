@@ -14,7 +14,7 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead), by
         (their places from one ballot per bit of the lanes' counts, not a shuffle scan)
         and read back densely for their exact key and the histogram. A warp refreshes
         its bound (and filters its segment) when the segment cannot take another
-        iteration; on 1- and 16-CTA clusters the warps also share a bound that one warp
+        iteration; in token mode on 1- and 16-CTA clusters the warps also share a bound that one warp
         in 16 recomputes each iteration (a CTA tile: the CTA refreshes its bound, at a
         barrier, when its list is full); at the end
         the segments keep only the items at or above the CTA's final k-th bin. A CTA
@@ -77,11 +77,12 @@ PREFETCH_PIECE_BYTES = 4096
 # and copy outweigh the sparse DSMEM stores there).
 GATHER_STAGE = 1024
 GATHER_STAGE_MIN_CLUSTER = 16
-# Step 1's warp loop on clusters of these sizes shares one bound among the CTA's warps, which
-# a warp recomputes every BOUND_SHARE_PERIOD of its iterations (staggered: one warp in that
-# many each iteration). Measured on the H200 (decode_topk_ab_h200.json: shared_bound_ab):
-# 0.4-2.6 us faster on most 1- and 16-CTA rows (1 x 1M k2048 30.8 -> 29.1 us, 256 x 64K on
-# 1 CTA 45.4 -> 42.8 us), slower on 8 CTAs (up to +1.2 us) and no faster on 2 and 4.
+# Step 1's warp loop in token mode on clusters of these sizes shares one bound among the CTA's
+# warps, which a warp recomputes every BOUND_SHARE_PERIOD of its iterations (staggered: one
+# warp in that many each iteration). Measured on the H200 (decode_topk_ab_h200.json:
+# shared_bound_ab): 0.4-2.6 us faster on most 1- and 16-CTA rows (1 x 1M k2048 30.8 -> 29.1 us,
+# 256 x 64K on 1 CTA 45.4 -> 42.8 us), slower on 8 CTAs (up to +1.2 us), no faster on 2 and 4,
+# and 1.4-1.5 us slower in block mode on 16 CTAs (decode_topk_h200_s7.json), so off there.
 BOUND_SHARE_CLUSTERS = (1, 16)
 BOUND_SHARE_PERIOD = 16
 
@@ -907,7 +908,7 @@ class DecodeTopK:
         cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
         for gb in cutlass.range(w_lo, w_hi, WARP):
             g = gb + lane
-            if const_expr(self.cluster in BOUND_SHARE_CLUSTERS):
+            if const_expr(self.cluster in BOUND_SHARE_CLUSTERS and not self.block_mode):
                 bound, thr = self.shared_bound(s_hist, s_misc, k, (gb - w_lo) // WARP, warp, bound)
             if const_expr(contig):
                 self.rotate_loads(rraw, rnext, rnext2)
