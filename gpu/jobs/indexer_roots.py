@@ -20,6 +20,21 @@ from runtime.topk import decode_topk_plan
 SIZES = ((64, 8192), (64, 65536), (64, 262144), (8, 65536), (1, 65536))
 
 
+def indexer_logits(scorer, rows: int, ctx: int, sets: int, gen) -> list:
+    """`sets` (logits, seq_lens) pairs as bench_indexer.py scores them: DeepGEMM paged MQA logits of random
+    FP8 keys (each set its own pages), full rows of ctx tokens."""
+    pages = ctx // BLOCK_KV
+    cache = random_cache(sets * rows * pages, gen)
+    xs = []
+    for i in range(sets):
+        table = (torch.arange(rows * pages, dtype=torch.int32, device="cuda") + i * rows * pages).view(rows, pages)
+        seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
+        q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        w = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
+        xs.append((scorer.logits(q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx), seq_lens))
+    return xs
+
+
 def main() -> None:
     out_path, roots = sys.argv[1], sys.argv[2:]
     caches = {r: load(None if r == "." else r) for r in roots}
@@ -29,14 +44,7 @@ def main() -> None:
     for rows, ctx in SIZES:
         pages = ctx // BLOCK_KV
         sets = rotation_count(rows * pages * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
-        cache = random_cache(sets * rows * pages, gen)
-        xs = []
-        for i in range(sets):
-            table = (torch.arange(rows * pages, dtype=torch.int32, device="cuda") + i * rows * pages).view(rows, pages)
-            seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
-            q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-            w = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
-            xs.append((scorer.logits(q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx), seq_lens))
+        xs = indexer_logits(scorer, rows, ctx, sets, gen)
         name, c, grid = decode_topk_plan(xs[0][0], rows, K, False)
         out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
         cell = {"kernel": name, "rows": rows, "context": ctx, "k": K, "us": {}}
@@ -48,7 +56,7 @@ def main() -> None:
             cell["us"][r] = round(time_graph(calls)["median_us"], 2)
         print(name, rows, ctx, cell["us"], flush=True)
         cells.append(cell)
-        del xs, cache
+        del xs
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
         json.dump({"info": gpu_info(), "roots": roots, "cases": cells}, f, indent=1)

@@ -9,6 +9,7 @@ global timer at its start and end. Printed per case: each phase's cycles (mean, 
 over CTAs and runs) and the CTA and grid spans in ns.
 """
 import json
+import os
 import sys
 
 import torch
@@ -29,6 +30,9 @@ CASES = (  # kernel, rows, length, k
     ("decode_topk_bf16_token_c8", 8, 65536, 512),
 )
 RUNS = 5
+# TOPK_TIMELINE_INPUT=indexer: the indexer benchmark's shapes (k = 512) on its DeepGEMM logits, each beside
+# the same shape on random logits ("random" in the case's input field).
+INDEXER_SIZES = ((64, 8192), (8, 8192), (1, 8192), (8, 65536))
 
 
 def phases(marks):
@@ -50,17 +54,40 @@ def phases(marks):
     return out
 
 
+def random_inputs():
+    """(kernel, k, logits, row_ends, input) of the random-logit cases."""
+    for name, rows, length, k in CASES:
+        dtype = torch.bfloat16 if "_bf16_" in name else torch.float32
+        g = torch.Generator(device="cuda").manual_seed(rows * 31 + length)
+        yield (name, k, torch.randn(rows, length, device="cuda", generator=g).to(dtype),
+               torch.full((rows,), length, dtype=torch.int32, device="cuda"), "random")
+
+
+def indexer_inputs():
+    """(kernel, k, logits, row_ends, input) of the indexer benchmark's shapes: its DeepGEMM logits, then random."""
+    from gpu.jobs.indexer_roots import indexer_logits
+    from runtime.scoring import DeepGemmScorer
+    from runtime.topk import decode_topk_plan
+    from benchmarks.bench_indexer import K
+
+    scorer = DeepGemmScorer()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for rows, ctx in INDEXER_SIZES:
+        logits, seq_lens = indexer_logits(scorer, rows, ctx, 1, gen)[0]
+        name = decode_topk_plan(logits, rows, K, False)[0]
+        yield name, K, logits, seq_lens, "deepgemm"
+        yield name, K, torch.randn(logits.shape, device="cuda", generator=gen), seq_lens, "random"
+
+
 def main() -> None:
     root, out_path = sys.argv[1], sys.argv[2]
     cache = load(root)
     results = []
-    for name, rows, length, k in CASES:
+    inputs = indexer_inputs() if os.environ.get("TOPK_TIMELINE_INPUT") == "indexer" else random_inputs()
+    for name, k, base, ends, source in inputs:
         kernel = cache.kernel(name)
         c = kernel.entry.cluster[0]
-        dtype = torch.bfloat16 if "_bf16_" in name else torch.float32
-        g = torch.Generator(device="cuda").manual_seed(rows * 31 + length)
-        base = torch.randn(rows, length, device="cuda", generator=g).to(dtype)
-        ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+        rows, length = base.shape
         out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
         per = {}
         spans, grid = [], []
@@ -82,12 +109,13 @@ def main() -> None:
                     ends_ns.append(w[10] & 0xFFFFFFFF)
                     spans.append((w[10] - w[11]) & 0xFFFFFFFF)
             grid.append((max(ends_ns) - min(starts)) & 0xFFFFFFFF)
-        cell = {"kernel": name, "rows": rows, "length": length, "k": k,
+        cell = {"kernel": name, "rows": rows, "length": length, "k": k, "input": source,
+                "clustered_finish_ctas": len(per.get("clustered finish", [])), "ctas": len(spans),
                 "cta_span_ns_mean": sum(spans) / len(spans), "grid_span_ns_median": sorted(grid)[len(grid) // 2],
                 "phases_cycles": {key: {"mean": round(sum(v) / len(v)), "min": min(v), "max": max(v)}
                                   for key, v in per.items()}}
         results.append(cell)
-        print(f"{name} rows={rows} length={length} k={k}: CTA span {cell['cta_span_ns_mean']:.0f} ns, "
+        print(f"{name} rows={rows} length={length} k={k} {source}: CTA span {cell['cta_span_ns_mean']:.0f} ns, "
               f"grid span {cell['grid_span_ns_median']} ns", flush=True)
         for key, v in cell["phases_cycles"].items():
             print(f"    {key:18s} mean {v['mean']:7d}  min {v['min']:7d}  max {v['max']:7d}", flush=True)
