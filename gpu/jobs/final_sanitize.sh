@@ -3,10 +3,7 @@
 # Lead's last sanitizer pass for what R3 left open: memcheck (device faults only) of one indexer
 # decode step (DeepGEMM logits + AOT top-k), and a decode_topk racecheck given time to finish.
 set -u
-SITE=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-export LD_LIBRARY_PATH=$SITE/nvidia/cu13/lib:$SITE/nvidia/cuda_runtime/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export DG_JIT_CACHE_DIR=/tmp/dg_jit_cache
-[ -f .whl/dg_jit_cache.tgz ] && tar xzf .whl/dg_jit_cache.tgz -C /tmp
+source gpu/tools/deepgemm_env.sh
 S=/usr/local/cuda/bin/compute-sanitizer
 echo "=== indexer step, memcheck (device faults only)"
 timeout 70 $S --tool memcheck --report-api-errors no --print-limit 10 python3 gpu/jobs/indexer_probe.py --step 2>&1 | tail -6

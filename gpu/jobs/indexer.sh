@@ -11,9 +11,7 @@
 #   5. compute-sanitizer memcheck of one small decode step.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-SITE=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-export LD_LIBRARY_PATH=$SITE/nvidia/cu13/lib:$SITE/nvidia/cuda_runtime/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export DG_JIT_CACHE_DIR=/tmp/dg_jit_cache
+source gpu/tools/deepgemm_env.sh  # DeepGEMM libraries, JIT cache dir, cache restored
 limit=$(grep -m1 '^# limit:' "$0" | awk '{print $3}')
 budget=$(( ${ROUND_CAP:-$limit} < limit ? ${ROUND_CAP:-$limit} : limit ))
 left() { echo $(( budget - SECONDS - 4 )); }
@@ -23,7 +21,6 @@ step() {  # step MAX_SECONDS MIN_SECONDS command...: run with min(MAX, what is l
   echo "+ [${t}s] $*"; timeout "$t" "$@"; local rc=$?; echo "rc=$rc"; return $rc
 }
 echo "nvcc: $(command -v nvcc) budget=${budget}s"
-if [ -f .whl/dg_jit_cache.tgz ]; then tar xzf .whl/dg_jit_cache.tgz -C /tmp && echo "restored $(find $DG_JIT_CACHE_DIR -type f | wc -l) cached files"; fi
 echo "=== 1. warm DeepGEMM's JIT cache (runtime.scoring.warm_deepgemm)"
 step 60 5 python3 -c "
 import json

@@ -96,7 +96,8 @@ SHARE_CASES = (
     ("decode_topk_bf16_token_c8", 8, 262144, 2048), ("decode_topk_bf16_token_c8", 14, 1 << 20, 512),
     ("decode_topk_bf16_token_c16", 1, 262144, 512), ("decode_topk_bf16_token_c1", 256, 65536, 2048),
 )
-CASE_SETS = {"share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES, "wide": WIDE_CASES,
+CASE_SETS = {"share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+             "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 
 
