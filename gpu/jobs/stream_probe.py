@@ -8,6 +8,7 @@ for 16 CTAs (one row on 16 CTAs) and 64 / 128 CTAs (rows on 1 or 2 CTAs), a few 
 and block sizes: what one SM pulls from HBM with simple loads, beside decode_topk's step 1.
 """
 import json
+import os
 import sys
 
 import torch
@@ -18,6 +19,10 @@ from benchmarks.common import gpu_info, rotation_count, time_graph
 
 GRIDS = ((16, 65536), (16, 16384), (128, 131072), (64, 131072))  # (CTAs, FP32 columns each)
 CONFIGS = ((16, 4096, 1), (16, 4096, 3), (16, 8192, 2), (8, 4096, 3))  # (warps, block, stages)
+# STREAM_PROBE=warps: the same bytes as one-warp programs, 16 a CTA's slice (each its contiguous
+# sixteenth, 256 or 512 columns an iteration): decode_topk's warp loop's access pattern, where an SM
+# streams 16 separate regions instead of one.
+WARP_CONFIGS = ((1, 256, 1), (1, 512, 1), (1, 256, 3))
 
 
 @triton.jit
@@ -46,6 +51,10 @@ def main() -> None:
         for warps, block, stages in CONFIGS:
             runs.append(probe(ctas, per_cta, warps, block, stages))
             print(runs[-1], flush=True)
+        if os.environ.get("STREAM_PROBE") == "warps":
+            for warps, block, stages in WARP_CONFIGS:
+                runs.append(probe(16 * ctas, per_cta // 16, warps, block, stages))
+                print(runs[-1], flush=True)
     with open(sys.argv[1], "w") as f:
         json.dump({"info": gpu_info(), "runs": runs}, f, indent=1)
 
