@@ -42,7 +42,7 @@ def probe(ctas: int, per_cta: int, warps: int, block: int, stages: int) -> dict:
              for x in xs]
     us = time_graph(calls)["median_us"]
     return {"ctas": ctas, "per_cta": per_cta, "warps": warps, "block": block, "stages": stages, "us": round(us, 2),
-            "GBps_per_sm": round(per_cta * 4 / us / 1e3, 1), "TBps": round(n * 4 / us / 1e6, 2)}
+            "GBps_per_program": round(per_cta * 4 / us / 1e3, 1), "TBps": round(n * 4 / us / 1e6, 2)}
 
 
 def main() -> None:
