@@ -4,22 +4,21 @@ A row is split into equal slices of 8-column groups over the CTAs of a cluster.
 Each logit becomes an order-preserving unsigned key (NaN -> key of -inf, -0 -> +0),
 so "larger key" is "larger value" and one integer compare decides every tie.
 
-Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead), by
-        CTA-wide tiles or, on long slices, each warp its own contiguous part: a 2048-bin histogram of the key's
-        top 11 bits, and a shared-memory list (a segment per warp, packed at the end), in
-        index order, of (key, column) of the items that can still be selected. An item whose top
-        bits are below the bin of the CTA's own k-th largest so far (the bound) cannot
-        be among the row's k largest: it is neither counted nor listed. In the warp loop
-        the test is one float compare per item; the items that pass are written in order
-        (their places from one ballot per bit of the lanes' counts, not a shuffle scan)
-        and read back densely for their exact key and the histogram. A warp refreshes
-        its bound (and filters its segment) when the segment cannot take another
-        iteration; in token mode on 1- and 16-CTA clusters the warps also share a bound that one warp
-        in 16 recomputes each iteration (a CTA tile: the CTA refreshes its bound, at a
-        barrier, when its list is full); at the end
-        the segments keep only the items at or above the CTA's final k-th bin. A CTA
-        whose list still overflows (many equal keys) falls back to
-        re-reading its slice from global memory in the later steps.
+Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) into a
+        2048-bin histogram of the key's top 11 bits. A short slice (under warp_min_groups
+        groups) goes by CTA-wide tiles and keeps nothing else: its later steps re-read it
+        from L2. A long slice goes by warps, each on its own contiguous part, and also keeps
+        a shared-memory list (a segment per warp, packed at the end), in index order, of
+        (key, column) of the items that can still be selected. An item whose top bits are
+        below the bin of the CTA's own k-th largest so far (the bound) cannot be among the
+        row's k largest: it is neither counted nor listed. The test is one float compare per
+        item; the items that pass are written in order (their places from one ballot per bit
+        of the lanes' counts, not a shuffle scan) and read back densely for their exact key
+        and the histogram. A warp refreshes its bound (and filters its segment) when the
+        segment cannot take another iteration; in token mode on 1- and 16-CTA clusters the
+        warps also share a bound that one warp in 16 recomputes each iteration; at the end
+        the segments keep only the items at or above the CTA's final k-th bin. A CTA whose
+        list still overflows (many equal keys) re-reads its slice in the later steps too.
 Step 2  the cluster sums the histograms through distributed shared memory (from the
         highest of the CTAs' final bounds up to the highest nonempty bin of any CTA: the
         bins it reads are exact) and every CTA finds the same bin holding the k-th largest
@@ -146,7 +145,11 @@ class DecodeTopK:
         self.warp_min_groups = warp_min_groups
         # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
-        self.timeline = os.environ.get("DECODE_TOPK_EXPERIMENT") == "timeline"
+        experiment = os.environ.get("DECODE_TOPK_EXPERIMENT", "")
+        self.timeline = experiment in ("timeline", "timeline_step1")
+        # timeline_step1: marks 13 and 14 split step 1's first CTA tile (its loads landed, its histogram
+        # atomics issued) instead of CTA 0's finish rounds.
+        self.step1_marks = experiment == "timeline_step1"
         if self.timeline:
             self.cap -= self.warps * LIST_VEC  # room for the 16 marks in the same shared memory
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
@@ -616,29 +619,6 @@ class DecodeTopK:
         return cute.arch.load(misc + 5, Int32)
 
     @cute.jit
-    def filter_list(self, s_key: cute.Pointer, s_idx: cute.Pointer, n: Int32, bound: Uint32, shift: int,
-                    scratch: cute.Pointer, sp: Int32):
-        """Keep the list's items whose first digit is >= bound, in place and in order; returns (n, sp).
-
-        In place is safe: chunk c's items move to slots below the end of chunk c, and
-        every read of chunk c precedes the scan's barrier, every write follows it.
-        """
-        tid = cute.arch.thread_idx()[0]
-        kept = Int32(0)
-        for ib in cutlass.range(0, n, self.threads):
-            i = ib + tid
-            key, idx = self.list_item(s_key, s_idx, i, n)
-            keep = (i < n) & ((key >> Uint32(shift)) >= bound)
-            flag = sel(keep, Int32(1), Int32(0))
-            incl, tot = self.block_scan(flag, scratch + sp * 32, bits=1)
-            sp = 1 - sp
-            if keep:
-                cute.arch.store(s_key + kept + incl - 1, key)
-                cute.arch.store(s_idx + kept + incl - 1, idx)
-            kept = kept + tot
-        return kept, sp
-
-    @cute.jit
     def list_item(self, s_key: cute.Pointer, s_idx: cute.Pointer, i: Int32, n: Int32):
         """(key, index) of list slot i, or (0, 0) past the n listed (key 0 matches no threshold)."""
         key = Uint32(0)
@@ -1031,18 +1011,21 @@ class DecodeTopK:
         return n_list, all_ok
 
     @cute.jit
-    def step1_cta(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, s_hist: cute.Pointer,
-                  s_key: cute.Pointer, s_idx: cute.Pointer, s_scan: cute.Pointer, s_misc: cute.Pointer,
-                  rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor):
-        """Step 1 by CTA-wide tiles with an ordered scan each; returns (n_list, ok, sp)."""
+    def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
+                    rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
+                    s_tl: cute.Pointer):
+        """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
+
+        Listing a tile's items in index order puts a thread's 8 items in 8 consecutive slots:
+        8-way bank conflicts on every store (ncu: 16384 shared wavefronts for 2048 ideal per
+        store instruction), and with no bound yet on the first tiles every item is stored. The
+        later steps re-read the slice instead (it is in L2 by then): measured on the H200
+        (decode_topk_ab_h200.json: listless_ab), 0.4-1.1 us faster with one tile a CTA and 1.9-2.4 us
+        with two (8 x 64K on 8 CTAs 12.9 -> 10.5 us, 64 x 16K on 2 CTAs 14.0 -> 11.6 us).
+        """
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         shift0 = self.key_bits - self.digits[0]
-        tile = T * self.items
-        n_list = Int32(0)
-        bound = Uint32(0)
-        ok = Int32(1)  # the list holds every item at or above `bound`
-        sp = Int32(0)  # scan scratch buffer: consecutive scans alternate
         # The whole slice (under warp_min_groups groups) is requested into L2 at once.
         piece = PREFETCH_PIECE_BYTES // (8 * self.elem_bytes)
         p0 = g_lo + tid * piece
@@ -1054,37 +1037,11 @@ class DecodeTopK:
             g = gb + tid
             self.next_loads(row_addr, g + 2 * T, g_hi, row_end, rraw, rnext, rnext2)
             self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
-            # Only items at or above the bound are counted: the row's k-th largest bin is
-            # at or above every CTA's bound, so the bins the selection reads stay exact.
+            self.step1_mark(s_tl, 13, gb == g_lo)
             for j in cutlass.range_constexpr(self.items):
                 if rkeys[j] != Uint32(0):
-                    if (rkeys[j] >> Uint32(shift0)) >= bound:
-                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
-            if ok != 0:
-                if n_list + tile > self.cap:
-                    # The histogram now covers this tile too: its k-th largest bin.
-                    cute.arch.sync_threads()
-                    bound = Uint32(self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc))
-                    sp = 1 - sp
-                    n_list, sp = self.filter_list(s_key, s_idx, n_list, bound, shift0, s_scan, sp)
-                    if n_list + tile > self.cap:
-                        ok = Int32(0)
-            if ok != 0:
-                cnt = Int32(0)
-                for j in cutlass.range_constexpr(self.items):
-                    keep = (rkeys[j] != Uint32(0)) & ((rkeys[j] >> Uint32(shift0)) >= bound)
-                    cnt = cnt + sel(keep, Int32(1), Int32(0))
-                incl, tot = self.block_scan(cnt, s_scan + sp * 32, bits=count_bits(self.items))
-                sp = 1 - sp
-                pos = n_list + incl - cnt
-                for j in cutlass.range_constexpr(self.items):
-                    if rkeys[j] != Uint32(0):
-                        if (rkeys[j] >> Uint32(shift0)) >= bound:
-                            cute.arch.store(s_key + pos, rkeys[j])
-                            cute.arch.store(s_idx + pos, self.item_index(g, j))
-                            pos = pos + 1
-                n_list = n_list + tot
-        return n_list, ok, sp
+                    cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            self.step1_mark(s_tl, 14, gb == g_lo)
 
     @cute.jit
     def slot_bases(self, rank: Int32, eq_word: cute.Pointer, gt_mine: Int32, s_misc: cute.Pointer,
@@ -1222,7 +1179,8 @@ class DecodeTopK:
     def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                      dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor):
-        """gather_list's pushes and writes for a CTA whose list overflowed: one re-read of its slice."""
+        """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
+        re-read of its slice."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         shift0 = Uint32(self.key_bits - self.digits[0])
@@ -1304,9 +1262,10 @@ class DecodeTopK:
                     imask = imask | (dmask << Uint32(shift))
                 # Every item matching the prefix is needed: the rest of the bits change nothing.
                 done = sel(krem == count, Int32(1), Int32(0))
-                if const_expr(r < 2):
+                if const_expr(r < 2 and not self.step1_marks):
                     self.mark(s_tl, 13 + r)
-        self.mark(s_tl, 15)
+        if const_expr(not self.step1_marks):
+            self.mark(s_tl, 15)
         # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
         for ib in cutlass.range(0, n, T, unroll=2):
             i = ib + tid
@@ -1415,10 +1374,12 @@ class DecodeTopK:
                                              s_misc, rraw, rnext, rnext2, rkeys)
                 sp = Int32(1)
             else:
-                n_list, ok, sp = self.step1_cta(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_scan,
-                                                s_misc, rraw, rnext, rnext2, rkeys)
-            # This CTA's list length (cap + 1: it overflowed).
+                self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl)
+                ok = Int32(0)
+            # This CTA's list length: cap + 1 if it overflowed (no room behind it), 0 for a short slice (no list,
+            # all of CTA 0's room for the gathered finish). Without a list, the later steps re-read the slice.
             list_len = Int32(sel(ok != 0, n_list, Int32(self.cap + 1)))
+            list_len = Int32(sel(g_hi - g_lo < self.warp_min_groups, Int32(0), list_len))
             self.mark(s_tl, 2)
             # Step 2: the cluster's first digit. Each CTA's own k-th largest bin is a floor
             # for the row's, so the peers' bins below the highest floor are not read.
@@ -1516,6 +1477,13 @@ class DecodeTopK:
                         cute.arch.store(s_tl + j, Int32(0))
                     cute.arch.store(s_tl + 11, ptx.globaltimer_lo())
                 cute.arch.store(s_tl + i, ptx.clock32())
+
+    @cute.jit
+    def step1_mark(self, s_tl: cute.Pointer, i: int, first_tile):
+        """Timing experiment timeline_step1: mark i inside step 1's first CTA tile. Nothing otherwise."""
+        if const_expr(self.step1_marks):
+            if first_tile:
+                self.mark(s_tl, i)
 
     @cute.jit
     def finish_clustered(self, use_list, n_list: Int32, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32,

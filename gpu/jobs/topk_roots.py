@@ -96,7 +96,28 @@ SHARE_CASES = (
     ("decode_topk_bf16_token_c8", 8, 262144, 2048), ("decode_topk_bf16_token_c8", 14, 1 << 20, 512),
     ("decode_topk_bf16_token_c16", 1, 262144, 512), ("decode_topk_bf16_token_c1", 256, 65536, 2048),
 )
-CASE_SETS = {"share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+# TOPK_ROOTS_CASES=short: slices of the CTA-tile step 1 (under 16K columns a CTA), one tile and more, both
+# dtypes and modes, on the cluster sizes the op routes them to.
+SHORT_CASES = (
+    ("decode_topk_f32_token_c4", 1, 8192, 512),
+    ("decode_topk_f32_token_c4", 8, 8192, 512),
+    ("decode_topk_f32_token_c2", 64, 8192, 512),
+    ("decode_topk_f32_token_c4", 1, 16384, 2048),
+    ("decode_topk_f32_token_c16", 1, 65536, 512),
+    ("decode_topk_f32_token_c16", 1, 65536, 2048),
+    ("decode_topk_f32_token_c8", 8, 65536, 512),
+    ("decode_topk_f32_token_c8", 14, 65536, 2048),
+    ("decode_topk_f32_token_c2", 64, 16384, 2048),
+    ("decode_topk_f32_token_c1", 128, 4096, 512),
+    ("decode_topk_bf16_token_c16", 1, 65536, 512),
+    ("decode_topk_bf16_token_c16", 1, 65536, 2048),
+    ("decode_topk_bf16_token_c8", 8, 65536, 512),
+    ("decode_topk_bf16_token_c2", 64, 16384, 512),
+    ("decode_topk_f32_block_c16", 1, 65536, 512),
+    ("decode_topk_f32_block_c4", 8, 65536, 2048),
+    ("decode_topk_bf16_block_c16", 1, 262144, 2048),
+)
+CASE_SETS = {"short": SHORT_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 

@@ -35,13 +35,22 @@ RUNS = 5
 INDEXER_SIZES = ((64, 8192), (8, 8192), (1, 8192), (8, 65536))
 
 
+# TOPK_TIMELINE_MARKS=step1: builds with DECODE_TOPK_EXPERIMENT=timeline_step1, whose marks 13 and 14 split step 1's
+# first CTA tile (its loads landed, its histogram atomics issued) instead of CTA 0's finish rounds.
+STEP1_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "step1"
+
+
 def phases(marks):
     """Cycles of each phase from one CTA's marks (slots 0-15 but 10, 11); the cluster-wide finish (mark 8) has
-    no 5-7, only CTA 0 has 13-15."""
+    no 5-7, only CTA 0 has 13-15 (with STEP1_MARKS: every CTA-tile CTA 13 and 14)."""
     m = [int(x) & 0xFFFFFFFF for x in marks]
     d = lambda a, b: (m[b] - m[a]) & 0xFFFFFFFF
     out = {"setup": d(0, 1), "step 1": d(1, 2), "cluster wait": d(2, 3) if m[3] else 0,
            "first digit": d(3 if m[3] else 2, 4)}
+    if STEP1_MARKS and m[14]:
+        out.update({"step 1: to loads landed": d(1, 13), "step 1: histogram atomics": d(13, 14),
+                    "step 1: rest": d(14, 2)})
+        m[13] = m[14] = 0
     if m[5]:
         if m[12]:  # a listed CTA: the pushes pass, then its warps' output-slot reservation
             out.update({"pushes pass": d(4, 12), "slot reservation": d(12, 5)})

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# limit: 200
+# Short slices (the CTA-tile step 1): per-phase clocks with step 1's first tile split (.gl/tl_s1, built with
+# DECODE_TOPK_EXPERIMENT=timeline_step1; .gl/tl_nc the same with every histogram atomic sent to its own bin, a
+# timing probe of atomic contention whose selections are wrong), and ncu stall sampling of the committed cache.
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+for root in .gl/tl_s1 .gl/tl_nc; do
+  echo "== $root"
+  TOPK_TIMELINE_MARKS=step1 timeout 30 python3 gpu/jobs/topk_timeline.py "$root" "$JOB_OUT/timeline_$(basename "$root").json"
+done
+source gpu/tools/ncu_stalls.sh
+stall_profile base_c2_64x8k decode_topk topk decode_topk_f32_token_c2 64 8192 512
+stall_profile base_c4_1x16k decode_topk topk decode_topk_f32_token_c4 1 16384 2048
