@@ -1019,9 +1019,11 @@ class DecodeTopK:
         Listing a tile's items in index order puts a thread's 8 items in 8 consecutive slots:
         8-way bank conflicts on every store (ncu: 16384 shared wavefronts for 2048 ideal per
         store instruction), and with no bound yet on the first tiles every item is stored. The
-        later steps re-read the slice instead (it is in L2 by then): measured on the H200
-        (decode_topk_ab_h200.json: listless_ab), 0.4-1.1 us faster with one tile a CTA and 1.9-2.4 us
-        with two (8 x 64K on 8 CTAs 12.9 -> 10.5 us, 64 x 16K on 2 CTAs 14.0 -> 11.6 us).
+        later steps re-read the slice instead (it is in L2 by then), or, for a slice of one tile,
+        use the keys this loop leaves in rkeys. Measured on the H200 (decode_topk_ab_h200.json:
+        listless_ab): no list, 0.4-1.1 us faster with one tile a CTA and 1.9-2.4 us with two
+        (8 x 64K on 8 CTAs 12.9 -> 10.5 us, 64 x 16K on 2 CTAs 14.0 -> 11.6 us); keeping one tile's
+        keys in registers, 0.25-0.75 us more (64 x 8K on 2 CTAs 8.29 -> 7.55 us).
         """
         T = self.threads
         tid = cute.arch.thread_idx()[0]
@@ -1178,9 +1180,9 @@ class DecodeTopK:
     @cute.jit
     def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                      dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
-                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor):
+                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: bool = False):
         """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
-        re-read of its slice."""
+        re-read of its slice. resident: the slice is one tile whose items step 1 left in rkeys (none read)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         shift0 = Uint32(self.key_bits - self.digits[0])
@@ -1188,7 +1190,8 @@ class DecodeTopK:
         eq_counter = s_misc + 3
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
-            self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
+            if const_expr(not resident):
+                self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
             gt, eq = self.count_vs_threshold(rkeys, Uint32(0xFFFFFFFF) << shift0, b0 << shift0)
             slot = gt_base + self.warp_slots(gt, gt_counter)
             e = dst_base + self.warp_slots(eq, eq_counter)
@@ -1429,8 +1432,12 @@ class DecodeTopK:
                     self.mark(s_tl, 12)
                 else:
                     gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
-                    self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
-                                      s_misc, out_row, rraw, rkeys)
+                    if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
+                        self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
+                                          s_misc, out_row, rraw, rkeys, resident=True)
+                    else:
+                        self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
+                                          s_misc, out_row, rraw, rkeys)
                 self.mark(s_tl, 5)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                 # shared memory after this barrier: the peers may exit. The output writes of a

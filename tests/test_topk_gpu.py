@@ -176,9 +176,9 @@ def test_fallback_matches_for_unaligned_logits():
 def test_every_variant():
     """Every variant of the contract (each cluster size), launched directly, vs the reference.
 
-    Two widths: a short one (CTA-tile step 1) and one of ~100K columns per CTA (the
-    warp step 1 from contract.WARP_STEP1_MIN_GROUPS groups: many iterations per warp,
-    bound refreshes).
+    Two widths: a short one (CTA-tile step 1 from 2 CTAs on in token mode, 4 in block mode: one
+    or more tiles re-read) and one of ~100K columns per CTA (the warp step 1 from
+    contract.WARP_STEP1_MIN_GROUPS groups: many iterations per warp, bound refreshes).
     """
     import runtime
     from runtime.contract import decode_topk as contract
@@ -190,7 +190,7 @@ def test_every_variant():
         tdtype = torch.float32 if v.option("dtype") == "f32" else torch.bfloat16
         block_mode = v.option("block_mode")
         cluster = v.option("cluster")
-        long_width = cluster * max(100000, contract.WARP_STEP1_MIN_GROUPS * 8 + 1000) + 3
+        long_width = cluster * max(100000, max(contract.WARP_STEP1_MIN_GROUPS.values()) * 8 + 1000) + 3
         for kind, width in (("randn", 50000 + cluster), ("ties", 50000 + cluster), ("randn", long_width),
                             ("ties", long_width)):
             k, rows = 1024, 3

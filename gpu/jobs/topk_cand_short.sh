@@ -16,5 +16,7 @@ for root in $roots; do
       tests/test_topk_gpu.py 2>&1 | tail -4
   fi
 done
-TOPK_ROOTS_CASES=short run timeout 90 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots_short.json" . $roots 2>&1 | tail -20
+for set in ${ROOTS_SETS:-short}; do
+  TOPK_ROOTS_CASES=$set run timeout 90 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots_$set.json" . $roots 2>&1 | tail -20
+done
 bash gpu/jobs/indexer_roots.sh 2>&1 | tail -8

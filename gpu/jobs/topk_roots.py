@@ -117,7 +117,25 @@ SHORT_CASES = (
     ("decode_topk_f32_block_c4", 8, 65536, 2048),
     ("decode_topk_bf16_block_c16", 1, 262144, 2048),
 )
-CASE_SETS = {"short": SHORT_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+# TOPK_ROOTS_CASES=mid: slices of 16K to 64K columns a CTA (warp loop or CTA tiles, by warp_step1_min_groups).
+MID_CASES = (
+    ("decode_topk_f32_token_c16", 1, 262144, 512),
+    ("decode_topk_f32_token_c16", 1, 262144, 2048),
+    ("decode_topk_f32_token_c8", 8, 262144, 512),
+    ("decode_topk_f32_token_c8", 8, 262144, 2048),
+    ("decode_topk_f32_token_c8", 14, 262144, 2048),
+    ("decode_topk_f32_token_c2", 64, 65536, 512),
+    ("decode_topk_f32_token_c2", 64, 65536, 2048),
+    ("decode_topk_f32_token_c16", 1, 1 << 20, 512),
+    ("decode_topk_f32_token_c16", 1, 1 << 20, 2048),
+    ("decode_topk_f32_token_c2", 64, 131072, 2048),
+    ("decode_topk_bf16_token_c16", 1, 262144, 512),
+    ("decode_topk_bf16_token_c8", 8, 262144, 2048),
+    ("decode_topk_bf16_token_c2", 64, 65536, 512),
+    ("decode_topk_bf16_token_c16", 1, 1 << 20, 512),
+    ("decode_topk_f32_block_c16", 1, 1 << 20, 2048),
+)
+CASE_SETS = {"short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 

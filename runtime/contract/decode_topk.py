@@ -51,14 +51,15 @@ SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 48 * 4 + LIST_CA
 # let more items through: 8 x 256K k512 19.9 -> 27.1 us; wide_list_ab).
 ONE_CTA_PER_SM_MIN_CLUSTER = 8
 
-# Step 1 (the one read of the logits) runs by CTA-wide tiles with an ordered scan
-# each, or, from this many 8-column groups per CTA on, by independent warps on
-# contiguous parts of the slice with a float-compare prefilter. Measured on the H200
-# (gpu/jobs/topk_roots.py, one process, committed vs candidate builds): with the
-# bound refresh free of bank conflicts the warp loop wins from 16K columns per CTA
-# (1 x 256K on 16 CTAs: 1.5 us faster, 8 x 32K on 2 CTAs a row: 1.5 us) and changes
-# nothing from 32K on (benchmarks/results/decode_topk_ab_h200.json: routing_ab).
-WARP_STEP1_MIN_GROUPS = 2048
+# Step 1 (the one read of the logits) runs by CTA-wide tiles (a histogram only; the later
+# steps re-read the slice), or, from this many 8-column groups per CTA on, by independent
+# warps on contiguous parts of the slice with a float-compare prefilter and a candidate list.
+# Measured on the H200 (gpu/jobs/topk_roots.py, one process, committed vs candidate builds;
+# benchmarks/results/decode_topk_ab_h200.json: listless_ab): with the tiles' list gone, token
+# mode's tiles win up to 32K columns per CTA (1 x 256K on 16 CTAs, k2048: 18.6 -> 16.0 us; BF16
+# k512 16.1 -> 14.2 us) and lose from there (8 x 256K on 8 CTAs: 18.4 -> 20.6 us with 8192);
+# block mode's tiles lose at 16K columns (8 x 64K on 4 CTAs +0.4-0.5 us), as before (routing_ab).
+WARP_STEP1_MIN_GROUPS = {"token": 4096, "block": 2048}
 
 
 def name_for(dtype: str, block_mode: bool, cluster: int) -> str:
@@ -81,7 +82,7 @@ def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
             ("ctas_per_sm", 1 if cluster >= ONE_CTA_PER_SM_MIN_CLUSTER else 2),
             ("list_capacity", LIST_CAPACITY),
             ("hist_bins", HIST_BINS),
-            ("warp_step1_min_groups", WARP_STEP1_MIN_GROUPS),
+            ("warp_step1_min_groups", WARP_STEP1_MIN_GROUPS["block" if block_mode else "token"]),
         ),
     )
 
