@@ -84,6 +84,12 @@ GATHER_STAGE_MIN_CLUSTER = 16
 # and 1.4-1.5 us slower in block mode on 16 CTAs (decode_topk_h200_s7.json), so off there.
 BOUND_SHARE_CLUSTERS = (1, 16)
 BOUND_SHARE_PERIOD = 16
+# A short slice (CTA tiles, no list) computes its own floor and highest nonempty bin for the first
+# digit's select (a CTA barrier and scan) on clusters of at least this many CTAs; on smaller ones the
+# select reads all of its peer's bins instead. Measured on the H200 (decode_topk_ab_h200.json:
+# short_floors_ab): on 2 CTAs 0.3-0.5 us faster without (64 x 8K 7.50 -> 7.10 us), on 4 CTAs
+# 0.1-0.6 us slower, on 8 and 16 CTAs 1-5 us slower.
+SHORT_FLOORS_MIN_CLUSTER = 4
 
 
 def count_bits(most: int) -> int:
@@ -1391,16 +1397,20 @@ class DecodeTopK:
             # s_peer before the select's barrier: they are read locally, with no round trip.
             gather_base = list_len
             if const_expr(C > 1):
-                if g_hi - g_lo < self.warp_min_groups:
-                    cute.arch.sync_threads()
-                    self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5]
-                    sp = 1 - sp
+                short = g_hi - g_lo < self.warp_min_groups
+                if const_expr(C >= SHORT_FLOORS_MIN_CLUSTER):
+                    if g_hi - g_lo < self.warp_min_groups:
+                        cute.arch.sync_threads()
+                        self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5], misc[11]
+                        sp = 1 - sp
                 cute.arch.cluster_wait()
                 self.mark(s_tl, 3)
                 if tid < C:
                     ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + rank), tid), cute.arch.load(s_misc + 5, Int32))
-                    ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 32 + rank), tid),
-                                       cute.arch.load(s_misc + 11, Int32))
+                    top = cute.arch.load(s_misc + 11, Int32)
+                    if const_expr(C < SHORT_FLOORS_MIN_CLUSTER):
+                        top = sel(short, Int32((1 << self.digits[0]) - 1), top)  # its floor: misc[5], still 0
+                    ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 32 + rank), tid), top)
                     if rank == 0:
                         ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 16), tid), list_len)
             b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32,
