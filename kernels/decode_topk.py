@@ -64,6 +64,12 @@ WARP = 32
 LIST_VEC = 8
 # List slots a thread takes per iteration of the gather pass (T apart).
 GATHER_VEC = 8
+# Gathered items a thread takes per iteration of the gathered finish's selection pass (T apart) in the
+# variants compiled for one CTA an SM (128 registers): one output-slot add per warp and iteration for all
+# of them, so the chains' latencies overlap. Measured on the H200 (decode_topk_ab_h200.json:
+# select_vec_ab): 4 is 0.1-0.75 us faster on 8 and 16 CTAs (1 x 1M k2048 28.52 -> 28.00 us), 8 slower;
+# on 1, 2 and 4 CTAs (64 registers) 4 was 0.1-0.25 us slower, so they take one item an iteration.
+SELECT_VEC = 4
 # A CTA-tile slice (under warp_min_groups groups) is requested into L2 whole at the start
 # of step 1, one bulk prefetch of this many bytes a thread: its few tiles then wait on L2,
 # not DRAM (measured on the H200: 0.2-0.6 us faster; a running prefetch ahead of the warp
@@ -1276,13 +1282,46 @@ class DecodeTopK:
         if const_expr(not self.step1_marks):
             self.mark(s_tl, 15)
         # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
-        for ib in cutlass.range(0, n, T, unroll=2):
-            i = ib + tid
-            key, idx = self.list_item(s_key + src, s_idx + src, i, n)
-            take = self.gathered_taken(key, Uint32(idx), i < n, kprefix, kmask, iprefix, imask)
-            slot = first_slot + self.warp_slot1(take, s_misc + 14)
-            if take:
-                cute.arch.store(out_row + slot, idx)
+        if const_expr(self.ctas_per_sm > 1):
+            for ib in cutlass.range(0, n, T, unroll=2):
+                i = ib + tid
+                key, idx = self.list_item(s_key + src, s_idx + src, i, n)
+                take = self.gathered_taken(key, Uint32(idx), i < n, kprefix, kmask, iprefix, imask)
+                slot = first_slot + self.warp_slot1(take, s_misc + 14)
+                if take:
+                    cute.arch.store(out_row + slot, idx)
+        else:
+            self.select_gathered(src, n, first_slot, kprefix, kmask, iprefix, imask, s_key, s_idx, s_misc, out_row)
+
+    @cute.jit
+    def select_gathered(self, src: Int32, n: Int32, first_slot: Int32, kprefix: Uint32, kmask: Uint32,
+                        iprefix: Uint32, imask: Uint32, s_key: cute.Pointer, s_idx: cute.Pointer,
+                        s_misc: cute.Pointer, out_row: cute.Pointer):
+        """The gathered finish's selection pass by SELECT_VEC items a thread per iteration, one slot
+        reservation a warp for all of them (a long row gathers ~10 items a thread: one chain of load,
+        ballot, add and store each took ~3K cycles)."""
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        V = SELECT_VEC
+        lt = cute.arch.lanemask_lt()
+        keys = cute.make_rmem_tensor(V, Uint32)
+        idxs = cute.make_rmem_tensor(V, Uint32)
+        for ib in cutlass.range(0, n, T * V):
+            n_take = Int32(0)
+            for j in cutlass.range_constexpr(V):
+                i = ib + j * T + tid
+                key, idx = self.list_item(s_key + src, s_idx + src, i, n)
+                keys[j] = key
+                idxs[j] = Uint32(idx)
+                take = self.gathered_taken(key, Uint32(idx), i < n, kprefix, kmask, iprefix, imask)
+                n_take = n_take + Int32(cute.arch.popc(cute.arch.vote_ballot_sync(take)))
+            slot = first_slot + self.warp_atomic_base(n_take, s_misc + 14)
+            for j in cutlass.range_constexpr(V):
+                take = self.gathered_taken(keys[j], idxs[j], ib + j * T + tid < n, kprefix, kmask, iprefix, imask)
+                m = cute.arch.vote_ballot_sync(take)
+                if take:
+                    cute.arch.store(out_row + slot + Int32(cute.arch.popc(m & lt)), Int32(idxs[j]))
+                slot = slot + Int32(cute.arch.popc(m))
 
     @cute.jit
     def zero_bins(self, h: cute.Pointer, nbins: int):
