@@ -1438,7 +1438,7 @@ class DecodeTopK:
             if const_expr(C > 1):
                 short = g_hi - g_lo < self.warp_min_groups
                 if const_expr(C >= SHORT_FLOORS_MIN_CLUSTER):
-                    if g_hi - g_lo < self.warp_min_groups:
+                    if short:
                         cute.arch.sync_threads()
                         self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5], misc[11]
                         sp = 1 - sp
