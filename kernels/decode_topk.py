@@ -1481,6 +1481,7 @@ class DecodeTopK:
                     self.mark(s_tl, 12)
                 else:
                     gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
+                    self.mark(s_tl, 12)  # (without a list: the slot reservation comes before the pass)
                     if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
                         self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
                                           s_misc, out_row, rraw, rkeys, resident=True)

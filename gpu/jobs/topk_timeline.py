@@ -52,7 +52,8 @@ def phases(marks):
                     "step 1: rest": d(14, 2)})
         m[13] = m[14] = 0
     if m[5]:
-        if m[12]:  # a listed CTA: the pushes pass, then its warps' output-slot reservation
+        if m[12]:  # a listed CTA: the pushes pass, then its warps' output-slot reservation (a CTA without a
+            # list, a short slice: its slot reservation (4 -> 12), then its pass (12 -> 5), under the same names)
             out.update({"pushes pass": d(4, 12), "slot reservation": d(12, 5)})
         out.update({"pushes": d(4, 5), "writes+barrier": d(5, 6), "finish (CTA 0)": d(6, 7), "to end": d(7, 9)})
         if m[15]:  # CTA 0's finish: its first two radix rounds, any later ones, the selection pass
