@@ -1204,7 +1204,8 @@ class DecodeTopK:
             g = gb + tid
             if const_expr(not resident):
                 self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-            gt, eq = self.count_vs_threshold(rkeys, Uint32(0xFFFFFFFF) << shift0, b0 << shift0)
+            first_digit_mask = Uint32((0xFFFFFFFF << (self.key_bits - self.digits[0])) & 0xFFFFFFFF)
+            gt, eq = self.count_vs_threshold(rkeys, first_digit_mask, b0 << shift0)
             slot = gt_base + self.warp_slots(gt, gt_counter)
             e = dst_base + self.warp_slots(eq, eq_counter)
             for j in cutlass.range_constexpr(self.items):
