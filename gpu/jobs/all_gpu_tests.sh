@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# limit: 240
+# Every GPU test of the repository on the committed tree (runtime, sparse MLA, decode_topk, indexer with DeepGEMM
+# from the carried .whl), after the loader's own verification of the cache against the device.
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+source gpu/tools/deepgemm_env.sh
+python3 -m runtime verify 2>&1 | tail -3
+timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rs 2>&1 | tail -15
