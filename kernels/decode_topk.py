@@ -1025,17 +1025,19 @@ class DecodeTopK:
     @cute.jit
     def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
                     rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
-                    s_tl: cute.Pointer):
+                    s_tl: cute.Pointer, rkeep=None):
         """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
+        With rkeep, the first tile's keys stay there (the last tile's are in rkeys).
 
         Listing a tile's items in index order puts a thread's 8 items in 8 consecutive slots:
         8-way bank conflicts on every store (ncu: 16384 shared wavefronts for 2048 ideal per
         store instruction), and with no bound yet on the first tiles every item is stored. The
         later steps re-read the slice instead (it is in L2 by then), or, for a slice of one tile,
-        use the keys this loop leaves in rkeys. Measured on the H200 (decode_topk_ab_h200.json:
-        listless_ab): no list, 0.4-1.1 us faster with one tile a CTA and 1.9-2.4 us with two
-        (8 x 64K on 8 CTAs 12.9 -> 10.5 us, 64 x 16K on 2 CTAs 14.0 -> 11.6 us); keeping one tile's
-        keys in registers, 0.25-0.75 us more (64 x 8K on 2 CTAs 8.29 -> 7.55 us).
+        use the keys this loop leaves in rkeys (two tiles on one CTA an SM: the first in rkeep).
+        Measured on the H200 (decode_topk_ab_h200.json: listless_ab, two_tiles_kept_ab): no list,
+        0.4-1.1 us faster with one tile a CTA and 1.9-2.4 us with two (8 x 64K on 8 CTAs 12.9 -> 10.5 us,
+        64 x 16K on 2 CTAs 14.0 -> 11.6 us); keeping one tile's keys in registers, 0.25-0.75 us more
+        (64 x 8K on 2 CTAs 8.29 -> 7.55 us), two tiles' on 8 CTAs 0.9-1.0 us more (8 x 64K 10.25 -> 9.34).
         """
         T = self.threads
         tid = cute.arch.thread_idx()[0]
@@ -1055,6 +1057,9 @@ class DecodeTopK:
             for j in cutlass.range_constexpr(self.items):
                 if rkeys[j] != Uint32(0):
                     cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            if const_expr(rkeep is not None):
+                for j in cutlass.range_constexpr(self.items):
+                    rkeep[j] = sel(gb == g_lo, rkeys[j], rkeep[j])
             self.step1_mark(s_tl, 14, gb == g_lo)
 
     @cute.jit
@@ -1192,9 +1197,10 @@ class DecodeTopK:
     @cute.jit
     def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                      dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
-                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: bool = False):
+                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: int = 0, rkeep=None):
         """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
-        re-read of its slice. resident: the slice is one tile whose items step 1 left in rkeys (none read)."""
+        re-read of its slice. resident 1: the slice is one tile whose items step 1 left in rkeys; 2: two tiles,
+        the first in rkeep, the second in rkeys (none read)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         shift0 = Uint32(self.key_bits - self.digits[0])
@@ -1202,19 +1208,24 @@ class DecodeTopK:
         eq_counter = s_misc + 3
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
-            if const_expr(not resident):
+            keys = rkeys
+            if const_expr(resident == 0):
                 self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
+            elif const_expr(resident == 2):
+                for j in cutlass.range_constexpr(self.items):
+                    rraw[j] = sel(gb == g_lo, rkeep[j], rkeys[j])
+                keys = rraw
             first_digit_mask = Uint32((0xFFFFFFFF << (self.key_bits - self.digits[0])) & 0xFFFFFFFF)
-            gt, eq = self.count_vs_threshold(rkeys, first_digit_mask, b0 << shift0)
+            gt, eq = self.count_vs_threshold(keys, first_digit_mask, b0 << shift0)
             slot = gt_base + self.warp_slots(gt, gt_counter)
             e = dst_base + self.warp_slots(eq, eq_counter)
             for j in cutlass.range_constexpr(self.items):
                 idx = self.item_index(g, j)
-                if (rkeys[j] >> shift0) > b0:
+                if (keys[j] >> shift0) > b0:
                     cute.arch.store(out_row + slot, idx)
                     slot = slot + 1
-                if (rkeys[j] >> shift0) == b0:
-                    self.push_gathered(s_key, s_idx, e, rkeys[j], idx)
+                if (keys[j] >> shift0) == b0:
+                    self.push_gathered(s_key, s_idx, e, keys[j], idx)
                     e = e + 1
 
     @cute.jit
@@ -1372,6 +1383,11 @@ class DecodeTopK:
             rraw[j] = Uint32(0)
             rnext[j] = Uint32(0)
             rnext2[j] = Uint32(0)
+        # One CTA an SM (128 registers): a short slice's first two tiles stay in registers for the gather.
+        keep_two = self.ctas_per_sm == 1
+        rkeep = cute.make_rmem_tensor(8, Uint32)
+        for j in cutlass.range_constexpr(8):
+            rkeep[j] = Uint32(0)
 
         # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
         # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
@@ -1423,7 +1439,8 @@ class DecodeTopK:
                                              s_misc, rraw, rnext, rnext2, rkeys)
                 sp = Int32(1)
             else:
-                self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl)
+                self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
+                                 rkeep if keep_two else None)
                 ok = Int32(0)
             # This CTA's list length: cap + 1 if it overflowed (no room behind it), 0 for a short slice (no list,
             # all of CTA 0's room for the gathered finish). Without a list, the later steps re-read the slice.
@@ -1485,10 +1502,18 @@ class DecodeTopK:
                     self.mark(s_tl, 12)  # (without a list: the slot reservation comes before the pass)
                     if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
                         self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
-                                          s_misc, out_row, rraw, rkeys, resident=True)
+                                          s_misc, out_row, rraw, rkeys, resident=1)
                     else:
-                        self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
-                                          s_misc, out_row, rraw, rkeys)
+                        if const_expr(keep_two):
+                            if g_hi - g_lo <= 2 * T:  # two tiles: the first kept in rkeep
+                                self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
+                                                  s_idx, s_misc, out_row, rraw, rkeys, resident=2, rkeep=rkeep)
+                            else:
+                                self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
+                                                  s_idx, s_misc, out_row, rraw, rkeys)
+                        else:
+                            self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
+                                              s_idx, s_misc, out_row, rraw, rkeys)
                 self.mark(s_tl, 5)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                 # shared memory after this barrier: the peers may exit. The output writes of a
