@@ -1207,6 +1207,7 @@ class DecodeTopK:
         shift0 = Uint32(self.key_bits - self.digits[0])
         gt_counter = s_misc + 9
         eq_counter = s_misc + 3
+        first_digit_mask = Uint32((0xFFFFFFFF << (self.key_bits - self.digits[0])) & 0xFFFFFFFF)
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             keys = rkeys
@@ -1216,7 +1217,6 @@ class DecodeTopK:
                 for j in cutlass.range_constexpr(self.items):
                     rraw[j] = sel(gb == g_lo, rkeep[j], rkeys[j])
                 keys = rraw
-            first_digit_mask = Uint32((0xFFFFFFFF << (self.key_bits - self.digits[0])) & 0xFFFFFFFF)
             gt, eq = self.count_vs_threshold(keys, first_digit_mask, b0 << shift0)
             slot = gt_base + self.warp_slots(gt, gt_counter)
             e = dst_base + self.warp_slots(eq, eq_counter)
@@ -1445,8 +1445,9 @@ class DecodeTopK:
                 ok = Int32(0)
             # This CTA's list length: cap + 1 if it overflowed (no room behind it), 0 for a short slice (no list,
             # all of CTA 0's room for the gathered finish). Without a list, the later steps re-read the slice.
+            short = g_hi - g_lo < self.warp_min_groups
             list_len = Int32(sel(ok != 0, n_list, Int32(self.cap + 1)))
-            list_len = Int32(sel(g_hi - g_lo < self.warp_min_groups, Int32(0), list_len))
+            list_len = Int32(sel(short, Int32(0), list_len))
             self.mark(s_tl, 2)
             # Step 2: the cluster's first digit. Each CTA's own k-th largest bin is a floor
             # for the row's, so the peers' bins below the highest floor are not read.
@@ -1455,7 +1456,6 @@ class DecodeTopK:
             # s_peer before the select's barrier: they are read locally, with no round trip.
             gather_base = list_len
             if const_expr(C > 1):
-                short = g_hi - g_lo < self.warp_min_groups
                 if const_expr(C >= SHORT_FLOORS_MIN_CLUSTER):
                     if short:
                         cute.arch.sync_threads()
