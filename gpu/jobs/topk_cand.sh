@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
-# limit: 240
-# decode_topk candidate build (.gl/cand, carried: a full cache root, e.g. from
-# `python build_kernels.py --arch sm_90a --out .gl/cand`): GPU tests and sanitizers on it, then it and
-# any other .gl/cand* roots timed beside the committed cache on the cases of gpu/jobs/topk_roots.py.
+# limit: 300
+# decode_topk candidate builds (.gl/cand*, carried: full cache roots, e.g. from
+# `python build_kernels.py --only decode_topk --arch sm_90a --out .gl/cand`): on each, the GPU tests and, unless
+# SKIP_CHECKS=1, the sanitizers; then all of them timed beside the committed cache, one process, on the case sets
+# ROOTS_SETS names (gpu/jobs/topk_roots.py's TOPK_ROOTS_CASES; "default" is its default set), and, where the
+# DeepGEMM wheel is carried (.whl), on the indexer benchmark's DeepGEMM logits.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
-export SPARSE_DECODE_AOT_CACHE=$PWD/.gl/cand
-topk_checks
-unset SPARSE_DECODE_AOT_CACHE
-run timeout 100 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots.json" . $(ls -d .gl/cand* 2>/dev/null) 2>&1 | tail -12
+roots=$(ls -d .gl/cand* 2>/dev/null)
+for root in $roots; do
+  echo "== $root"
+  if [ -z "${SKIP_CHECKS:-}" ]; then
+    SPARSE_DECODE_AOT_CACHE=$PWD/$root topk_checks
+  else
+    SPARSE_DECODE_AOT_CACHE=$PWD/$root run timeout 90 python3 -m pytest -q -x -p no:cacheprovider -m gpu \
+      tests/test_topk_gpu.py 2>&1 | tail -4
+  fi
+done
+for set in ${ROOTS_SETS:-default}; do
+  TOPK_ROOTS_CASES=$set run timeout 90 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots_$set.json" . $roots 2>&1 | tail -20
+done
+if ls .whl/*.whl >/dev/null 2>&1; then
+  bash gpu/jobs/indexer_roots.sh 2>&1 | tail -8
+fi

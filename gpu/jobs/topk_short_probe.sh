@@ -2,7 +2,8 @@
 # limit: 200
 # Short slices (the CTA-tile step 1): per-phase clocks with step 1's first tile split (.gl/tl_s1, built with
 # DECODE_TOPK_EXPERIMENT=timeline_step1; .gl/tl_nc the same with every histogram atomic sent to its own bin, a
-# timing probe of atomic contention whose selections are wrong), and ncu stall sampling of the committed cache.
+# timing probe of atomic contention whose selections are wrong; built from a local one-line patch of step 1's
+# atomic address that is not in the tree), and ncu stall sampling of the committed cache.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 for root in .gl/tl_s1 .gl/tl_nc; do

@@ -1,4 +1,4 @@
-# Sourced by gpu/jobs/topk2.sh and topk_cand.sh: decode_topk's GPU tests (every variant too) and
+# Sourced by the decode_topk jobs (topk2, topk_cand, topk_final, topk_post, mends): decode_topk's GPU tests (every variant too) and
 # compute-sanitizer memcheck, synccheck and racecheck on small cases, against the cache that
 # SPARSE_DECODE_AOT_CACHE names (the committed one where unset). The racecheck log goes to
 # $JOB_OUT/racecheck.log; its first hazards are printed.
