@@ -36,7 +36,9 @@ _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # below this the cluster's barriers cost more than the extra CTAs save. Measured on the
 # H200 (gpu/jobs/topk_roots.py, TOPK_ROOTS_CASES=small; decode_topk_ab_h200.json:
 # routing_ab): 4 CTAs of 2K columns beat 2 of 4K (8K columns, 1 and 8 rows: 0.5 us),
-# while 2 CTAs of 2K lose to one of 4K (1.2 us) and 8 of 2K to 4 of 4K (0.7 us).
+# while 2 CTAs of 2K lose to one of 4K (1.2 us) and 8 of 2K to 4 of 4K (0.7 us). Re-checked after
+# short slices stopped keeping a list (decode_topk_ab_h200.json: listless_ab call5_small, short_floors_ab):
+# the same choices win.
 MIN_COLUMNS_PER_CTA = {1: 0, 2: 4096, 4: 2048, 8: 4096, 16: 4096}
 
 
