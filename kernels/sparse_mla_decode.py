@@ -46,6 +46,10 @@ Measured on the H200 (R2, L2-warm graph replay, T = 12, width 640): leaving the 
 product out entirely saves 0.67 us of 5.87 us, so no route for V can save more than that;
 per-step clocks put it at ~1400 cycles, mostly MMA issue (N = 16 is the warpgroup MMA's
 least efficient shape), not the fragment building, which a transpose would replace.
+Warp-level mma.sync is no way out: Hopper has no FP8 mma.sync (ptxas lowers it to FP16
+conversions and HMMA), and a microbenchmark of one warp's share of O = P V with FP16 HMMA
+(gpu/micro/pv_route.cu, eighth session) took 2250 cycles for the MMAs alone and 3070 with
+the FP8 -> FP16 conversions, against ~1900 for this route's issue and wait.
 
 Measurement switches (never set for the committed cache): SPARSE_MLA_EXPERIMENT=skip_pv /
 timeline at build time (per-step SM clocks written over q), used for the measurements above.
@@ -109,6 +113,13 @@ class SparseMlaDecodeSm90:
         assert (self.n - 1) * BLOCK_BYTES <= 4 * KV_KBLOCK - 4 * BLOCK_BYTES
         self.width = width
         self.has_sinks = has_sinks
+        # Issue order of a half's 16 second-product MMAs (tile i, K step ks). n == 1: K steps outer,
+        # so the four tiles' accumulator chains interleave (H200, eighth session: width 128 0.13 us
+        # faster at T = 1, 12 and 48); clusters keep tiles outer (width 640 measured no faster).
+        if self.n == 1:
+            self.pv_order = [(i, ks) for ks in range(4) for i in range(4)]
+        else:
+            self.pv_order = [(i, ks) for i in range(4) for ks in range(4)]
         self.smem_bytes = smem_bytes
         # The contract's only route: staging + bulk copies into the owner's KV tile (DESIGN.md).
         assert reduce == "bulk"
@@ -322,11 +333,10 @@ class SparseMlaDecodeSm90:
         for half in cutlass.range_constexpr(2 if not self.skip_pv else 0):
             frags = [[self._v_fragment(s_kv, 4 * half + i, ks, warp, lane) for ks in range(4)] for i in range(4)]
             ptx.wgmma_fence()
-            for i in cutlass.range_constexpr(4):
-                frag_acc = zero8
-                for ks in cutlass.range_constexpr(4):
-                    frag_acc = ptx.wgmma_m64n16k32_e4m3_rs(frag_acc, frags[i][ks], s_p + ks * 32, int(ks > 0))
-                o.append(frag_acc)
+            tile_acc = [zero8] * 4
+            for i, ks in self.pv_order:
+                tile_acc[i] = ptx.wgmma_m64n16k32_e4m3_rs(tile_acc[i], frags[i][ks], s_p + ks * 32, int(ks > 0))
+            o.extend(tile_acc)
             ptx.wgmma_commit()
         if cutlass.const_expr(self.skip_pv):
             o = [zero8] * 8  # timing experiment only: what the second product costs

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# limit: 200
+# limit: 320
 # sparse_mla_decode benchmark alone (every cell of issue 3's grid, Triton peer swept), JSON + table to $JOB_OUT.
+# BENCH_ARGS narrows it (e.g. "--widths 640 --tokens 12").
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-timeout 190 python3 benchmarks/bench_sparse_mla.py --out "$JOB_OUT/bench_sparse_mla.json"
+timeout 310 python3 benchmarks/bench_sparse_mla.py --out "$JOB_OUT/bench_sparse_mla.json" ${BENCH_ARGS:-}
 echo "benchmark rc=$?"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# limit: 420
+# sparse_mla_decode candidates: the committed cache and every .gl/mlacand* cache (built from a
+# changed source) checked against the reference and timed L2-warm beside each other (one process a
+# cache, two rounds, alternating order); .gl/mlacand*_tl caches are timeline builds
+# (SPARSE_MLA_EXPERIMENT=timeline) whose per-step clocks are printed instead.
+set -u
+S=gpu/jobs/mla_kernel_smoke.py
+caches=("$PWD"); tls=()
+for d in .gl/mlacand*; do
+  [ -f "$d/manifests/sm_90a.json" ] || continue
+  case "$d" in *_tl) tls+=("$d") ;; *) caches+=("$PWD/$d") ;; esac
+done
+for c in "${caches[@]}"; do
+  echo "== checks: $c"
+  SPARSE_DECODE_AOT_CACHE=$c timeout 40 python3 $S check 640 1 1 12 49 || echo "check rc=$?"
+  SPARSE_DECODE_AOT_CACHE=$c timeout 40 python3 $S check 640 0 12 || echo "check rc=$?"
+  SPARSE_DECODE_AOT_CACHE=$c timeout 40 python3 $S check 128 1 1 12 49 || echo "check rc=$?"
+done
+for round in 1 2; do
+  for c in "${caches[@]}"; do
+    echo "== timing round $round: $c"
+    SPARSE_DECODE_AOT_CACHE=$c timeout 40 python3 $S time || echo "time rc=$?"
+  done
+done
+for c in "${tls[@]}"; do
+  echo "== timeline: $c"
+  SPARSE_DECODE_AOT_CACHE=$PWD/$c timeout 30 python3 $S timeline || echo "timeline rc=$?"
+  SPARSE_DECODE_AOT_CACHE=$PWD/$c timeout 30 python3 $S timeline_cold || echo "timeline_cold rc=$?"
+done
+# The benchmark's own timing (KV pools rotated, and all inputs cold), kernel only, every cache, twice.
+if [ -n "${CAND_BENCH:-}" ]; then
+  for round in 1 2; do
+    for c in "${caches[@]}"; do
+      echo "== bench round $round: $c"
+      SPARSE_DECODE_AOT_CACHE=$c timeout 60 python3 benchmarks/bench_sparse_mla.py --no-triton --no-reference \
+        --out "$JOB_OUT/bench_$(basename "$c")_$round.json" $CAND_BENCH | grep "^w="
+    done
+  done
+fi
