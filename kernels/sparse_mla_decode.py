@@ -55,6 +55,10 @@ Measurement switches (never set for the committed cache): SPARSE_MLA_EXPERIMENT=
 timeline at build time (per-step SM clocks written over q), used for the measurements above.
 (An earlier "push" route, DSMEM stores from registers into a separate 32 KiB buffer instead of
 the bulk copies, measured 0.15 us faster with FP32 partials; it is not kept.)
+Measured slower on the H200 and dropped (benchmarks/results/sparse_mla_ab_h200_s9.json): sending
+each half's blocks as soon as it is staged (into a separate receive buffer, or into the owner's
+KV tile after a cluster barrier at the second product's issue), owners pulling the staged blocks
+with shared::cluster loads, an L2::256B hint or per-row L2 bulk prefetches on the gather.
 """
 
 from __future__ import annotations
