@@ -48,7 +48,7 @@ per-step clocks put it at ~1400 cycles, mostly MMA issue (N = 16 is the warpgrou
 least efficient shape), not the fragment building, which a transpose would replace.
 Warp-level mma.sync is no way out: Hopper has no FP8 mma.sync (ptxas lowers it to FP16
 conversions and HMMA), and a microbenchmark of one warp's share of O = P V with FP16 HMMA
-(gpu/micro/pv_route.cu, eighth session) took 2250 cycles for the MMAs alone and 3070 with
+(gpu/micro/pv_route.cu, ninth session) took 2250 cycles for the MMAs alone and 3070 with
 the FP8 -> FP16 conversions, against ~1900 for this route's issue and wait.
 
 Measurement switches (never set for the committed cache): SPARSE_MLA_EXPERIMENT=skip_pv /
@@ -118,7 +118,7 @@ class SparseMlaDecodeSm90:
         self.width = width
         self.has_sinks = has_sinks
         # Issue order of a half's 16 second-product MMAs (tile i, K step ks). n == 1: K steps outer,
-        # so the four tiles' accumulator chains interleave (H200, eighth session: width 128 0.13 us
+        # so the four tiles' accumulator chains interleave (H200, ninth session: width 128 0.13 us
         # faster at T = 1, 12 and 48); clusters keep tiles outer (width 640 measured no faster).
         if self.n == 1:
             self.pv_order = [(i, ks) for ks in range(4) for i in range(4)]

@@ -26,12 +26,4 @@ echo "== benchmark"
 timeout "$(left 75)" python3 benchmarks/bench_sparse_mla.py --out "$JOB_OUT/bench_sparse_mla.json"
 echo "benchmark rc=$?"
 
-echo "== compute-sanitizer memcheck, racecheck, synccheck (in parallel)"
-t=$(left 45)
-for tool in memcheck racecheck synccheck; do
-  timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-    python3 gpu/jobs/mla_support_sanitize.py 5 > "$JOB_OUT/sanitizer_$tool.txt" 2>&1 &
-done
-for tool in memcheck racecheck synccheck; do wait -n; done
-for tool in memcheck racecheck synccheck; do echo "-- $tool"; tail -n 6 "$JOB_OUT/sanitizer_$tool.txt"; done
-
+bash gpu/tools/mla_sanitize.sh "$(left 45)"

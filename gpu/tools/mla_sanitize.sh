@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# compute-sanitizer memcheck, racecheck and synccheck (in parallel, each under SECONDS_EACH, the first
+# argument) on gpu/jobs/mla_support_sanitize.py's small launches of both widths with and without sinks;
+# full reports to $JOB_OUT/sanitizer_<tool>.txt, their tails to stdout. Shared by mla_support.sh and mla_final.sh.
+set -u
+t=${1:-50}
+echo "== compute-sanitizer memcheck, racecheck, synccheck (in parallel)"
+for tool in memcheck racecheck synccheck; do
+  timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+    python3 gpu/jobs/mla_support_sanitize.py 5 > "$JOB_OUT/sanitizer_$tool.txt" 2>&1 &
+done
+for tool in memcheck racecheck synccheck; do wait -n; done
+for tool in memcheck racecheck synccheck; do echo "-- $tool"; tail -n 6 "$JOB_OUT/sanitizer_$tool.txt"; done
