@@ -45,6 +45,10 @@ Step 3  keys above the threshold are written at this CTA's block of slots (one a
 
 Rows with at most k candidates skip the selection: their candidates in index
 order, then -1. Output order within a row is unspecified.
+
+DecodeTopKRow (the `_row` variants, rows of up to 16K columns) is one CTA a row: the row
+is read once into registers, the first digit is selected there, and the gathered finish
+above resolves its bin; no cluster, no list of step 1, no re-read.
 """
 
 from __future__ import annotations
@@ -1686,7 +1690,118 @@ class DecodeTopK:
             cute.arch.cluster_wait()
 
 
+class DecodeTopKRow(DecodeTopK):
+    """One CTA a row, the row read once into registers: the short-row variant (contract: ROW_MAX_WIDTH).
+
+    A row of up to threads * groups * 8 columns is loaded at once (group g = tid + i * threads:
+    each warp load covers contiguous bytes) and kept in registers as keys. The first digit's
+    histogram and select run on them; the items above its bin go straight to the output, the
+    bin's items to a shared-memory list, and the gathered finish (the cluster kernel's, on this
+    CTA alone) resolves the bin. No cluster barrier, no DSMEM, no re-read of the row.
+    """
+
+    def __init__(self, dtype: str, block_mode: bool, threads: int, hist_bins: int, groups_per_thread: int,
+                 list_capacity: int, smem_bytes: int):
+        super().__init__(dtype, block_mode, cluster=1, threads=threads, hist_bins=hist_bins, list_capacity=0,
+                         smem_bytes=smem_bytes, warp_min_groups=0, ctas_per_sm=1)
+        # No timing marks here (the parent may have taken mark room from its list).
+        self.timeline = False
+        self.step1_marks = False
+        self.groups = groups_per_thread
+        # The first digit's bin may hold the whole row (all equal): the list holds every item.
+        self.cap = list_capacity
+        assert self.cap >= threads * groups_per_thread * self.items
+
+    def smem_arrays(self):
+        return [("hist", 2 * self.bins), ("scan", 2 * 32), ("misc", 16), ("key", self.cap), ("idx", self.cap)]
+
+    @cute.kernel
+    def kernel(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
+               out_stride: Int32, k: Int32):
+        T = self.threads
+        G = self.groups
+        tid = cute.arch.thread_idx()[0]
+        row = cute.arch.block_idx()[0]
+        smem = SmemAllocator()
+        s = {name: smem.allocate_array(Uint32 if name == "key" else Int32, words, byte_alignment=16)
+             for name, words in self.smem_arrays()}
+        s_hist, s_scan, s_misc, s_key, s_idx = s["hist"], s["scan"], s["misc"], s["key"], s["idx"]
+        # misc: 0 bin, 1 above, 6 bin count, 7 (unused), 3 the list's counter, 9 the > bin slots' counter,
+        # 14 the gathered finish's slot counter.
+        self.zero_bins(s_hist, self.bins)
+        if tid < 16:
+            cute.arch.store(s_misc + tid, Int32(0))
+        row_end = cute.arch.load(row_ends + row, Int32)
+        row_end = sel(row_end < 0, Int32(0), row_end)
+        row_end = Int32(sel(row_end > width, width, row_end))
+        n_groups = (row_end + 7) // 8
+        n_items = row_end
+        if const_expr(self.block_mode):
+            n_items = n_groups
+        out_row = out + row * out_stride
+        row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
+        if n_items <= k:
+            for j in cutlass.range(tid, k, T):
+                cute.arch.store(out_row + j, sel(j < n_items, j, Int32(-1)))
+        else:
+            raws = [cute.make_rmem_tensor(8, Uint32) for _ in range(G)]
+            keys = [cute.make_rmem_tensor(8, Uint32) for _ in range(G)]
+            for i in cutlass.range_constexpr(G):
+                for j in cutlass.range_constexpr(8):
+                    raws[i][j] = Uint32(0)
+                self.load_raw(row_addr, tid + i * T, n_groups, row_end, raws[i])
+            cute.arch.sync_threads()  # the zeroed bins and counters before any atomic
+            shift0 = Uint32(self.key_bits - self.digits[0])
+            # Every per-item pass skips the groups past the row (a short row leaves most of them empty):
+            # the passes are issue-bound, a few instructions an item.
+            for i in cutlass.range_constexpr(G):
+                if tid + i * T < n_groups:
+                    self.raw_to_items(raws[i], tid + i * T, n_groups, row_end, keys[i])
+                    # A missing column of the partial last group has key 0 (bin 0: never the k-th's bin).
+                    for j in cutlass.range_constexpr(self.items):
+                        cute.arch.atomic_add(s_hist + Int32(keys[i][j] >> shift0), Int32(1))
+            b0, above, count, _ = self.cluster_select(s_hist, self.bins, k, s_scan, s_misc, local=True)
+            # Items above the bin: the first `above` slots; the bin's items: the list, for the finish.
+            first_digit_mask = Uint32((0xFFFFFFFF << (self.key_bits - self.digits[0])) & 0xFFFFFFFF)
+            gt = Int32(0)
+            eq = Int32(0)
+            for i in cutlass.range_constexpr(G):
+                if tid + i * T < n_groups:
+                    gt_i, eq_i = self.count_vs_threshold(keys[i], first_digit_mask, Uint32(b0) << shift0)
+                    gt = gt + gt_i
+                    eq = eq + eq_i
+            slot = self.warp_slots(gt, s_misc + 9)
+            e = self.warp_slots(eq, s_misc + 3)
+            out_addr = out_row.toint()
+            for i in cutlass.range_constexpr(G):
+                g = tid + i * T
+                if g < n_groups:
+                    # Predicated stores, no branch an item.
+                    for j in cutlass.range_constexpr(self.items):
+                        top = keys[i][j] >> shift0
+                        is_gt = Int32(sel(top > Uint32(b0), Int32(1), Int32(0)))
+                        is_eq = Int32(sel(top == Uint32(b0), Int32(1), Int32(0)))
+                        idx = self.item_index(g, j)
+                        ptx.st_global_b32_if(out_addr + Int64(slot) * 4, idx, is_gt)
+                        ptx.st_shared_pair_if(smem_addr(s_key + e), keys[i][j], smem_addr(s_idx + e), idx, is_eq)
+                        slot = slot + is_gt
+                        e = e + is_eq
+            # The finish's first barrier orders the list's stores before its reads.
+            self.finish_gathered(Int32(0), count, k - above, above, s_hist, s_key, s_idx, s_scan, s_misc, out_row,
+                                 s_misc)
+
+
 def make(variant) -> DecodeTopK:
+    if variant.option("kind") == "row":
+        return DecodeTopKRow(
+            dtype=variant.option("dtype"),
+            block_mode=variant.option("block_mode"),
+            threads=variant.threads,
+            hist_bins=variant.option("hist_bins"),
+            groups_per_thread=variant.option("groups_per_thread"),
+            list_capacity=variant.option("list_capacity"),
+            smem_bytes=variant.smem_bytes,
+        )
     return DecodeTopK(
         dtype=variant.option("dtype"),
         block_mode=variant.option("block_mode"),

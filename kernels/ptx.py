@@ -86,6 +86,13 @@ def st_global_v2_b32(addr: Int64, a, b, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_global_b32_if(addr: Int64, a, pred, *, loc=None, ip=None) -> None:
+    """Store a 32-bit word where pred (an int) is nonzero: one predicated store, no branch."""
+    _asm(None, [_i64(addr), _i32(a), _i32(pred)],
+         "{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p st.global.b32 [$0], $1;\n}", "l,r,r")
+
+
+@dsl_user_op
 def cp_async_16(smem: Int32, gmem: Int64, src_bytes: Int32, *, loc=None, ip=None) -> None:
     """cp.async of 16 bytes global -> shared; src_bytes < 16 zero-fills the rest.
 
@@ -149,6 +156,14 @@ def st_shared_v4_b32(addr: Int32, a, b, c, d, *, loc=None, ip=None) -> None:
 @dsl_user_op
 def st_shared_b32(addr: Int32, v, *, loc=None, ip=None) -> None:
     _asm(None, [_i32(addr), _i32(v)], "st.shared.b32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def st_shared_pair_if(addr_a: Int32, a, addr_b: Int32, b, pred, *, loc=None, ip=None) -> None:
+    """Store a at addr_a and b at addr_b (32-bit words) where pred (an int) is nonzero, no branch."""
+    _asm(None, [_i32(addr_a), _i32(a), _i32(addr_b), _i32(b), _i32(pred)],
+         "{\n.reg .pred p;\nsetp.ne.s32 p, $4, 0;\n@p st.shared.b32 [$0], $1;\n@p st.shared.b32 [$2], $3;\n}",
+         "r,r,r,r,r")
 
 
 @dsl_user_op

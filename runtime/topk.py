@@ -13,9 +13,10 @@ fewer than ``k`` candidates gets all of them then -1. ``row_ends`` are clipped t
 **Order within a row is unspecified**: the kernel's output is not sorted (the torch
 fallback's is best first); compare rows as sets.
 
-The cached cluster kernel takes the call where ``supports_decode_topk`` says so
-(one wave of clusters on this device, aligned FP32/BF16 logits); otherwise the
-exact torch reference computes the same set.
+The cached kernel takes the call where ``supports_decode_topk`` says so (one wave
+on this device, aligned FP32/BF16 logits): the short-row kernel (one CTA a row) on
+short rows (``_Plan.choose``), else a cluster kernel; otherwise the exact torch
+reference computes the same set.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # short slices stopped keeping a list (decode_topk_ab_h200.json: listless_ab call5_small, short_floors_ab):
 # the same choices win.
 MIN_COLUMNS_PER_CTA = {1: 0, 2: 4096, 4: 2048, 8: 4096, 16: 4096}
+# The short-row kernel (one CTA a row, the row in registers) takes rows of up to this many allocated
+# columns, by mode, where one wave of it holds them; wider rows up to contract.ROW_MAX_WIDTH too unless
+# the cluster choice splits them over 4 CTAs or more. Measured on the H200 (gpu/jobs/topk_roots.py,
+# TOPK_ROOTS_CASES=row; decode_topk_ab_h200.json: row_kernel_ab, final) against the best of 1, 2 and 4
+# CTAs a row: token mode at 2K and 8K columns 0.1-1.6 us faster (1 x 8K k512 5.50 against 6.36 us), at
+# 4K within 0.13 us of 1 CTA either way; at 16K columns 1.4-3.0 us faster on 64 and 132 rows but 0.4-0.9 us
+# slower than 4 CTAs on 1 and 8 rows (32 items a thread: issue-bound); block mode 0.4-2.2 us faster at 8K
+# and 16K columns on 1 and 64 rows.
+ROW_ALWAYS_MAX_WIDTH = {False: 8192, True: contract.ROW_MAX_WIDTH}  # by block_mode
 
 
 def _require_int32_tensor(name: str, t) -> None:
@@ -84,15 +94,35 @@ def _check_args(logits, row_ends, out, block_mode):
 
 
 class _Plan:
-    """The cached kernels of one (device, dtype, mode): cluster sizes and their one-wave row limits."""
+    """The cached kernels of one (device, dtype, mode): cluster sizes and their one-wave row limits,
+    and the short-row kernel (one CTA a row) with its own."""
 
     def __init__(self, cache, dtype: str, block_mode: bool):
+        self.block_mode = block_mode
         self.kernels = {}
         for c in contract.CLUSTERS:
             name = contract.name_for(dtype, block_mode, c)
             if name in cache:
                 kernel = cache.kernel(name)
                 self.kernels[c] = (kernel, kernel.max_active_clusters)
+        self.row = None
+        name = contract.row_name_for(dtype, block_mode)
+        if name in cache:
+            kernel = cache.kernel(name)
+            self.row = (kernel, kernel.max_active_clusters)
+
+    def choose(self, rows: int, width: int):
+        """(kernel, CTAs a row) for rows of this width, or None: the short-row kernel where one wave of
+        it holds the rows and it wins (ROW_ALWAYS_MAX_WIDTH), else cluster_for's."""
+        c = self.cluster_for(rows, width)
+        if self.row is not None and 0 < rows <= self.row[1] and self.row_wins(width, c):
+            return self.row[0], 1
+        return None if c is None else (self.kernels[c][0], c)
+
+    def row_wins(self, width: int, cluster) -> bool:
+        if width <= ROW_ALWAYS_MAX_WIDTH[self.block_mode]:
+            return True
+        return width <= contract.ROW_MAX_WIDTH and (cluster is None or cluster < 4)
 
     def cluster_for(self, rows: int, width: int):
         """The largest cluster that fits one wave and leaves each CTA enough columns.
@@ -152,10 +182,7 @@ def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
     plan = _plan_for(logits.device, _DTYPES[logits.dtype], block_mode)
     if plan is None:
         return None
-    c = plan.cluster_for(rows, width)
-    if c is None:
-        return None
-    return plan.kernels[c][0], c
+    return plan.choose(rows, width)
 
 
 def supports_decode_topk(logits: torch.Tensor, rows: int, k: int, block_mode: bool) -> bool:

@@ -185,7 +185,7 @@ def test_every_variant():
 
     cache = runtime.load()
     bad = []
-    for v in contract.VARIANTS:
+    for v in contract.CLUSTER_VARIANTS:  # the row variants: test_row_kernel
         kernel = cache.kernel(v.name)
         tdtype = torch.float32 if v.option("dtype") == "f32" else torch.bfloat16
         block_mode = v.option("block_mode")
@@ -207,6 +207,62 @@ def test_every_variant():
             except AssertionError as e:
                 bad.append(f"{v.name} {kind} width={width}: {e}")
     assert not bad, bad
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+def test_row_kernel(dtype, block_mode):
+    """The short-row kernel (one CTA a row, the row in registers), launched directly: widths up to its limit
+    (partial last groups, exactly k and k + 1 candidates), row ends short of k, zero and clipped, a padded
+    row stride, a full wave of rows, random and adversarial rows."""
+    import runtime
+    from runtime.contract import decode_topk as contract
+
+    kernel = runtime.load().kernel(contract.row_name_for("f32" if dtype == torch.float32 else "bf16", block_mode))
+    widest = contract.ROW_MAX_WIDTH
+    bad = []
+    for k in KS:
+        blocks = 8 if block_mode else 1  # columns an item
+        for width in sorted({min(w, widest) for w in (k * blocks - 3, k * blocks + 1, 2049, 4101, 8192, widest - 7, widest)}):
+            for kind in ("randn",) + ADVERSARIAL:
+                rows = 132 if (kind == "randn" and width == widest) else 5
+                if kind == "randn":
+                    logits = _logits(rows, width, dtype, stride=-(-width // 16) * 16 + 16, seed=width + k)
+                else:
+                    logits = _adversarial(kind, rows, width, dtype, seed=width)
+                ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+                ends[1] = k * blocks  # exactly k candidates (block mode: k blocks)
+                ends[2] = 0
+                ends[3] = -4 if kind == "randn" else width + 100  # clipped to [0, width]
+                ends[4] = (k + 1) * blocks - 7  # k + 1 candidates, a partial last group
+                out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+                kernel.launch(rows, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), width, logits.stride(0),
+                              out.stride(0), k)
+                torch.cuda.synchronize()
+                try:
+                    _check(logits, ends, out, k, block_mode)
+                except AssertionError as e:
+                    bad.append(f"k={k} width={width} {kind}: {e}")
+    assert not bad, bad[:6]
+
+
+def test_short_rows_route_to_the_row_kernel():
+    """Through the op: short rows take the row kernel while one wave holds them (runtime.topk._Plan.choose)."""
+    from runtime import topk
+    from runtime.contract import decode_topk as contract
+
+    widest = contract.ROW_MAX_WIDTH
+    for rows, width, k in ((1, topk.ROW_ALWAYS_MAX_WIDTH[False], 512), (8, 4100, 512), (64, 8192, 2048),
+                           (132, widest, 1024)):
+        logits = _logits(rows, width, torch.float32, seed=rows)
+        name, per_row, grid = topk.decode_topk_plan(logits, rows, k, False)
+        assert (name, per_row, grid) == (contract.row_name_for("f32", False), 1, rows)
+        ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+        ends[-1] = k - 1
+        out = _run(logits, ends, k, False)
+        _check(logits, ends, out, k, False)
+    logits = _logits(1, widest + 8, torch.float32)
+    assert topk.decode_topk_plan(logits, 1, 512, False)[0] != contract.row_name_for("f32", False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))

@@ -2,6 +2,7 @@
 
 import math
 import random
+import re
 import subprocess
 import sys
 import types
@@ -151,6 +152,13 @@ def test_cubins_for_both_archs_match_the_contract():
                 assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass, (arch, v.name)
                 assert "LD.E.128" in sass, (arch, v.name)  # the cluster's histogram reads (ld.shared::cluster.v4)
                 assert "UBLKPF.L2" in sass, (arch, v.name)  # step 1's bulk L2 prefetch of a CTA-tile slice
+            if cuobjdump and v.option("kind") == "row":
+                sass = subprocess.run([cuobjdump, "-sass", str(repo / entry["cubin"])], capture_output=True,
+                                      text=True).stdout
+                assert "UCGABAR" not in sass, (arch, v.name)  # one CTA a row: no cluster barrier
+                assert "ATOMS" in sass and "BAR.SYNC" in sass, (arch, v.name)  # CTA histograms and barriers
+                assert re.search(r"LDG\.E[.A-Z]*\.128", sass), (arch, v.name)  # the row's 16-byte loads
+                assert "LDL" not in sass and "STL" not in sass, (arch, v.name)  # the row stays in registers
 
 
 @pytest.mark.parametrize("timeline", [False, True])
@@ -185,12 +193,13 @@ def test_cluster_choice_fits_one_wave():
         most = {1: 264, 2: 132, 4: 60, 8: 15, 16: 7}  # the H200's one-wave clusters (8 and 16: one CTA an SM)
 
         def __contains__(self, name):
-            return True
+            return not name.endswith("_row")
 
         def kernel(self, name):
             return FakeKernel(name, self.most[int(name.rsplit("_c", 1)[1])])
 
     plan = topk._Plan(FakeCache(), "f32", False)
+    assert plan.row is None
     assert plan.cluster_for(1, 65536) == 16  # a single row takes 16 CTAs from 64K columns
     assert plan.cluster_for(2, 65536) == 16
     assert plan.cluster_for(7, 65536) == 16  # as many rows as one wave of 16 holds
@@ -213,6 +222,43 @@ def test_cluster_choice_fits_one_wave():
     assert plan.cluster_for(265, 1 << 20) is None
 
 
+def test_short_rows_take_the_row_kernel():
+    """The one-CTA-a-row kernel takes rows up to ROW_ALWAYS_MAX_WIDTH[block_mode] columns where one wave of it holds
+    them, and token rows up to ROW_MAX_WIDTH where the cluster choice is under 4 CTAs a row; else a cluster kernel."""
+    from runtime import topk
+    from runtime.contract import decode_topk as contract
+
+    class FakeKernel:
+        def __init__(self, name, most):
+            self.name, self.max_active_clusters = name, most
+
+    class FakeCache:
+        most = {1: 264, 2: 132, 4: 60, 8: 15, 16: 7}
+
+        def __contains__(self, name):
+            return True
+
+        def kernel(self, name):
+            return FakeKernel(name, 132 if name.endswith("_row") else self.most[int(name.rsplit("_c", 1)[1])])
+
+    widest = contract.ROW_MAX_WIDTH
+    assert topk.ROW_ALWAYS_MAX_WIDTH[False] < widest and topk.ROW_ALWAYS_MAX_WIDTH[True] == widest
+    for block_mode in (False, True):
+        plan = topk._Plan(FakeCache(), "bf16", block_mode)
+        row = contract.row_name_for("bf16", block_mode)
+        always = topk.ROW_ALWAYS_MAX_WIDTH[block_mode]
+        for rows, width in ((1, 1), (1, always), (8, 2048), (60, always), (61, widest), (132, widest)):
+            kernel, per_row = plan.choose(rows, width)
+            assert (kernel.name, per_row) == (row, 1), (block_mode, rows, width)
+        for rows, width in ((133, 4096), (1, widest + 1)):  # more rows than a wave; wider than the kernel
+            kernel, per_row = plan.choose(rows, width)
+            assert per_row == plan.cluster_for(rows, width) and kernel.name.endswith(f"_c{per_row}")
+        assert plan.choose(0, 100) is None
+    plan = topk._Plan(FakeCache(), "f32", False)
+    kernel, per_row = plan.choose(60, widest)  # token rows over 8K that 4 CTAs a row take in one wave
+    assert per_row == 4 and kernel.name == "decode_topk_f32_token_c4"
+
+
 def test_which_calls_the_kernel_takes(monkeypatch):
     """supports_decode_topk on CUDA-looking tensors (a subclass, CPU memory) with a stand-in plan: the kernel
     takes aligned FP32/BF16 rows with unit column stride and a supported k; anything else goes to the fallback."""
@@ -226,8 +272,8 @@ def test_which_calls_the_kernel_takes(monkeypatch):
     class Plan:
         kernels = {2: (types.SimpleNamespace(name="decode_topk_f32_token_c2"), 132)}
 
-        def cluster_for(self, rows, width):
-            return 2 if rows <= 132 else None
+        def choose(self, rows, width):
+            return (self.kernels[2][0], 2) if rows <= 132 else None
 
     monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: Plan())
     base = torch.zeros(4, 1032)

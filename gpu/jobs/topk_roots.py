@@ -135,7 +135,17 @@ MID_CASES = (
     ("decode_topk_bf16_token_c16", 1, 1 << 20, 512),
     ("decode_topk_f32_block_c16", 1, 1 << 20, 2048),
 )
-CASE_SETS = {"short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+# TOPK_ROOTS_CASES=row: the short-row kernel (one CTA a row) beside cluster sizes 1, 2 and 4 (the op's routing).
+ROW_CASES = tuple(
+    (f"decode_topk_{d}_{mode}_{c}", rows, length, k)
+    for d in ("f32", "bf16")
+    for mode, shapes in (("token", [(r, n, 512) for r in (1, 8, 64, 132) for n in (2048, 4096, 8192, 16384)]
+                          + [(r, n, 2048) for r in (1, 8, 64, 132) for n in (8192, 16384)]),
+                         ("block", [(r, n, 512) for r in (1, 64) for n in (8192, 16384)]))
+    for rows, length, k in shapes
+    for c in ("row", "c1", "c2", "c4")
+)
+CASE_SETS = {"row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 

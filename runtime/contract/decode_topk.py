@@ -1,7 +1,8 @@
 """decode_topk: exact top-k of indexer logits per row, token and block mode.
 
 One launch handles ``rows`` rows; each row is split over the ``cluster`` CTAs of
-one thread-block cluster (grid x = rows * cluster). Kernel parameters:
+one thread-block cluster (grid x = rows * cluster), or, in the short-row variants
+(``_row``), taken by one CTA (grid x = rows). Kernel parameters:
 
 - ``logits``: ``[rows, stride]`` FP32 or BF16, 16-byte aligned, ``stride`` in elements
   (a multiple of 16 bytes), ``width`` valid allocated columns (``logits.shape[1]``);
@@ -62,8 +63,29 @@ ONE_CTA_PER_SM_MIN_CLUSTER = 8
 WARP_STEP1_MIN_GROUPS = {"token": 4096, "block": 2048}
 
 
+# The short-row variant: one CTA a row (no cluster), the whole row read once into registers
+# (ROW_GROUPS_PER_THREAD 8-column groups a thread); the first digit's bin goes to a list of
+# (key, index) pairs that holds every item of the row (all-equal rows), for the gathered finish.
+# Rows of up to ROW_MAX_WIDTH allocated columns; compiled for one CTA an SM (128 registers),
+# so one wave holds one row an SM.
+ROW_GROUPS_PER_THREAD = 4
+ROW_MAX_WIDTH = THREADS * ROW_GROUPS_PER_THREAD * 8
+
+
+def row_list_capacity(block_mode: bool) -> int:
+    return ROW_MAX_WIDTH // BLOCK_SIZE if block_mode else ROW_MAX_WIDTH
+
+
+def row_smem_bytes(block_mode: bool) -> int:
+    return 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + row_list_capacity(block_mode) * 8
+
+
 def name_for(dtype: str, block_mode: bool, cluster: int) -> str:
     return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_c{cluster}"
+
+
+def row_name_for(dtype: str, block_mode: bool) -> str:
+    return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_row"
 
 
 def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
@@ -76,6 +98,7 @@ def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
         smem_bytes=SMEM_BYTES,
         pdl=False,
         config=(
+            ("kind", "cluster"),
             ("dtype", dtype),
             ("block_mode", block_mode),
             ("cluster", cluster),
@@ -87,9 +110,33 @@ def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
     )
 
 
-VARIANTS = tuple(
+def _row_variant(dtype: str, block_mode: bool) -> Variant:
+    return Variant(
+        family="decode_topk",
+        name=row_name_for(dtype, block_mode),
+        params=PARAMS,
+        threads=THREADS,
+        smem_bytes=row_smem_bytes(block_mode),
+        pdl=False,
+        config=(
+            ("kind", "row"),
+            ("dtype", dtype),
+            ("block_mode", block_mode),
+            ("cluster", 1),
+            ("ctas_per_sm", 1),
+            ("hist_bins", HIST_BINS),
+            ("groups_per_thread", ROW_GROUPS_PER_THREAD),
+            ("list_capacity", row_list_capacity(block_mode)),
+            ("max_width", ROW_MAX_WIDTH),
+        ),
+    )
+
+
+CLUSTER_VARIANTS = tuple(
     _variant(dtype, block_mode, cluster)
     for dtype in DTYPES
     for block_mode in (False, True)
     for cluster in CLUSTERS
 )
+ROW_VARIANTS = tuple(_row_variant(dtype, block_mode) for dtype in DTYPES for block_mode in (False, True))
+VARIANTS = CLUSTER_VARIANTS + ROW_VARIANTS
