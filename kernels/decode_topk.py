@@ -491,6 +491,22 @@ class DecodeTopK:
         return base + x - count
 
     @cute.jit
+    def warp_slots2(self, a: Int32, b: Int32, counter_a: cute.Pointer, counter_b: cute.Pointer):
+        """warp_slots of two counts below 2**10 a lane at once: one scan of both packed in a word."""
+        lane = cute.arch.lane_idx()
+        packed = (a << 16) | b
+        x = self.warp_incl_scan(packed)
+        total = cute.arch.shuffle_sync(x, WARP - 1)
+        base_a = Int32(0)
+        base_b = Int32(0)
+        if lane == WARP - 1:
+            base_a = cute.arch.atomic_add(counter_a, total >> 16)
+            base_b = cute.arch.atomic_add(counter_b, total & 0xFFFF)
+        excl = x - packed
+        return (cute.arch.shuffle_sync(base_a, WARP - 1) + (excl >> 16),
+                cute.arch.shuffle_sync(base_b, WARP - 1) + (excl & 0xFFFF))
+
+    @cute.jit
     def warp_slot1(self, flag, counter: cute.Pointer) -> Int32:
         """warp_slots for 0/1 counts: a ballot and a popcount instead of a scan."""
         ballot = cute.arch.vote_ballot_sync(flag)
@@ -1361,6 +1377,22 @@ class DecodeTopK:
         return valid & ((kk > kprefix) | ((kk == kprefix) & (nidx & imask >= iprefix)))
 
     # ------------------------------------------------------------------ the kernel
+    @cute.jit
+    def row_span(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, row: Int32, width: Int32,
+                 stride: Int32, out_stride: Int32):
+        """Row `row`'s end clipped to [0, width], its 8-column groups and items (columns, or blocks),
+        its output row and the address of its logits."""
+        row_end = cute.arch.load(row_ends + row, Int32)
+        row_end = sel(row_end < 0, Int32(0), row_end)
+        row_end = Int32(sel(row_end > width, width, row_end))
+        n_groups = (row_end + 7) // 8
+        n_items = row_end
+        if const_expr(self.block_mode):
+            n_items = n_groups
+        out_row = out + row * out_stride
+        row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
+        return row_end, n_groups, n_items, out_row, row_addr
+
     @cute.kernel
     def kernel(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
                out_stride: Int32, k: Int32):
@@ -1404,15 +1436,8 @@ class DecodeTopK:
         self.zero_bins(s_hist, 2 * self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
-        row_end = cute.arch.load(row_ends + row, Int32)
-        row_end = sel(row_end < 0, Int32(0), row_end)
-        row_end = Int32(sel(row_end > width, width, row_end))
-        n_groups = (row_end + 7) // 8
-        n_items = row_end
-        if const_expr(self.block_mode):
-            n_items = n_groups
-        out_row = out + row * out_stride
-        row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
+        row_end, n_groups, n_items, out_row, row_addr = self.row_span(logits, row_ends, out, row, width, stride,
+                                                                      out_stride)
 
         if n_items <= k:
             self.mark(s_tl, 1)
@@ -1704,16 +1729,23 @@ class DecodeTopKRow(DecodeTopK):
                  list_capacity: int, smem_bytes: int):
         super().__init__(dtype, block_mode, cluster=1, threads=threads, hist_bins=hist_bins, list_capacity=0,
                          smem_bytes=smem_bytes, warp_min_groups=0, ctas_per_sm=1)
-        # No timing marks here (the parent may have taken mark room from its list).
-        self.timeline = False
+        # The timing experiment's marks (DECODE_TOPK_EXPERIMENT=timeline) get their own array here; the
+        # step-1 split (timeline_step1) does not apply.
         self.step1_marks = False
         self.groups = groups_per_thread
         # The first digit's bin may hold the whole row (all equal): the list holds every item.
         self.cap = list_capacity
         assert self.cap >= threads * groups_per_thread * self.items
+        if self.timeline:
+            # The marks take 16 words of the list (a timing build: never in a committed cache; run it on rows
+            # whose first digit's bin holds fewer items than that, e.g. random or indexer logits).
+            self.cap -= 16
 
     def smem_arrays(self):
-        return [("hist", 2 * self.bins), ("scan", 2 * 32), ("misc", 16), ("key", self.cap), ("idx", self.cap)]
+        arrays = [("hist", 2 * self.bins), ("scan", 2 * 32), ("misc", 16), ("key", self.cap), ("idx", self.cap)]
+        if self.timeline:
+            arrays.append(("marks", 16))
+        return arrays
 
     @cute.kernel
     def kernel(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
@@ -1726,24 +1758,20 @@ class DecodeTopKRow(DecodeTopK):
         s = {name: smem.allocate_array(Uint32 if name == "key" else Int32, words, byte_alignment=16)
              for name, words in self.smem_arrays()}
         s_hist, s_scan, s_misc, s_key, s_idx = s["hist"], s["scan"], s["misc"], s["key"], s["idx"]
+        s_tl = s.get("marks", s_misc)
+        self.mark(s_tl, 0)
         # misc: 0 bin, 1 above, 6 bin count, 7 (unused), 3 the list's counter, 9 the > bin slots' counter,
         # 14 the gathered finish's slot counter.
         self.zero_bins(s_hist, self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
-        row_end = cute.arch.load(row_ends + row, Int32)
-        row_end = sel(row_end < 0, Int32(0), row_end)
-        row_end = Int32(sel(row_end > width, width, row_end))
-        n_groups = (row_end + 7) // 8
-        n_items = row_end
-        if const_expr(self.block_mode):
-            n_items = n_groups
-        out_row = out + row * out_stride
-        row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
+        row_end, n_groups, n_items, out_row, row_addr = self.row_span(logits, row_ends, out, row, width, stride,
+                                                                      out_stride)
         if n_items <= k:
             for j in cutlass.range(tid, k, T):
                 cute.arch.store(out_row + j, sel(j < n_items, j, Int32(-1)))
         else:
+            self.mark(s_tl, 1)
             raws = [cute.make_rmem_tensor(8, Uint32) for _ in range(G)]
             keys = [cute.make_rmem_tensor(8, Uint32) for _ in range(G)]
             for i in cutlass.range_constexpr(G):
@@ -1760,35 +1788,49 @@ class DecodeTopKRow(DecodeTopK):
                     # A missing column of the partial last group has key 0 (bin 0: never the k-th's bin).
                     for j in cutlass.range_constexpr(self.items):
                         cute.arch.atomic_add(s_hist + Int32(keys[i][j] >> shift0), Int32(1))
+            self.mark(s_tl, 2)
             b0, above, count, _ = self.cluster_select(s_hist, self.bins, k, s_scan, s_misc, local=True)
-            # Items above the bin: the first `above` slots; the bin's items: the list, for the finish.
-            first_digit_mask = Uint32((0xFFFFFFFF << (self.key_bits - self.digits[0])) & 0xFFFFFFFF)
+            self.mark(s_tl, 4)
+            # Items above the bin: the first `above` slots; the bin's items: the list, for the finish. The
+            # bin is [lo, hi) on the key (hi past every key for the top bin: no key is 0xFFFFFFFF).
+            lo = Uint32(b0) << shift0
+            hi = Uint32(sel(b0 + 1 < self.bins, Uint32(b0 + 1) << shift0, Uint32(0xFFFFFFFF)))
             gt = Int32(0)
             eq = Int32(0)
             for i in cutlass.range_constexpr(G):
                 if tid + i * T < n_groups:
-                    gt_i, eq_i = self.count_vs_threshold(keys[i], first_digit_mask, Uint32(b0) << shift0)
-                    gt = gt + gt_i
-                    eq = eq + eq_i
-            slot = self.warp_slots(gt, s_misc + 9)
-            e = self.warp_slots(eq, s_misc + 3)
-            out_addr = out_row.toint()
+                    for j in cutlass.range_constexpr(self.items):
+                        key = keys[i][j]
+                        gt = gt + sel(key >= hi, Int32(1), Int32(0))
+                        eq = eq + sel((key >= lo) & (key < hi), Int32(1), Int32(0))
+            slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
+            # One predicated split an item (ptx.split_by_bin), no branch.
+            out_addr = out_row.toint() + Int64(slot) * 4
+            list_addr = smem_addr(s_key + e)
+            idx_delta = smem_addr(s_idx) - smem_addr(s_key)
             for i in cutlass.range_constexpr(G):
                 g = tid + i * T
                 if g < n_groups:
-                    # Predicated stores, no branch an item.
                     for j in cutlass.range_constexpr(self.items):
-                        top = keys[i][j] >> shift0
-                        is_gt = Int32(sel(top > Uint32(b0), Int32(1), Int32(0)))
-                        is_eq = Int32(sel(top == Uint32(b0), Int32(1), Int32(0)))
-                        idx = self.item_index(g, j)
-                        ptx.st_global_b32_if(out_addr + Int64(slot) * 4, idx, is_gt)
-                        ptx.st_shared_pair_if(smem_addr(s_key + e), keys[i][j], smem_addr(s_idx + e), idx, is_eq)
-                        slot = slot + is_gt
-                        e = e + is_eq
+                        out_addr, list_addr = ptx.split_by_bin(out_addr, list_addr, idx_delta, keys[i][j],
+                                                               self.item_index(g, j), hi, lo)
+            self.mark(s_tl, 5)
+            self.mark(s_tl, 6)
             # The finish's first barrier orders the list's stores before its reads.
             self.finish_gathered(Int32(0), count, k - above, above, s_hist, s_key, s_idx, s_scan, s_misc, out_row,
-                                 s_misc)
+                                 s_tl)
+            self.mark(s_tl, 7)
+        if const_expr(self.timeline):
+            # The cluster kernel's layout of marks (gpu/jobs/topk_timeline.py): 0 start, 1 row read, 2 loads and
+            # histogram, 4 first digit, 5 = 6 pass over the items, 13-15 and 7 the finish, 9 end; over the
+            # row's first 64 bytes of logits.
+            cute.arch.sync_threads()
+            self.mark(s_tl, 9)
+            if tid == 0:
+                cute.arch.store(s_tl + 10, ptx.globaltimer_lo())
+                dst = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
+                for q in cutlass.range_constexpr(4):
+                    ptx.st_global_v4_b32(dst + 16 * q, *[cute.arch.load(s_tl + 4 * q + j, Int32) for j in range(4)])
 
 
 def make(variant) -> DecodeTopK:

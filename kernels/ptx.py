@@ -86,13 +86,6 @@ def st_global_v2_b32(addr: Int64, a, b, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def st_global_b32_if(addr: Int64, a, pred, *, loc=None, ip=None) -> None:
-    """Store a 32-bit word where pred (an int) is nonzero: one predicated store, no branch."""
-    _asm(None, [_i64(addr), _i32(a), _i32(pred)],
-         "{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n@p st.global.b32 [$0], $1;\n}", "l,r,r")
-
-
-@dsl_user_op
 def cp_async_16(smem: Int32, gmem: Int64, src_bytes: Int32, *, loc=None, ip=None) -> None:
     """cp.async of 16 bytes global -> shared; src_bytes < 16 zero-fills the rest.
 
@@ -159,11 +152,27 @@ def st_shared_b32(addr: Int32, v, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def st_shared_pair_if(addr_a: Int32, a, addr_b: Int32, b, pred, *, loc=None, ip=None) -> None:
-    """Store a at addr_a and b at addr_b (32-bit words) where pred (an int) is nonzero, no branch."""
-    _asm(None, [_i32(addr_a), _i32(a), _i32(addr_b), _i32(b), _i32(pred)],
-         "{\n.reg .pred p;\nsetp.ne.s32 p, $4, 0;\n@p st.shared.b32 [$0], $1;\n@p st.shared.b32 [$2], $3;\n}",
-         "r,r,r,r,r")
+def split_by_bin(out_addr: Int64, list_addr: Int32, idx_delta: Int32, key, idx, hi, lo, *, loc=None, ip=None):
+    """One item of a threshold split, branch-free: key >= hi stores idx at out_addr (global); lo <= key < hi
+    stores key at list_addr and idx at list_addr + idx_delta (shared). Returns (out_addr, list_addr), each
+    advanced by 4 bytes where it took the item. Keys and bounds compare unsigned."""
+    st = _asm([T.i64(), T.i32()],
+              [_i64(out_addr), _i32(list_addr), _i32(idx_delta), Uint32(key).ir_value(), _i32(idx),
+               Uint32(hi).ir_value(), Uint32(lo).ir_value()],
+              "{\n.reg .pred p, q;\n.reg .b32 t;\n.reg .b64 d;\n"
+              "setp.ge.u32 p, $5, $7;\n"
+              "setp.ge.and.u32 q, $5, $8, !p;\n"
+              "@p st.global.b32 [$2], $6;\n"
+              "@q st.shared.b32 [$3], $5;\n"
+              "add.u32 t, $3, $4;\n"
+              "@q st.shared.b32 [t], $6;\n"
+              "selp.b64 d, 4, 0, p;\n"
+              "add.s64 $0, $2, d;\n"
+              "selp.b32 t, 4, 0, q;\n"
+              "add.u32 $1, $3, t;\n}",
+              "=l,=r,l,r,r,r,r,r,r")
+    a, b = _unpack(st, [T.i64(), T.i32()])
+    return Int64(a), Int32(b)
 
 
 @dsl_user_op

@@ -45,10 +45,9 @@ MIN_COLUMNS_PER_CTA = {1: 0, 2: 4096, 4: 2048, 8: 4096, 16: 4096}
 # columns, by mode, where one wave of it holds them; wider rows up to contract.ROW_MAX_WIDTH too unless
 # the cluster choice splits them over 4 CTAs or more. Measured on the H200 (gpu/jobs/topk_roots.py,
 # TOPK_ROOTS_CASES=row; decode_topk_ab_h200.json: row_kernel_ab, final) against the best of 1, 2 and 4
-# CTAs a row: token mode at 2K and 8K columns 0.1-1.6 us faster (1 x 8K k512 5.50 against 6.36 us), at
-# 4K within 0.13 us of 1 CTA either way; at 16K columns 1.4-3.0 us faster on 64 and 132 rows but 0.4-0.9 us
-# slower than 4 CTAs on 1 and 8 rows (32 items a thread: issue-bound); block mode 0.4-2.2 us faster at 8K
-# and 16K columns on 1 and 64 rows.
+# CTAs a row: token mode at 2K to 8K columns 0.13-1.8 us faster (1 x 8K k512 5.34 against 6.24 us), at
+# 16K columns 1.7-3.3 us faster on 64 and 132 rows but 0.26-0.35 us slower than 4 CTAs on 1 and 8 rows
+# (32 items a thread: issue-bound); block mode 0.66-2.4 us faster at 8K and 16K columns on 1 and 64 rows.
 ROW_ALWAYS_MAX_WIDTH = {False: 8192, True: contract.ROW_MAX_WIDTH}  # by block_mode
 
 

@@ -29,6 +29,13 @@ CASES = (  # kernel, rows, length, k
     ("decode_topk_bf16_token_c16", 1, 262144, 2048),
     ("decode_topk_bf16_token_c8", 8, 65536, 512),
 )
+# TOPK_TIMELINE_CASES=row: the short-row kernel (one CTA a row; its marks use the same slots).
+ROW_CASES = tuple((f"decode_topk_{d}_token_row", rows, length, k)
+                  for d, rows, length, k in (("f32", 1, 2048, 512), ("f32", 1, 8192, 512), ("f32", 8, 8192, 512),
+                                             ("f32", 64, 8192, 512), ("f32", 1, 16384, 512), ("f32", 1, 16384, 2048),
+                                             ("f32", 132, 16384, 512), ("bf16", 1, 8192, 512)))
+if os.environ.get("TOPK_TIMELINE_CASES") == "row":
+    CASES = ROW_CASES
 RUNS = 5
 # TOPK_TIMELINE_INPUT=indexer: the indexer benchmark's shapes (k = 512) on its DeepGEMM logits, each beside
 # the same shape on random logits ("random" in the case's input field).
