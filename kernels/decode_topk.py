@@ -1571,13 +1571,17 @@ class DecodeTopK:
         if const_expr(self.timeline):
             cute.arch.sync_threads()
             self.mark(s_tl, 9)
-            if tid == 0:
-                # Marks 0-9 and 12-15 (0 where a path has none), the global timer at the start (11) and end (10), over this
-                # CTA's 64 bytes of the row's logits from byte 64 * rank (read by no CTA any more).
-                cute.arch.store(s_tl + 10, ptx.globaltimer_lo())
-                dst = row_addr + Int64(rank) * 64
-                for q in cutlass.range_constexpr(4):
-                    ptx.st_global_v4_b32(dst + 16 * q, *[cute.arch.load(s_tl + 4 * q + j, Int32) for j in range(4)])
+            # Over this CTA's 64 bytes of the row's logits from byte 64 * rank (read by no CTA any more).
+            self.store_marks(s_tl, row_addr + Int64(rank) * 64)
+
+    @cute.jit
+    def store_marks(self, s_tl: cute.Pointer, dst: Int64):
+        """Timing experiment: thread 0 stores marks 0-9 and 12-15 (0 where a path has none) and the global
+        timer at the start (11) and now (10) as 64 bytes at dst."""
+        if cute.arch.thread_idx()[0] == 0:
+            cute.arch.store(s_tl + 10, ptx.globaltimer_lo())
+            for q in cutlass.range_constexpr(4):
+                ptx.st_global_v4_b32(dst + 16 * q, *[cute.arch.load(s_tl + 4 * q + j, Int32) for j in range(4)])
 
     @cute.jit
     def mark(self, s_tl: cute.Pointer, i: int):
@@ -1826,11 +1830,7 @@ class DecodeTopKRow(DecodeTopK):
             # row's first 64 bytes of logits.
             cute.arch.sync_threads()
             self.mark(s_tl, 9)
-            if tid == 0:
-                cute.arch.store(s_tl + 10, ptx.globaltimer_lo())
-                dst = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
-                for q in cutlass.range_constexpr(4):
-                    ptx.st_global_v4_b32(dst + 16 * q, *[cute.arch.load(s_tl + 4 * q + j, Int32) for j in range(4)])
+            self.store_marks(s_tl, logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes)
 
 
 def make(variant) -> DecodeTopK:
