@@ -492,7 +492,7 @@ class DecodeTopK:
 
     @cute.jit
     def warp_slots2(self, a: Int32, b: Int32, counter_a: cute.Pointer, counter_b: cute.Pointer):
-        """warp_slots of two counts below 2**10 a lane at once: one scan of both packed in a word."""
+        """warp_slots of two counts at once: one scan of both packed in a word (each warp total below 2**16)."""
         lane = cute.arch.lane_idx()
         packed = (a << 16) | b
         x = self.warp_incl_scan(packed)

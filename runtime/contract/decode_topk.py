@@ -66,8 +66,9 @@ WARP_STEP1_MIN_GROUPS = {"token": 4096, "block": 2048}
 # The short-row variant: one CTA a row (no cluster), the whole row read once into registers
 # (ROW_GROUPS_PER_THREAD 8-column groups a thread); the first digit's bin goes to a list of
 # (key, index) pairs that holds every item of the row (all-equal rows), for the gathered finish.
-# Rows of up to ROW_MAX_WIDTH allocated columns; compiled for one CTA an SM (128 registers),
-# so one wave holds one row an SM.
+# Rows of up to ROW_MAX_WIDTH allocated columns (launched with a wider width it reads, and selects
+# from, only the first ROW_MAX_WIDTH columns; the host op never does); compiled for one CTA an SM
+# (128 registers), so one wave holds one row an SM.
 ROW_GROUPS_PER_THREAD = 4
 ROW_MAX_WIDTH = THREADS * ROW_GROUPS_PER_THREAD * 8
 
