@@ -145,7 +145,12 @@ ROW_CASES = tuple(
     for rows, length, k in shapes
     for c in ("row", "c1", "c2", "c4")
 )
-CASE_SETS = {"row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+# TOPK_ROOTS_CASES=wave16: 8 to 14 rows on 8 and 16 CTAs a row (a candidate cache compiled for two CTAs an SM
+# holds them in one wave of 16).
+WAVE16_CASES = beside(((8, 65536, 512), (8, 65536, 2048), (8, 262144, 512), (8, 262144, 2048), (8, 1 << 20, 2048),
+                       (14, 65536, 512), (14, 262144, 2048), ("bf16", 8, 65536, 512), ("bf16", 8, 262144, 2048)),
+                      (8, 16))
+CASE_SETS = {"wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 
