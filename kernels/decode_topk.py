@@ -402,6 +402,35 @@ class DecodeTopK:
         return gt, eq
 
     @cute.jit
+    def bin_bounds(self, b0):
+        """The key range [lo, hi) of first-digit bin b0 (hi past every key for the top bin: no key is 0xFFFFFFFF)."""
+        shift0 = Uint32(self.key_bits - self.digits[0])
+        b = Int32(b0)
+        lo = Uint32(b) << shift0
+        hi = Uint32(sel(b + 1 < self.bins, Uint32(b + 1) << shift0, Uint32(0xFFFFFFFF)))
+        return lo, hi
+
+    @cute.jit
+    def count_in_bin(self, rkeys: cute.Tensor, lo: Uint32, hi: Uint32):
+        """How many of a group's items are above the key range [lo, hi) and in it."""
+        gt = Int32(0)
+        eq = Int32(0)
+        for j in cutlass.range_constexpr(self.items):
+            gt = gt + sel(rkeys[j] >= hi, Int32(1), Int32(0))
+            eq = eq + sel((rkeys[j] >= lo) & (rkeys[j] < hi), Int32(1), Int32(0))
+        return gt, eq
+
+    @cute.jit
+    def split_group(self, rkeys: cute.Tensor, g: Int32, lo: Uint32, hi: Uint32, out_addr: Int64, list_addr: Int32,
+                    idx_delta: Int32, to_cluster: bool = False):
+        """Group g's items above [lo, hi) to out_addr on, those in it to the list at list_addr on (keys; indices
+        idx_delta bytes further): one predicated sequence an item, no branch (ptx.split_by_bin)."""
+        for j in cutlass.range_constexpr(self.items):
+            out_addr, list_addr = ptx.split_by_bin(out_addr, list_addr, idx_delta, rkeys[j], self.item_index(g, j), hi,
+                                                   lo, to_cluster)
+        return out_addr, list_addr
+
+    @cute.jit
     def load_items(self, row_addr: Int64, g: Int32, g_end: Int32, row_end: Int32, rraw: cute.Tensor,
                    rkeys: cute.Tensor):
         """The items of group g (8 column keys, or 1 block key); all key 0 if g >= g_end."""
@@ -1224,10 +1253,10 @@ class DecodeTopK:
         the first in rkeep, the second in rkeys (none read)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
-        shift0 = Uint32(self.key_bits - self.digits[0])
         gt_counter = s_misc + 9
         eq_counter = s_misc + 3
-        first_digit_mask = Uint32((0xFFFFFFFF << (self.key_bits - self.digits[0])) & 0xFFFFFFFF)
+        lo, hi = self.bin_bounds(b0)
+        idx_delta = smem_addr(s_idx) - smem_addr(s_key)
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             keys = rkeys
@@ -1237,17 +1266,13 @@ class DecodeTopK:
                 for j in cutlass.range_constexpr(self.items):
                     rraw[j] = sel(gb == g_lo, rkeep[j], rkeys[j])
                 keys = rraw
-            gt, eq = self.count_vs_threshold(keys, first_digit_mask, b0 << shift0)
-            slot = gt_base + self.warp_slots(gt, gt_counter)
-            e = dst_base + self.warp_slots(eq, eq_counter)
-            for j in cutlass.range_constexpr(self.items):
-                idx = self.item_index(g, j)
-                if (keys[j] >> shift0) > b0:
-                    cute.arch.store(out_row + slot, idx)
-                    slot = slot + 1
-                if (keys[j] >> shift0) == b0:
-                    self.push_gathered(s_key, s_idx, e, keys[j], idx)
-                    e = e + 1
+            gt, eq = self.count_in_bin(keys, lo, hi)
+            slot, e = self.warp_slots2(gt, eq, gt_counter, eq_counter)
+            list_addr = smem_addr(s_key + dst_base + e)
+            if const_expr(self.cluster > 1):
+                list_addr = ptx.mapa_shared(list_addr, Int32(0))  # CTA 0's list
+            self.split_group(keys, g, lo, hi, out_row.toint() + Int64(gt_base + slot) * 4, list_addr, idx_delta,
+                             self.cluster > 1)
 
     @cute.jit
     def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,
@@ -1795,29 +1820,23 @@ class DecodeTopKRow(DecodeTopK):
             self.mark(s_tl, 2)
             b0, above, count, _ = self.cluster_select(s_hist, self.bins, k, s_scan, s_misc, local=True)
             self.mark(s_tl, 4)
-            # Items above the bin: the first `above` slots; the bin's items: the list, for the finish. The
-            # bin is [lo, hi) on the key (hi past every key for the top bin: no key is 0xFFFFFFFF).
-            lo = Uint32(b0) << shift0
-            hi = Uint32(sel(b0 + 1 < self.bins, Uint32(b0 + 1) << shift0, Uint32(0xFFFFFFFF)))
+            # Items above the bin: the first `above` slots; the bin's items: the list, for the finish.
+            lo, hi = self.bin_bounds(b0)
             gt = Int32(0)
             eq = Int32(0)
             for i in cutlass.range_constexpr(G):
                 if tid + i * T < n_groups:
-                    for j in cutlass.range_constexpr(self.items):
-                        key = keys[i][j]
-                        gt = gt + sel(key >= hi, Int32(1), Int32(0))
-                        eq = eq + sel((key >= lo) & (key < hi), Int32(1), Int32(0))
+                    gt_i, eq_i = self.count_in_bin(keys[i], lo, hi)
+                    gt = gt + gt_i
+                    eq = eq + eq_i
             slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
-            # One predicated split an item (ptx.split_by_bin), no branch.
             out_addr = out_row.toint() + Int64(slot) * 4
             list_addr = smem_addr(s_key + e)
             idx_delta = smem_addr(s_idx) - smem_addr(s_key)
             for i in cutlass.range_constexpr(G):
-                g = tid + i * T
-                if g < n_groups:
-                    for j in cutlass.range_constexpr(self.items):
-                        out_addr, list_addr = ptx.split_by_bin(out_addr, list_addr, idx_delta, keys[i][j],
-                                                               self.item_index(g, j), hi, lo)
+                if tid + i * T < n_groups:
+                    out_addr, list_addr = self.split_group(keys[i], tid + i * T, lo, hi, out_addr, list_addr,
+                                                           idx_delta)
             self.mark(s_tl, 5)
             self.mark(s_tl, 6)
             # The finish's first barrier orders the list's stores before its reads.

@@ -152,10 +152,13 @@ def st_shared_b32(addr: Int32, v, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def split_by_bin(out_addr: Int64, list_addr: Int32, idx_delta: Int32, key, idx, hi, lo, *, loc=None, ip=None):
+def split_by_bin(out_addr: Int64, list_addr: Int32, idx_delta: Int32, key, idx, hi, lo, to_cluster: bool = False, *,
+                 loc=None, ip=None):
     """One item of a threshold split, branch-free: key >= hi stores idx at out_addr (global); lo <= key < hi
-    stores key at list_addr and idx at list_addr + idx_delta (shared). Returns (out_addr, list_addr), each
-    advanced by 4 bytes where it took the item. Keys and bounds compare unsigned."""
+    stores key at list_addr and idx at list_addr + idx_delta (shared::cta, or with to_cluster a shared::cluster
+    address from mapa_shared). Returns (out_addr, list_addr), each advanced by 4 bytes where it took the item.
+    Keys and bounds compare unsigned."""
+    space = "shared::cluster" if to_cluster else "shared"
     st = _asm([T.i64(), T.i32()],
               [_i64(out_addr), _i32(list_addr), _i32(idx_delta), Uint32(key).ir_value(), _i32(idx),
                Uint32(hi).ir_value(), Uint32(lo).ir_value()],
@@ -163,9 +166,9 @@ def split_by_bin(out_addr: Int64, list_addr: Int32, idx_delta: Int32, key, idx, 
               "setp.ge.u32 p, $5, $7;\n"
               "setp.ge.and.u32 q, $5, $8, !p;\n"
               "@p st.global.b32 [$2], $6;\n"
-              "@q st.shared.b32 [$3], $5;\n"
+              f"@q st.{space}.b32 [$3], $5;\n"
               "add.u32 t, $3, $4;\n"
-              "@q st.shared.b32 [t], $6;\n"
+              f"@q st.{space}.b32 [t], $6;\n"
               "selp.b64 d, 4, 0, p;\n"
               "add.s64 $0, $2, d;\n"
               "selp.b32 t, 4, 0, q;\n"
