@@ -1849,7 +1849,7 @@ class DecodeTopKRow(DecodeTopK):
             # row's first 64 bytes of logits.
             cute.arch.sync_threads()
             self.mark(s_tl, 9)
-            self.store_marks(s_tl, logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes)
+            self.store_marks(s_tl, row_addr)
 
 
 def make(variant) -> DecodeTopK:

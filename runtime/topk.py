@@ -112,16 +112,14 @@ class _Plan:
 
     def choose(self, rows: int, width: int):
         """(kernel, CTAs a row) for rows of this width, or None: the short-row kernel where one wave of
-        it holds the rows and it wins (ROW_ALWAYS_MAX_WIDTH), else cluster_for's."""
+        it holds the rows and it wins (ROW_ALWAYS_MAX_WIDTH, then the cluster choice), else cluster_for's."""
+        row_fits = self.row is not None and 0 < rows <= self.row[1] and width <= contract.ROW_MAX_WIDTH
+        if row_fits and width <= ROW_ALWAYS_MAX_WIDTH[self.block_mode]:
+            return self.row[0], 1  # the common short row: no cluster choice computed
         c = self.cluster_for(rows, width)
-        if self.row is not None and 0 < rows <= self.row[1] and self.row_wins(width, c):
+        if row_fits and (c is None or c < 4):
             return self.row[0], 1
         return None if c is None else (self.kernels[c][0], c)
-
-    def row_wins(self, width: int, cluster) -> bool:
-        if width <= ROW_ALWAYS_MAX_WIDTH[self.block_mode]:
-            return True
-        return width <= contract.ROW_MAX_WIDTH and (cluster is None or cluster < 4)
 
     def cluster_for(self, rows: int, width: int):
         """The largest cluster that fits one wave and leaves each CTA enough columns.

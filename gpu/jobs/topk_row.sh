@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
 # limit: 420
-# The short-row decode_topk kernel (one CTA a row) on the working tree's cache: decode_topk's GPU tests and
-# sanitizers (gpu/tools/topk_checks.sh, row kernel included), the row kernel beside cluster sizes 1, 2 and 4
-# (topk_roots.py's "row" set: the op's routing), then, with the DeepGEMM wheel carried (.whl), the indexer's
-# GPU tests and benchmark (gpu/jobs/indexer.sh steps 1-3, INDEXER_STEPS=3).
+# decode_topk on the working tree's cache (the short-row kernels' rounds ran this), each part switchable:
+#   decode_topk's GPU tests and sanitizers (gpu/tools/topk_checks.sh; SKIP_CHECKS=1: none);
+#   topk_roots.py's case sets ROOTS_SETS (default "row") on "." beside every carried .gl/head (the last commit's
+#     cache) and .gl/cand* root;
+#   with carried timeline builds (.gl/tl_*): their per-phase clocks (TOPK_TIMELINE_CASES=row for the row kernel;
+#     gpu/jobs/topk_timeline.sh), and with .whl also on the indexer's DeepGEMM logits (topk_timeline_indexer.sh);
+#   BENCH_TOPK=1: the benchmark;
+#   with the DeepGEMM wheel carried (.whl): the indexer's GPU tests and benchmark (gpu/jobs/indexer.sh).
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
 [ -z "${SKIP_CHECKS:-}" ] && topk_checks
-TOPK_ROOTS_CASES=row run timeout 150 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots_row.json" . 2>&1 | tail -70
+others=$(ls -d .gl/head .gl/cand* 2>/dev/null)
+for set in ${ROOTS_SETS:-row}; do
+  TOPK_ROOTS_CASES=$set run timeout 150 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots_$set.json" . $others 2>&1 \
+    | tail -5
+done
+if ls -d .gl/tl_* >/dev/null 2>&1; then
+  bash gpu/jobs/topk_timeline.sh
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    for tl in .gl/tl_*; do TL_ROOT=$tl bash gpu/jobs/topk_timeline_indexer.sh; done
+  fi
+fi
 if [ -n "${BENCH_TOPK:-}" ]; then
   run timeout 80 python3 benchmarks/bench_topk.py --budget 70 --no-sweep --out "$JOB_OUT/bench_topk.json" 2>&1 | tail -8
 fi

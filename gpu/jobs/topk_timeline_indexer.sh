@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # limit: 120
-# decode_topk per-phase clocks (timeline build carried in .gl/tl) on the indexer benchmark's shapes: its
+# decode_topk per-phase clocks (timeline build carried in .gl/tl, or TL_ROOT) on the indexer benchmark's shapes: its
 # DeepGEMM logits beside random ones (gpu/jobs/topk_timeline.py, TOPK_TIMELINE_INPUT=indexer).
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
-TOPK_TIMELINE_INPUT=indexer timeout 100 python3 gpu/jobs/topk_timeline.py .gl/tl "$JOB_OUT/timeline_indexer.json"
+root=${TL_ROOT:-.gl/tl}
+TOPK_TIMELINE_INPUT=indexer timeout 100 python3 gpu/jobs/topk_timeline.py "$root" \
+  "$JOB_OUT/timeline_indexer${TL_ROOT:+_$(basename "$root")}.json"
