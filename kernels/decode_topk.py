@@ -7,7 +7,9 @@ so "larger key" is "larger value" and one integer compare decides every tie.
 Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) into a
         2048-bin histogram of the key's top 11 bits. A short slice (under warp_min_groups
         groups) goes by CTA-wide tiles and keeps nothing else: its later steps re-read it
-        from L2. A long slice goes by warps, each on its own contiguous part, and also keeps
+        from L2, or, on the variants with a table (one CTA an SM, token mode), only the
+        groups whose largest first digit (a half-word a group, recorded here) reaches the
+        row's threshold bin (gather_marked). A long slice goes by warps, each on its own contiguous part, and also keeps
         a shared-memory list (a segment per warp, packed at the end), in index order, of
         (key, column) of the items that can still be selected. An item whose top bits are
         below the bin of the CTA's own k-th largest so far (the bound) cannot be among the
@@ -130,7 +132,7 @@ class DecodeTopK:
     """One variant: dtype, mode and cluster size are compile-time; k, shapes and strides are not."""
 
     def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
-                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int):
+                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int, table_tiles: int = 0):
         assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
         assert threads // WARP <= 16  # the scan scratch holds 16 warp totals per buffer
         self.dtype = dtype
@@ -160,6 +162,11 @@ class DecodeTopK:
         # no CTA barrier per iteration) instead of CTA-wide tiles with an ordered scan
         # each, for slices of at least this many groups (chosen at run time, per CTA).
         self.warp_min_groups = warp_min_groups
+        # With table_tiles, step 1's CTA tiles record, per 8-column group, the first digit of its largest key
+        # (a half-word each, in an array of table_words words); the gather of a slice of more tiles than
+        # kept in registers then re-reads only the groups holding an item at or above the row's threshold bin.
+        self.table_tiles = table_tiles
+        self.table_words = table_tiles * threads // 2
         # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
         experiment = os.environ.get("DECODE_TOPK_EXPERIMENT", "")
@@ -172,6 +179,10 @@ class DecodeTopK:
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
         assert list_capacity % (self.warps * LIST_VEC) == 0
         assert 2 * GATHER_STAGE <= hist_bins  # the pushes' stage is the second histogram buffer
+        # gather_marked's tile mask is one word, its group offsets half-words; the table covers every tile and
+        # serves slices of more than the two tiles kept in registers (one CTA an SM).
+        assert table_tiles <= 32 and (table_tiles == 0 or warp_min_groups - 1 <= table_tiles * threads)
+        assert table_tiles == 0 or ctas_per_sm == 1
 
     def smem_arrays(self):
         """The kernel's shared-memory arrays in allocation order, (name, 32-bit words) each, every one
@@ -185,6 +196,8 @@ class DecodeTopK:
                   ("peer", 48),
                   ("key", self.cap),
                   ("idx", self.cap)]
+        if self.table_tiles:
+            arrays.append(("table", self.table_words))
         if self.timeline:
             arrays.append(("marks", 16))
         return arrays
@@ -1075,9 +1088,10 @@ class DecodeTopK:
     @cute.jit
     def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
                     rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
-                    s_tl: cute.Pointer, rkeep=None):
+                    s_tl: cute.Pointer, table: Int32, rkeep=None):
         """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
-        With rkeep, the first tile's keys stay there (the last tile's are in rkeys).
+        With rkeep, the first tile's keys stay there (the last tile's are in rkeys). With a table (table_tiles),
+        group g's largest first digit goes to its half-word g - g_lo (shared address `table`) for gather_marked.
 
         Listing a tile's items in index order puts a thread's 8 items in 8 consecutive slots:
         8-way bank conflicts on every store (ncu: 16384 shared wavefronts for 2048 ideal per
@@ -1107,6 +1121,12 @@ class DecodeTopK:
             for j in cutlass.range_constexpr(self.items):
                 if rkeys[j] != Uint32(0):
                     cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            if const_expr(self.table_tiles > 0):
+                if g_hi - g_lo > 2 * T:  # (two tiles or fewer stay in registers: no table read)
+                    top = rkeys[0]
+                    for j in cutlass.range_constexpr(1, self.items):
+                        top = sel(rkeys[j] > top, rkeys[j], top)
+                    ptx.st_shared_u16(table + (g - g_lo) * 2, Uint32(top) >> Uint32(shift0))
             if const_expr(rkeep is not None):
                 for j in cutlass.range_constexpr(self.items):
                     rkeep[j] = sel(gb == g_lo, rkeys[j], rkeep[j])
@@ -1275,6 +1295,70 @@ class DecodeTopK:
                              self.cluster > 1)
 
     @cute.jit
+    def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
+                    dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
+                    out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer):
+        """The gather of a CTA without a list whose keys are not in registers: the groups step 1's table marks
+        (CTA tiles, where there is a table), else the whole slice again (CTA tiles without a table, or the
+        warp loop's list overflowed)."""
+        marked = False
+        if const_expr(self.table_tiles > 0):
+            marked = g_hi - g_lo < self.warp_min_groups
+        if marked:
+            self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, dst_base, s_key, s_idx, s_misc, out_row,
+                               rraw, rkeys, smem_addr(s_table))
+        else:
+            self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, dst_base, s_key, s_idx, s_misc, out_row,
+                              rraw, rkeys)
+
+    @cute.jit
+    def gather_marked(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
+                      dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
+                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, table: Int32):
+        """gather_slice for a slice of several tiles, re-reading only the groups that step 1's table marks as
+        holding an item at or above bin b0 (about k / cluster items and the bin's share of the slice).
+
+        Each warp compacts its marked groups (its own lanes' groups, tile by tile) into its own table
+        slots, already read, then takes them 32 at a time, one a lane: a round trip or two for the whole
+        slice, however the marks fall on lanes and tiles. A lane without a group takes one past g_hi
+        (all keys 0: nothing stored).
+        """
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        lane = cute.arch.lane_idx()
+        lt = cute.arch.lanemask_lt()
+        own = table + (tid - lane) * 2  # this warp's slots of a tile: own + 2 * (t * T + lane)
+        lo, hi = self.bin_bounds(b0)
+        idx_delta = smem_addr(s_idx) - smem_addr(s_key)
+        n_tiles = (g_hi - g_lo + T - 1) // T
+        marks = Uint32(0)
+        for t in cutlass.range(n_tiles):
+            top = ptx.ld_shared_u16(own + (t * T + lane) * 2)
+            marks = marks | sel(top >= b0, Uint32(1) << Uint32(t), Uint32(0))
+        cute.arch.sync_warp()  # every slot of the warp read before the compaction overwrites them
+        n = Int32(0)
+        for t in cutlass.range(n_tiles):
+            marked = ((marks >> Uint32(t)) & Uint32(1)) != Uint32(0)
+            m = cute.arch.vote_ballot_sync(marked)
+            if marked:
+                q = n + Int32(cute.arch.popc(m & lt))
+                ptx.st_shared_u16(own + ((q // WARP) * T + q % WARP) * 2, t * T + tid)
+            n = n + Int32(cute.arch.popc(m))
+        cute.arch.sync_warp()
+        for r in cutlass.range((n + WARP - 1) // WARP):
+            g = g_hi
+            if r * WARP + lane < n:
+                g = g_lo + Int32(ptx.ld_shared_u16(own + (r * T + lane) * 2))
+            self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
+            gt, eq = self.count_in_bin(rkeys, lo, hi)
+            slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
+            list_addr = smem_addr(s_key + dst_base + e)
+            if const_expr(self.cluster > 1):
+                list_addr = ptx.mapa_shared(list_addr, Int32(0))  # CTA 0's list
+            self.split_group(rkeys, g, lo, hi, out_row.toint() + Int64(gt_base + slot) * 4, list_addr, idx_delta,
+                             self.cluster > 1)
+
+    @cute.jit
     def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,
                         s_key: cute.Pointer, s_idx: cute.Pointer, s_scan: cute.Pointer, s_misc: cute.Pointer,
                         out_row: cute.Pointer, s_tl: cute.Pointer):
@@ -1436,6 +1520,7 @@ class DecodeTopK:
         s_hist, s_scan, s_misc, s_warp = s["hist"], s["scan"], s["misc"], s["warp"]
         s_peer, s_key, s_idx = s["peer"], s["key"], s["idx"]
         s_tl = s.get("marks", s_misc)
+        s_table = s.get("table", s_misc)  # (s_misc: a placeholder where there is no table, never used)
         self.mark(s_tl, 0)
         rkeys = cute.make_rmem_tensor(8, Uint32)
         rraw = cute.make_rmem_tensor(8, Uint32)
@@ -1495,7 +1580,7 @@ class DecodeTopK:
                 sp = Int32(1)
             else:
                 self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
-                                 rkeep if keep_two else None)
+                                 smem_addr(s_table), rkeep if keep_two else None)
                 ok = Int32(0)
             # This CTA's list length: cap + 1 if it overflowed (no room behind it), 0 for a short slice (no list,
             # all of CTA 0's room for the gathered finish). Without a list, the later steps re-read the slice.
@@ -1564,11 +1649,11 @@ class DecodeTopK:
                                 self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
                                                   s_idx, s_misc, out_row, rraw, rkeys, resident=2, rkeep=rkeep)
                             else:
-                                self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                                  s_idx, s_misc, out_row, rraw, rkeys)
+                                self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
+                                                 s_idx, s_misc, out_row, rraw, rkeys, s_table)
                         else:
-                            self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                              s_idx, s_misc, out_row, rraw, rkeys)
+                            self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
+                                             s_idx, s_misc, out_row, rraw, rkeys, s_table)
                 self.mark(s_tl, 5)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                 # shared memory after this barrier: the peers may exit. The output writes of a
@@ -1873,6 +1958,7 @@ def make(variant) -> DecodeTopK:
         warp_min_groups=variant.option("warp_step1_min_groups"),
         ctas_per_sm=variant.option("ctas_per_sm"),
         smem_bytes=variant.smem_bytes,
+        table_tiles=variant.option("step1_table_tiles"),
     )
 
 

@@ -140,6 +140,19 @@ def st_shared_u8(addr: Int32, v, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_shared_u16(addr: Int32, v, *, loc=None, ip=None) -> None:
+    """Store the low half-word of v."""
+    _asm(None, [_i32(addr), _i32(v)], "{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.shared.u16 [$0], h;\n}", "r,r")
+
+
+@dsl_user_op
+def ld_shared_u16(addr: Int32, *, loc=None, ip=None) -> Uint32:
+    """A half-word of shared::cta memory, zero-extended."""
+    return Uint32(_asm(T.i32(), [_i32(addr)], "{\n.reg .b16 h;\nld.shared.u16 h, [$1];\ncvt.u32.u16 $0, h;\n}",
+                       "=r,r"))
+
+
+@dsl_user_op
 def st_shared_v4_b32(addr: Int32, a, b, c, d, *, loc=None, ip=None) -> None:
     """Store four 32-bit words at a 16-byte aligned shared::cta address, one request."""
     _asm(None, [_i32(addr), _i32(a), _i32(b), _i32(c), _i32(d)],

@@ -177,11 +177,13 @@ def test_every_variant():
     """Every variant of the contract (each cluster size), launched directly, vs the reference.
 
     Two widths: a short one (CTA-tile step 1 from 2 CTAs on in token mode, 4 in block mode: one
-    or more tiles re-read) and one of ~100K columns per CTA (the warp step 1 from
-    contract.WARP_STEP1_MIN_GROUPS groups: many iterations per warp, bound refreshes).
+    or more tiles, re-read where step 1's table marks them) and one past contract.WARP_STEP1_MIN_GROUPS
+    groups per CTA (the warp step 1: many iterations per warp, bound refreshes) or, where that would pass
+    the host op's width limit (16 CTAs in token mode), that limit (CTA tiles: the largest table).
     """
     import runtime
     from runtime.contract import decode_topk as contract
+    from runtime.topk import MAX_WIDTH
 
     cache = runtime.load()
     bad = []
@@ -190,7 +192,8 @@ def test_every_variant():
         tdtype = torch.float32 if v.option("dtype") == "f32" else torch.bfloat16
         block_mode = v.option("block_mode")
         cluster = v.option("cluster")
-        long_width = cluster * max(100000, max(contract.WARP_STEP1_MIN_GROUPS.values()) * 8 + 1000) + 3
+        long_width = min(cluster * max(100000, max(contract.WARP_STEP1_MIN_GROUPS.values()) * 8 + 1000) + 3,
+                         MAX_WIDTH)
         for kind, width in (("randn", 50000 + cluster), ("ties", 50000 + cluster), ("randn", long_width),
                             ("ties", long_width)):
             k, rows = 1024, 3

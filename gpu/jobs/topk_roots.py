@@ -150,7 +150,16 @@ ROW_CASES = tuple(
 WAVE16_CASES = beside(((8, 65536, 512), (8, 65536, 2048), (8, 262144, 512), (8, 262144, 2048), (8, 1 << 20, 2048),
                        (14, 65536, 512), (14, 262144, 2048), ("bf16", 8, 65536, 512), ("bf16", 8, 262144, 2048)),
                       (8, 16))
-CASE_SETS = {"wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+# The benchmark's cells of length >= 64K (but 64 x 1M) on the kernels the host op routes them to.
+LONG_CASES = tuple(
+    (f"decode_topk_{d}_token_c{c}", rows, length, k)
+    for d in ("f32", "bf16")
+    for rows, c, lengths in ((1, 16, (65536, 262144, 1 << 20)), (8, 8, (65536, 262144, 1 << 20)),
+                             (14, 8, (262144, 1 << 20)), (64, 2, (65536, 262144)))
+    for length in lengths
+    for k in (512, 2048)
+)
+CASE_SETS = {"long": LONG_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 

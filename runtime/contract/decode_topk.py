@@ -61,6 +61,27 @@ ONE_CTA_PER_SM_MIN_CLUSTER = 8
 # k512 16.1 -> 14.2 us) and lose from there (8 x 256K on 8 CTAs: 18.4 -> 20.6 us with 8192);
 # block mode's tiles lose at 16K columns (8 x 64K on 4 CTAs +0.4-0.5 us), as before (routing_ab).
 WARP_STEP1_MIN_GROUPS = {"token": 4096, "block": 2048}
+# On the variants compiled for one CTA an SM (shared memory to spare), token mode's CTA tiles go up to
+# STEP1_TABLE_TILES tiles a CTA (128K columns), and step 1 records, per 8-column group, the first digit of its
+# largest key (a half-word each, in an array of its own): the later steps re-read only the groups that
+# can hold the row's threshold bin or above (k / cluster items and the bin's share of the slice).
+# Measured on the H200 (decode_topk_ab_h200.json: step1_table_ab): 2-4 us faster on 256K-1M rows of 1-14
+# rows (1 x 1M FP32 k2048 28.1 -> 25.0 us, 8 x 256K BF16 k512 18.6 -> 14.5), within 0.2 us elsewhere but
+# 14 x 1M FP32 (+0.8/+2.2 us; 16 tiles instead: no change there, and 8 x 1M 2 us slower than with 32).
+# The 2-CTA-an-SM variants keep the warp loop from 4096 groups and re-read whole slices: the table would
+# take the list's room for the threshold bin (at k 2048 the cluster-wide finish then ran, 3x slower).
+STEP1_TABLE_TILES = 32
+STEP1_TABLE_BYTES = STEP1_TABLE_TILES * THREADS * 2
+
+
+def warp_step1_min_groups(block_mode: bool, ctas_per_sm: int) -> int:
+    if block_mode or ctas_per_sm > 1:
+        return WARP_STEP1_MIN_GROUPS["block" if block_mode else "token"]
+    return STEP1_TABLE_TILES * THREADS + 1
+
+
+def step1_table_tiles(block_mode: bool, ctas_per_sm: int) -> int:
+    return 0 if block_mode or ctas_per_sm > 1 else STEP1_TABLE_TILES
 
 
 # The short-row variant: one CTA a row (no cluster), the whole row read once into registers
@@ -90,23 +111,26 @@ def row_name_for(dtype: str, block_mode: bool) -> str:
 
 
 def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
+    ctas_per_sm = 1 if cluster >= ONE_CTA_PER_SM_MIN_CLUSTER else 2
+    table_tiles = step1_table_tiles(block_mode, ctas_per_sm)
     return Variant(
         family="decode_topk",
         name=name_for(dtype, block_mode, cluster),
         params=PARAMS,
         threads=THREADS,
         cluster=(cluster, 1, 1),
-        smem_bytes=SMEM_BYTES,
+        smem_bytes=SMEM_BYTES + (STEP1_TABLE_BYTES if table_tiles else 0),
         pdl=False,
         config=(
             ("kind", "cluster"),
             ("dtype", dtype),
             ("block_mode", block_mode),
             ("cluster", cluster),
-            ("ctas_per_sm", 1 if cluster >= ONE_CTA_PER_SM_MIN_CLUSTER else 2),
+            ("ctas_per_sm", ctas_per_sm),
             ("list_capacity", LIST_CAPACITY),
             ("hist_bins", HIST_BINS),
-            ("warp_step1_min_groups", WARP_STEP1_MIN_GROUPS["block" if block_mode else "token"]),
+            ("warp_step1_min_groups", warp_step1_min_groups(block_mode, ctas_per_sm)),
+            ("step1_table_tiles", table_tiles),
         ),
     )
 
