@@ -2,7 +2,8 @@
 # limit: 420
 # decode_topk on the working tree's cache (the short-row kernels' rounds ran this), each part switchable:
 #   decode_topk's GPU tests and sanitizers (gpu/tools/topk_checks.sh; SKIP_CHECKS=1: none);
-#   topk_roots.py's case sets ROOTS_SETS (default "row") on "." beside every carried .gl/head (the last commit's
+#   topk_roots.py's case sets ROOTS_SETS (default "row"; the eleventh session's table rounds: "long" with
+#     BENCH_TOPK=1, then a job of its own, topk_table.sh) on "." beside every carried .gl/head (the last commit's
 #     cache) and .gl/cand* root;
 #   with carried timeline builds (.gl/tl_*): their per-phase clocks (TOPK_TIMELINE_CASES=row for the row kernel;
 #     gpu/jobs/topk_timeline.sh), and with .whl also on the indexer's DeepGEMM logits (topk_timeline_indexer.sh);
@@ -14,7 +15,7 @@ source gpu/tools/topk_checks.sh
 [ -z "${SKIP_CHECKS:-}" ] && topk_checks
 others=$(ls -d .gl/head .gl/cand* 2>/dev/null)
 for set in ${ROOTS_SETS:-row}; do
-  TOPK_ROOTS_CASES=$set run timeout 150 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots_$set.json" . $others 2>&1 \
+  TOPK_ROOTS_CASES=$set run timeout 200 python3 gpu/jobs/topk_roots.py "$JOB_OUT/topk_roots_$set.json" . $others 2>&1 \
     | tail -5
 done
 if ls -d .gl/tl_* >/dev/null 2>&1; then
