@@ -34,6 +34,14 @@ ROW_CASES = tuple((f"decode_topk_{d}_token_row", rows, length, k)
                   for d, rows, length, k in (("f32", 1, 2048, 512), ("f32", 1, 8192, 512), ("f32", 8, 8192, 512),
                                              ("f32", 64, 8192, 512), ("f32", 1, 16384, 512), ("f32", 1, 16384, 2048),
                                              ("f32", 132, 16384, 512), ("bf16", 1, 8192, 512)))
+# TOPK_TIMELINE_CASES=long: long rows on 8 and 16 CTAs (step 1's CTA tiles and table, the marked gather).
+LONG_CASES = tuple((f"decode_topk_{d}_token_c{c}", rows, length, k)
+                   for d, c, rows, length, k in (("f32", 16, 1, 1 << 20, 512), ("f32", 16, 1, 1 << 20, 2048),
+                                                 ("f32", 16, 1, 262144, 2048), ("f32", 8, 8, 1 << 20, 512),
+                                                 ("f32", 8, 8, 262144, 2048), ("bf16", 16, 1, 1 << 20, 2048),
+                                                 ("bf16", 16, 1, 262144, 512), ("bf16", 8, 8, 262144, 2048)))
+if os.environ.get("TOPK_TIMELINE_CASES") == "long":
+    CASES = LONG_CASES
 if os.environ.get("TOPK_TIMELINE_CASES") == "row":
     CASES = ROW_CASES
 RUNS = 5
