@@ -170,10 +170,13 @@ class DecodeTopK:
         # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
         experiment = os.environ.get("DECODE_TOPK_EXPERIMENT", "")
-        self.timeline = experiment in ("timeline", "timeline_step1")
+        self.timeline = experiment in ("timeline", "timeline_step1", "timeline_gather")
         # timeline_step1: marks 13 and 14 split step 1's first CTA tile (its loads landed, its histogram
         # atomics issued) instead of CTA 0's finish rounds.
         self.step1_marks = experiment == "timeline_step1"
+        # timeline_gather: marks 13 and 14 split the marked gather (gather_marked: its table read, its
+        # compaction) instead of CTA 0's finish rounds.
+        self.gather_marks = experiment == "timeline_gather"
         if self.timeline:
             self.cap -= self.warps * LIST_VEC  # room for the 16 marks in the same shared memory
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
@@ -1297,7 +1300,8 @@ class DecodeTopK:
     @cute.jit
     def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                     dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
-                    out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer):
+                    out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer,
+                    s_tl: cute.Pointer):
         """The gather of a CTA without a list whose keys are not in registers: the groups step 1's table marks
         (CTA tiles, where there is a table), else the whole slice again (CTA tiles without a table, or the
         warp loop's list overflowed)."""
@@ -1306,7 +1310,7 @@ class DecodeTopK:
             marked = g_hi - g_lo < self.warp_min_groups
         if marked:
             self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, dst_base, s_key, s_idx, s_misc, out_row,
-                               rraw, rkeys, smem_addr(s_table))
+                               rraw, rkeys, smem_addr(s_table), s_tl)
         else:
             self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, dst_base, s_key, s_idx, s_misc, out_row,
                               rraw, rkeys)
@@ -1314,7 +1318,7 @@ class DecodeTopK:
     @cute.jit
     def gather_marked(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                       dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
-                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, table: Int32):
+                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, table: Int32, s_tl: cute.Pointer):
         """gather_slice for a slice of several tiles, re-reading only the groups that step 1's table marks as
         holding an item at or above bin b0 (about k / cluster items and the bin's share of the slice).
 
@@ -1336,6 +1340,8 @@ class DecodeTopK:
             top = ptx.ld_shared_u16(own + (t * T + lane) * 2)
             marks = marks | sel(top >= b0, Uint32(1) << Uint32(t), Uint32(0))
         cute.arch.sync_warp()  # every slot of the warp read before the compaction overwrites them
+        if const_expr(self.gather_marks):
+            self.mark(s_tl, 13)
         n = Int32(0)
         for t in cutlass.range(n_tiles):
             marked = ((marks >> Uint32(t)) & Uint32(1)) != Uint32(0)
@@ -1345,6 +1351,8 @@ class DecodeTopK:
                 ptx.st_shared_u16(own + ((q // WARP) * T + q % WARP) * 2, t * T + tid)
             n = n + Int32(cute.arch.popc(m))
         cute.arch.sync_warp()
+        if const_expr(self.gather_marks):
+            self.mark(s_tl, 14)
         for r in cutlass.range((n + WARP - 1) // WARP):
             g = g_hi
             if r * WARP + lane < n:
@@ -1419,9 +1427,9 @@ class DecodeTopK:
                     imask = imask | (dmask << Uint32(shift))
                 # Every item matching the prefix is needed: the rest of the bits change nothing.
                 done = sel(krem == count, Int32(1), Int32(0))
-                if const_expr(r < 2 and not self.step1_marks):
+                if const_expr(r < 2 and not (self.step1_marks or self.gather_marks)):
                     self.mark(s_tl, 13 + r)
-        if const_expr(not self.step1_marks):
+        if const_expr(not (self.step1_marks or self.gather_marks)):
             self.mark(s_tl, 15)
         # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
         if const_expr(self.ctas_per_sm > 1):
@@ -1650,10 +1658,10 @@ class DecodeTopK:
                                                   s_idx, s_misc, out_row, rraw, rkeys, resident=2, rkeep=rkeep)
                             else:
                                 self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                                 s_idx, s_misc, out_row, rraw, rkeys, s_table)
+                                                 s_idx, s_misc, out_row, rraw, rkeys, s_table, s_tl)
                         else:
                             self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                             s_idx, s_misc, out_row, rraw, rkeys, s_table)
+                                             s_idx, s_misc, out_row, rraw, rkeys, s_table, s_tl)
                 self.mark(s_tl, 5)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                 # shared memory after this barrier: the peers may exit. The output writes of a

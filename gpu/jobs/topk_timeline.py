@@ -53,6 +53,9 @@ INDEXER_SIZES = ((64, 8192), (8, 8192), (1, 8192), (8, 65536))
 # TOPK_TIMELINE_MARKS=step1: builds with DECODE_TOPK_EXPERIMENT=timeline_step1, whose marks 13 and 14 split step 1's
 # first CTA tile (its loads landed, its histogram atomics issued) instead of CTA 0's finish rounds.
 STEP1_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "step1"
+# TOPK_TIMELINE_MARKS=gather: builds with DECODE_TOPK_EXPERIMENT=timeline_gather, whose marks 13 and 14 split the
+# marked gather (gather_marked) of a CTA-tile slice: its table read, its compaction, then its rounds.
+GATHER_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "gather"
 
 
 def phases(marks):
@@ -65,6 +68,9 @@ def phases(marks):
     if STEP1_MARKS and m[14]:
         out.update({"step 1: to loads landed": d(1, 13), "step 1: histogram atomics": d(13, 14),
                     "step 1: rest": d(14, 2)})
+        m[13] = m[14] = 0
+    if GATHER_MARKS and m[14]:
+        out.update({"gather: table read": d(12, 13), "gather: compaction": d(13, 14), "gather: rounds": d(14, 5)})
         m[13] = m[14] = 0
     if m[5]:
         if m[12]:  # a listed CTA: the pushes pass, then its warps' output-slot reservation (a CTA without a
