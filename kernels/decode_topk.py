@@ -313,16 +313,18 @@ class DecodeTopK:
         n_valid = sel(n_valid > 8, Int32(8), n_valid)
         n_valid = Int32(sel(g < g_end, n_valid, Int32(0)))
         for j in cutlass.range_constexpr(8):
-            if const_expr(self.dtype == "f32"):
-                raw = rraw[j]
-            else:
-                raw = (rraw[j // 2] >> Uint32(16 * (j % 2))) & Uint32(0xFFFF)
-            rkeys[j] = sel(n_valid > j, self.key_of(raw), Uint32(0))
+            rkeys[j] = sel(n_valid > j, self.key_of(self.raw_column(rraw, j)), Uint32(0))
         if const_expr(self.block_mode):
             m = rkeys[0]
             for j in cutlass.range_constexpr(1, 8):
                 m = sel(rkeys[j] > m, rkeys[j], m)
             rkeys[0] = Uint32(m)
+
+    def raw_column(self, rraw: cute.Tensor, j: int) -> Uint32:
+        """Column j (0..7) of a group's raw bits (load_raw's layout) as the low bits of a word (traced inline)."""
+        if const_expr(self.dtype == "f32"):
+            return rraw[j]
+        return (rraw[j // 2] >> Uint32(16 * (j % 2))) & Uint32(0xFFFF)
 
     @cute.jit
     def group_items(self, g: Int32, g_end: Int32, row_end: Int32) -> Int32:
@@ -1119,11 +1121,25 @@ class DecodeTopK:
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             self.next_loads(row_addr, g + 2 * T, g_hi, row_end, rraw, rnext, rnext2)
-            self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
-            self.step1_mark(s_tl, 13, gb == g_lo)
-            for j in cutlass.range_constexpr(self.items):
-                if rkeys[j] != Uint32(0):
+            full = False
+            if const_expr(not self.block_mode):
+                full = (g < g_hi) & (g * 8 + 8 <= row_end)
+            if full:
+                # A whole group (every group but the row's last): no column tests, and no key is 0 (so
+                # no test before the atomics). Measured on the H200 (decode_topk_ab_h200.json:
+                # full_group_ab): 1-4 us faster on 256K-1M rows (8 x 1M 32.7 -> 29.1 us), 0.1-0.4 us on short
+                # slices: step 1's CTA tiles are bound by their instructions, not by the loads in flight.
+                for j in cutlass.range_constexpr(8):
+                    rkeys[j] = self.key_of(self.raw_column(rraw, j))
+                self.step1_mark(s_tl, 13, gb == g_lo)
+                for j in cutlass.range_constexpr(8):
                     cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            else:
+                self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
+                self.step1_mark(s_tl, 13, gb == g_lo)
+                for j in cutlass.range_constexpr(self.items):
+                    if rkeys[j] != Uint32(0):
+                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
             if const_expr(self.table_tiles > 0):
                 if g_hi - g_lo > 2 * T:  # (two tiles or fewer stay in registers: no table read)
                     top = rkeys[0]
@@ -1131,8 +1147,9 @@ class DecodeTopK:
                         top = sel(rkeys[j] > top, rkeys[j], top)
                     ptx.st_shared_u16(table + (g - g_lo) * 2, Uint32(top) >> Uint32(shift0))
             if const_expr(rkeep is not None):
-                for j in cutlass.range_constexpr(self.items):
-                    rkeep[j] = sel(gb == g_lo, rkeys[j], rkeep[j])
+                if gb == g_lo:
+                    for j in cutlass.range_constexpr(self.items):
+                        rkeep[j] = rkeys[j]
             self.step1_mark(s_tl, 14, gb == g_lo)
 
     @cute.jit
