@@ -320,6 +320,13 @@ class DecodeTopK:
                 m = sel(rkeys[j] > m, rkeys[j], m)
             rkeys[0] = Uint32(m)
 
+    def ordinary_key(self, raw: Uint32) -> Uint32:
+        """key_of for a value that is neither NaN nor zero (+-0): flip every bit of a negative one, the sign bit of
+        a positive one (traced inline; step1_tiles tests a group for the other cases)."""
+        if const_expr(self.dtype == "f32"):
+            return raw ^ (Uint32(Int32(raw) >> Int32(31)) | Uint32(0x80000000))
+        return raw ^ (((raw >> Uint32(15)) * Uint32(0x7FFF)) | Uint32(0x8000))
+
     def raw_column(self, rraw: cute.Tensor, j: int) -> Uint32:
         """Column j (0..7) of a group's raw bits (load_raw's layout) as the low bits of a word (traced inline)."""
         if const_expr(self.dtype == "f32"):
@@ -1129,8 +1136,17 @@ class DecodeTopK:
                 # no test before the atomics). Measured on the H200 (decode_topk_ab_h200.json:
                 # full_group_ab): 1-4 us faster on 256K-1M rows (8 x 1M 32.7 -> 29.1 us), 0.1-0.4 us on short
                 # slices: step 1's CTA tiles are bound by their instructions, not by the loads in flight.
+                # Keys by the sign trick alone (key_of without its NaN and zero cases), and one test for
+                # those cases over the group: a group holding a NaN or a zero takes key_of.
+                probe = Uint32(0)
                 for j in cutlass.range_constexpr(8):
-                    rkeys[j] = self.key_of(self.raw_column(rraw, j))
+                    raw = self.raw_column(rraw, j)
+                    rkeys[j] = self.ordinary_key(raw)
+                    below = (raw & Uint32((1 << (self.key_bits - 1)) - 1)) - Uint32(1)  # wraps for a zero
+                    probe = sel(below > probe, below, probe)
+                if probe >= Uint32(0x7F800000 if self.dtype == "f32" else 0x7F80):  # NaN or zero: |x| - 1 wraps
+                    for j in cutlass.range_constexpr(8):
+                        rkeys[j] = self.key_of(self.raw_column(rraw, j))
                 self.step1_mark(s_tl, 13, gb == g_lo)
                 for j in cutlass.range_constexpr(8):
                     cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
