@@ -312,13 +312,31 @@ class DecodeTopK:
         n_valid = row_end - g * 8
         n_valid = sel(n_valid > 8, Int32(8), n_valid)
         n_valid = Int32(sel(g < g_end, n_valid, Int32(0)))
-        for j in cutlass.range_constexpr(8):
-            rkeys[j] = sel(n_valid > j, self.key_of(self.raw_column(rraw, j)), Uint32(0))
+        if n_valid == 8:  # a whole group (every group but a row's last)
+            self.whole_group_keys(rraw, rkeys)
+        else:
+            for j in cutlass.range_constexpr(8):
+                rkeys[j] = sel(n_valid > j, self.key_of(self.raw_column(rraw, j)), Uint32(0))
         if const_expr(self.block_mode):
             m = rkeys[0]
             for j in cutlass.range_constexpr(1, 8):
                 m = sel(rkeys[j] > m, rkeys[j], m)
             rkeys[0] = Uint32(m)
+
+    @cute.jit
+    def whole_group_keys(self, rraw: cute.Tensor, rkeys: cute.Tensor):
+        """key_of of a whole group's 8 columns: each by the sign trick alone (ordinary_key), and one
+        test for NaN and zero over the group (|x| - 1 wraps for a zero), where key_of takes the whole group.
+        Measured on the H200 (decode_topk_ab_h200.json: ordinary_key_ab): 0.3-3 us off long rows' step 1."""
+        probe = Uint32(0)
+        for j in cutlass.range_constexpr(8):
+            raw = self.raw_column(rraw, j)
+            rkeys[j] = self.ordinary_key(raw)
+            below = (raw & Uint32((1 << (self.key_bits - 1)) - 1)) - Uint32(1)
+            probe = sel(below > probe, below, probe)
+        if probe >= Uint32(0x7F800000 if self.dtype == "f32" else 0x7F80):
+            for j in cutlass.range_constexpr(8):
+                rkeys[j] = self.key_of(self.raw_column(rraw, j))
 
     def ordinary_key(self, raw: Uint32) -> Uint32:
         """key_of for a value that is neither NaN nor zero (+-0): flip every bit of a negative one, the sign bit of
@@ -1136,17 +1154,7 @@ class DecodeTopK:
                 # no test before the atomics). Measured on the H200 (decode_topk_ab_h200.json:
                 # full_group_ab): 1-4 us faster on 256K-1M rows (8 x 1M 32.7 -> 29.1 us), 0.1-0.4 us on short
                 # slices: step 1's CTA tiles are bound by their instructions, not by the loads in flight.
-                # Keys by the sign trick alone (key_of without its NaN and zero cases), and one test for
-                # those cases over the group: a group holding a NaN or a zero takes key_of.
-                probe = Uint32(0)
-                for j in cutlass.range_constexpr(8):
-                    raw = self.raw_column(rraw, j)
-                    rkeys[j] = self.ordinary_key(raw)
-                    below = (raw & Uint32((1 << (self.key_bits - 1)) - 1)) - Uint32(1)  # wraps for a zero
-                    probe = sel(below > probe, below, probe)
-                if probe >= Uint32(0x7F800000 if self.dtype == "f32" else 0x7F80):  # NaN or zero: |x| - 1 wraps
-                    for j in cutlass.range_constexpr(8):
-                        rkeys[j] = self.key_of(self.raw_column(rraw, j))
+                self.whole_group_keys(rraw, rkeys)
                 self.step1_mark(s_tl, 13, gb == g_lo)
                 for j in cutlass.range_constexpr(8):
                     cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
