@@ -9,11 +9,11 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) int
         groups) goes by CTA-wide tiles and keeps nothing else: its later steps re-read it
         from L2, or, on the variants with a table (one CTA an SM, token mode), only the
         groups whose largest first digit (a half-word a group, recorded here) reaches the
-        row's threshold bin (gather_marked). A long slice goes by warps, each on its own contiguous part, and also keeps
-        a shared-memory list (a segment per warp, packed at the end), in index order, of
-        (key, column) of the items that can still be selected. An item whose top bits are
-        below the bin of the CTA's own k-th largest so far (the bound) cannot be among the
-        row's k largest: it is neither counted nor listed. The test is one float compare per
+        row's threshold bin (gather_marked). A long slice goes by warps, each on its own
+        contiguous part, and also keeps a shared-memory list (a segment per warp, packed at
+        the end), in index order, of (key, column) of the items that can still be selected.
+        An item whose top bits are below the bin of the CTA's own k-th largest so far (the
+        bound) cannot be among the row's k largest: it is neither counted nor listed. The test is one float compare per
         item; the items that pass are written in order (their places from one ballot per bit
         of the lanes' counts, not a shuffle scan) and read back densely for their exact key
         and the histogram. A warp refreshes its bound (and filters its segment) when the
@@ -340,7 +340,7 @@ class DecodeTopK:
 
     def ordinary_key(self, raw: Uint32) -> Uint32:
         """key_of for a value that is neither NaN nor zero (+-0): flip every bit of a negative one, the sign bit of
-        a positive one (traced inline; step1_tiles tests a group for the other cases)."""
+        a positive one (traced inline; whole_group_keys tests a group for the other cases)."""
         if const_expr(self.dtype == "f32"):
             return raw ^ (Uint32(Int32(raw) >> Int32(31)) | Uint32(0x80000000))
         return raw ^ (((raw >> Uint32(15)) * Uint32(0x7FFF)) | Uint32(0x8000))
