@@ -4,23 +4,23 @@ A row is split into equal slices of 8-column groups over the CTAs of a cluster.
 Each logit becomes an order-preserving unsigned key (NaN -> key of -inf, -0 -> +0),
 so "larger key" is "larger value" and one integer compare decides every tie.
 
-Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) into a
-        2048-bin histogram of the key's top 11 bits. A short slice (under warp_min_groups
-        groups) goes by CTA-wide tiles and keeps nothing else: its later steps re-read it
-        from L2, or, on the variants with a table (one CTA an SM, token mode), only the
-        groups whose largest first digit (a half-word a group, recorded here) reaches the
-        row's threshold bin (gather_marked). A long slice goes by warps, each on its own
-        contiguous part, and also keeps a shared-memory list (a segment per warp, packed at
-        the end), in index order, of (key, column) of the items that can still be selected.
-        An item whose top bits are below the bin of the CTA's own k-th largest so far (the
-        bound) cannot be among the row's k largest: it is neither counted nor listed. The test is one float compare per
+Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) into a 2048-bin
+        histogram of the key's top 11 bits. A short slice (under warp_min_groups groups) goes
+        by CTA-wide tiles and keeps nothing else: its later steps re-read it from L2, or, on
+        the variants with a table (one CTA an SM, token mode), only the groups whose largest
+        first digit (a half-word a group, recorded here) reaches the row's threshold bin
+        (gather_marked). A long slice goes by warps, each on its own contiguous part, and also
+        keeps a shared-memory list (a segment per warp, packed at the end), in index order, of
+        (key, column) of the items that can still be selected. An item whose top bits are
+        below the bin of the CTA's own k-th largest so far (the bound) cannot be among the
+        row's k largest: it is neither counted nor listed. The test is one float compare per
         item; the items that pass are written in order (their places from one ballot per bit
         of the lanes' counts, not a shuffle scan) and read back densely for their exact key
         and the histogram. A warp refreshes its bound (and filters its segment) when the
         segment cannot take another iteration; in token mode on 1- and 16-CTA clusters the
-        warps also share a bound that one warp in 16 recomputes each iteration; at the end
-        the segments keep only the items at or above the CTA's final k-th bin. A CTA whose
-        list still overflows (many equal keys) re-reads its slice in the later steps too.
+        warps also share a bound that one warp in 16 recomputes each iteration; at the end the
+        segments keep only the items at or above the CTA's final k-th bin. A CTA whose list
+        still overflows (many equal keys) re-reads its slice in the later steps too.
 Step 2  the cluster sums the histograms through distributed shared memory (from the
         highest of the CTAs' final bounds up to the highest nonempty bin of any CTA: the
         bins it reads are exact) and every CTA finds the same bin holding the k-th largest
