@@ -1317,8 +1317,6 @@ class DecodeTopK:
         the first in rkeep, the second in rkeys (none read)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
-        gt_counter = s_misc + 9
-        eq_counter = s_misc + 3
         lo, hi = self.bin_bounds(b0)
         idx_delta = smem_addr(s_idx) - smem_addr(s_key)
         for gb in cutlass.range(g_lo, g_hi, T):
@@ -1330,13 +1328,20 @@ class DecodeTopK:
                 for j in cutlass.range_constexpr(self.items):
                     rraw[j] = sel(gb == g_lo, rkeep[j], rkeys[j])
                 keys = rraw
-            gt, eq = self.count_in_bin(keys, lo, hi)
-            slot, e = self.warp_slots2(gt, eq, gt_counter, eq_counter)
-            list_addr = smem_addr(s_key + dst_base + e)
-            if const_expr(self.cluster > 1):
-                list_addr = ptx.mapa_shared(list_addr, Int32(0))  # CTA 0's list
-            self.split_group(keys, g, lo, hi, out_row.toint() + Int64(gt_base + slot) * 4, list_addr, idx_delta,
-                             self.cluster > 1)
+            self.gather_group(keys, g, lo, hi, gt_base, dst_base, idx_delta, s_key, s_misc, out_row)
+
+    @cute.jit
+    def gather_group(self, keys: cute.Tensor, g: Int32, lo: Uint32, hi: Uint32, gt_base: Int32, dst_base: Int32,
+                     idx_delta: Int32, s_key: cute.Pointer, s_misc: cute.Pointer, out_row: cute.Pointer):
+        """Group g's items (keys) above the bin [lo, hi) to the output from slot gt_base on, those in it to CTA 0's
+        list from dst_base on: the warp's places from this CTA's two counters (misc[9], misc[3]), then one split."""
+        gt, eq = self.count_in_bin(keys, lo, hi)
+        slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
+        list_addr = smem_addr(s_key + dst_base + e)
+        if const_expr(self.cluster > 1):
+            list_addr = ptx.mapa_shared(list_addr, Int32(0))  # CTA 0's list
+        self.split_group(keys, g, lo, hi, out_row.toint() + Int64(gt_base + slot) * 4, list_addr, idx_delta,
+                         self.cluster > 1)
 
     @cute.jit
     def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
@@ -1399,13 +1404,7 @@ class DecodeTopK:
             if r * WARP + lane < n:
                 g = g_lo + Int32(ptx.ld_shared_u16(own + (r * T + lane) * 2))
             self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-            gt, eq = self.count_in_bin(rkeys, lo, hi)
-            slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
-            list_addr = smem_addr(s_key + dst_base + e)
-            if const_expr(self.cluster > 1):
-                list_addr = ptx.mapa_shared(list_addr, Int32(0))  # CTA 0's list
-            self.split_group(rkeys, g, lo, hi, out_row.toint() + Int64(gt_base + slot) * 4, list_addr, idx_delta,
-                             self.cluster > 1)
+            self.gather_group(rkeys, g, lo, hi, gt_base, dst_base, idx_delta, s_key, s_misc, out_row)
 
     @cute.jit
     def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,

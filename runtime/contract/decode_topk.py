@@ -74,14 +74,14 @@ STEP1_TABLE_TILES = 32
 STEP1_TABLE_BYTES = STEP1_TABLE_TILES * THREADS * 2
 
 
-def warp_step1_min_groups(block_mode: bool, ctas_per_sm: int) -> int:
-    if block_mode or ctas_per_sm > 1:
-        return WARP_STEP1_MIN_GROUPS["block" if block_mode else "token"]
-    return STEP1_TABLE_TILES * THREADS + 1
-
-
 def step1_table_tiles(block_mode: bool, ctas_per_sm: int) -> int:
     return 0 if block_mode or ctas_per_sm > 1 else STEP1_TABLE_TILES
+
+
+def warp_step1_min_groups(block_mode: bool, ctas_per_sm: int) -> int:
+    """Where the warp loop takes over from the CTA tiles: past the table's tiles where there is one."""
+    tiles = step1_table_tiles(block_mode, ctas_per_sm)
+    return tiles * THREADS + 1 if tiles else WARP_STEP1_MIN_GROUPS["block" if block_mode else "token"]
 
 
 # The short-row variant: one CTA a row (no cluster), the whole row read once into registers
