@@ -205,6 +205,12 @@ class DecodeTopK:
             arrays.append(("marks", 16))
         return arrays
 
+    def allocate_smem(self) -> dict:
+        """smem_arrays' arrays in the kernel's dynamic shared memory, by name (traced inside a kernel)."""
+        smem = SmemAllocator()
+        return {name: smem.allocate_array(Uint32 if name == "key" else Int32, words, byte_alignment=16)
+                for name, words in self.smem_arrays()}
+
     # ------------------------------------------------------------------ launch
     @cute.jit
     def __call__(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
@@ -1562,9 +1568,7 @@ class DecodeTopK:
             rank = cute.arch.block_idx_in_cluster()
         row = bid // C
 
-        smem = SmemAllocator()
-        s = {name: smem.allocate_array(Uint32 if name == "key" else Int32, words, byte_alignment=16)
-             for name, words in self.smem_arrays()}
+        s = self.allocate_smem()
         s_hist, s_scan, s_misc, s_warp = s["hist"], s["scan"], s["misc"], s["warp"]
         s_peer, s_key, s_idx = s["peer"], s["key"], s["idx"]
         s_tl = s.get("marks", s_misc)
@@ -1916,9 +1920,7 @@ class DecodeTopKRow(DecodeTopK):
         G = self.groups
         tid = cute.arch.thread_idx()[0]
         row = cute.arch.block_idx()[0]
-        smem = SmemAllocator()
-        s = {name: smem.allocate_array(Uint32 if name == "key" else Int32, words, byte_alignment=16)
-             for name, words in self.smem_arrays()}
+        s = self.allocate_smem()
         s_hist, s_scan, s_misc, s_key, s_idx = s["hist"], s["scan"], s["misc"], s["key"], s["idx"]
         s_tl = s.get("marks", s_misc)
         self.mark(s_tl, 0)
