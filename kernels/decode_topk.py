@@ -62,6 +62,8 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32, const_expr
 from cutlass.memory.smem import SmemAllocator
 
+from runtime.contract import decode_topk as contract
+
 from . import ptx
 from .compile import cubin_of, gmem_ptr, null_stream
 
@@ -132,7 +134,8 @@ class DecodeTopK:
     """One variant: dtype, mode and cluster size are compile-time; k, shapes and strides are not."""
 
     def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
-                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int, table_tiles: int = 0):
+                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int, table_tiles: int = 0,
+                 table_max_batch_bytes: int = 0):
         assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
         assert threads // WARP <= 16  # the scan scratch holds 16 warp totals per buffer
         self.dtype = dtype
@@ -167,6 +170,10 @@ class DecodeTopK:
         # kept in registers then re-reads only the groups holding an item at or above the row's threshold bin.
         self.table_tiles = table_tiles
         self.table_words = table_tiles * threads // 2
+        # Slices of WARP_STEP1_MIN_GROUPS groups and more take the table only while the launch's logits fit in
+        # table_max_batch_bytes (the marked groups' re-reads then hit L2), else the warp loop.
+        self.table_max_batch_bytes = table_max_batch_bytes
+        self.table_min_groups = contract.WARP_STEP1_MIN_GROUPS["block" if block_mode else "token"]
         # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
         experiment = os.environ.get("DECODE_TOPK_EXPERIMENT", "")
@@ -320,6 +327,9 @@ class DecodeTopK:
         n_valid = Int32(sel(g < g_end, n_valid, Int32(0)))
         if n_valid == 8:  # a whole group (every group but a row's last)
             self.whole_group_keys(rraw, rkeys)
+        elif n_valid == 0:  # no group (a lane past the slice): no key_of for columns that are all dropped
+            for j in cutlass.range_constexpr(8):
+                rkeys[j] = Uint32(0)
         else:
             for j in cutlass.range_constexpr(8):
                 rkeys[j] = sel(n_valid > j, self.key_of(self.raw_column(rraw, j)), Uint32(0))
@@ -1121,6 +1131,17 @@ class DecodeTopK:
                 cute.arch.sync_threads()
         return n_list, all_ok
 
+    def step1_by_tiles(self, n_groups: Int32, width: Int32):
+        """Whether a slice of n_groups groups takes step 1's CTA tiles, else the warp loop (traced inline): under
+        warp_min_groups groups, and from table_min_groups on only while the launch's logits (rows x width, the
+        same on every CTA) fit table_max_batch_bytes."""
+        tiles = n_groups < self.warp_min_groups
+        if const_expr(self.table_tiles > 0):
+            rows = cute.arch.grid_dim()[0] // self.cluster
+            fits = Int64(rows) * Int64(width) * self.elem_bytes <= Int64(self.table_max_batch_bytes)
+            tiles = tiles & ((n_groups < self.table_min_groups) | fits)
+        return tiles
+
     @cute.jit
     def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
                     rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
@@ -1353,13 +1374,13 @@ class DecodeTopK:
     def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                     dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer,
-                    s_tl: cute.Pointer):
+                    s_tl: cute.Pointer, tiles):
         """The gather of a CTA without a list whose keys are not in registers: the groups step 1's table marks
         (CTA tiles, where there is a table), else the whole slice again (CTA tiles without a table, or the
-        warp loop's list overflowed)."""
+        warp loop's list overflowed). tiles: step 1 ran by CTA tiles (step1_by_tiles)."""
         marked = False
         if const_expr(self.table_tiles > 0):
-            marked = g_hi - g_lo < self.warp_min_groups
+            marked = tiles
         if marked:
             self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, dst_base, s_key, s_idx, s_misc, out_row,
                                rraw, rkeys, smem_addr(s_table), s_tl)
@@ -1626,17 +1647,17 @@ class DecodeTopK:
                 # Every CTA of the cluster has started before any stores into its shared memory
                 # (the pushes after step 1 wait on this phase).
                 cute.arch.cluster_arrive_relaxed()
-            if g_hi - g_lo >= self.warp_min_groups:
-                n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, s_scan,
-                                             s_misc, rraw, rnext, rnext2, rkeys)
-                sp = Int32(1)
-            else:
+            short = self.step1_by_tiles(g_hi - g_lo, width)
+            if short:
                 self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
                                  smem_addr(s_table), rkeep if keep_two else None)
                 ok = Int32(0)
+            else:
+                n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, s_scan,
+                                             s_misc, rraw, rnext, rnext2, rkeys)
+                sp = Int32(1)
             # This CTA's list length: cap + 1 if it overflowed (no room behind it), 0 for a short slice (no list,
             # all of CTA 0's room for the gathered finish). Without a list, the later steps re-read the slice.
-            short = g_hi - g_lo < self.warp_min_groups
             list_len = Int32(sel(ok != 0, n_list, Int32(self.cap + 1)))
             list_len = Int32(sel(short, Int32(0), list_len))
             self.mark(s_tl, 2)
@@ -1702,10 +1723,10 @@ class DecodeTopK:
                                                   s_idx, s_misc, out_row, rraw, rkeys, resident=2, rkeep=rkeep)
                             else:
                                 self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                                 s_idx, s_misc, out_row, rraw, rkeys, s_table, s_tl)
+                                                 s_idx, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
                         else:
                             self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                             s_idx, s_misc, out_row, rraw, rkeys, s_table, s_tl)
+                                             s_idx, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
                 self.mark(s_tl, 5)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                 # shared memory after this barrier: the peers may exit. The output writes of a
@@ -2009,6 +2030,7 @@ def make(variant) -> DecodeTopK:
         ctas_per_sm=variant.option("ctas_per_sm"),
         smem_bytes=variant.smem_bytes,
         table_tiles=variant.option("step1_table_tiles"),
+        table_max_batch_bytes=variant.option("table_max_batch_bytes"),
     )
 
 

@@ -49,6 +49,11 @@ MIN_COLUMNS_PER_CTA = {1: 0, 2: 4096, 4: 2048, 8: 4096, 16: 4096}
 # 16K columns 1.7-3.3 us faster on 64 and 132 rows but 0.26-0.35 us slower than 4 CTAs on 1 and 8 rows
 # (32 items a thread: issue-bound); block mode 0.66-2.4 us faster at 8K and 16K columns on 1 and 64 rows.
 ROW_ALWAYS_MAX_WIDTH = {False: 8192, True: contract.ROW_MAX_WIDTH}  # by block_mode
+# A cluster size's one-CTA-an-SM twin (contract.FULL_SM_TWIN_CLUSTERS) takes rows of at least this many columns
+# a CTA where one wave of it holds them. Measured on the H200 (decode_topk_ab_h200.json: full_sm_twin_ab): the
+# twins win from 32K columns a CTA on (2 and 4 CTAs a row: 64 x 64K, 32 x 128K, 16 x 256K) and lose 0.1-0.2 us
+# at 4K (4 CTAs a row, 1 and 8 x 16K); nothing was measured in between.
+FULL_SM_TWIN_MIN_COLUMNS = 16384
 
 
 def _require_int32_tensor(name: str, t) -> None:
@@ -98,12 +103,14 @@ class _Plan:
 
     def __init__(self, cache, dtype: str, block_mode: bool):
         self.block_mode = block_mode
-        self.kernels = {}
+        self.kernels = {}  # cluster size -> (kernel, most rows in one wave)
+        self.twins = {}  # cluster size -> the same for its one-CTA-an-SM twin (contract.FULL_SM_TWIN_CLUSTERS)
         for c in contract.CLUSTERS:
-            name = contract.name_for(dtype, block_mode, c)
-            if name in cache:
-                kernel = cache.kernel(name)
-                self.kernels[c] = (kernel, kernel.max_active_clusters)
+            for full_sm, found in ((False, self.kernels), (True, self.twins)):
+                name = contract.name_for(dtype, block_mode, c, full_sm)
+                if (not full_sm or contract.has_full_sm_twin(block_mode, c)) and name in cache:
+                    kernel = cache.kernel(name)
+                    found[c] = (kernel, kernel.max_active_clusters)
         self.row = None
         name = contract.row_name_for(dtype, block_mode)
         if name in cache:
@@ -119,7 +126,12 @@ class _Plan:
         c = self.cluster_for(rows, width)
         if row_fits and (c is None or c < 4):
             return self.row[0], 1
-        return None if c is None else (self.kernels[c][0], c)
+        if c is None:
+            return None
+        twin = self.twins.get(c)
+        if twin is not None and rows <= twin[1] and width >= c * FULL_SM_TWIN_MIN_COLUMNS:
+            return twin[0], c  # long slices: one CTA an SM where a wave of it holds the rows
+        return self.kernels[c][0], c
 
     def cluster_for(self, rows: int, width: int):
         """The largest cluster that fits one wave and leaves each CTA enough columns.

@@ -286,6 +286,28 @@ def test_few_rows_take_the_widest_cluster_that_fits(dtype):
         _check(logits, ends, out, k, False)
 
 
+def test_long_slices_take_the_full_sm_twin():
+    """Through the op: slices of FULL_SM_TWIN_MIN_COLUMNS or more on 2 and 4 CTAs a row take the one-CTA-an-SM
+    twin where one wave of it holds the rows, else the two-CTA build; a 64 MiB batch (past the table's
+    TABLE_MAX_BATCH_BYTES) runs the twin's warp loop. Exact results each time."""
+    from runtime import topk
+
+    twin_min = topk.FULL_SM_TWIN_MIN_COLUMNS
+    for rows, width, k, dtype in ((64, 65536, 2048, torch.bfloat16), (20, 4 * twin_min + 40, 512, torch.float32),
+                                  (64, 262144, 1024, torch.float32), (64, 2 * twin_min - 8, 512, torch.float32),
+                                  (100, 65536, 512, torch.float32)):
+        logits = _logits(rows, width, dtype, seed=rows + width)
+        ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+        ends[1] = width - 5
+        ends[-1] = k - 3
+        name, cluster, _ = topk.decode_topk_plan(logits, rows, k, False)
+        most = _max_active_clusters(name.removesuffix("_full_sm") + "_full_sm")
+        twin = rows <= most and width >= cluster * twin_min
+        assert cluster in (2, 4) and name.endswith("_full_sm") == twin, (rows, width, name, most)
+        out = _run(logits, ends, k, False)
+        _check(logits, ends, out, k, False)
+
+
 def _max_active_clusters(name):
     import runtime
 

@@ -196,7 +196,9 @@ def test_cluster_choice_fits_one_wave():
             return not name.endswith("_row")
 
         def kernel(self, name):
-            return FakeKernel(name, self.most[int(name.rsplit("_c", 1)[1])])
+            twin = name.endswith("_full_sm")  # one CTA an SM: half the clusters in a wave
+            most = self.most[int(name.removesuffix("_full_sm").rsplit("_c", 1)[1])]
+            return FakeKernel(name, most // 2 if twin else most)
 
     plan = topk._Plan(FakeCache(), "f32", False)
     assert plan.row is None
@@ -239,7 +241,11 @@ def test_short_rows_take_the_row_kernel():
             return True
 
         def kernel(self, name):
-            return FakeKernel(name, 132 if name.endswith("_row") else self.most[int(name.rsplit("_c", 1)[1])])
+            if name.endswith("_row"):
+                return FakeKernel(name, 132)
+            twin = name.endswith("_full_sm")  # one CTA an SM: half the clusters in a wave
+            most = self.most[int(name.removesuffix("_full_sm").rsplit("_c", 1)[1])]
+            return FakeKernel(name, most // 2 if twin else most)
 
     widest = contract.ROW_MAX_WIDTH
     assert topk.ROW_ALWAYS_MAX_WIDTH[False] < widest and topk.ROW_ALWAYS_MAX_WIDTH[True] == widest
@@ -257,6 +263,15 @@ def test_short_rows_take_the_row_kernel():
     plan = topk._Plan(FakeCache(), "f32", False)
     kernel, per_row = plan.choose(60, widest)  # token rows over 8K that 4 CTAs a row take in one wave
     assert per_row == 4 and kernel.name == "decode_topk_f32_token_c4"
+    # Long slices go to the one-CTA-an-SM twin where a wave of it holds the rows; short ones, and more rows, not.
+    twin_min = topk.FULL_SM_TWIN_MIN_COLUMNS
+    for rows, width, name in ((64, 65536, "decode_topk_f32_token_c2_full_sm"), (66, 2 * twin_min, "decode_topk_f32_token_c2_full_sm"),
+                              (64, 2 * twin_min - 8, "decode_topk_f32_token_c2"), (67, 65536, "decode_topk_f32_token_c2"),
+                              (30, 4 * twin_min, "decode_topk_f32_token_c4_full_sm"), (8, widest, "decode_topk_f32_token_c4"),
+                              (31, 1 << 20, "decode_topk_f32_token_c4")):
+        kernel, per_row = plan.choose(rows, width)
+        assert kernel.name == name, (rows, width, kernel.name)
+    assert not topk._Plan(FakeCache(), "f32", True).twins  # block mode has none
 
 
 def test_which_calls_the_kernel_takes(monkeypatch):

@@ -17,7 +17,7 @@ from runtime.loader import load
 from runtime.scoring import BLOCK_KV, DeepGemmScorer
 from runtime.topk import decode_topk_plan
 
-SIZES = ((64, 8192), (64, 65536), (64, 262144), (8, 65536), (1, 65536))
+SIZES = ((64, 8192), (64, 65536), (64, 262144), (8, 65536), (8, 262144), (1, 65536), (1, 262144))
 
 
 def indexer_logits(scorer, rows: int, ctx: int, sets: int, gen) -> list:
@@ -49,7 +49,8 @@ def main() -> None:
         out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
         cell = {"kernel": name, "rows": rows, "context": ctx, "k": K, "us": {}}
         for r, kc in caches.items():
-            kernel = kc.kernel(name)
+            # A root built before the one-CTA-an-SM twins routes the shape to the two-CTA build.
+            kernel = kc.kernel(name if name in kc else name.removesuffix("_full_sm"))
             calls = [lambda x=x, e=e, kernel=kernel: kernel.launch(grid, x.data_ptr(), e.data_ptr(), out.data_ptr(),
                                                                   x.shape[1], x.stride(0), out.stride(0), K)
                      for x, e in xs]

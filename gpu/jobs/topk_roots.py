@@ -159,7 +159,29 @@ LONG_CASES = tuple(
     for length in lengths
     for k in (512, 2048)
 )
-CASE_SETS = {"long": LONG_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+# TOPK_ROOTS_CASES=c2: the 2-CTA and 1-CTA variants' other long slices (64 x 1M, 32 x 128K, 256 x 64K), beside "long".
+C2_CASES = (
+    ("decode_topk_f32_token_c2", 64, 1 << 20, 2048),
+    ("decode_topk_bf16_token_c2", 64, 1 << 20, 512),
+    ("decode_topk_f32_token_c2", 32, 131072, 2048),
+    ("decode_topk_f32_token_c2", 128, 65536, 2048),
+    ("decode_topk_f32_token_c1", 256, 65536, 2048),
+    ("decode_topk_bf16_token_c1", 256, 65536, 512),
+)
+# TOPK_ROOTS_CASES=twin: the 1-, 2- and 4-CTA kernels beside their one-CTA-an-SM twins ("_full_sm").
+TWIN_CASES = tuple(
+    (f"decode_topk_{d}_token_c{c}{twin}", rows, length, k)
+    for d, c, rows, length, k in (("f32", 2, 64, 65536, 512), ("bf16", 2, 64, 65536, 2048), ("f32", 2, 64, 262144, 512),
+                                  ("f32", 2, 64, 262144, 2048), ("bf16", 2, 64, 262144, 512),
+                                  ("bf16", 2, 64, 262144, 2048), ("f32", 2, 64, 1 << 20, 2048),
+                                  ("f32", 2, 32, 131072, 2048), ("f32", 2, 48, 65536, 512),
+                                  ("f32", 4, 1, 16384, 2048), ("f32", 4, 8, 16384, 512), ("f32", 4, 16, 262144, 2048),
+                                  ("f32", 4, 32, 131072, 2048), ("bf16", 4, 24, 262144, 512),
+                                  ("f32", 1, 128, 65536, 2048), ("f32", 1, 100, 262144, 512),
+                                  ("bf16", 1, 128, 65536, 512))
+    for twin in ("", "_full_sm")
+)
+CASE_SETS = {"long": LONG_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 

@@ -2,7 +2,8 @@
 
     compute-sanitizer --tool {memcheck,racecheck,synccheck} python3 gpu/jobs/topk_sanitize.py
 
-Covers cluster sizes 1, 2 and 16 and the short-row kernel, FP32/BF16, token/block mode, both step-1 loops (a
+Covers cluster sizes 1, 2 and 16, the 2-CTA one-CTA-an-SM twin ("twin2": step 1's table on a pair) and the
+short-row kernel, FP32/BF16, token/block mode, both step-1 loops (a
 110K-column slice of one CTA takes the warp loop), the gathered and the cluster-wide
 finish, the list path, the global-memory fallback path (all-equal rows overflow the
 list), ordered ties, short rows and a partial last group. Exits non-zero on a wrong result.
@@ -24,19 +25,23 @@ def main() -> int:
     cases = 0
     combos = [(d, t, b, c, w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
               for b in (False, True) for c in (1, 2, 16) for w in (40003, 110003)]
+    combos += [(d, t, False, "twin2", 110003) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))]
     # The short-row kernel ("row": one CTA a row) at its widest rows and a shorter one.
     combos += [(d, t, b, "row", w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for b in (False, True) for w in (contract.ROW_MAX_WIDTH - 5, 5003)]
     if quick:  # both dtypes and modes, a cluster (list path), a single CTA (global-memory path on "equal"), both step 1s
         combos = [("f32", torch.float32, False, 2, 40003), ("bf16", torch.bfloat16, True, 1, 40003),
                   ("f32", torch.float32, False, 1, 110003), ("f32", torch.float32, False, "row", contract.ROW_MAX_WIDTH - 5),
-                  ("bf16", torch.bfloat16, True, "row", 5003)]
+                  ("bf16", torch.bfloat16, True, "row", 5003), ("bf16", torch.bfloat16, False, "twin2", 110003)]
     for dtype, tdtype, block_mode, cluster, width in combos:
         if True:
             if True:
                 if cluster == "row":
                     kernel = cache.kernel(contract.row_name_for(dtype, block_mode))
                     cluster = 1
+                elif cluster == "twin2":
+                    kernel = cache.kernel(contract.name_for(dtype, block_mode, 2, full_sm=True))
+                    cluster = 2
                 else:
                     kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
                 k = 512

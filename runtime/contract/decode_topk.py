@@ -51,6 +51,15 @@ SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 48 * 4 + LIST_CA
 # (was 30) and 8 of 16 (was 14). Twice the list as well was slower (fewer bound refreshes
 # let more items through: 8 x 256K k512 19.9 -> 27.1 us; wide_list_ab).
 ONE_CTA_PER_SM_MIN_CLUSTER = 8
+# The smaller clusters in this tuple have a twin compiled for one CTA an SM as well ("_full_sm": 128 registers
+# and step 1's table), which the host op takes for long slices wherever one wave of it holds the rows (half as
+# many as the two-CTA build's; runtime/topk.py: FULL_SM_TWIN_MIN_COLUMNS). Measured on the H200
+# (decode_topk_ab_h200.json: full_sm_twin_ab): 2 CTAs a row, 64 x 64K 19.1 -> 15.5 us (FP32 k512), 21.2 -> 14.6 us
+# (BF16 k2048), 64 x 256K BF16 k512 34.5 -> 29.2 us, 32 x 128K FP32 k2048 28.5 -> 22.1 us; 4 CTAs a row, 16 x 256K
+# FP32 k2048 29.4 -> 22.9 us, 24 x 256K BF16 k512 23.7 -> 17.8 us, but 0.1-0.2 us slower on 4K-column slices
+# (1 and 8 x 16K). One CTA a row: mixed (128 x 64K BF16 23.8 -> 19.4 us, 100 x 256K FP32 58.4 -> 60.6 us), no twin.
+# Token mode only: block mode has no table, and its twins were not measured.
+FULL_SM_TWIN_CLUSTERS = (2, 4)
 
 # Step 1 (the one read of the logits) runs by CTA-wide tiles (a histogram only; the later
 # steps re-read the slice), or, from this many 8-column groups per CTA on, by independent
@@ -72,6 +81,12 @@ WARP_STEP1_MIN_GROUPS = {"token": 4096, "block": 2048}
 # take the list's room for the threshold bin (at k 2048 the cluster-wide finish then ran, 3x slower).
 STEP1_TABLE_TILES = 32
 STEP1_TABLE_BYTES = STEP1_TABLE_TILES * THREADS * 2
+# The table pays while the marked groups' re-reads hit L2: slices past WARP_STEP1_MIN_GROUPS take it only while
+# the launch's logits (rows x width) are at most this many bytes (the H200's L2), else the warp loop and its
+# list. Measured on the H200 (decode_topk_ab_h200.json: full_sm_twin_ab): 64 x 256K FP32 (64 MiB) on the 2-CTA
+# twin, warp loop against table, 35.9 / 36.4 us (k512) and 39.5 / 43.6 us (k2048); 14 x 1M FP32 (56 MiB) on
+# 8 CTAs, table against warp loop, 32.8 / 35.4 us (k512) and 38.9 / 40.3 us (k2048).
+TABLE_MAX_BATCH_BYTES = 60 << 20
 
 
 def step1_table_tiles(block_mode: bool, ctas_per_sm: int) -> int:
@@ -102,20 +117,26 @@ def row_smem_bytes(block_mode: bool) -> int:
     return 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + row_list_capacity(block_mode) * 8
 
 
-def name_for(dtype: str, block_mode: bool, cluster: int) -> str:
-    return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_c{cluster}"
+def has_full_sm_twin(block_mode: bool, cluster: int) -> bool:
+    return cluster in FULL_SM_TWIN_CLUSTERS and not block_mode
+
+
+def name_for(dtype: str, block_mode: bool, cluster: int, full_sm: bool = False) -> str:
+    """The cluster kernel's name; full_sm: the twin compiled for one CTA an SM (FULL_SM_TWIN_CLUSTERS)."""
+    twin = "_full_sm" if full_sm else ""
+    return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_c{cluster}{twin}"
 
 
 def row_name_for(dtype: str, block_mode: bool) -> str:
     return f"decode_topk_{dtype}_{'block' if block_mode else 'token'}_row"
 
 
-def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
-    ctas_per_sm = 1 if cluster >= ONE_CTA_PER_SM_MIN_CLUSTER else 2
+def _variant(dtype: str, block_mode: bool, cluster: int, full_sm: bool = False) -> Variant:
+    ctas_per_sm = 1 if full_sm or cluster >= ONE_CTA_PER_SM_MIN_CLUSTER else 2
     table_tiles = step1_table_tiles(block_mode, ctas_per_sm)
     return Variant(
         family="decode_topk",
-        name=name_for(dtype, block_mode, cluster),
+        name=name_for(dtype, block_mode, cluster, full_sm),
         params=PARAMS,
         threads=THREADS,
         cluster=(cluster, 1, 1),
@@ -131,6 +152,7 @@ def _variant(dtype: str, block_mode: bool, cluster: int) -> Variant:
             ("hist_bins", HIST_BINS),
             ("warp_step1_min_groups", warp_step1_min_groups(block_mode, ctas_per_sm)),
             ("step1_table_tiles", table_tiles),
+            ("table_max_batch_bytes", TABLE_MAX_BATCH_BYTES if table_tiles else 0),
         ),
     )
 
@@ -158,10 +180,11 @@ def _row_variant(dtype: str, block_mode: bool) -> Variant:
 
 
 CLUSTER_VARIANTS = tuple(
-    _variant(dtype, block_mode, cluster)
+    _variant(dtype, block_mode, cluster, full_sm)
     for dtype in DTYPES
     for block_mode in (False, True)
     for cluster in CLUSTERS
+    for full_sm in ((False, True) if has_full_sm_twin(block_mode, cluster) else (False,))
 )
 ROW_VARIANTS = tuple(_row_variant(dtype, block_mode) for dtype in DTYPES for block_mode in (False, True))
 VARIANTS = CLUSTER_VARIANTS + ROW_VARIANTS
