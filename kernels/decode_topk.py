@@ -105,6 +105,12 @@ BOUND_SHARE_PERIOD = 16
 # short_floors_ab): on 2 CTAs 0.3-0.5 us faster without (64 x 8K 7.50 -> 7.10 us), on 4 CTAs
 # 0.1-0.6 us slower, on 8 and 16 CTAs 1-5 us slower.
 SHORT_FLOORS_MIN_CLUSTER = 4
+# The gathered finish ranks up to this many exact ties of the resolved key directly (each against all of them)
+# instead of running the index rounds; more ties (e.g. all-equal rows) take the rounds. Measured on the H200
+# (decode_topk_ab_h200.json: tie_rank_ab): with 64, BF16 rows of 16K-256K 1.4-7.8 % faster (64 x 16K on 2 CTAs
+# 8.67 -> 7.99 us), the rest within 0.7 %; with 256, BF16 k2048 rows of 256K-1M 1.5-4 % slower (a few hundred
+# ties ranked against each other cost more than two rounds).
+TIE_RANK_MAX = 64
 
 
 def count_bits(most: int) -> int:
@@ -1441,6 +1447,7 @@ class DecodeTopK:
 
         Radix rounds over the keys' remaining bits, then over ~index (exact ties), each
         a histogram in this CTA only; the selected items go to slots from first_slot on.
+        At most TIE_RANK_MAX exact ties of the resolved key skip the index rounds (take_ties).
         """
         T = self.threads
         tid = cute.arch.thread_idx()[0]
@@ -1494,6 +1501,16 @@ class DecodeTopK:
                     imask = imask | (dmask << Uint32(shift))
                 # Every item matching the prefix is needed: the rest of the bits change nothing.
                 done = sel(krem == count, Int32(1), Int32(0))
+                if const_expr(word == "key" and rounds[r + 1][0] == "idx"):
+                    # The key is resolved: krem of its count exact ties, the lowest indices, are taken. A few
+                    # are ranked directly instead of by the index rounds (each a histogram of 2**11 bins).
+                    if (done == 0) & (count <= TIE_RANK_MAX):
+                        self.take_ties(src, n, krem, count, kprefix, kmask, s_hist + ((r + 1) % 2) * self.bins,
+                                       first_slot, s_key, s_idx, s_misc, out_row)
+                        done = Int32(1)
+                        # The selection pass then takes only the keys above the ties: no ~index reaches this.
+                        iprefix = Uint32(0x200000)
+                        imask = Uint32(0x1FFFFF)
                 if const_expr(r < 2 and not (self.step1_marks or self.gather_marks)):
                     self.mark(s_tl, 13 + r)
         if const_expr(not (self.step1_marks or self.gather_marks)):
@@ -1509,6 +1526,38 @@ class DecodeTopK:
                     cute.arch.store(out_row + slot, idx)
         else:
             self.select_gathered(src, n, first_slot, kprefix, kmask, iprefix, imask, s_key, s_idx, s_misc, out_row)
+
+    @cute.jit
+    def take_ties(self, src: Int32, n: Int32, krem: Int32, count: Int32, kprefix: Uint32, kmask: Uint32,
+                  scratch: cute.Pointer, first_slot: Int32, s_key: cute.Pointer, s_idx: cute.Pointer,
+                  s_misc: cute.Pointer, out_row: cute.Pointer):
+        """The gathered finish's exact ties (count items whose key matches the resolved prefix; count <= TIE_RANK_MAX):
+        their indices packed into scratch (misc[13] counts), then each ranked by the number of lower indices
+        among them; the krem lowest go to the output (slots from misc[14], the selection pass's counter)."""
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        lane = cute.arch.lane_idx()
+        for ib in cutlass.range(0, n, T, unroll=2):
+            i = ib + tid
+            key, idx = self.list_item(s_key + src, s_idx + src, i, n)
+            tie = (i < n) & ((key & kmask) == kprefix)
+            slot = self.warp_slot1(tie, s_misc + 13)
+            if tie:
+                cute.arch.store(scratch + slot, idx)
+        cute.arch.sync_threads()
+        mine = Int32(0)
+        rank = Int32(0)
+        if tid - lane < count:  # warps holding a tie (the rest skip the loop)
+            if tid < count:
+                mine = cute.arch.load(scratch + tid, Int32)
+            for j in cutlass.range(0, count, 4):
+                v0, v1, v2, v3 = ptx.ld_shared_v4_u32(smem_addr(scratch + j))
+                for q, v in enumerate((v0, v1, v2, v3)):
+                    rank = rank + sel((Int32(v) < mine) & (j + q < count), Int32(1), Int32(0))
+        take = (tid < count) & (rank < krem)
+        slot = first_slot + self.warp_slot1(take, s_misc + 14)
+        if take:
+            cute.arch.store(out_row + slot, mine)
 
     @cute.jit
     def select_gathered(self, src: Int32, n: Int32, first_slot: Int32, kprefix: Uint32, kmask: Uint32,

@@ -51,9 +51,10 @@ MIN_COLUMNS_PER_CTA = {1: 0, 2: 4096, 4: 2048, 8: 4096, 16: 4096}
 ROW_ALWAYS_MAX_WIDTH = {False: 8192, True: contract.ROW_MAX_WIDTH}  # by block_mode
 # A cluster size's one-CTA-an-SM twin (contract.FULL_SM_TWIN_CLUSTERS) takes rows of at least this many columns
 # a CTA where one wave of it holds them. Measured on the H200 (decode_topk_ab_h200.json: full_sm_twin_ab): the
-# twins win from 32K columns a CTA on (2 and 4 CTAs a row: 64 x 64K, 32 x 128K, 16 x 256K) and lose 0.1-0.2 us
-# at 4K (4 CTAs a row, 1 and 8 x 16K); nothing was measured in between.
-FULL_SM_TWIN_MIN_COLUMNS = 16384
+# twins win from 8K columns a CTA on (64 x 16K and 64 x 32K on 2 CTAs 0.4-0.7 us, 8 and 24 x 32K on 4 CTAs
+# 0.25-0.5 us, 64 x 64K 3.6-6.6 us, 16 x 256K on 4 CTAs 6.6 us) and lose 0.1-0.2 us at 4K (4 CTAs a row, 1 and
+# 8 x 16K).
+FULL_SM_TWIN_MIN_COLUMNS = 8192
 
 
 def _require_int32_tensor(name: str, t) -> None:

@@ -294,7 +294,7 @@ def test_long_slices_take_the_full_sm_twin():
 
     twin_min = topk.FULL_SM_TWIN_MIN_COLUMNS
     for rows, width, k, dtype in ((64, 65536, 2048, torch.bfloat16), (20, 4 * twin_min + 40, 512, torch.float32),
-                                  (64, 262144, 1024, torch.float32), (64, 2 * twin_min - 8, 512, torch.float32),
+                                  (64, 262144, 1024, torch.float32), (20, 4 * twin_min - 8, 512, torch.float32),
                                   (100, 65536, 512, torch.float32)):
         logits = _logits(rows, width, dtype, seed=rows + width)
         ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")

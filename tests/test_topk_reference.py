@@ -265,8 +265,8 @@ def test_short_rows_take_the_row_kernel():
     assert per_row == 4 and kernel.name == "decode_topk_f32_token_c4"
     # Long slices go to the one-CTA-an-SM twin where a wave of it holds the rows; short ones, and more rows, not.
     twin_min = topk.FULL_SM_TWIN_MIN_COLUMNS
-    for rows, width, name in ((64, 65536, "decode_topk_f32_token_c2_full_sm"), (66, 2 * twin_min, "decode_topk_f32_token_c2_full_sm"),
-                              (64, 2 * twin_min - 8, "decode_topk_f32_token_c2"), (67, 65536, "decode_topk_f32_token_c2"),
+    for rows, width, name in ((64, 65536, "decode_topk_f32_token_c2_full_sm"), (66, 4 * twin_min, "decode_topk_f32_token_c2_full_sm"),
+                              (30, 4 * twin_min - 8, "decode_topk_f32_token_c4"), (67, 65536, "decode_topk_f32_token_c2"),
                               (30, 4 * twin_min, "decode_topk_f32_token_c4_full_sm"), (8, widest, "decode_topk_f32_token_c4"),
                               (31, 1 << 20, "decode_topk_f32_token_c4")):
         kernel, per_row = plan.choose(rows, width)

@@ -181,7 +181,15 @@ TWIN_CASES = tuple(
                                   ("bf16", 1, 128, 65536, 512))
     for twin in ("", "_full_sm")
 )
-CASE_SETS = {"long": LONG_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+# TOPK_ROOTS_CASES=twinmin: the twins against the two-CTA builds at 8K and 16K columns a CTA (the routing threshold).
+TWINMIN_CASES = tuple(
+    (f"decode_topk_{d}_token_c{c}{twin}", rows, length, k)
+    for d, c, rows, length, k in (("f32", 2, 64, 32768, 2048), ("f32", 2, 64, 16384, 512), ("bf16", 2, 64, 32768, 512),
+                                  ("f32", 4, 8, 32768, 2048), ("f32", 4, 8, 65536, 512), ("f32", 4, 16, 65536, 2048),
+                                  ("bf16", 4, 8, 65536, 2048), ("f32", 4, 24, 32768, 512))
+    for twin in ("", "_full_sm")
+)
+CASE_SETS = {"long": LONG_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c8to11": C8TO11_CASES}
 
