@@ -198,6 +198,7 @@ class DecodeTopK:
         # gather_marked's tile mask is one word, its group offsets half-words; the table covers every tile and
         # serves slices of more than the two tiles kept in registers (one CTA an SM).
         assert table_tiles <= 32 and (table_tiles == 0 or warp_min_groups - 1 <= table_tiles * threads)
+        assert self.digits[0] <= 15  # gather_marked compares two table entries a word
         assert table_tiles == 0 or ctas_per_sm == 1
 
     def smem_arrays(self):
@@ -1154,7 +1155,7 @@ class DecodeTopK:
                     s_tl: cute.Pointer, table: Int32, rkeep=None):
         """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
         With rkeep, the first tile's keys stay there (the last tile's are in rkeys). With a table (table_tiles),
-        group g's largest first digit goes to its half-word g - g_lo (shared address `table`) for gather_marked.
+        group g's largest first digit goes to its half-word (table_entry, from shared address `table`) for gather_marked.
 
         Listing a tile's items in index order puts a thread's 8 items in 8 consecutive slots:
         8-way bank conflicts on every store (ncu: 16384 shared wavefronts for 2048 ideal per
@@ -1202,7 +1203,7 @@ class DecodeTopK:
                     top = rkeys[0]
                     for j in cutlass.range_constexpr(1, self.items):
                         top = sel(rkeys[j] > top, rkeys[j], top)
-                    ptx.st_shared_u16(table + (g - g_lo) * 2, Uint32(top) >> Uint32(shift0))
+                    ptx.st_shared_u16(self.table_entry(table, (gb - g_lo) // T, tid), Uint32(top) >> Uint32(shift0))
             if const_expr(rkeep is not None):
                 if gb == g_lo:
                     for j in cutlass.range_constexpr(self.items):
@@ -1394,6 +1395,16 @@ class DecodeTopK:
             self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, dst_base, s_key, s_idx, s_misc, out_row,
                               rraw, rkeys)
 
+    def table_entry(self, table: Int32, t: Int32, tid: Int32) -> Int32:
+        """Shared address of thread tid's table half-word for tile t (traced inline): four tiles a thread in 8 bytes,
+        so gather_marked reads a thread's 32 tiles with 8 loads (4-tile blocks of T x 8 bytes)."""
+        return table + (t >> 2) * (self.threads * 8) + tid * 8 + (t & 3) * 2
+
+    def warp_entry(self, table: Int32, warp: Int32, q: Int32) -> Int32:
+        """Shared address of entry q of a warp's compacted list in gather_marked (traced inline): the warp's own
+        256 bytes of each 4-tile block of the table (its lanes' entries, already read), 128 entries a block."""
+        return table + (q >> 7) * (self.threads * 8) + warp * 256 + (q & 127) * 2
+
     @cute.jit
     def gather_marked(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                       dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
@@ -1401,41 +1412,57 @@ class DecodeTopK:
         """gather_slice for a slice of several tiles, re-reading only the groups that step 1's table marks as
         holding an item at or above bin b0 (about k / cluster items and the bin's share of the slice).
 
-        Each warp compacts its marked groups (its own lanes' groups, tile by tile) into its own table
-        slots, already read, then takes them 32 at a time, one a lane: a round trip or two for the whole
-        slice, however the marks fall on lanes and tiles. A lane without a group takes one past g_hi
-        (all keys 0: nothing stored).
+        Each lane reads its groups' table entries (four tiles a load) into a bitmask of marked tiles; the warp
+        packs the marked groups, lane by lane (a prefix sum of the lanes' counts, then a walk over each lane's
+        set bits), into its own part of the table, already read, then takes them 32 at a time, one a lane: a
+        round trip or two for the whole slice. A lane without a group takes one past g_hi (all keys 0: nothing
+        stored).
         """
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         lane = cute.arch.lane_idx()
-        lt = cute.arch.lanemask_lt()
-        own = table + (tid - lane) * 2  # this warp's slots of a tile: own + 2 * (t * T + lane)
+        warp = tid // WARP
         lo, hi = self.bin_bounds(b0)
         idx_delta = smem_addr(s_idx) - smem_addr(s_key)
         n_tiles = (g_hi - g_lo + T - 1) // T
+        # A block (four tiles) a load, the next one's load issued before this one's compares (the last block is read
+        # again at the end: harmless). Two entries a word are compared at once: (entry | 0x8000) - b0 keeps bit 15
+        # iff entry >= b0 (digits are under 2**11: no borrow crosses into the other half). Entries past n_tiles
+        # (stale) are masked off at the end.
+        b0_pair = b0 * Uint32(0x00010001)
+        n_blocks = (n_tiles + 3) // 4
+        nxt0, nxt1 = ptx.ld_shared_v2_b32(table + tid * 8)
         marks = Uint32(0)
-        for t in cutlass.range(n_tiles):
-            top = ptx.ld_shared_u16(own + (t * T + lane) * 2)
-            marks = marks | sel(top >= b0, Uint32(1) << Uint32(t), Uint32(0))
-        cute.arch.sync_warp()  # every slot of the warp read before the compaction overwrites them
+        for j in cutlass.range(n_blocks):
+            pair = (nxt0, nxt1)
+            j_next = sel(j + 1 < n_blocks, j + 1, j)
+            nxt0, nxt1 = ptx.ld_shared_v2_b32(table + j_next * (T * 8) + tid * 8)
+            for h in cutlass.range_constexpr(2):
+                ge = ((Uint32(pair[h]) | Uint32(0x80008000)) - b0_pair) & Uint32(0x80008000)
+                bits = ((ge >> Uint32(15)) | (ge >> Uint32(30))) & Uint32(3)
+                marks = marks | (bits << Uint32(4 * j + 2 * h))
+        marks = marks & sel(n_tiles >= 32, Uint32(0xFFFFFFFF), (Uint32(1) << Uint32(n_tiles)) - Uint32(1))
+        cute.arch.sync_warp()  # every entry of the warp read before the packing overwrites them
         if const_expr(self.gather_marks):
             self.mark(s_tl, 13)
-        n = Int32(0)
-        for t in cutlass.range(n_tiles):
-            marked = ((marks >> Uint32(t)) & Uint32(1)) != Uint32(0)
-            m = cute.arch.vote_ballot_sync(marked)
-            if marked:
-                q = n + Int32(cute.arch.popc(m & lt))
-                ptx.st_shared_u16(own + ((q // WARP) * T + q % WARP) * 2, t * T + tid)
-            n = n + Int32(cute.arch.popc(m))
+        count = Int32(cute.arch.popc(marks))
+        through = self.warp_incl_scan(count)
+        n = cute.arch.shuffle_sync(through, WARP - 1)
+        q = through - count
+        rest = marks
+        for _ in cutlass.range(count):
+            t = Int32(cute.arch.popc((rest & (Uint32(0) - rest)) - Uint32(1)))  # the lowest marked tile
+            ptx.st_shared_u16(self.warp_entry(table, warp, q), t * T + tid)
+            rest = rest & (rest - Uint32(1))
+            q = q + 1
         cute.arch.sync_warp()
         if const_expr(self.gather_marks):
             self.mark(s_tl, 14)
         for r in cutlass.range((n + WARP - 1) // WARP):
             g = g_hi
-            if r * WARP + lane < n:
-                g = g_lo + Int32(ptx.ld_shared_u16(own + (r * T + lane) * 2))
+            e = r * WARP + lane
+            if e < n:
+                g = g_lo + Int32(ptx.ld_shared_u16(self.warp_entry(table, warp, e)))
             self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
             self.gather_group(rkeys, g, lo, hi, gt_base, dst_base, idx_delta, s_key, s_misc, out_row)
 

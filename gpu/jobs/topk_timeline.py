@@ -40,11 +40,19 @@ LONG_CASES = tuple((f"decode_topk_{d}_token_c{c}", rows, length, k)
                                                  ("f32", 16, 1, 262144, 2048), ("f32", 8, 8, 1 << 20, 512),
                                                  ("f32", 8, 8, 262144, 2048), ("bf16", 16, 1, 1 << 20, 2048),
                                                  ("bf16", 16, 1, 262144, 512), ("bf16", 8, 8, 262144, 2048)))
+# TOPK_TIMELINE_CASES=twin: the 2-CTA one-CTA-an-SM twin on 64 rows of 256K (64 MiB FP32: past the table's L2 limit in
+# the committed build), and 8 x 1M FP32 k2048 on 8 CTAs.
+TWIN_CASES = (("decode_topk_f32_token_c2_full_sm", 64, 262144, 512), ("decode_topk_f32_token_c2_full_sm", 64, 262144, 2048),
+              ("decode_topk_bf16_token_c2_full_sm", 64, 262144, 2048), ("decode_topk_f32_token_c8", 8, 1 << 20, 2048))
 if os.environ.get("TOPK_TIMELINE_CASES") == "long":
     CASES = LONG_CASES
+if os.environ.get("TOPK_TIMELINE_CASES") == "twin":
+    CASES = TWIN_CASES
 if os.environ.get("TOPK_TIMELINE_CASES") == "row":
     CASES = ROW_CASES
 RUNS = 5
+# TOPK_TIMELINE_COLD=1: each run's logits leave L2 first (a 256 MiB write after their copy), as in the benchmark's rotation.
+COLD = os.environ.get("TOPK_TIMELINE_COLD") == "1"
 # TOPK_TIMELINE_INPUT=indexer: the indexer benchmark's shapes (k = 512) on its DeepGEMM logits, each beside
 # the same shape on random logits ("random" in the case's input field).
 INDEXER_SIZES = ((64, 8192), (8, 8192), (1, 8192), (8, 65536))
@@ -122,8 +130,11 @@ def main() -> None:
         out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
         per = {}
         spans, grid = [], []
+        flush = torch.empty(64 << 20, dtype=torch.int32, device="cuda") if COLD else None
         for run in range(RUNS + 1):
             x = base.clone()
+            if COLD:
+                flush.fill_(run)
             torch.cuda.synchronize()
             kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(), out.data_ptr(), length, x.stride(0), out.stride(0), k)
             torch.cuda.synchronize()
