@@ -7,9 +7,11 @@ so "larger key" is "larger value" and one integer compare decides every tie.
 Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) into a 2048-bin
         histogram of the key's top 11 bits. A short slice (under warp_min_groups groups) goes
         by CTA-wide tiles and keeps nothing else: its later steps re-read it from L2, or, on
-        the variants with a table (one CTA an SM, token mode), only the groups whose largest
-        first digit (a half-word a group, recorded here) reaches the row's threshold bin
-        (gather_marked). A long slice goes by warps, each on its own contiguous part, and also
+        the variants with a table (one CTA an SM, token mode; up to 128K columns a CTA while
+        the launch's logits fit in L2), only the groups whose largest first digit (a half-word
+        a group, recorded here) reaches the row's threshold bin (gather_marked: a bitmask of
+        the marked tiles a lane, packed lane by lane, re-read 32 groups a warp at a time). A
+        long slice goes by warps, each on its own contiguous part, and also
         keeps a shared-memory list (a segment per warp, packed at the end), in index order, of
         (key, column) of the items that can still be selected. An item whose top bits are
         below the bin of the CTA's own k-th largest so far (the bound) cannot be among the
@@ -33,7 +35,8 @@ Gathered finish (when that bin's items fit behind CTA 0's list): every CTA pushe
         slice, from its register-resident keys or a re-read of the slice: one per CTA);
         CTA 0 alone selects among the bin's items by
         block-local radix rounds over the remaining key bits, then over the inverted
-        index (exact ties go to the lower index), and writes them. Otherwise:
+        index (exact ties go to the lower index; up to TIE_RANK_MAX ties are ranked
+        directly instead), and writes them. Otherwise:
 Step 2' (cluster-wide finish) the remaining digits
         (8 + 8 + 5 bits for FP32, 5 for BF16; only 2**bits bins are exchanged) are
         selected the same way over the list. Selection stops early once the k-th item
