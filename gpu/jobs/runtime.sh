@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# limit: 100
+# limit: 160
 set -x
 python3 -c "import torch, cuda.bindings; print(torch.__version__, torch.cuda.get_device_name(), cuda.bindings.__version__)"
 python3 -m runtime verify
