@@ -152,6 +152,10 @@ def test_cubins_for_both_archs_match_the_contract():
                 assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass, (arch, v.name)
                 assert "LD.E.128" in sass, (arch, v.name)  # the cluster's histogram reads (ld.shared::cluster.v4)
                 assert "UBLKPF.L2" in sass, (arch, v.name)  # step 1's bulk L2 prefetch of a CTA-tile slice
+            if cuobjdump and v.option("kind") == "cluster" and v.option("ctas_per_sm") == 1:
+                sass = subprocess.run([cuobjdump, "-sass", str(repo / entry["cubin"])], capture_output=True,
+                                      text=True).stdout
+                assert "LDL" not in sass and "STL" not in sass, (arch, v.name)  # 128 registers: nothing spills
             if cuobjdump and v.option("kind") == "row":
                 sass = subprocess.run([cuobjdump, "-sass", str(repo / entry["cubin"])], capture_output=True,
                                       text=True).stdout
@@ -159,6 +163,27 @@ def test_cubins_for_both_archs_match_the_contract():
                 assert "ATOMS" in sass and "BAR.SYNC" in sass, (arch, v.name)  # CTA histograms and barriers
                 assert re.search(r"LDG\.E[.A-Z]*\.128", sass), (arch, v.name)  # the row's 16-byte loads
                 assert "LDL" not in sass and "STL" not in sass, (arch, v.name)  # the row stays in registers
+
+
+def test_full_sm_twins_in_the_contract():
+    """The 2- and 4-CTA token kernels have one-CTA-an-SM twins with step 1's table (and its L2 limit); block mode and
+    the other cluster sizes have none, and a twin differs from its two-CTA build in nothing else the launch sees."""
+    from runtime.contract import decode_topk as contract
+
+    names = {v.name: v for v in contract.VARIANTS}
+    for dtype in contract.DTYPES:
+        for block_mode in (False, True):
+            for c in contract.CLUSTERS:
+                twin = names.get(contract.name_for(dtype, block_mode, c, full_sm=True))
+                assert (twin is not None) == (c in contract.FULL_SM_TWIN_CLUSTERS and not block_mode), (dtype, c)
+                if twin is None:
+                    continue
+                base = names[contract.name_for(dtype, block_mode, c)]
+                assert base.option("ctas_per_sm") == 2 and twin.option("ctas_per_sm") == 1
+                assert twin.option("step1_table_tiles") == contract.STEP1_TABLE_TILES
+                assert twin.option("table_max_batch_bytes") == contract.TABLE_MAX_BATCH_BYTES
+                assert twin.smem_bytes == base.smem_bytes + contract.STEP1_TABLE_BYTES
+                assert (twin.params, twin.threads, twin.cluster) == (base.params, base.threads, base.cluster)
 
 
 @pytest.mark.parametrize("timeline", [False, True])
