@@ -1691,7 +1691,8 @@ class DecodeTopK:
         # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
         # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
         # 10 the gather pass's in-bin counter, 11 local highest nonempty bin,
-        # 12 step 1's shared bound (warp loop), 14 the gathered finish's slot counter
+        # 12 step 1's shared bound (warp loop), 13 the gathered finish's tie counter (take_ties),
+        # 14 the gathered finish's slot counter
         # Zeroed first, on every path (the short-row path does not read them): a use of row_end
         # placed before these stores would make them wait for its load. Step 1's barrier, after
         # its first loads are issued, orders them before any use.
@@ -2025,7 +2026,7 @@ class DecodeTopKRow(DecodeTopK):
         s_tl = s.get("marks", s_misc)
         self.mark(s_tl, 0)
         # misc: 0 bin, 1 above, 6 bin count, 7 (unused), 3 the list's counter, 9 the > bin slots' counter,
-        # 14 the gathered finish's slot counter.
+        # 13 the gathered finish's tie counter (take_ties), 14 its slot counter.
         self.zero_bins(s_hist, self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
