@@ -1434,12 +1434,12 @@ class DecodeTopK:
         # (stale) are masked off at the end.
         b0_pair = b0 * Uint32(0x00010001)
         n_blocks = (n_tiles + 3) // 4
-        nxt0, nxt1 = ptx.ld_shared_v2_b32(table + tid * 8)
+        nxt0, nxt1 = ptx.ld_shared_v2_b32(self.table_entry(table, Int32(0), tid))
         marks = Uint32(0)
         for j in cutlass.range(n_blocks):
             pair = (nxt0, nxt1)
             j_next = sel(j + 1 < n_blocks, j + 1, j)
-            nxt0, nxt1 = ptx.ld_shared_v2_b32(table + j_next * (T * 8) + tid * 8)
+            nxt0, nxt1 = ptx.ld_shared_v2_b32(self.table_entry(table, 4 * j_next, tid))
             for h in cutlass.range_constexpr(2):
                 ge = ((Uint32(pair[h]) | Uint32(0x80008000)) - b0_pair) & Uint32(0x80008000)
                 bits = ((ge >> Uint32(15)) | (ge >> Uint32(30))) & Uint32(3)

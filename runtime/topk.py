@@ -103,20 +103,19 @@ class _Plan:
     and the short-row kernel (one CTA a row) with its own."""
 
     def __init__(self, cache, dtype: str, block_mode: bool):
-        self.block_mode = block_mode
-        self.kernels = {}  # cluster size -> (kernel, most rows in one wave)
-        self.twins = {}  # cluster size -> the same for its one-CTA-an-SM twin (contract.FULL_SM_TWIN_CLUSTERS)
-        for c in contract.CLUSTERS:
-            for full_sm, found in ((False, self.kernels), (True, self.twins)):
-                name = contract.name_for(dtype, block_mode, c, full_sm)
-                if (not full_sm or contract.has_full_sm_twin(block_mode, c)) and name in cache:
-                    kernel = cache.kernel(name)
-                    found[c] = (kernel, kernel.max_active_clusters)
-        self.row = None
-        name = contract.row_name_for(dtype, block_mode)
-        if name in cache:
+        def cached(name):
+            """(kernel, most rows in one wave), or None where the cache lacks it."""
+            if name not in cache:
+                return None
             kernel = cache.kernel(name)
-            self.row = (kernel, kernel.max_active_clusters)
+            return kernel, kernel.max_active_clusters
+
+        self.block_mode = block_mode
+        # cluster size -> (kernel, most rows in one wave); twins: the one-CTA-an-SM ones (FULL_SM_TWIN_CLUSTERS)
+        self.kernels = {c: k for c in contract.CLUSTERS if (k := cached(contract.name_for(dtype, block_mode, c)))}
+        self.twins = {c: k for c in contract.CLUSTERS if contract.has_full_sm_twin(block_mode, c)
+                      and (k := cached(contract.name_for(dtype, block_mode, c, full_sm=True)))}
+        self.row = cached(contract.row_name_for(dtype, block_mode))
 
     def choose(self, rows: int, width: int):
         """(kernel, CTAs a row) for rows of this width, or None: the short-row kernel where one wave of

@@ -206,26 +206,36 @@ def test_kernel_shared_memory_fits_the_contract(monkeypatch, timeline):
             assert used == v.smem_bytes, (v.name, used, v.smem_bytes)  # the contract holds nothing else
 
 
+class _FakeKernel:
+    def __init__(self, name, most):
+        self.name, self.max_active_clusters = name, most
+
+
+class _FakeCache:
+    """Stands in for a loaded cache on the H200: every decode_topk kernel name (the short-row ones only with
+    rows), each with its one-wave row limit."""
+
+    most = {1: 264, 2: 132, 4: 60, 8: 15, 16: 7}  # the H200's one-wave clusters (8 and 16: one CTA an SM)
+
+    def __init__(self, rows: bool):
+        self.rows = rows
+
+    def __contains__(self, name):
+        return self.rows or not name.endswith("_row")
+
+    def kernel(self, name):
+        if name.endswith("_row"):
+            return _FakeKernel(name, 132)
+        twin = name.endswith("_full_sm")  # one CTA an SM: half the clusters in a wave
+        most = self.most[int(name.removesuffix("_full_sm").rsplit("_c", 1)[1])]
+        return _FakeKernel(name, most // 2 if twin else most)
+
+
 def test_cluster_choice_fits_one_wave():
     """The op picks the largest cluster that fits one wave and leaves each CTA >= MIN_COLUMNS_PER_CTA[c] columns."""
     from runtime import topk
 
-    class FakeKernel:
-        def __init__(self, name, most):
-            self.name, self.max_active_clusters = name, most
-
-    class FakeCache:
-        most = {1: 264, 2: 132, 4: 60, 8: 15, 16: 7}  # the H200's one-wave clusters (8 and 16: one CTA an SM)
-
-        def __contains__(self, name):
-            return not name.endswith("_row")
-
-        def kernel(self, name):
-            twin = name.endswith("_full_sm")  # one CTA an SM: half the clusters in a wave
-            most = self.most[int(name.removesuffix("_full_sm").rsplit("_c", 1)[1])]
-            return FakeKernel(name, most // 2 if twin else most)
-
-    plan = topk._Plan(FakeCache(), "f32", False)
+    plan = topk._Plan(_FakeCache(rows=False), "f32", False)
     assert plan.row is None
     assert plan.cluster_for(1, 65536) == 16  # a single row takes 16 CTAs from 64K columns
     assert plan.cluster_for(2, 65536) == 16
@@ -255,27 +265,10 @@ def test_short_rows_take_the_row_kernel():
     from runtime import topk
     from runtime.contract import decode_topk as contract
 
-    class FakeKernel:
-        def __init__(self, name, most):
-            self.name, self.max_active_clusters = name, most
-
-    class FakeCache:
-        most = {1: 264, 2: 132, 4: 60, 8: 15, 16: 7}
-
-        def __contains__(self, name):
-            return True
-
-        def kernel(self, name):
-            if name.endswith("_row"):
-                return FakeKernel(name, 132)
-            twin = name.endswith("_full_sm")  # one CTA an SM: half the clusters in a wave
-            most = self.most[int(name.removesuffix("_full_sm").rsplit("_c", 1)[1])]
-            return FakeKernel(name, most // 2 if twin else most)
-
     widest = contract.ROW_MAX_WIDTH
     assert topk.ROW_ALWAYS_MAX_WIDTH[False] < widest and topk.ROW_ALWAYS_MAX_WIDTH[True] == widest
     for block_mode in (False, True):
-        plan = topk._Plan(FakeCache(), "bf16", block_mode)
+        plan = topk._Plan(_FakeCache(rows=True), "bf16", block_mode)
         row = contract.row_name_for("bf16", block_mode)
         always = topk.ROW_ALWAYS_MAX_WIDTH[block_mode]
         for rows, width in ((1, 1), (1, always), (8, 2048), (60, always), (61, widest), (132, widest)):
@@ -285,7 +278,7 @@ def test_short_rows_take_the_row_kernel():
             kernel, per_row = plan.choose(rows, width)
             assert per_row == plan.cluster_for(rows, width) and kernel.name.endswith(f"_c{per_row}")
         assert plan.choose(0, 100) is None
-    plan = topk._Plan(FakeCache(), "f32", False)
+    plan = topk._Plan(_FakeCache(rows=True), "f32", False)
     kernel, per_row = plan.choose(60, widest)  # token rows over 8K that 4 CTAs a row take in one wave
     assert per_row == 4 and kernel.name == "decode_topk_f32_token_c4"
     # Long slices go to the one-CTA-an-SM twin where a wave of it holds the rows; short ones, and more rows, not.
@@ -296,7 +289,7 @@ def test_short_rows_take_the_row_kernel():
                               (31, 1 << 20, "decode_topk_f32_token_c4")):
         kernel, per_row = plan.choose(rows, width)
         assert kernel.name == name, (rows, width, kernel.name)
-    assert not topk._Plan(FakeCache(), "f32", True).twins  # block mode has none
+    assert not topk._Plan(_FakeCache(rows=True), "f32", True).twins  # block mode has none
 
 
 def test_which_calls_the_kernel_takes(monkeypatch):
