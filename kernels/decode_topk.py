@@ -51,6 +51,10 @@ Step 3  keys above the threshold are written at this CTA's block of slots (one a
 Rows with at most k candidates skip the selection: their candidates in index
 order, then -1. Output order within a row is unspecified.
 
+Every variant is launched with programmatic dependent launch: the shared-memory zeroing
+runs while the previous grid finishes, and griddepcontrol.wait comes before any global
+access (wait_for_inputs).
+
 DecodeTopKRow (the `_row` variants, rows of up to 16K columns) is one CTA a row: the row
 is read once into registers, the first digit is selected there, and the gathered finish
 above resolves its bin; no cluster, no list of step 1, no re-read.
@@ -1641,6 +1645,16 @@ class DecodeTopK:
 
     # ------------------------------------------------------------------ the kernel
     @cute.jit
+    def wait_for_inputs(self):
+        """Programmatic dependent launch: the setup above (shared-memory zeroing) overlaps the
+        previous grid; every global access (row ends, logits, the output rows, which that grid may
+        still read or write) comes after the wait. The next grid may then be scheduled at once: it
+        waits in turn for this one to finish, and this grid's CTAs are all resident already (one
+        wave), so its CTAs only take SMs this one leaves free."""
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
     def row_span(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, row: Int32, width: Int32,
                  stride: Int32, out_stride: Int32):
         """Row `row`'s end clipped to [0, width], its 8-column groups and items (columns, or blocks),
@@ -1699,6 +1713,7 @@ class DecodeTopK:
         self.zero_bins(s_hist, 2 * self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
+        self.wait_for_inputs()
         row_end, n_groups, n_items, out_row, row_addr = self.row_span(logits, row_ends, out, row, width, stride,
                                                                       out_stride)
 
@@ -2030,6 +2045,7 @@ class DecodeTopKRow(DecodeTopK):
         self.zero_bins(s_hist, self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
+        self.wait_for_inputs()
         row_end, n_groups, n_items, out_row, row_addr = self.row_span(logits, row_ends, out, row, width, stride,
                                                                       out_stride)
         if n_items <= k:

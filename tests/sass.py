@@ -44,6 +44,11 @@ def sass(cubin: str) -> str:
     return out.stdout
 
 
+def opcode_sequence(cubin: str) -> list[str]:
+    """The instruction mnemonics (with modifiers) of a cubin, in text order."""
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass(cubin))
+
+
 def opcodes(cubin: str) -> set[str]:
     """The distinct instruction mnemonics (with modifiers) of a cubin."""
-    return set(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass(cubin)))
+    return set(opcode_sequence(cubin))

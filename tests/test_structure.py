@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime.manifest import manifest_path
-from sass import cuobjdump, opcodes
+from sass import cuobjdump, opcode_sequence, opcodes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,3 +42,19 @@ def test_empty_kernels_are_empty(arch):
     for k in entries(arch, "empty"):
         ops = opcodes(str(REPO / k["cubin"]))
         assert ops <= {"EXIT", "BRA", "NOP", "LDC", "LDCU"}, (k["name"], ops)  # a constant load at most
+
+
+GLOBAL_ACCESS = ("LDG", "STG", "ATOMG", "RED.", "LD.", "ST.", "LDGSTS")  # and generic LD/ST
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_decode_topk_waits_before_any_global_access(arch):
+    """decode_topk is launched with programmatic dependent launch: its logits, row ends and
+    output rows may still be in the previous grid's hands until griddepcontrol.wait (ACQBULK)."""
+    for k in entries(arch, "decode_topk"):
+        assert k["pdl"], k["name"]
+        lines = opcode_sequence(str(REPO / k["cubin"]))
+        assert "ACQBULK" in lines and "PREEXIT" in lines, k["name"]
+        before = lines[:lines.index("ACQBULK")]
+        touched = [op for op in before if op.startswith(GLOBAL_ACCESS)]
+        assert not touched, (arch, k["name"], touched)

@@ -330,3 +330,36 @@ def test_cuda_graph_capture():
     g.replay()
     torch.cuda.synchronize()
     _check(logits, ends, out, k, False)
+
+
+def test_back_to_back_launches_keep_stream_order():
+    """Programmatic dependent launch lets a launch be scheduled while the one before it runs;
+    a fast launch right behind a slow one into the same output rows must still land last
+    (it waits before any global access), eagerly and inside a CUDA graph."""
+    from runtime.topk import decode_topk
+
+    k, rows = 512, 64
+    slow = _logits(rows, 262144, torch.float32, seed=3)
+    fast = _logits(rows, 4096, torch.bfloat16, seed=4)
+    slow_ends = torch.full((rows,), 262144, dtype=torch.int32, device="cuda")
+    fast_ends = torch.randint(k, 4097, (rows,), dtype=torch.int32, device="cuda")
+    out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+
+    def pair(last, last_ends, first=slow, first_ends=slow_ends):
+        for _ in range(4):
+            decode_topk(first, first_ends, out)
+            decode_topk(last, last_ends, out)
+
+    pair(fast, fast_ends)
+    torch.cuda.synchronize()
+    _check(fast, fast_ends, out, k, False)
+    pair(slow, slow_ends, first=fast, first_ends=fast_ends)
+    torch.cuda.synchronize()
+    _check(slow, slow_ends, out, k, False)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        pair(fast, fast_ends)
+    out.fill_(-7)
+    g.replay()
+    torch.cuda.synchronize()
+    _check(fast, fast_ends, out, k, False)

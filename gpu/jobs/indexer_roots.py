@@ -4,7 +4,9 @@ usage: indexer_roots.py OUT.json ROOT [ROOT ...]
 
 The logits are those of benchmarks/bench_indexer.py (random FP8 keys, paged, 64 heads of 128;
 k = 512); each root's kernel (the one the op routes the shape to) is launched directly in CUDA
-graphs over the same rotated input sets, so cache builds compare on real indexer rows.
+graphs over the same rotated input sets, so cache builds compare on real indexer rows. Each root is
+also timed behind the scoring (DeepGEMM logits, then the kernel, in one graph: what programmatic dependent
+launch can overlap), beside the scoring alone.
 """
 import json
 import sys
@@ -17,22 +19,31 @@ from runtime.loader import load
 from runtime.scoring import BLOCK_KV, DeepGemmScorer
 from runtime.topk import decode_topk_plan
 
-SIZES = ((64, 8192), (64, 65536), (64, 262144), (8, 65536), (8, 262144), (1, 65536), (1, 262144))
+SIZES = ((64, 8192), (64, 65536), (64, 262144), (8, 8192), (8, 65536), (8, 262144), (1, 8192), (1, 65536), (1, 262144))
 
 
-def indexer_logits(scorer, rows: int, ctx: int, sets: int, gen) -> list:
-    """`sets` (logits, seq_lens) pairs as bench_indexer.py scores them: DeepGEMM paged MQA logits of random
-    FP8 keys (each set its own pages), full rows of ctx tokens."""
+def indexer_inputs(scorer, rows: int, ctx: int, sets: int, gen) -> list:
+    """`sets` scoring inputs (q, weights, key cache, seq_lens, block table, schedule, width) as
+    bench_indexer.py scores them: random FP8 keys (each set its own pages), full rows of ctx tokens."""
     pages = ctx // BLOCK_KV
     cache = random_cache(sets * rows * pages, gen)
-    xs = []
+    inputs = []
     for i in range(sets):
         table = (torch.arange(rows * pages, dtype=torch.int32, device="cuda") + i * rows * pages).view(rows, pages)
         seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
         q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
         w = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
-        xs.append((scorer.logits(q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx), seq_lens))
-    return xs
+        inputs.append((q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx))
+    return inputs
+
+
+def indexer_logits(scorer, rows: int, ctx: int, sets: int, gen) -> list:
+    """`sets` (logits, seq_lens) pairs: DeepGEMM paged MQA logits of indexer_inputs."""
+    return [(scorer.logits(*inp), inp[3]) for inp in indexer_inputs(scorer, rows, ctx, sets, gen)]
+
+
+def launch_topk(kernel, grid, x, ends, out) -> None:
+    kernel.launch(grid, x.data_ptr(), ends.data_ptr(), out.data_ptr(), x.shape[1], x.stride(0), out.stride(0), K)
 
 
 def main() -> None:
@@ -44,20 +55,23 @@ def main() -> None:
     for rows, ctx in SIZES:
         pages = ctx // BLOCK_KV
         sets = rotation_count(rows * pages * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
-        xs = indexer_logits(scorer, rows, ctx, sets, gen)
+        inputs = indexer_inputs(scorer, rows, ctx, sets, gen)
+        xs = [(scorer.logits(*inp), inp[3]) for inp in inputs]
         name, c, grid = decode_topk_plan(xs[0][0], rows, K, False)
         out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
-        cell = {"kernel": name, "rows": rows, "context": ctx, "k": K, "us": {}}
+        cell = {"kernel": name, "rows": rows, "context": ctx, "k": K, "us": {}, "after_scoring_us": {}}
+        cell["scoring_us"] = round(time_graph([lambda inp=inp: scorer.logits(*inp) for inp in inputs])["median_us"], 2)
         for r, kc in caches.items():
             # A root built before the one-CTA-an-SM twins routes the shape to the two-CTA build.
             kernel = kc.kernel(name if name in kc else name.removesuffix("_full_sm"))
-            calls = [lambda x=x, e=e, kernel=kernel: kernel.launch(grid, x.data_ptr(), e.data_ptr(), out.data_ptr(),
-                                                                  x.shape[1], x.stride(0), out.stride(0), K)
-                     for x, e in xs]
+            calls = [lambda x=x, e=e, kernel=kernel: launch_topk(kernel, grid, x, e, out) for x, e in xs]
             cell["us"][r] = round(time_graph(calls)["median_us"], 2)
-        print(name, rows, ctx, cell["us"], flush=True)
+            steps = [lambda inp=inp, kernel=kernel: launch_topk(kernel, grid, scorer.logits(*inp), inp[3], out)
+                     for inp in inputs]
+            cell["after_scoring_us"][r] = round(time_graph(steps)["median_us"], 2)
+        print(name, rows, ctx, cell["scoring_us"], cell["us"], cell["after_scoring_us"], flush=True)
         cells.append(cell)
-        del xs
+        del xs, inputs
         torch.cuda.empty_cache()
     with open(out_path, "w") as f:
         json.dump({"info": gpu_info(), "roots": roots, "cases": cells}, f, indent=1)

@@ -141,7 +141,7 @@ def _variant(dtype: str, block_mode: bool, cluster: int, full_sm: bool = False) 
         threads=THREADS,
         cluster=(cluster, 1, 1),
         smem_bytes=SMEM_BYTES + (STEP1_TABLE_BYTES if table_tiles else 0),
-        pdl=False,
+        pdl=True,
         config=(
             ("kind", "cluster"),
             ("dtype", dtype),
@@ -164,7 +164,7 @@ def _row_variant(dtype: str, block_mode: bool) -> Variant:
         params=PARAMS,
         threads=THREADS,
         smem_bytes=row_smem_bytes(block_mode),
-        pdl=False,
+        pdl=True,
         config=(
             ("kind", "row"),
             ("dtype", dtype),
