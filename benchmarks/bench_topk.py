@@ -43,9 +43,15 @@ def bench_cell(rows: int, length: int, k: int, dtype: str, block_mode: bool = Fa
     torch.cuda.synchronize()
     cell["op"] = common.time_graph(
         [lambda x=x, o=o: decode_topk(x, ends, o, block_mode=block_mode) for x, o in zip(logits, outs)])
+    if plan is not None:
+        launch = common.topk_in_stream_order(plan, k)
+        cell["op_in_stream_order"] = common.time_graph(
+            [lambda x=x, o=o: launch(x, ends, o) for x, o in zip(logits, outs)])
     if not block_mode:
         cell["torch_topk"] = common.time_graph([lambda x=x: torch.topk(x, k, dim=1) for x in logits])
         cell["speedup_vs_torch_topk"] = cell["torch_topk"]["median_us"] / cell["op"]["median_us"]
+        if plan is not None:
+            cell["speedup_in_stream_order"] = cell["torch_topk"]["median_us"] / cell["op_in_stream_order"]["median_us"]
     if plan is not None:
         cell["floor"] = common.floor(plan[2], plan[1], nbytes)
         cell["op_over_floor"] = cell["op"]["median_us"] / cell["floor"]["floor_us"]
@@ -82,20 +88,26 @@ def cluster_sweep(rows: int, length: int, k: int, dtype: str) -> dict:
 
 
 def targets(cells) -> list[dict]:
-    """The issue's targets, each with the measured value and whether it is met."""
+    """The issue's targets, each with the measured value (the op as launched: programmatic dependent
+    launch chains one launch to the next), the value in stream order (no overlap with the launch
+    before), and whether it is met: by both."""
     out = []
     for c in cells:
         if c["block_mode"]:
             continue
-        if c["length"] >= 65536 and "speedup_vs_torch_topk" in c:
-            out.append({"target": ">= 5x torch.topk", "cell": _name(c), "value": round(c["speedup_vs_torch_topk"], 2),
-                        "met": c["speedup_vs_torch_topk"] >= 5})
+        us, plain_us = c["op"]["median_us"], c.get("op_in_stream_order", c["op"])["median_us"]
+        found = []
+        if c["length"] >= 65536 and "torch_topk" in c:
+            torch_us = c["torch_topk"]["median_us"]
+            found.append((">= 5x torch.topk", torch_us / us, torch_us / plain_us, lambda v: v >= 5))
         if (c["rows"], c["length"], c["k"], c["dtype"]) == (1, 65536, 2048, "f32"):
-            out.append({"target": "<= 12 us", "cell": _name(c), "value": round(c["op"]["median_us"], 2),
-                        "met": c["op"]["median_us"] <= 12})
+            found.append(("<= 12 us", us, plain_us, lambda v: v <= 12))
         if (c["rows"], c["length"], c["dtype"]) == (64, 262144, "f32"):
-            out.append({"target": ">= 60% of copy bandwidth", "cell": _name(c),
-                        "value": round(c["fraction_of_copy_bw"], 3), "met": c["fraction_of_copy_bw"] >= 0.6})
+            found.append((">= 60% of copy bandwidth", c["fraction_of_copy_bw"], c["fraction_of_copy_bw"] * us / plain_us,
+                          lambda v: v >= 0.6))
+        for target, value, plain, ok in found:
+            out.append({"target": target, "cell": _name(c), "value": round(value, 3),
+                        "in_stream_order": round(plain, 3), "met": ok(value) and ok(plain)})
     return out
 
 
@@ -108,18 +120,23 @@ def table(result: dict) -> str:
     info = result["info"]
     lines = [f"GPU: {info.get('gpu')}, driver {info.get('driver')}, torch {info.get('torch')}, "
              f"commit {info.get('commit') or '?'}; copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write)", "",
-             "| dtype | mode | rows | length | k | kernel | op us | torch.topk us | speedup | floor us | % copy bw |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| dtype | mode | rows | length | k | kernel | op us | in stream order us | torch.topk us | speedup "
+             "(in stream order) | floor us | % copy bw |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         torch_us = f"{c['torch_topk']['median_us']:.2f}" if "torch_topk" in c else "-"
         speed = f"{c['speedup_vs_torch_topk']:.2f}" if "speedup_vs_torch_topk" in c else "-"
+        if "speedup_in_stream_order" in c:
+            speed += f" ({c['speedup_in_stream_order']:.2f})"
+        plain_us = f"{c['op_in_stream_order']['median_us']:.2f}" if "op_in_stream_order" in c else "-"
         floor_us = f"{c['floor']['floor_us']:.2f}" if "floor" in c else "-"
         name = c["kernel"]["name"] if c["kernel"] else "torch fallback"
         lines.append(f"| {c['dtype']} | {'block' if c['block_mode'] else 'token'} | {c['rows']} | {c['length']} | "
-                     f"{c['k']} | {name} | {c['op']['median_us']:.2f} | {torch_us} | {speed} | {floor_us} | "
+                     f"{c['k']} | {name} | {c['op']['median_us']:.2f} | {plain_us} | {torch_us} | {speed} | {floor_us} | "
                      f"{c['fraction_of_copy_bw'] * 100:.1f} |")
     lines += ["", "Targets:", ""]
-    lines += [f"- {'met' if t['met'] else 'MISSED'}: {t['target']}, {t['cell']}: {t['value']}" for t in result["targets"]]
+    lines += [f"- {'met' if t['met'] else 'MISSED'}: {t['target']}, {t['cell']}: {t['value']}"
+              f" (in stream order {t.get('in_stream_order', t['value'])})" for t in result["targets"]]
     if result.get("cluster_sweep"):
         lines += ["", "Cluster-size sweep (median us by cluster size; k = 2048):", ""]
         for sw in result["cluster_sweep"]:
@@ -196,7 +213,7 @@ def main() -> None:
               + "  ".join(f"c{c}={v['median_us']:.2f}us" for c, v in sw["by_cluster"].items()), flush=True)
         save()
     for t in targets(cells):
-        print(("MET   " if t["met"] else "MISSED"), t["target"], t["cell"], t["value"])
+        print(("MET   " if t["met"] else "MISSED"), t["target"], t["cell"], t["value"], "in stream order", t["in_stream_order"])
     save()
     print(f"wrote {args.out}")
 

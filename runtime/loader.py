@@ -111,6 +111,17 @@ class Kernel:
     def variant_config(self) -> dict:
         return self.entry.config
 
+    def in_stream_order(self) -> "Kernel":
+        """This kernel without programmatic dependent launch: each launch starts only after the
+        previous work on its stream has finished (to time it apart from the launch before it, or
+        for a caller that wants plain stream order). Same function, its own launch config."""
+        if not self.entry.pdl:
+            return self
+        drv = driver()
+        entry = self.entry._replace(pdl=False)
+        return Kernel(entry, self._function, self.max_active_clusters, Kernel._make_config(drv, entry,
+                                                                                           _LaunchAttributes(drv)))
+
     def launch(self, grid, *args, stream=None) -> None:
         """Launch on ``stream`` (default: torch's current stream) with ``args`` in contract order.
 

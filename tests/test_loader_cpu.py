@@ -124,6 +124,18 @@ def test_load_passes_and_builds_one_launch_config_per_kernel(cache, stand_in):
     assert drv.param_queries and all(index < count for _, index, count in drv.param_queries)
 
 
+def test_in_stream_order_drops_only_the_pdl_attribute(cache, stand_in):
+    stand_in()
+    kernel = loader.load(cache).kernel("probe_cluster8")
+    plain = kernel.in_stream_order()
+    ids = real.CUlaunchAttributeID
+    assert [a.id for a in plain._config.attrs] == [ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION]
+    assert plain._config.attrs[0].value.clusterDim.x == 8 and plain._config.numAttrs == 1
+    assert ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION in [a.id for a in kernel._config.attrs]
+    assert plain._function is kernel._function and plain.max_active_clusters == kernel.max_active_clusters
+    assert not plain.entry.pdl and kernel.entry.pdl and plain.in_stream_order() is plain
+
+
 def test_load_reads_only_the_elf_header(cache, stand_in, monkeypatch):
     import runtime.manifest
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# limit: 150
+# limit: 240
 # decode_topk on the committed tree: GPU tests (every variant too) and compute-sanitizer, then the benchmark
-# without the cluster sweep (JSON + table to $JOB_OUT).
+# without the cluster sweep (JSON + table to $JOB_OUT; each cell also in stream order, without PDL).
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
 topk_checks
-run timeout 80 python3 benchmarks/bench_topk.py --budget 70 --no-sweep --out "$JOB_OUT/bench_topk.json" 2>&1 | tail -8
+run timeout 150 python3 benchmarks/bench_topk.py --budget 130 --no-sweep --out "$JOB_OUT/bench_topk.json" 2>&1 | tail -8
