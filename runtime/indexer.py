@@ -355,7 +355,9 @@ def _selector(state: IndexerState, logits: torch.Tensor) -> Select:
                 if out.shape[1] not in widths:  # a k the AOT op does not take
                     _reference_select(lg, ends, out, block_mode)
                 else:
-                    _into(out, lambda dst: decode_topk(lg, ends, dst, block_mode=block_mode))
+                    # Right behind DeepGEMM's scoring, which does not trigger its dependents early:
+                    # plain stream order (decode_topk's pdl).
+                    _into(out, lambda dst: decode_topk(lg, ends, dst, block_mode=block_mode, pdl=False))
 
             return select
     if state.topk_backend == "torch" and logits.is_cuda:

@@ -86,6 +86,7 @@ class Kernel:
         self._dims = None
         self._stream = None
         self._lock = threading.Lock()
+        self._plain = None  # in_stream_order()'s kernel
 
     @staticmethod
     def _make_config(drv, entry: KernelEntry, attributes: _LaunchAttributes):
@@ -114,13 +115,17 @@ class Kernel:
     def in_stream_order(self) -> "Kernel":
         """This kernel without programmatic dependent launch: each launch starts only after the
         previous work on its stream has finished (to time it apart from the launch before it, or
-        for a caller that wants plain stream order). Same function, its own launch config."""
+        behind a kernel that does not trigger its dependents early). Same function, its own launch
+        config; built once."""
         if not self.entry.pdl:
             return self
-        drv = driver()
-        entry = self.entry._replace(pdl=False)
-        return Kernel(entry, self._function, self.max_active_clusters, Kernel._make_config(drv, entry,
-                                                                                           _LaunchAttributes(drv)))
+        with self._lock:
+            if self._plain is None:
+                drv = driver()
+                entry = self.entry._replace(pdl=False)
+                config = Kernel._make_config(drv, entry, _LaunchAttributes(drv))
+                self._plain = Kernel(entry, self._function, self.max_active_clusters, config)
+            return self._plain
 
     def launch(self, grid, *args, stream=None) -> None:
         """Launch on ``stream`` (default: torch's current stream) with ``args`` in contract order.

@@ -134,6 +134,7 @@ def test_in_stream_order_drops_only_the_pdl_attribute(cache, stand_in):
     assert ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION in [a.id for a in kernel._config.attrs]
     assert plain._function is kernel._function and plain.max_active_clusters == kernel.max_active_clusters
     assert not plain.entry.pdl and kernel.entry.pdl and plain.in_stream_order() is plain
+    assert kernel.in_stream_order() is plain, "built once"
 
 
 def test_load_reads_only_the_elf_header(cache, stand_in, monkeypatch):

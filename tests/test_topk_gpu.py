@@ -332,10 +332,12 @@ def test_cuda_graph_capture():
     _check(logits, ends, out, k, False)
 
 
-def test_back_to_back_launches_keep_stream_order():
+@pytest.mark.parametrize("pdl", (True, False), ids=("pdl", "in_stream_order"))
+def test_back_to_back_launches_keep_stream_order(pdl):
     """Programmatic dependent launch lets a launch be scheduled while the one before it runs;
     a fast launch right behind a slow one into the same output rows must still land last
-    (it waits before any global access), eagerly and inside a CUDA graph."""
+    (it waits before any global access), eagerly and inside a CUDA graph; so must a launch
+    in plain stream order (pdl=False) behind one with PDL."""
     from runtime.topk import decode_topk
 
     k, rows = 512, 64
@@ -348,7 +350,7 @@ def test_back_to_back_launches_keep_stream_order():
     def pair(last, last_ends, first=slow, first_ends=slow_ends):
         for _ in range(4):
             decode_topk(first, first_ends, out)
-            decode_topk(last, last_ends, out)
+            decode_topk(last, last_ends, out, pdl=pdl)
 
     pair(fast, fast_ends)
     torch.cuda.synchronize()
