@@ -39,7 +39,8 @@ LONG_CASES = tuple((f"decode_topk_{d}_token_c{c}", rows, length, k)
                    for d, c, rows, length, k in (("f32", 16, 1, 1 << 20, 512), ("f32", 16, 1, 1 << 20, 2048),
                                                  ("f32", 16, 1, 262144, 2048), ("f32", 8, 8, 1 << 20, 512),
                                                  ("f32", 8, 8, 262144, 2048), ("bf16", 16, 1, 1 << 20, 2048),
-                                                 ("bf16", 16, 1, 262144, 512), ("bf16", 8, 8, 262144, 2048)))
+                                                 ("bf16", 16, 1, 262144, 512), ("bf16", 8, 8, 262144, 2048),
+                                                 ("bf16", 16, 1, 262144, 2048), ("bf16", 8, 14, 262144, 2048)))
 # TOPK_TIMELINE_CASES=twin: the 2-CTA one-CTA-an-SM twin on 64 rows of 256K (64 MiB FP32: past the table's L2 limit in
 # the committed build), and 8 x 1M FP32 k2048 on 8 CTAs.
 TWIN_CASES = (("decode_topk_f32_token_c2_full_sm", 64, 262144, 512), ("decode_topk_f32_token_c2_full_sm", 64, 262144, 2048),
