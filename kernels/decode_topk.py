@@ -98,6 +98,13 @@ PREFETCH_PIECE_BYTES = 4096
 # and copy outweigh the sparse DSMEM stores there).
 GATHER_STAGE = 1024
 GATHER_STAGE_MIN_CLUSTER = 16
+# The same staging for a CTA without a list (gather_slice, gather_marked: its in-bin items are pushed a
+# few lanes at a time otherwise, two DSMEM stores an item, all CTAs into CTA 0 at once) on clusters of at
+# least this many CTAs. Measured on the H200 (decode_topk_ab_h200.json: stage_no_list_ab; timelines: the
+# gather pass of the slowest CTA took 6.7-8.9K cycles at k2048): 16 CTAs, 1 x 256K k2048 13.7 -> 11.6 us and
+# 1 x 1M k2048 20.5 -> 18.0 us (FP32 and BF16); 8 CTAs, 8 and 14 rows of 256K-1M at k2048 1.1-1.6 us faster,
+# k512 within -0.4..+0.15 us.
+STAGE_NO_LIST_MIN_CLUSTER = 8
 # Step 1's warp loop in token mode on clusters of these sizes shares one bound among the CTA's
 # warps, which a warp recomputes every BOUND_SHARE_PERIOD of its iterations (staggered: one
 # warp in that many each iteration). Measured on the H200 (decode_topk_ab_h200.json:
@@ -1351,15 +1358,15 @@ class DecodeTopK:
 
     @cute.jit
     def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
-                     dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
+                     list_base: Int32, idx_delta: Int32, owner: Int32, s_misc: cute.Pointer,
                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: int = 0, rkeep=None):
         """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
-        re-read of its slice. resident 1: the slice is one tile whose items step 1 left in rkeys; 2: two tiles,
-        the first in rkeep, the second in rkeys (none read)."""
+        re-read of its slice; the bin's items to (list_base, idx_delta, owner) as in gather_group. resident 1: the
+        slice is one tile whose items step 1 left in rkeys; 2: two tiles, the first in rkeep, the second in rkeys
+        (none read)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         lo, hi = self.bin_bounds(b0)
-        idx_delta = smem_addr(s_idx) - smem_addr(s_key)
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             keys = rkeys
@@ -1369,24 +1376,26 @@ class DecodeTopK:
                 for j in cutlass.range_constexpr(self.items):
                     rraw[j] = sel(gb == g_lo, rkeep[j], rkeys[j])
                 keys = rraw
-            self.gather_group(keys, g, lo, hi, gt_base, dst_base, idx_delta, s_key, s_misc, out_row)
+            self.gather_group(keys, g, lo, hi, gt_base, list_base, idx_delta, owner, s_misc, out_row)
 
     @cute.jit
-    def gather_group(self, keys: cute.Tensor, g: Int32, lo: Uint32, hi: Uint32, gt_base: Int32, dst_base: Int32,
-                     idx_delta: Int32, s_key: cute.Pointer, s_misc: cute.Pointer, out_row: cute.Pointer):
-        """Group g's items (keys) above the bin [lo, hi) to the output from slot gt_base on, those in it to CTA 0's
-        list from dst_base on: the warp's places from this CTA's two counters (misc[9], misc[3]), then one split."""
+    def gather_group(self, keys: cute.Tensor, g: Int32, lo: Uint32, hi: Uint32, gt_base: Int32, list_base: Int32,
+                     idx_delta: Int32, owner: Int32, s_misc: cute.Pointer, out_row: cute.Pointer):
+        """Group g's items (keys) above the bin [lo, hi) to the output from slot gt_base on, those in it to the keys
+        from shared address list_base on (indices idx_delta bytes further) in CTA `owner`'s shared memory (CTA 0's
+        list, or this CTA's stage): the warp's places from this CTA's two counters (misc[9], misc[3]), then one
+        split."""
         gt, eq = self.count_in_bin(keys, lo, hi)
         slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
-        list_addr = smem_addr(s_key + dst_base + e)
+        list_addr = list_base + e * 4
         if const_expr(self.cluster > 1):
-            list_addr = ptx.mapa_shared(list_addr, Int32(0))  # CTA 0's list
+            list_addr = ptx.mapa_shared(list_addr, owner)
         self.split_group(keys, g, lo, hi, out_row.toint() + Int64(gt_base + slot) * 4, list_addr, idx_delta,
                          self.cluster > 1)
 
     @cute.jit
     def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
-                    dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
+                    list_base: Int32, idx_delta: Int32, owner: Int32, s_misc: cute.Pointer,
                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer,
                     s_tl: cute.Pointer, tiles):
         """The gather of a CTA without a list whose keys are not in registers: the groups step 1's table marks
@@ -1396,11 +1405,11 @@ class DecodeTopK:
         if const_expr(self.table_tiles > 0):
             marked = tiles
         if marked:
-            self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, dst_base, s_key, s_idx, s_misc, out_row,
-                               rraw, rkeys, smem_addr(s_table), s_tl)
+            self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, owner, s_misc,
+                               out_row, rraw, rkeys, smem_addr(s_table), s_tl)
         else:
-            self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, dst_base, s_key, s_idx, s_misc, out_row,
-                              rraw, rkeys)
+            self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, owner, s_misc,
+                              out_row, rraw, rkeys)
 
     def table_entry(self, table: Int32, t: Int32, tid: Int32) -> Int32:
         """Shared address of thread tid's table half-word for tile t (traced inline): four tiles a thread in 8 bytes,
@@ -1414,7 +1423,7 @@ class DecodeTopK:
 
     @cute.jit
     def gather_marked(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
-                      dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, s_misc: cute.Pointer,
+                      list_base: Int32, idx_delta: Int32, owner: Int32, s_misc: cute.Pointer,
                       out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, table: Int32, s_tl: cute.Pointer):
         """gather_slice for a slice of several tiles, re-reading only the groups that step 1's table marks as
         holding an item at or above bin b0 (about k / cluster items and the bin's share of the slice).
@@ -1430,7 +1439,6 @@ class DecodeTopK:
         lane = cute.arch.lane_idx()
         warp = tid // WARP
         lo, hi = self.bin_bounds(b0)
-        idx_delta = smem_addr(s_idx) - smem_addr(s_key)
         n_tiles = (g_hi - g_lo + T - 1) // T
         # A block (four tiles) a load, the next one's load issued before this one's compares (the last block is read
         # again at the end: harmless). Two entries a word are compared at once: (entry | 0x8000) - b0 keeps bit 15
@@ -1471,7 +1479,7 @@ class DecodeTopK:
             if e < n:
                 g = g_lo + Int32(ptx.ld_shared_u16(self.warp_entry(table, warp, e)))
             self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-            self.gather_group(rkeys, g, lo, hi, gt_base, dst_base, idx_delta, s_key, s_misc, out_row)
+            self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, owner, s_misc, out_row)
 
     @cute.jit
     def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,
@@ -1814,20 +1822,37 @@ class DecodeTopK:
                 else:
                     gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
                     self.mark(s_tl, 12)  # (without a list: the slot reservation comes before the pass)
+                    # The bin's items go to CTA 0's list from slot dst_base on, or, on clusters of at least
+                    # STAGE_NO_LIST_MIN_CLUSTER CTAs, to this CTA's stage where they fit (then copied densely).
+                    list_base = smem_addr(s_key + dst_base)
+                    idx_delta = smem_addr(s_idx) - smem_addr(s_key)
+                    owner = Int32(0)
+                    staged = False
+                    if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
+                        staged = cute.arch.load(s_hist + b0, Int32) <= GATHER_STAGE
+                        list_base = sel(staged, smem_addr(s_hist + self.bins), list_base)
+                        idx_delta = sel(staged, Int32(GATHER_STAGE * 4), idx_delta)
+                        owner = sel(staged, rank, owner)
                     if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
-                        self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key, s_idx,
-                                          s_misc, out_row, rraw, rkeys, resident=1)
+                        self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
+                                          owner, s_misc, out_row, rraw, rkeys, resident=1)
                     else:
                         if const_expr(keep_two):
                             if g_hi - g_lo <= 2 * T:  # two tiles: the first kept in rkeep
-                                self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                                  s_idx, s_misc, out_row, rraw, rkeys, resident=2, rkeep=rkeep)
+                                self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base,
+                                                  idx_delta, owner, s_misc, out_row, rraw, rkeys, resident=2,
+                                                  rkeep=rkeep)
                             else:
-                                self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                                 s_idx, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
+                                self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base,
+                                                 idx_delta, owner, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
                         else:
-                            self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, dst_base, s_key,
-                                             s_idx, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
+                            self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
+                                             owner, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
+                    if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
+                        if staged:
+                            cute.arch.sync_threads()  # every warp's stage stores and its in-bin count (misc[3])
+                            self.push_staged(s_hist + self.bins, cute.arch.load(s_misc + 3, Int32), s_key, s_idx,
+                                             dst_base)
                 self.mark(s_tl, 5)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                 # shared memory after this barrier: the peers may exit. The output writes of a
