@@ -4,4 +4,7 @@
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
-timeout 80 python3 gpu/jobs/indexer_roots.py "$JOB_OUT/indexer_roots.json" . $(ls -d .gl/* 2>/dev/null)
+# INDEXER_ROOTS names the roots beside "." (default: every carried .gl/* but timeline builds, whose marks
+# overwrite the logits).
+timeout 80 python3 gpu/jobs/indexer_roots.py "$JOB_OUT/indexer_roots.json" . \
+  ${INDEXER_ROOTS:-$(ls -d .gl/* 2>/dev/null | grep -v "^.gl/tl_")}

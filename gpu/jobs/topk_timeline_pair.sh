@@ -7,8 +7,10 @@ set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 export TOPK_TIMELINE_CASES=${TOPK_TIMELINE_CASES:-long}
 timeout 40 python3 gpu/jobs/topk_timeline.py .gl/tl_plain "$JOB_OUT/timeline_plain.json" 2>&1 | grep -v "^    .*min       0"
-TOPK_TIMELINE_MARKS=gather timeout 40 python3 gpu/jobs/topk_timeline.py .gl/tl_gather "$JOB_OUT/timeline_gather.json" \
-  2>&1 | grep -E "rows=|gather|pushes|finish"
+if [ -d .gl/tl_gather ]; then
+  TOPK_TIMELINE_MARKS=gather timeout 40 python3 gpu/jobs/topk_timeline.py .gl/tl_gather "$JOB_OUT/timeline_gather.json" \
+    2>&1 | grep -E "rows=|gather|pushes|finish"
+fi
 if ls .whl/*.whl >/dev/null 2>&1; then
   TL_ROOT=.gl/tl_plain bash gpu/jobs/topk_timeline_indexer.sh
 fi
