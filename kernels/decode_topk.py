@@ -1358,10 +1358,10 @@ class DecodeTopK:
 
     @cute.jit
     def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
-                     list_base: Int32, idx_delta: Int32, owner: Int32, s_misc: cute.Pointer,
+                     list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: int = 0, rkeep=None):
         """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
-        re-read of its slice; the bin's items to (list_base, idx_delta, owner) as in gather_group. resident 1: the
+        re-read of its slice; the bin's items to (list_base, idx_delta, staged) as in gather_group. resident 1: the
         slice is one tile whose items step 1 left in rkeys; 2: two tiles, the first in rkeep, the second in rkeys
         (none read)."""
         T = self.threads
@@ -1376,26 +1376,33 @@ class DecodeTopK:
                 for j in cutlass.range_constexpr(self.items):
                     rraw[j] = sel(gb == g_lo, rkeep[j], rkeys[j])
                 keys = rraw
-            self.gather_group(keys, g, lo, hi, gt_base, list_base, idx_delta, owner, s_misc, out_row)
+            self.gather_group(keys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
 
     @cute.jit
     def gather_group(self, keys: cute.Tensor, g: Int32, lo: Uint32, hi: Uint32, gt_base: Int32, list_base: Int32,
-                     idx_delta: Int32, owner: Int32, s_misc: cute.Pointer, out_row: cute.Pointer):
+                     idx_delta: Int32, staged, s_misc: cute.Pointer, out_row: cute.Pointer):
         """Group g's items (keys) above the bin [lo, hi) to the output from slot gt_base on, those in it to the keys
-        from shared address list_base on (indices idx_delta bytes further) in CTA `owner`'s shared memory (CTA 0's
-        list, or this CTA's stage): the warp's places from this CTA's two counters (misc[9], misc[3]), then one
-        split."""
+        from shared address list_base on (indices idx_delta bytes further): CTA 0's list, or where `staged` (None:
+        never) this CTA's stage, by plain shared stores (the cluster stores' generic addressing takes three
+        times the instructions, and this code runs cold: instruction fetch was its largest stall). The warp's
+        places come from this CTA's two counters (misc[9], misc[3]), then one split."""
         gt, eq = self.count_in_bin(keys, lo, hi)
         slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
         list_addr = list_base + e * 4
-        if const_expr(self.cluster > 1):
-            list_addr = ptx.mapa_shared(list_addr, owner)
-        self.split_group(keys, g, lo, hi, out_row.toint() + Int64(gt_base + slot) * 4, list_addr, idx_delta,
-                         self.cluster > 1)
+        out_addr = out_row.toint() + Int64(gt_base + slot) * 4
+        if const_expr(self.cluster == 1):
+            self.split_group(keys, g, lo, hi, out_addr, list_addr, idx_delta)
+        elif const_expr(staged is None):
+            self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True)
+        else:
+            if staged:
+                self.split_group(keys, g, lo, hi, out_addr, list_addr, idx_delta)
+            else:
+                self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True)
 
     @cute.jit
     def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
-                    list_base: Int32, idx_delta: Int32, owner: Int32, s_misc: cute.Pointer,
+                    list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer,
                     s_tl: cute.Pointer, tiles):
         """The gather of a CTA without a list whose keys are not in registers: the groups step 1's table marks
@@ -1405,10 +1412,10 @@ class DecodeTopK:
         if const_expr(self.table_tiles > 0):
             marked = tiles
         if marked:
-            self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, owner, s_misc,
+            self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
                                out_row, rraw, rkeys, smem_addr(s_table), s_tl)
         else:
-            self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, owner, s_misc,
+            self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
                               out_row, rraw, rkeys)
 
     def table_entry(self, table: Int32, t: Int32, tid: Int32) -> Int32:
@@ -1423,7 +1430,7 @@ class DecodeTopK:
 
     @cute.jit
     def gather_marked(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
-                      list_base: Int32, idx_delta: Int32, owner: Int32, s_misc: cute.Pointer,
+                      list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                       out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, table: Int32, s_tl: cute.Pointer):
         """gather_slice for a slice of several tiles, re-reading only the groups that step 1's table marks as
         holding an item at or above bin b0 (about k / cluster items and the bin's share of the slice).
@@ -1479,7 +1486,7 @@ class DecodeTopK:
             if e < n:
                 g = g_lo + Int32(ptx.ld_shared_u16(self.warp_entry(table, warp, e)))
             self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-            self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, owner, s_misc, out_row)
+            self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
 
     @cute.jit
     def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,
@@ -1826,28 +1833,26 @@ class DecodeTopK:
                     # STAGE_NO_LIST_MIN_CLUSTER CTAs, to this CTA's stage where they fit (then copied densely).
                     list_base = smem_addr(s_key + dst_base)
                     idx_delta = smem_addr(s_idx) - smem_addr(s_key)
-                    owner = Int32(0)
-                    staged = False
+                    staged = None
                     if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
                         staged = cute.arch.load(s_hist + b0, Int32) <= GATHER_STAGE
                         list_base = sel(staged, smem_addr(s_hist + self.bins), list_base)
                         idx_delta = sel(staged, Int32(GATHER_STAGE * 4), idx_delta)
-                        owner = sel(staged, rank, owner)
                     if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
                         self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
-                                          owner, s_misc, out_row, rraw, rkeys, resident=1)
+                                          staged, s_misc, out_row, rraw, rkeys, resident=1)
                     else:
                         if const_expr(keep_two):
                             if g_hi - g_lo <= 2 * T:  # two tiles: the first kept in rkeep
                                 self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base,
-                                                  idx_delta, owner, s_misc, out_row, rraw, rkeys, resident=2,
+                                                  idx_delta, staged, s_misc, out_row, rraw, rkeys, resident=2,
                                                   rkeep=rkeep)
                             else:
                                 self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base,
-                                                 idx_delta, owner, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
+                                                 idx_delta, staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
                         else:
                             self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
-                                             owner, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
+                                             staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
                     if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
                         if staged:
                             cute.arch.sync_threads()  # every warp's stage stores and its in-bin count (misc[3])
