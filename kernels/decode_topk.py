@@ -29,9 +29,10 @@ Step 2  the cluster sums the histograms through distributed shared memory (from 
         key (and, from the same reads, how many of that bin's items the lower-ranked CTAs hold).
 Gathered finish (when that bin's items fit behind CTA 0's list): every CTA pushes its
         items in the bin to CTA 0 (DSMEM stores, coalesced: ballots place them; on 16
-        CTAs staged first and copied densely) and reserves output slots for its items
-        above the bin with adds on the row's counter in CTA 0 (a listed CTA: one per warp,
-        on 16 CTAs one per CTA, and writes them after one cluster barrier's arrive; a short
+        CTAs, and from a CTA without a list on 8 too, staged first and copied densely)
+        and reserves output slots for its items above the bin with adds on the row's
+        counter in CTA 0 (a listed CTA: one per warp, on 16 CTAs one per CTA, and writes
+        them after one cluster barrier's arrive; a short
         slice, from its register-resident keys or a re-read of the slice: one per CTA);
         CTA 0 alone selects among the bin's items by
         block-local radix rounds over the remaining key bits, then over the inverted
