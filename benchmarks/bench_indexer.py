@@ -27,14 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (  # noqa: E402
-    gpu_info,
-    rotation_count,
-    time_eager,
-    time_graph,
-    topk_in_stream_order,
-    write_json,
-)
+from benchmarks.common import gpu_info, rotation_count, time_eager, time_graph, write_json  # noqa: E402
 from runtime import reference  # noqa: E402
 from runtime.indexer import (  # noqa: E402
     DecodeMetadata,
@@ -111,9 +104,8 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
         # The share is judged on the selection in stream order: behind DeepGEMM's scoring (no early
         # trigger) programmatic dependent launch overlaps nothing, while `select` (a chain of
         # selections) overlaps each launch with the one before.
-        launch = topk_in_stream_order(res["topk_kernel"], K)
-        res["select_in_stream_order"] = time_calls([lambda a=a: launch(a[6], a[0].seq_lens, a[3].topk_indices)
-                                                    for a in inputs])
+        res["select_in_stream_order"] = time_calls([lambda a=a: decode_topk(a[6], a[0].seq_lens, a[3].topk_indices,
+                                                                            pdl=False) for a in inputs])
     res["select_torch"] = time_calls([lambda a=a: _torch_topk_select(a[6], a[0].seq_lens, a[4].topk_indices, False)
                                       for a in inputs])
     res["step"] = time_calls([lambda a=a: step(a[3], a[0], a[1], a[2]) for a in inputs])

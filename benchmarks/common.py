@@ -128,22 +128,6 @@ def empty_kernel_us(grid: int, cluster: int = 1) -> float:
     return time_graph([lambda: kernel.launch(grid, 0)], launches=100)["median_us"]
 
 
-def topk_in_stream_order(plan, k: int):
-    """A launcher of the kernel decode_topk picks (``plan``: decode_topk_plan's answer) without
-    programmatic dependent launch: each launch waits for the one before it to finish, so its time
-    includes what PDL overlaps with the previous launch of a chain (the cost behind a kernel that
-    does not trigger its dependents early, such as DeepGEMM's scoring)."""
-    import runtime
-
-    kernel = runtime.load().kernel(plan[0]).in_stream_order()
-
-    def launch(logits, row_ends, out) -> None:
-        kernel.launch(plan[2], logits.data_ptr(), row_ends.data_ptr(), out.data_ptr(), logits.shape[1],
-                      logits.stride(0), out.stride(0), k)
-
-    return launch
-
-
 def floor(grid: int, cluster: int, nbytes: int) -> dict:
     """The floor of a kernel: empty launch of its shape + bytes over the copy bandwidth."""
     bw = copy_bandwidth_gbs()

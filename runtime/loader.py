@@ -119,6 +119,8 @@ class Kernel:
         config; built once."""
         if not self.entry.pdl:
             return self
+        if self._plain is not None:  # the per-launch path (decode_topk(pdl=False)): no lock
+            return self._plain
         with self._lock:
             if self._plain is None:
                 drv = driver()
