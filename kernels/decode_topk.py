@@ -1273,8 +1273,7 @@ class DecodeTopK:
         if tid == 0:
             gt_base = Int32(ptx.atom_add_cluster_u32(ptx.mapa_shared(smem_addr(s_misc + 2), Int32(0)),
                                                      Uint32(gt_mine)))
-        stage = s_hist + self.bins
-        staged = cute.arch.load(s_hist + b0, Int32) <= GATHER_STAGE
+        stage, staged = self.push_stage(s_hist, b0)
         n_above = self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row, rkeys, rraw,
                                    pushes=True, slot0=Int32(0), stage=stage, staged=staged)
         if tid == 0:
@@ -1283,6 +1282,11 @@ class DecodeTopK:
         if staged:
             self.push_staged(stage, cute.arch.load(s_misc + 10, Int32), s_key, s_idx, dst_base)
         return cute.arch.load(s_misc + 8, Int32) + self.warp_atomic_base(n_above, s_misc + 9)
+
+    def push_stage(self, s_hist: cute.Pointer, b0):
+        """Where a CTA stages its items of bin b0 for CTA 0 (keys at the stage, indices GATHER_STAGE words after: the
+        second histogram buffer, unused by then) and whether they fit there (traced inline)."""
+        return s_hist + self.bins, cute.arch.load(s_hist + b0, Int32) <= GATHER_STAGE
 
     @cute.jit
     def push_staged(self, stage: cute.Pointer, n: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, dst: Int32):
@@ -1834,10 +1838,10 @@ class DecodeTopK:
                     # STAGE_NO_LIST_MIN_CLUSTER CTAs, to this CTA's stage where they fit (then copied densely).
                     list_base = smem_addr(s_key + dst_base)
                     idx_delta = smem_addr(s_idx) - smem_addr(s_key)
-                    staged = None
+                    stage, staged = None, None
                     if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
-                        staged = cute.arch.load(s_hist + b0, Int32) <= GATHER_STAGE
-                        list_base = sel(staged, smem_addr(s_hist + self.bins), list_base)
+                        stage, staged = self.push_stage(s_hist, b0)
+                        list_base = sel(staged, smem_addr(stage), list_base)
                         idx_delta = sel(staged, Int32(GATHER_STAGE * 4), idx_delta)
                     if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
                         self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
@@ -1854,11 +1858,10 @@ class DecodeTopK:
                         else:
                             self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
                                              staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
-                    if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
+                    if const_expr(staged is not None):
                         if staged:
                             cute.arch.sync_threads()  # every warp's stage stores and its in-bin count (misc[3])
-                            self.push_staged(s_hist + self.bins, cute.arch.load(s_misc + 3, Int32), s_key, s_idx,
-                                             dst_base)
+                            self.push_staged(stage, cute.arch.load(s_misc + 3, Int32), s_key, s_idx, dst_base)
                 self.mark(s_tl, 5)
                 # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                 # shared memory after this barrier: the peers may exit. The output writes of a
