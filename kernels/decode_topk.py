@@ -106,6 +106,13 @@ GATHER_STAGE_MIN_CLUSTER = 16
 # 1 x 1M k2048 20.5 -> 18.0 us (FP32 and BF16); 8 CTAs, 8 and 14 rows of 256K-1M at k2048 1.1-1.6 us faster,
 # k512 within -0.4..+0.15 us.
 STAGE_NO_LIST_MIN_CLUSTER = 8
+# On clusters of up to this many CTAs (the 2- and 4-CTA twins: up to 128K columns a CTA, many marked groups a
+# warp), gather_marked issues a round's loads before the previous round's split, so a warp waits on L2 about
+# once for all its rounds. Measured on the H200 (decode_topk_ab_h200.json: pipelined_marks_ab): 2-CTA twin
+# 64 x 256K BF16 k2048 34.8 -> 32.4 us, 32 x 128K FP32 k2048 20.2 -> 19.3 us, 4-CTA twin 16 x 256K FP32 k2048
+# 21.9 -> 21.4 us; on 8 and 16 CTAs (one or two rounds a warp) within -1.4..+1.7 % (16 CTAs mostly slower), and
+# two rounds ahead no better on any, so they keep one round at a time.
+PIPELINED_MARKS_MAX_CLUSTER = 4
 # Step 1's warp loop in token mode on clusters of these sizes shares one bound among the CTA's
 # warps, which a warp recomputes every BOUND_SHARE_PERIOD of its iterations (staggered: one
 # warp in that many each iteration). Measured on the H200 (decode_topk_ab_h200.json:
@@ -1409,7 +1416,7 @@ class DecodeTopK:
     def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                     list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer,
-                    s_tl: cute.Pointer, tiles):
+                    s_tl: cute.Pointer, tiles, rnext: cute.Tensor):
         """The gather of a CTA without a list whose keys are not in registers: the groups step 1's table marks
         (CTA tiles, where there is a table), else the whole slice again (CTA tiles without a table, or the
         warp loop's list overflowed). tiles: step 1 ran by CTA tiles (step1_by_tiles)."""
@@ -1418,7 +1425,7 @@ class DecodeTopK:
             marked = tiles
         if marked:
             self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
-                               out_row, rraw, rkeys, smem_addr(s_table), s_tl)
+                               out_row, rraw, rkeys, smem_addr(s_table), s_tl, rnext)
         else:
             self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
                               out_row, rraw, rkeys)
@@ -1436,15 +1443,16 @@ class DecodeTopK:
     @cute.jit
     def gather_marked(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                       list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
-                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, table: Int32, s_tl: cute.Pointer):
+                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, table: Int32, s_tl: cute.Pointer,
+                      rnext: cute.Tensor):
         """gather_slice for a slice of several tiles, re-reading only the groups that step 1's table marks as
         holding an item at or above bin b0 (about k / cluster items and the bin's share of the slice).
 
         Each lane reads its groups' table entries (four tiles a load) into a bitmask of marked tiles; the warp
         packs the marked groups, lane by lane (a prefix sum of the lanes' counts, then a walk over each lane's
-        set bits), into its own part of the table, already read, then takes them 32 at a time, one a lane: a
-        round trip or two for the whole slice. A lane without a group takes one past g_hi (all keys 0: nothing
-        stored).
+        set bits), into its own part of the table, already read, then takes them 32 at a time, one a lane (on up
+        to PIPELINED_MARKS_MAX_CLUSTER CTAs with the next round's loads in flight during a round's split). A lane
+        without a group takes one past g_hi (all keys 0: nothing stored).
         """
         T = self.threads
         tid = cute.arch.thread_idx()[0]
@@ -1485,13 +1493,33 @@ class DecodeTopK:
         cute.arch.sync_warp()
         if const_expr(self.gather_marks):
             self.mark(s_tl, 14)
-        for r in cutlass.range((n + WARP - 1) // WARP):
-            g = g_hi
-            e = r * WARP + lane
-            if e < n:
-                g = g_lo + Int32(ptx.ld_shared_u16(self.warp_entry(table, warp, e)))
-            self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-            self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
+        if const_expr(self.cluster <= PIPELINED_MARKS_MAX_CLUSTER):
+            # Round r + 1's loads are issued before round r's split (none past the last round).
+            g_next = self.marked_group(table, warp, lane, Int32(0), n, g_lo, g_hi)
+            self.load_raw(row_addr, g_next, g_hi, row_end, rnext)
+            for r in cutlass.range((n + WARP - 1) // WARP):
+                g = g_next
+                for j in cutlass.range_constexpr(8):
+                    rraw[j] = rnext[j]
+                g_next = self.marked_group(table, warp, lane, (r + 1) * WARP, n, g_lo, g_hi)
+                self.load_raw(row_addr, g_next, g_hi, row_end, rnext)
+                self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
+                self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
+        else:
+            for r in cutlass.range((n + WARP - 1) // WARP):
+                g = self.marked_group(table, warp, lane, r * WARP, n, g_lo, g_hi)
+                self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
+                self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
+
+    @cute.jit
+    def marked_group(self, table: Int32, warp: Int32, lane: Int32, r0: Int32, n: Int32, g_lo: Int32,
+                     g_hi: Int32) -> Int32:
+        """This lane's group of the round starting at entry r0 of the warp's compacted marks (g_hi: none)."""
+        g = g_hi
+        e = r0 + lane
+        if e < n:
+            g = g_lo + Int32(ptx.ld_shared_u16(self.warp_entry(table, warp, e)))
+        return g
 
     @cute.jit
     def finish_gathered(self, src: Int32, n: Int32, krem: Int32, first_slot: Int32, s_hist: cute.Pointer,
@@ -1854,10 +1882,11 @@ class DecodeTopK:
                                                   rkeep=rkeep)
                             else:
                                 self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base,
-                                                 idx_delta, staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
+                                                 idx_delta, staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short,
+                                                 rnext)
                         else:
                             self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
-                                             staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short)
+                                             staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short, rnext)
                     if const_expr(staged is not None):
                         if staged:
                             cute.arch.sync_threads()  # every warp's stage stores and its in-bin count (misc[3])
