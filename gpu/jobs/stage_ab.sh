@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # limit: 300
 # Candidate caches carried as .gl/cand*: decode_topk's GPU tests and sanitizers on each, or on those STAGE_AB_CHECK
-# names (gpu/tools/topk_checks.sh with SPARSE_DECODE_AOT_CACHE naming it), then topk_roots.py's sets STAGE_AB_SETS (default: long row) on "."
-# beside them, one process a set.
+# names (gpu/tools/topk_checks.sh with SPARSE_DECODE_AOT_CACHE naming it), then topk_roots.py's sets
+# STAGE_AB_SETS (default: long row) on "." beside them, one process a set.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
