@@ -130,6 +130,7 @@ def main() -> None:
         rows, length = base.shape
         out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
         per = {}
+        by_rank = {}  # (phase, rank) -> cycles: which CTA of a cluster a phase waits on
         spans, grid = [], []
         flush = torch.empty(64 << 20, dtype=torch.int32, device="cuda") if COLD else None
         for run in range(RUNS + 1):
@@ -148,6 +149,7 @@ def main() -> None:
                     w = words[r, rank].tolist()
                     for key, v in phases(w[:10] + [0, 0] + w[12:16]).items():
                         per.setdefault(key, []).append(v)
+                        by_rank.setdefault((key, rank), []).append(v)
                     starts.append(w[11] & 0xFFFFFFFF)
                     ends_ns.append(w[10] & 0xFFFFFFFF)
                     spans.append((w[10] - w[11]) & 0xFFFFFFFF)
@@ -156,12 +158,15 @@ def main() -> None:
                 "clustered_finish_ctas": len(per.get("clustered finish", [])), "ctas": len(spans),
                 "cta_span_ns_mean": sum(spans) / len(spans), "grid_span_ns_median": sorted(grid)[len(grid) // 2],
                 "phases_cycles": {key: {"mean": round(sum(v) / len(v)), "min": min(v), "max": max(v)}
-                                  for key, v in per.items()}}
+                                  for key, v in per.items()},
+                "phases_mean_by_rank": {key: [round(sum(v) / len(v)) if (v := by_rank.get((key, r))) else None
+                                              for r in range(c)] for key in per}}
         results.append(cell)
         print(f"{name} rows={rows} length={length} k={k} {source}: CTA span {cell['cta_span_ns_mean']:.0f} ns, "
               f"grid span {cell['grid_span_ns_median']} ns", flush=True)
         for key, v in cell["phases_cycles"].items():
-            print(f"    {key:18s} mean {v['mean']:7d}  min {v['min']:7d}  max {v['max']:7d}", flush=True)
+            ranks = " ".join("-" if x is None else str(x) for x in cell["phases_mean_by_rank"][key]) if c > 1 else ""
+            print(f"    {key:18s} mean {v['mean']:7d}  min {v['min']:7d}  max {v['max']:7d}  by rank: {ranks}", flush=True)
     with open(out_path, "w") as f:
         json.dump({"info": common.gpu_info(), "root": root, "phases": PHASES, "cases": results}, f, indent=1)
 
