@@ -1419,7 +1419,8 @@ class DecodeTopK:
                     s_tl: cute.Pointer, tiles, rnext: cute.Tensor):
         """The gather of a CTA without a list whose keys are not in registers: the groups step 1's table marks
         (CTA tiles, where there is a table), else the whole slice again (CTA tiles without a table, or the
-        warp loop's list overflowed). tiles: step 1 ran by CTA tiles (step1_by_tiles)."""
+        warp loop's list overflowed). tiles: step 1 ran by CTA tiles (step1_by_tiles); rnext: free registers for the
+        marked gather's next round."""
         marked = False
         if const_expr(self.table_tiles > 0):
             marked = tiles
