@@ -37,7 +37,11 @@ Gathered finish (when that bin's items fit behind CTA 0's list): every CTA pushe
         CTA 0 alone selects among the bin's items by
         block-local radix rounds over the remaining key bits, then over the inverted
         index (exact ties go to the lower index; up to TIE_RANK_MAX ties are ranked
-        directly instead), and writes them. Otherwise:
+        directly instead), and writes them. BF16 token mode on 8 and 16 CTAs, where every CTA ran step 1
+        by tiles and can stage its items of the bin (finish_low_bits): no pushes and no finish on CTA 0; the
+        cluster resolves the key's last 5 bits from a 32-bin histogram of every stage, each CTA writes its own
+        selected items, and ties of the resolved key are cut by rank (lower ranks hold lower columns).
+        Otherwise:
 Step 2' (cluster-wide finish) the remaining digits
         (8 + 8 + 5 bits for FP32, 5 for BF16; only 2**bits bins are exchanged) are
         selected the same way over the list. Selection stops early once the k-th item
@@ -113,6 +117,13 @@ STAGE_NO_LIST_MIN_CLUSTER = 8
 # 21.9 -> 21.4 us; on 8 and 16 CTAs (one or two rounds a warp) within -1.4..+1.7 % (16 CTAs mostly slower), and
 # two rounds ahead no better on any, so they keep one round at a time.
 PIPELINED_MARKS_MAX_CLUSTER = 4
+# BF16 token mode on clusters of at least STAGE_NO_LIST_MIN_CLUSTER CTAs, where every CTA ran step 1 by tiles and
+# stages its items of the threshold bin (the largest per-CTA count of the bin fits GATHER_STAGE): the key's last
+# 5 bits are resolved cluster-wide from the stages (a 32-bin histogram each, summed through distributed shared
+# memory), each CTA writes its own selected items at slots from a prefix over ranks, and exact ties of the resolved
+# key are cut by rank (lower ranks hold lower columns); only the CTA the cut falls in ranks its own ties. No pushes
+# to CTA 0 and no finish there (finish_low_bits).
+LOW_BITS_FINISH = os.environ.get("DECODE_TOPK_LOW_BITS", "1") == "1"
 # Step 1's warp loop in token mode on clusters of these sizes shares one bound among the CTA's
 # warps, which a warp recomputes every BOUND_SHARE_PERIOD of its iterations (staggered: one
 # warp in that many each iteration). Measured on the H200 (decode_topk_ab_h200.json:
@@ -175,6 +186,8 @@ class DecodeTopK:
         self.cap = list_capacity
         self.smem_bytes = smem_bytes
         self.ctas_per_sm = ctas_per_sm
+        self.low_bits_finish = (LOW_BITS_FINISH and dtype == "bf16" and not block_mode and table_tiles > 0
+                                and cluster >= STAGE_NO_LIST_MIN_CLUSTER)
         self.key_bits = 32 if dtype == "f32" else 16
         self.elem_bytes = 4 if dtype == "f32" else 2
         # Digits from the top: 11 bits first (sign, exponent, 2 mantissa bits) so the
@@ -683,6 +696,11 @@ class DecodeTopK:
         e1 = Int32(0)
         e2 = Int32(0)
         e3 = Int32(0)
+        m0 = Int32(0)  # (low_bits_finish, first digit) the largest CTA count of each bin: floors[17] for bin b
+        m1 = Int32(0)
+        m2 = Int32(0)
+        m3 = Int32(0)
+        with_max = with_floors and clustered and self.low_bits_finish
         if (tid * 4 < nbins) & (tid * 4 + 3 >= lo) & (tid * 4 <= hi):
             l0 = cute.arch.load(hist + tid * 4, Int32)
             l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
@@ -704,6 +722,11 @@ class DecodeTopK:
                         e1 = e1 + sel(below, Int32(v1), Int32(0))
                         e2 = e2 + sel(below, Int32(v2), Int32(0))
                         e3 = e3 + sel(below, Int32(v3), Int32(0))
+                    if const_expr(with_max):
+                        m0 = Int32(sel(Int32(v0) > m0, Int32(v0), m0))
+                        m1 = Int32(sel(Int32(v1) > m1, Int32(v1), m1))
+                        m2 = Int32(sel(Int32(v2) > m2, Int32(v2), m2))
+                        m3 = Int32(sel(Int32(v3) > m3, Int32(v3), m3))
             else:
                 c0 = l0
                 c1 = l1
@@ -731,6 +754,8 @@ class DecodeTopK:
                     cute.arch.store(misc + 7, labove)
                     if const_expr(with_floors and clustered):
                         cute.arch.store(misc + 4, (e0, e1, e2, e3)[q])
+                    if const_expr(with_max):
+                        cute.arch.store(floors + 17, (m0, m1, m2, m3)[q])
             above = above + cq
             labove = labove + lq
         cute.arch.sync_threads()
@@ -1413,6 +1438,139 @@ class DecodeTopK:
                 self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True)
 
     @cute.jit
+    def gather_no_list(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
+                       list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer, out_row: cute.Pointer,
+                       rraw: cute.Tensor, rkeys: cute.Tensor, rkeep: cute.Tensor, rnext: cute.Tensor,
+                       s_table: cute.Pointer, s_tl: cute.Pointer, tiles):
+        """The gathered finish's pass of a CTA without a list: its slice's items above bin b0 to the output from
+        slot gt_base on, those in it to list_base (gather_group): from the registers step 1 left where the slice
+        is one tile (two on one CTA an SM), else by gather_rest."""
+        T = self.threads
+        if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
+            self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+                              out_row, rraw, rkeys, resident=1)
+        else:
+            if const_expr(self.ctas_per_sm == 1):
+                if g_hi - g_lo <= 2 * T:  # two tiles: the first kept in rkeep
+                    self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged,
+                                      s_misc, out_row, rraw, rkeys, resident=2, rkeep=rkeep)
+                else:
+                    self.gather_rest(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+                                     out_row, rraw, rkeys, s_table, s_tl, tiles, rnext)
+            else:
+                self.gather_rest(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+                                 out_row, rraw, rkeys, s_table, s_tl, tiles, rnext)
+
+    @cute.jit
+    def finish_low_bits(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, krem: Int32,
+                        b0: Uint32, gt_mine: Int32, rank: Int32, s_hist: cute.Pointer, s_key: cute.Pointer,
+                        s_idx: cute.Pointer, s_scan: cute.Pointer, s_misc: cute.Pointer, s_peer: cute.Pointer,
+                        s_table: cute.Pointer, s_tl: cute.Pointer, out_row: cute.Pointer, rraw: cute.Tensor,
+                        rkeys: cute.Tensor, rkeep: cute.Tensor, rnext: cute.Tensor):
+        """low_bits_finish: the krem items still needed from first-digit bin b0 (output slots k - krem .. k - 1),
+        every CTA its own. The pass stages the CTA's items of the bin (writing those above it); a 32-bin histogram of
+        their last 5 key bits (in the table, read by then) is summed over the cluster after a barrier; bin b1 of the
+        krem-th largest gives the resolved key. A CTA's items above b1 go to slots from k - krem plus the lower
+        ranks' count above b1; its ties (key bits b1) to slots after all items above b1 plus the lower ranks' ties,
+        all of them, none, or (the one CTA the cut falls in) its `take` lowest indices, ranked by finish_gathered
+        over a copy of them."""
+        T = self.threads
+        C = self.cluster
+        tid = cute.arch.thread_idx()[0]
+        lane = cute.arch.lane_idx()
+        gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
+        stage = s_hist + self.bins
+        self.gather_no_list(row_addr, g_lo, g_hi, row_end, b0, gt_base, smem_addr(stage), Int32(GATHER_STAGE * 4),
+                            True, s_misc, out_row, rraw, rkeys, rkeep, rnext, s_table, s_tl, True)
+        cute.arch.sync_threads()  # the stage, its count (misc[3]) and the table's last reads
+        n = cute.arch.load(s_misc + 3, Int32)
+        low = s_table  # 32 bins: the table is not read any more
+        if tid < 32:
+            cute.arch.store(low + tid, Int32(0))
+        cute.arch.sync_threads()
+        for i in cutlass.range(tid, n, T):
+            cute.arch.atomic_add(low + Int32(cute.arch.load(stage + i, Uint32) & Uint32(31)), Int32(1))
+        self.mark(s_tl, 5)
+        cute.arch.cluster_arrive()  # release: this CTA's bins, for the peers' reads below
+        cute.arch.cluster_wait()
+        self.mark(s_tl, 6)
+        if tid < WARP:
+            mine = cute.arch.load(low + lane, Int32)
+            tot = Int32(0)
+            bel = Int32(0)
+            for r in cutlass.range(C, unroll=8):
+                v = Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(low + lane), r)))
+                tot = tot + v
+                bel = bel + sel(r < rank, v, Int32(0))
+            # Sums over the bins above each lane's (lanes are bins, the largest last).
+            t_above = self.warp_suffix_excl(tot)
+            m_above = self.warp_suffix_excl(mine)
+            b_above = self.warp_suffix_excl(bel)
+            hit = Uint32(cute.arch.vote_ballot_sync((t_above < krem) & (krem <= t_above + tot)))
+            b1 = Int32(31) - Int32(cute.arch.clz(hit))
+            if lane == b1:
+                cute.arch.store(s_peer + 18, b1)
+                cute.arch.store(s_peer + 19, t_above)  # items of the cluster above b1
+                cute.arch.store(s_peer + 20, m_above)  # this CTA's above b1
+                cute.arch.store(s_peer + 21, b_above)  # the lower ranks' above b1
+                cute.arch.store(s_peer + 22, bel)  # the lower ranks' ties
+                cute.arch.store(s_peer + 23, mine)  # this CTA's ties
+        # The peers' bins are read: the arrive lets them exit once this CTA is done too (the wait is last).
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.sync_threads()
+        b1 = Uint32(cute.arch.load(s_peer + 18, Int32))
+        above1 = cute.arch.load(s_peer + 19, Int32)
+        ties_before = cute.arch.load(s_peer + 22, Int32)
+        my_ties = cute.arch.load(s_peer + 23, Int32)
+        take = krem - above1 - ties_before
+        take = Int32(sel(take < 0, Int32(0), sel(take > my_ties, my_ties, take)))
+        first = k - krem
+        base_above = first + cute.arch.load(s_peer + 21, Int32)
+        base_ties = first + above1 + ties_before
+        all_ties = take == my_ties
+        for ib in cutlass.range(0, n, T):
+            i = ib + tid
+            key = Uint32(0)
+            idx = Int32(0)
+            if i < n:
+                key = cute.arch.load(stage + i, Uint32)
+                idx = cute.arch.load(stage + GATHER_STAGE + i, Int32)
+            low_bits = key & Uint32(31)
+            above = (i < n) & (low_bits > b1)
+            tie = (i < n) & (low_bits == b1)
+            slot = base_above + self.warp_slot1(above, s_misc + 10)
+            if above:
+                cute.arch.store(out_row + slot, idx)
+            if all_ties:
+                slot = base_ties + self.warp_slot1(tie, s_misc + 15)
+                if tie:
+                    cute.arch.store(out_row + slot, idx)
+            else:
+                if take > 0:  # the cut: copy the ties for the ranking below
+                    slot = self.warp_slot1(tie, s_misc + 15)
+                    if tie:
+                        cute.arch.store(s_key + slot, key)
+                        cute.arch.store(s_idx + slot, idx)
+        if (take > 0) & (take < my_ties):
+            # Every thread is past its reads of the stage (finish_gathered zeroes the histograms first) and its
+            # copies of the ties are written.
+            cute.arch.sync_threads()
+            self.finish_gathered(Int32(0), my_ties, take, base_ties, s_hist, s_key, s_idx, s_scan, s_misc, out_row,
+                                 s_tl)
+        self.mark(s_tl, 7)
+        cute.arch.cluster_wait()
+
+    @cute.jit
+    def warp_suffix_excl(self, x: Int32) -> Int32:
+        """The sum of x over the lanes above this one."""
+        lane = cute.arch.lane_idx()
+        incl = x
+        for s in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_down(incl, 1 << s)
+            incl = sel(lane + (1 << s) < WARP, incl + y, incl)
+        return Int32(incl) - x
+
+    @cute.jit
     def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
                     list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer,
@@ -1846,72 +2004,69 @@ class DecodeTopK:
             # (block-local rounds instead of cluster-wide ones). The same choice on every CTA.
             gather = (krem != count0) & (gather_base + count0 <= self.cap)
             if gather:
-                # The lower ranks' in-bin count came with the select (misc[4]).
-                dst_base = gather_base + cute.arch.load(s_misc + 4, Int32)
-                slot0 = Int32(0)
-                if use_list:
-                    if const_expr(C >= GATHER_STAGE_MIN_CLUSTER):
-                        slot0 = self.push_list_staged(n_list, b0, dst_base, gt_mine, s_hist, s_key, s_idx, s_misc,
-                                                      out_row, rkeys, rraw)
-                    else:
-                        n_above = self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row,
-                                                   rkeys, rraw, pushes=True, slot0=Int32(0))
-                        # The warp's output slots: one add on the row's counter in CTA 0 (before this
-                        # CTA arrives at the barrier below, after which CTA 0 may finish and exit).
-                        slot0 = self.warp_atomic_base(n_above, s_misc + 2, in_cta0=True)
-                    self.mark(s_tl, 12)
+                low_bits = False
+                if const_expr(self.low_bits_finish):
+                    # Every CTA ran step 1 by tiles (the first CTA's slice is the largest) and stages its items of
+                    # the bin (the largest CTA count of it came with the select): the same choice on every CTA.
+                    low_bits = self.step1_by_tiles(per, width) & (
+                        cute.arch.load(s_peer + 17, Int32) <= GATHER_STAGE)
+                if low_bits:
+                    self.finish_low_bits(row_addr, g_lo, g_hi, row_end, k, krem, Uint32(b0), gt_mine, rank, s_hist,
+                                         s_key, s_idx, s_scan, s_misc, s_peer, s_table, s_tl, out_row, rraw, rkeys,
+                                         rkeep, rnext)
                 else:
-                    gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
-                    self.mark(s_tl, 12)  # (without a list: the slot reservation comes before the pass)
-                    # The bin's items go to CTA 0's list from slot dst_base on, or, on clusters of at least
-                    # STAGE_NO_LIST_MIN_CLUSTER CTAs, to this CTA's stage where they fit (then copied densely).
-                    list_base = smem_addr(s_key + dst_base)
-                    idx_delta = smem_addr(s_idx) - smem_addr(s_key)
-                    stage, staged = None, None
-                    if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
-                        stage, staged = self.push_stage(s_hist, b0)
-                        list_base = sel(staged, smem_addr(stage), list_base)
-                        idx_delta = sel(staged, Int32(GATHER_STAGE * 4), idx_delta)
-                    if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
-                        self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
-                                          staged, s_misc, out_row, rraw, rkeys, resident=1)
-                    else:
-                        if const_expr(keep_two):
-                            if g_hi - g_lo <= 2 * T:  # two tiles: the first kept in rkeep
-                                self.gather_slice(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base,
-                                                  idx_delta, staged, s_misc, out_row, rraw, rkeys, resident=2,
-                                                  rkeep=rkeep)
-                            else:
-                                self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base,
-                                                 idx_delta, staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short,
-                                                 rnext)
+                    # The lower ranks' in-bin count came with the select (misc[4]).
+                    dst_base = gather_base + cute.arch.load(s_misc + 4, Int32)
+                    slot0 = Int32(0)
+                    if use_list:
+                        if const_expr(C >= GATHER_STAGE_MIN_CLUSTER):
+                            slot0 = self.push_list_staged(n_list, b0, dst_base, gt_mine, s_hist, s_key, s_idx, s_misc,
+                                                          out_row, rkeys, rraw)
                         else:
-                            self.gather_rest(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
-                                             staged, s_misc, out_row, rraw, rkeys, s_table, s_tl, short, rnext)
-                    if const_expr(staged is not None):
-                        if staged:
-                            cute.arch.sync_threads()  # every warp's stage stores and its in-bin count (misc[3])
-                            self.push_staged(stage, cute.arch.load(s_misc + 3, Int32), s_key, s_idx, dst_base)
-                self.mark(s_tl, 5)
-                # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
-                # shared memory after this barrier: the peers may exit. The output writes of a
-                # listed CTA go between the arrive and the wait: the arrive's release does not
-                # wait for them, and they hide the barrier's latency.
-                # (One CTA: the same two passes; fewer registers live than one pass doing both.)
-                if const_expr(C > 1):
-                    cute.arch.cluster_arrive()
-                if use_list:
-                    self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row,
-                                     rkeys, rraw, pushes=False, slot0=slot0)
-                if const_expr(C > 1):
-                    cute.arch.cluster_wait()
-                else:
-                    cute.arch.sync_threads()
-                self.mark(s_tl, 6)
-                if rank == 0:
-                    self.finish_gathered(gather_base, count0, krem, k - krem, s_hist, s_key, s_idx, s_scan, s_misc,
-                                         out_row, s_tl)
-                self.mark(s_tl, 7)
+                            n_above = self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row,
+                                                       rkeys, rraw, pushes=True, slot0=Int32(0))
+                            # The warp's output slots: one add on the row's counter in CTA 0 (before this
+                            # CTA arrives at the barrier below, after which CTA 0 may finish and exit).
+                            slot0 = self.warp_atomic_base(n_above, s_misc + 2, in_cta0=True)
+                        self.mark(s_tl, 12)
+                    else:
+                        gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
+                        self.mark(s_tl, 12)  # (without a list: the slot reservation comes before the pass)
+                        # The bin's items go to CTA 0's list from slot dst_base on, or, on clusters of at least
+                        # STAGE_NO_LIST_MIN_CLUSTER CTAs, to this CTA's stage where they fit (then copied densely).
+                        list_base = smem_addr(s_key + dst_base)
+                        idx_delta = smem_addr(s_idx) - smem_addr(s_key)
+                        stage, staged = None, None
+                        if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
+                            stage, staged = self.push_stage(s_hist, b0)
+                            list_base = sel(staged, smem_addr(stage), list_base)
+                            idx_delta = sel(staged, Int32(GATHER_STAGE * 4), idx_delta)
+                        self.gather_no_list(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
+                                            staged, s_misc, out_row, rraw, rkeys, rkeep, rnext, s_table, s_tl, short)
+                        if const_expr(staged is not None):
+                            if staged:
+                                cute.arch.sync_threads()  # every warp's stage stores and its in-bin count (misc[3])
+                                self.push_staged(stage, cute.arch.load(s_misc + 3, Int32), s_key, s_idx, dst_base)
+                    self.mark(s_tl, 5)
+                    # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
+                    # shared memory after this barrier: the peers may exit. The output writes of a
+                    # listed CTA go between the arrive and the wait: the arrive's release does not
+                    # wait for them, and they hide the barrier's latency.
+                    # (One CTA: the same two passes; fewer registers live than one pass doing both.)
+                    if const_expr(C > 1):
+                        cute.arch.cluster_arrive()
+                    if use_list:
+                        self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row,
+                                         rkeys, rraw, pushes=False, slot0=slot0)
+                    if const_expr(C > 1):
+                        cute.arch.cluster_wait()
+                    else:
+                        cute.arch.sync_threads()
+                    self.mark(s_tl, 6)
+                    if rank == 0:
+                        self.finish_gathered(gather_base, count0, krem, k - krem, s_hist, s_key, s_idx, s_scan, s_misc,
+                                             out_row, s_tl)
+                    self.mark(s_tl, 7)
             else:
                 self.mark(s_tl, 8)  # the cluster-wide finish instead (no 5-7)
                 self.finish_clustered(use_list, n_list, row_addr, g_lo, g_hi, row_end, k, rank, b0, krem, count0,
