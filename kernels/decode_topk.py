@@ -102,6 +102,10 @@ PREFETCH_PIECE_BYTES = 4096
 # staged_pushes_ab): 0.03-0.57 us faster on 16 CTAs, 0.1-0.56 us slower on 1 to 8 (the extra barrier
 # and copy outweigh the sparse DSMEM stores there).
 GATHER_STAGE = 1024
+# BF16 keys two columns a word in whole_group_keys (step 1's CTA tiles, the gather's re-reads). Measured on the H200
+# (decode_topk_ab_h200.json: packed_bf16_keys_ab, with the table index by an unsigned shift): BF16 rows of 256K-1M on
+# 8 and 16 CTAs 2.4-8.5 % faster (8 x 1M k512 23.47 -> 21.51 us, 1 x 1M k2048 16.21 -> 15.05), FP32 within noise.
+PACKED_BF16_KEYS = True
 GATHER_STAGE_MIN_CLUSTER = 16
 # The same staging for a CTA without a list (gather_slice, gather_marked: its in-bin items are pushed a
 # few lanes at a time otherwise, two DSMEM stores an item, all CTAs into CTA 0 at once) on clusters of at
@@ -122,8 +126,10 @@ PIPELINED_MARKS_MAX_CLUSTER = 4
 # 5 bits are resolved cluster-wide from the stages (a 32-bin histogram each, summed through distributed shared
 # memory), each CTA writes its own selected items at slots from a prefix over ranks, and exact ties of the resolved
 # key are cut by rank (lower ranks hold lower columns); only the CTA the cut falls in ranks its own ties. No pushes
-# to CTA 0 and no finish there (finish_low_bits).
-LOW_BITS_FINISH = os.environ.get("DECODE_TOPK_LOW_BITS", "1") == "1"
+# to CTA 0 and no finish there (finish_low_bits). Measured on the H200 (decode_topk_ab_h200.json: low_bits_finish_ab):
+# 16 CTAs 3.6-13.8 % faster (1 x 256K k2048 11.49 -> 9.90 us), 8 CTAs at k2048 1.8-12.9 % faster (8 x 256K 14.64 ->
+# 12.75), 8 CTAs at k512 0.2-1.4 % slower (the extra cluster barrier), left ungated.
+LOW_BITS_FINISH = True
 # Step 1's warp loop in token mode on clusters of these sizes shares one bound among the CTA's
 # warps, which a warp recomputes every BOUND_SHARE_PERIOD of its iterations (staggered: one
 # warp in that many each iteration). Measured on the H200 (decode_topk_ab_h200.json:
@@ -386,15 +392,30 @@ class DecodeTopK:
         """key_of of a whole group's 8 columns: each by the sign trick alone (ordinary_key), and one
         test for NaN and zero over the group (|x| - 1 wraps for a zero), where key_of takes the whole group.
         Measured on the H200 (decode_topk_ab_h200.json: ordinary_key_ab): 0.3-3 us off long rows' step 1."""
-        probe = Uint32(0)
-        for j in cutlass.range_constexpr(8):
-            raw = self.raw_column(rraw, j)
-            rkeys[j] = self.ordinary_key(raw)
-            below = (raw & Uint32((1 << (self.key_bits - 1)) - 1)) - Uint32(1)
-            probe = sel(below > probe, below, probe)
-        if probe >= Uint32(0x7F800000 if self.dtype == "f32" else 0x7F80):
+        if const_expr(self.dtype == "bf16" and PACKED_BF16_KEYS):
+            # Two columns a word: both halves' keys at once (no carry crosses the halves), and one test for NaN
+            # (|x| + 0x7F sets bit 15) and zero (|x| + 0x7FFF leaves it clear) in either half.
+            special = Uint32(0)
+            for p in cutlass.range_constexpr(4):
+                r = rraw[p]
+                mag = r & Uint32(0x7FFF7FFF)
+                special = special | (mag + Uint32(0x007F007F)) | ~(mag + Uint32(0x7FFF7FFF))
+                kp = r ^ ((((r >> Uint32(15)) & Uint32(0x00010001)) * Uint32(0x7FFF)) | Uint32(0x80008000))
+                rkeys[2 * p] = kp & Uint32(0xFFFF)
+                rkeys[2 * p + 1] = kp >> Uint32(16)
+            if special & Uint32(0x80008000) != Uint32(0):
+                for j in cutlass.range_constexpr(8):
+                    rkeys[j] = self.key_of(self.raw_column(rraw, j))
+        else:
+            probe = Uint32(0)
             for j in cutlass.range_constexpr(8):
-                rkeys[j] = self.key_of(self.raw_column(rraw, j))
+                raw = self.raw_column(rraw, j)
+                rkeys[j] = self.ordinary_key(raw)
+                below = (raw & Uint32((1 << (self.key_bits - 1)) - 1)) - Uint32(1)
+                probe = sel(below > probe, below, probe)
+            if probe >= Uint32(0x7F800000 if self.dtype == "f32" else 0x7F80):
+                for j in cutlass.range_constexpr(8):
+                    rkeys[j] = self.key_of(self.raw_column(rraw, j))
 
     def ordinary_key(self, raw: Uint32) -> Uint32:
         """key_of for a value that is neither NaN nor zero (+-0): flip every bit of a negative one, the sign bit of
@@ -1250,7 +1271,9 @@ class DecodeTopK:
                     top = rkeys[0]
                     for j in cutlass.range_constexpr(1, self.items):
                         top = sel(rkeys[j] > top, rkeys[j], top)
-                    ptx.st_shared_u16(self.table_entry(table, (gb - g_lo) // T, tid), Uint32(top) >> Uint32(shift0))
+                    # (gb - g_lo >= 0: an unsigned shift, not a signed division)
+                    t = Int32(Uint32(gb - g_lo) // Uint32(T))
+                    ptx.st_shared_u16(self.table_entry(table, t, tid), Uint32(top) >> Uint32(shift0))
             if const_expr(rkeep is not None):
                 if gb == g_lo:
                     for j in cutlass.range_constexpr(self.items):
