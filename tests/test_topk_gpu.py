@@ -286,6 +286,35 @@ def test_few_rows_take_the_widest_cluster_that_fits(dtype):
         _check(logits, ends, out, k, False)
 
 
+def test_bf16_ties_cut_by_rank():
+    """BF16 on 8 and 16 CTAs a row resolves the key's last bits cluster-wide (finish_low_bits) and cuts the exact
+    ties of the resolved key by rank: many ties planted at the k-th key, spread over every CTA or crowded into one
+    CTA's slice (still within its stage), so that the cut falls inside one CTA's ties, more than TIE_RANK_MAX of them
+    (ranked by index rounds on a CTA other than 0). Exact results each time."""
+    from runtime import topk
+
+    for rows, width, k, planted, crowd in ((1, 262144, 2048, 1500, False), (8, 262144, 2048, 1500, False),
+                                           (1, 1 << 20, 2048, 3000, False), (1, 262144, 512, 900, True),
+                                           (8, 1 << 20, 1024, 800, True)):
+        logits = _logits(rows, width, torch.bfloat16, seed=width + planted)
+        name, cluster, _ = topk.decode_topk_plan(logits, rows, k, False)
+        assert cluster in (8, 16), name
+        g = torch.Generator(device="cuda").manual_seed(planted)
+        span = width // cluster
+        for r in range(rows):
+            row = logits[r]
+            # The key at rank k - 600 (k // 2 for small k): the cut lands inside the planted ties.
+            v = torch.sort(row.float(), descending=True).values[k - 600 if k > 1200 else k // 2]
+            if crowd:  # all in the slice of CTA 3
+                cols = 3 * span + torch.randperm(span, generator=g, device="cuda")[:planted]
+            else:
+                cols = torch.randperm(width, generator=g, device="cuda")[:planted]
+            row[cols] = v.to(torch.bfloat16)
+        ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+        out = _run(logits, ends, k, False)
+        _check(logits, ends, out, k, False)
+
+
 def test_long_slices_take_the_full_sm_twin():
     """Through the op: slices of FULL_SM_TWIN_MIN_COLUMNS or more on 2 and 4 CTAs a row take the one-CTA-an-SM
     twin where one wave of it holds the rows, else the two-CTA build; a 64 MiB batch (past the table's
