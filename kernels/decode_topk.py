@@ -1527,14 +1527,12 @@ class DecodeTopK:
                 bel = bel + sel(r < rank, v, Int32(0))
             # Sums over the bins above each lane's (lanes are bins, the largest last).
             t_above = self.warp_suffix_excl(tot)
-            m_above = self.warp_suffix_excl(mine)
             b_above = self.warp_suffix_excl(bel)
             hit = Uint32(cute.arch.vote_ballot_sync((t_above < krem) & (krem <= t_above + tot)))
             b1 = Int32(31) - Int32(cute.arch.clz(hit))
             if lane == b1:
                 cute.arch.store(s_peer + 18, b1)
                 cute.arch.store(s_peer + 19, t_above)  # items of the cluster above b1
-                cute.arch.store(s_peer + 20, m_above)  # this CTA's above b1
                 cute.arch.store(s_peer + 21, b_above)  # the lower ranks' above b1
                 cute.arch.store(s_peer + 22, bel)  # the lower ranks' ties
                 cute.arch.store(s_peer + 23, mine)  # this CTA's ties
