@@ -250,7 +250,8 @@ class DecodeTopK:
                   ("misc", 16),
                   ("warp", 32),
                   # Written by the peers: [r] CTA r's k-th largest bin after step 1, [16] CTA 0's list
-                  # length, [32 + r] CTA r's highest nonempty bin.
+                  # length, [32 + r] CTA r's highest nonempty bin. This CTA's own (low_bits_finish): [17] the
+                  # largest CTA count of the first digit's bin, [18, 24) finish_low_bits' sums.
                   ("peer", 48),
                   ("key", self.cap),
                   ("idx", self.cap)]
@@ -883,6 +884,15 @@ class DecodeTopK:
         return Int32(x)
 
     @cute.jit
+    def warp_suffix_scan(self, x: Int32) -> Int32:
+        """Inclusive suffix sum of x over the warp's lanes (this lane and those above it)."""
+        lane = cute.arch.lane_idx()
+        for s in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_down(x, 1 << s)
+            x = sel(lane + (1 << s) < WARP, x + y, x)
+        return Int32(x)
+
+    @cute.jit
     def warp_kth_bin(self, hist: cute.Pointer, k: Int32, floor: Uint32) -> Int32:
         """The bin of the k-th largest item counted so far in the CTA's histogram, by one warp (0 if < k).
 
@@ -905,11 +915,7 @@ class DecodeTopK:
                 c = (lane + t) % pieces
                 v0, v1, v2, v3 = ptx.ld_shared_v4_u32(smem_addr(hist + base + 4 * c))
                 mine = mine + Int32((v0 + v1) + (v2 + v3))
-        suffix = mine
-        for s in cutlass.range_constexpr(5):
-            y = cute.arch.shuffle_sync_down(suffix, 1 << s)
-            suffix = sel(lane + (1 << s) < WARP, suffix + y, suffix)
-        suffix = Int32(suffix)
+        suffix = self.warp_suffix_scan(mine)
         ballot = cute.arch.vote_ballot_sync(suffix >= k)
         result = Int32(0)
         if ballot != 0:
@@ -1473,13 +1479,12 @@ class DecodeTopK:
             self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
                               out_row, rraw, rkeys, resident=1)
         else:
+            two = False  # two tiles, the first kept in rkeep (one CTA an SM)
             if const_expr(self.ctas_per_sm == 1):
-                if g_hi - g_lo <= 2 * T:  # two tiles: the first kept in rkeep
-                    self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged,
-                                      s_misc, out_row, rraw, rkeys, resident=2, rkeep=rkeep)
-                else:
-                    self.gather_rest(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
-                                     out_row, rraw, rkeys, s_table, s_tl, tiles, rnext)
+                two = g_hi - g_lo <= 2 * T
+            if two:
+                self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+                                  out_row, rraw, rkeys, resident=2, rkeep=rkeep)
             else:
                 self.gather_rest(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
                                  out_row, rraw, rkeys, s_table, s_tl, tiles, rnext)
@@ -1526,8 +1531,8 @@ class DecodeTopK:
                 tot = tot + v
                 bel = bel + sel(r < rank, v, Int32(0))
             # Sums over the bins above each lane's (lanes are bins, the largest last).
-            t_above = self.warp_suffix_excl(tot)
-            b_above = self.warp_suffix_excl(bel)
+            t_above = self.warp_suffix_scan(tot) - tot
+            b_above = self.warp_suffix_scan(bel) - bel
             hit = Uint32(cute.arch.vote_ballot_sync((t_above < krem) & (krem <= t_above + tot)))
             b1 = Int32(31) - Int32(cute.arch.clz(hit))
             if lane == b1:
@@ -1580,16 +1585,6 @@ class DecodeTopK:
                                  s_tl)
         self.mark(s_tl, 7)
         cute.arch.cluster_wait()
-
-    @cute.jit
-    def warp_suffix_excl(self, x: Int32) -> Int32:
-        """The sum of x over the lanes above this one."""
-        lane = cute.arch.lane_idx()
-        incl = x
-        for s in cutlass.range_constexpr(5):
-            y = cute.arch.shuffle_sync_down(incl, 1 << s)
-            incl = sel(lane + (1 << s) < WARP, incl + y, incl)
-        return Int32(incl) - x
 
     @cute.jit
     def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
@@ -1939,7 +1934,7 @@ class DecodeTopK:
         # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
         # 10 the gather pass's in-bin counter, 11 local highest nonempty bin,
         # 12 step 1's shared bound (warp loop), 13 the gathered finish's tie counter (take_ties),
-        # 14 the gathered finish's slot counter
+        # 14 the gathered finish's slot counter; finish_low_bits: 10 and 15 its slot counters
         # Zeroed first, on every path (the short-row path does not read them): a use of row_end
         # placed before these stores would make them wait for its load. Step 1's barrier, after
         # its first loads are issued, orders them before any use.
