@@ -106,6 +106,15 @@ GATHER_STAGE = 1024
 # (decode_topk_ab_h200.json: packed_bf16_keys_ab, with the table index by an unsigned shift): BF16 rows of 256K-1M on
 # 8 and 16 CTAs 2.4-8.5 % faster (8 x 1M k512 23.47 -> 21.51 us, 1 x 1M k2048 16.21 -> 15.05), FP32 within noise.
 PACKED_BF16_KEYS = True
+# Token mode: step 1's CTA tiles on a slice of more than two tiles (no keys kept for the gather) histogram each column
+# by its raw bits' top 11 (a shift and a mask, no key), into bins in raw order that one permutation turns into key
+# order after the loop; a group holding NaN or +-0 takes the keys. The table entry is the key digit of the group's
+# largest value (max.bf16x2 / max.f32).
+# Measured on the H200 (decode_topk_ab_h200.json: raw_bins_ab, decode_topk's GPU tests and sanitizers on each candidate):
+# BF16 rows of 256K-1M on 8 and 16 CTAs 2-7 % faster (8 x 1M k2048 23.58 -> 22.57 us, 1 x 1M k512 13.53 -> 12.56),
+# FP32 0-2 % faster, short slices (two tiles or fewer: the key loop, unchanged) within 1 %. The one loop for both with a
+# branch a tile was 1-2 % slower on short slices; three tiles ahead, or three an iteration with no register moves, slower.
+RAW_BINS_STEP1 = True
 GATHER_STAGE_MIN_CLUSTER = 16
 # The same staging for a CTA without a list (gather_slice, gather_marked: its in-bin items are pushed a
 # few lanes at a time otherwise, two DSMEM stores an item, all CTAs into CTA 0 at once) on clusters of at
@@ -195,6 +204,7 @@ class DecodeTopK:
         self.low_bits_finish = (LOW_BITS_FINISH and dtype == "bf16" and not block_mode and table_tiles > 0
                                 and cluster >= STAGE_NO_LIST_MIN_CLUSTER)
         self.key_bits = 32 if dtype == "f32" else 16
+        self.raw_bins = RAW_BINS_STEP1 and not block_mode
         self.elem_bytes = 4 if dtype == "f32" else 2
         # Digits from the top: 11 bits first (sign, exponent, 2 mantissa bits) so the
         # first bin already isolates a narrow value range; the rest as they fall.
@@ -231,6 +241,8 @@ class DecodeTopK:
         # timeline_gather: marks 13 and 14 split the marked gather (gather_marked: its table read, its
         # compaction) instead of CTA 0's finish rounds.
         self.gather_marks = experiment == "timeline_gather"
+        # clustered_finish: the cluster-wide finish (finish_clustered) wherever the gathered one would run.
+        self.force_clustered = experiment == "clustered_finish"
         if self.timeline:
             self.cap -= self.warps * LIST_VEC  # room for the 16 marks in the same shared memory
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
@@ -1250,41 +1262,141 @@ class DecodeTopK:
         if p0 < g_hi:
             self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
         self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
+        # Raw-order bins where no keys are kept for the gather (more than two tiles): permuted after the loop.
+        raw_bins = False
+        if const_expr(self.raw_bins):
+            raw_bins = g_hi - g_lo > 2 * T
         cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
+        if raw_bins:
+            self.step1_tiles_raw(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl, table)
+        else:
+            for gb in cutlass.range(g_lo, g_hi, T):
+                g = gb + tid
+                self.next_loads(row_addr, g + 2 * T, g_hi, row_end, rraw, rnext, rnext2)
+                full = False
+                if const_expr(not self.block_mode):
+                    full = (g < g_hi) & (g * 8 + 8 <= row_end)
+                if full:
+                    # A whole group (every group but the row's last): no column tests, and no key is 0 (so
+                    # no test before the atomics). Measured on the H200 (decode_topk_ab_h200.json:
+                    # full_group_ab): 1-4 us faster on 256K-1M rows (8 x 1M 32.7 -> 29.1 us), 0.1-0.4 us on short
+                    # slices: step 1's CTA tiles are bound by their instructions, not by the loads in flight.
+                    self.whole_group_keys(rraw, rkeys)
+                    self.step1_mark(s_tl, 13, gb == g_lo)
+                    for j in cutlass.range_constexpr(8):
+                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+                else:
+                    self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
+                    self.step1_mark(s_tl, 13, gb == g_lo)
+                    for j in cutlass.range_constexpr(self.items):
+                        if rkeys[j] != Uint32(0):
+                            cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+                if const_expr(self.table_tiles > 0):
+                    if g_hi - g_lo > 2 * T:  # (two tiles or fewer stay in registers: no table read)
+                        # (gb - g_lo >= 0: an unsigned shift, not a signed division)
+                        t = Int32(Uint32(gb - g_lo) // Uint32(T))
+                        ptx.st_shared_u16(self.table_entry(table, t, tid), self.top_digit(rkeys))
+                if const_expr(rkeep is not None):
+                    if gb == g_lo:
+                        for j in cutlass.range_constexpr(self.items):
+                            rkeep[j] = rkeys[j]
+                self.step1_mark(s_tl, 14, gb == g_lo)
+
+    @cute.jit
+    def step1_tiles_raw(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
+                        rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
+                        s_tl: cute.Pointer, table: Int32):
+        """step1_tiles' loop on a slice of more than two tiles (raw_bins; its loads primed): the histogram by raw-order
+        bins (raw_group_bins), then put in key order. No keys stay in registers: the gather re-reads the slice.
+        (Three tiles an iteration in three register sets, none moved, measured 1.5-9.5 % slower on 8 and 16 CTAs.)"""
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             self.next_loads(row_addr, g + 2 * T, g_hi, row_end, rraw, rnext, rnext2)
-            full = False
-            if const_expr(not self.block_mode):
-                full = (g < g_hi) & (g * 8 + 8 <= row_end)
-            if full:
-                # A whole group (every group but the row's last): no column tests, and no key is 0 (so
-                # no test before the atomics). Measured on the H200 (decode_topk_ab_h200.json:
-                # full_group_ab): 1-4 us faster on 256K-1M rows (8 x 1M 32.7 -> 29.1 us), 0.1-0.4 us on short
-                # slices: step 1's CTA tiles are bound by their instructions, not by the loads in flight.
-                self.whole_group_keys(rraw, rkeys)
-                self.step1_mark(s_tl, 13, gb == g_lo)
-                for j in cutlass.range_constexpr(8):
-                    cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+            top = Uint32(0)
+            if (g < g_hi) & (g * 8 + 8 <= row_end):  # a whole group (every group but a row's last)
+                top = self.raw_group_bins(rraw, rkeys, s_hist)
             else:
                 self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
-                self.step1_mark(s_tl, 13, gb == g_lo)
-                for j in cutlass.range_constexpr(self.items):
+                for j in cutlass.range_constexpr(8):
                     if rkeys[j] != Uint32(0):
-                        cute.arch.atomic_add(s_hist + Int32(rkeys[j] >> Uint32(shift0)), Int32(1))
+                        d = rkeys[j] >> Uint32(self.key_bits - self.digits[0])
+                        cute.arch.atomic_add(s_hist + Int32(self.raw_bin_of_digit(d)), Int32(1))
+                top = self.top_digit(rkeys)
+            self.step1_mark(s_tl, 13, gb == g_lo)
             if const_expr(self.table_tiles > 0):
-                if g_hi - g_lo > 2 * T:  # (two tiles or fewer stay in registers: no table read)
-                    top = rkeys[0]
-                    for j in cutlass.range_constexpr(1, self.items):
-                        top = sel(rkeys[j] > top, rkeys[j], top)
-                    # (gb - g_lo >= 0: an unsigned shift, not a signed division)
-                    t = Int32(Uint32(gb - g_lo) // Uint32(T))
-                    ptx.st_shared_u16(self.table_entry(table, t, tid), Uint32(top) >> Uint32(shift0))
-            if const_expr(rkeep is not None):
-                if gb == g_lo:
-                    for j in cutlass.range_constexpr(self.items):
-                        rkeep[j] = rkeys[j]
+                # (gb - g_lo >= 0: an unsigned shift, not a signed division)
+                t = Int32(Uint32(gb - g_lo) // Uint32(T))
+                ptx.st_shared_u16(self.table_entry(table, t, tid), top)
             self.step1_mark(s_tl, 14, gb == g_lo)
+        self.raw_bins_to_key_order(s_hist)
+
+    def top_digit(self, rkeys: cute.Tensor) -> Uint32:
+        """The first digit of a group's largest key (step 1's table entry; traced inline)."""
+        top = rkeys[0]
+        for j in range(1, self.items):
+            top = sel(rkeys[j] > top, rkeys[j], top)
+        return Uint32(top) >> Uint32(self.key_bits - self.digits[0])
+
+    def raw_bin_of_digit(self, d: Uint32) -> Uint32:
+        """Raw-order bin of first-digit d (11 bits; traced inline): a positive value's raw top 11 bits are its key
+        digit less 1024, a negative value's are 2047 less it (the key flips every bit of a negative one)."""
+        return sel(d >= Uint32(1024), d - Uint32(1024), Uint32(2047) - d)
+
+    @cute.jit
+    def raw_group_bins(self, rraw: cute.Tensor, rkeys: cute.Tensor, s_hist: cute.Pointer) -> Uint32:
+        """Step 1's histogram adds of a whole token-mode group by raw-order bin (raw_bins); returns the key digit of
+        its largest column. Raw bits order like keys except NaN (-> -inf) and -0 (-> +0): a group holding either
+        takes its keys, each key digit mapped to its raw-order bin (one setp a value finds both, and +0, which would
+        not need them)."""
+        special = Int32(0)
+        if const_expr(self.dtype == "bf16"):
+            special = ptx.any_zero_or_nan_bf16x2(rraw[0], rraw[1], rraw[2], rraw[3])
+        else:
+            special = ptx.any_zero_or_nan_f32(*[rraw[j] for j in range(8)])
+        top = Uint32(0)
+        if special == Int32(0):
+            m = Uint32(0)
+            if const_expr(self.dtype == "bf16"):
+                for p in cutlass.range_constexpr(4):
+                    r = rraw[p]
+                    cute.arch.atomic_add(s_hist + Int32((r >> Uint32(5)) & Uint32(0x7FF)), Int32(1))
+                    cute.arch.atomic_add(s_hist + Int32(r >> Uint32(21)), Int32(1))
+                m = ptx.max_bf16x2(ptx.max_bf16x2(rraw[0], rraw[1]), ptx.max_bf16x2(rraw[2], rraw[3]))
+                m = (ptx.max_bf16x2(m, m >> Uint32(16)) >> Uint32(5)) & Uint32(0x7FF)
+            else:
+                for j in cutlass.range_constexpr(8):
+                    cute.arch.atomic_add(s_hist + Int32(rraw[j] >> Uint32(21)), Int32(1))
+                m = ptx.max_f32_bits(ptx.max_f32_bits(ptx.max_f32_bits(rraw[0], rraw[1]),
+                                                      ptx.max_f32_bits(rraw[2], rraw[3])),
+                                     ptx.max_f32_bits(ptx.max_f32_bits(rraw[4], rraw[5]),
+                                                      ptx.max_f32_bits(rraw[6], rraw[7]))) >> Uint32(21)
+            # The raw top bits m of the largest value as its key digit: a negative value's flipped, a positive's
+            # sign bit set.
+            top = m ^ (Uint32(0x400) | ((m >> Uint32(10)) * Uint32(0x3FF)))
+        else:
+            for j in cutlass.range_constexpr(8):
+                rkeys[j] = self.key_of(self.raw_column(rraw, j))
+                d = rkeys[j] >> Uint32(self.key_bits - self.digits[0])
+                cute.arch.atomic_add(s_hist + Int32(self.raw_bin_of_digit(d)), Int32(1))
+            top = self.top_digit(rkeys)
+        return top
+
+    @cute.jit
+    def raw_bins_to_key_order(self, s_hist: cute.Pointer):
+        """Step 1's raw-order histogram into key order, in place: thread t's key bins 4t..4t+3 come from raw bins
+        4t - 1024.. (positive values) or 2047 - 4t down to 2044 - 4t (negative ones), one 16-byte load each."""
+        tid = cute.arch.thread_idx()[0]
+        cute.arch.sync_threads()  # every add of the loop
+        pos = tid * 4 >= 1024
+        src = sel(pos, tid * 4 - 1024, 2044 - tid * 4)
+        v0, v1, v2, v3 = ptx.ld_shared_v4_u32(smem_addr(s_hist + src))
+        cute.arch.sync_threads()  # every read before any write
+        if pos:
+            ptx.st_shared_v4_b32(smem_addr(s_hist + tid * 4), v0, v1, v2, v3)
+        else:
+            ptx.st_shared_v4_b32(smem_addr(s_hist + tid * 4), v3, v2, v1, v0)
 
     @cute.jit
     def slot_bases(self, rank: Int32, eq_word: cute.Pointer, gt_mine: Int32, s_misc: cute.Pointer,
@@ -2019,6 +2131,8 @@ class DecodeTopK:
             # if CTA 0 has room, the bin's items are gathered there and it finishes alone
             # (block-local rounds instead of cluster-wide ones). The same choice on every CTA.
             gather = (krem != count0) & (gather_base + count0 <= self.cap)
+            if const_expr(self.force_clustered):
+                gather = False
             if gather:
                 low_bits = False
                 if const_expr(self.low_bits_finish):

@@ -403,6 +403,49 @@ def cvt_bf16x2(lo, hi, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def max_bf16x2(a, b, *, loc=None, ip=None) -> Uint32:
+    """Halfwise maximum of two words of two BF16 values each (a NaN half loses to a number)."""
+    return Uint32(_asm(T.i32(), [_i32(a), _i32(b)], "max.bf16x2 $0, $1, $2;", "=r,r,r", pure=True))
+
+
+def _any_zero_or_nan(words, kind, lanes):
+    """1 if any of `lanes` values in `words` (kind: the setp type) is +-0 or NaN (setp.equ against 0), else 0."""
+    preds = [f"p{i}" for i in range(lanes)]
+    per = lanes // len(words)
+    lines = [f".reg .pred {', '.join(preds)};", ".reg .b32 z;", "mov.b32 z, 0;"]
+    for w in range(len(words)):
+        dst = "|".join(preds[w * per:(w + 1) * per])
+        lines.append(f"setp.equ.{kind} {dst}, ${w + 1}, z;")
+    live = preds
+    while len(live) > 1:
+        lines += [f"or.pred {live[i]}, {live[i]}, {live[i + 1]};" for i in range(0, len(live), 2)]
+        live = live[::2]
+    lines.append(f"selp.u32 $0, 1, 0, {live[0]};")
+    return Int32(_asm(T.i32(), [_i32(w) for w in words], "{\n" + "\n".join(lines) + "\n}",
+                      "=r" + ",r" * len(words), pure=True))
+
+
+@dsl_user_op
+def any_zero_or_nan_bf16x2(w0, w1, w2, w3, *, loc=None, ip=None) -> Int32:
+    """1 if any of the eight BF16 values in four words (two a word) is +-0 or NaN, else 0."""
+    return _any_zero_or_nan([w0, w1, w2, w3], "bf16x2", 8)
+
+
+@dsl_user_op
+def any_zero_or_nan_f32(w0, w1, w2, w3, w4, w5, w6, w7, *, loc=None, ip=None) -> Int32:
+    """1 if any of eight floats (given by their bits) is +-0 or NaN, else 0."""
+    return _any_zero_or_nan([w0, w1, w2, w3, w4, w5, w6, w7], "f32", 8)
+
+
+@dsl_user_op
+def max_f32_bits(a, b, *, loc=None, ip=None) -> Uint32:
+    """The bits of the larger of two floats given by their bits (a NaN loses to a number)."""
+    return Uint32(_asm(T.i32(), [_i32(a), _i32(b)],
+                       "{\n.reg .f32 x, y;\nmov.b32 x, $1;\nmov.b32 y, $2;\nmax.f32 x, x, y;\nmov.b32 $0, x;\n}",
+                       "=r,r,r", pure=True))
+
+
+@dsl_user_op
 def cvt_f16x2(lo, hi, *, loc=None, ip=None) -> Int32:
     """Two floats as FP16 (round to nearest) packed in a word, lo in the low half."""
     return Int32(_asm(T.i32(), [_f32(lo), _f32(hi)], "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", pure=True))

@@ -93,7 +93,8 @@ def test_grid(dtype, block_mode, k):
             del logits, out
 
 
-ADVERSARIAL = ("all_equal", "two_values", "neg_inf_run", "nan", "ties_at_threshold", "sorted_up", "zeros_signed")
+ADVERSARIAL = ("all_equal", "two_values", "neg_inf_run", "nan", "ties_at_threshold", "sorted_up", "zeros_signed",
+               "zeros_denormals")
 
 
 def _adversarial(kind, rows, width, dtype, seed=0):
@@ -116,6 +117,14 @@ def _adversarial(kind, rows, width, dtype, seed=0):
     elif kind == "zeros_signed":
         x = torch.where(torch.rand(rows, width, device="cuda", generator=g) < 0.5, 0.0, -0.0)
         x[:, ::97] = -1.0
+    elif kind == "zeros_denormals":
+        # The threshold at zero among +-0 (equal), denormals of either sign and NaN (-inf), ~100 positive
+        # denormals above it: step 1's raw-bit bins put -0 with +0 and NaN with -inf, not with their raw neighbours.
+        u = torch.rand(rows, width, device="cuda", generator=g)
+        x = torch.where(u < 0.35, 0.0, -0.0)
+        x = torch.where(u >= 0.7, -1e-40, x)
+        x = torch.where(u >= 0.95, float("nan"), x)
+        x[:, ::max(1, width // 100)] = 1e-40
     padded = torch.full((rows, stride), float("nan"), device="cuda", dtype=dtype)
     padded[:, :width] = x.to(dtype)
     return padded[:, :width]

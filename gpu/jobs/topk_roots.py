@@ -87,6 +87,12 @@ C12_CASES = beside(((8, 65536, 2048), (8, 262144, 512), (8, 262144, 2048), (8, 1
 # TOPK_ROOTS_CASES=c8to11: 8 against 9, 10 and 11 CTAs a row where 8 rows do not fit one wave of 16.
 C8TO11_CASES = beside(((8, 262144, 512), (8, 262144, 2048), (8, 1 << 20, 512), (8, 1 << 20, 2048), (14, 262144, 2048),
                        (14, 1 << 20, 2048), ("bf16", 8, 1 << 20, 2048), ("bf16", 8, 262144, 2048)), (8, 9, 10, 11))
+# TOPK_ROOTS_CASES=c9: 8 against 9 CTAs a row on the rows one wave of 16 cannot hold (8 and 9 of them), 256K to 1M,
+# both dtypes, token and block mode.
+C9_CASES = beside(((8, 262144, 512), (8, 262144, 2048), (8, 524288, 2048), (8, 1 << 20, 512), (8, 1 << 20, 2048),
+                   (9, 1 << 20, 2048), ("bf16", 8, 262144, 2048), ("bf16", 8, 524288, 2048), ("bf16", 8, 1 << 20, 512),
+                   ("bf16", 8, 1 << 20, 2048), ("bf16", 9, 1 << 20, 2048)), (8, 9)) + tuple(
+    (f"decode_topk_{d}_block_c{c}", 8, 1 << 20, k) for d in ("f32", "bf16") for k in (512, 2048) for c in (8, 9))
 # TOPK_ROOTS_CASES=share: the cluster sizes whose step-1 warp loop shares one bound (1, 8, 16), FP32 and BF16.
 SHARE_CASES = (
     ("decode_topk_f32_token_c1", 256, 65536, 512), ("decode_topk_f32_token_c1", 128, 262144, 2048),
@@ -191,7 +197,7 @@ TWINMIN_CASES = tuple(
 )
 CASE_SETS = {"long": LONG_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
-             "c12": C12_CASES, "c8to11": C8TO11_CASES}
+             "c12": C12_CASES, "c9": C9_CASES, "c8to11": C8TO11_CASES}
 
 
 def main() -> None:

@@ -45,6 +45,11 @@ LONG_CASES = tuple((f"decode_topk_{d}_token_c{c}", rows, length, k)
 # the committed build), and 8 x 1M FP32 k2048 on 8 CTAs.
 TWIN_CASES = (("decode_topk_f32_token_c2_full_sm", 64, 262144, 512), ("decode_topk_f32_token_c2_full_sm", 64, 262144, 2048),
               ("decode_topk_bf16_token_c2_full_sm", 64, 262144, 2048), ("decode_topk_f32_token_c8", 8, 1 << 20, 2048))
+# TOPK_TIMELINE_CASES=eight: 8 rows of 1M on 8 CTAs (the last BF16 cell under 5x torch.topk), beside 14 rows.
+EIGHT_CASES = (("decode_topk_bf16_token_c8", 8, 1 << 20, 2048), ("decode_topk_bf16_token_c8", 8, 1 << 20, 512),
+               ("decode_topk_f32_token_c8", 8, 1 << 20, 2048), ("decode_topk_bf16_token_c8", 14, 1 << 20, 2048))
+if os.environ.get("TOPK_TIMELINE_CASES") == "eight":
+    CASES = EIGHT_CASES
 if os.environ.get("TOPK_TIMELINE_CASES") == "long":
     CASES = LONG_CASES
 if os.environ.get("TOPK_TIMELINE_CASES") == "twin":
