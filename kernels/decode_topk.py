@@ -115,6 +115,13 @@ PACKED_BF16_KEYS = True
 # FP32 0-2 % faster, short slices (two tiles or fewer: the key loop, unchanged) within 1 %. The one loop for both with a
 # branch a tile was 1-2 % slower on short slices; three tiles ahead, or three an iteration with no register moves, slower.
 RAW_BINS_STEP1 = True
+# Such a slice is requested into L2 whole at the start (PREFETCH_PIECE_BYTES) only in BF16 and while the launch's logits
+# (rows x width) are at most this many bytes; an FP32 slice (32 KiB of its own loads in flight an SM) and a large BF16
+# launch stream through the loop's loads alone. Measured on the H200 (decode_topk_ab_h200.json: raw_prefetch_ab):
+# without the prefetch, FP32 8 x 1M on 8 CTAs 8-12 % faster (k512 27.69 -> 24.33 us), 14 x 1M 11.5-13.5 %, 14 x 256K
+# 3.6-4.4 %, BF16 14 x 1M 3.5-5.3 %, FP32 1 x 256K on 16 CTAs ~1 % slower; but BF16 8 x 1M 7-11 % and 8 x 256K 6-7 %
+# slower, so those keep it.
+RAW_PREFETCH_MAX_BATCH_BYTES = 24 << 20
 GATHER_STAGE_MIN_CLUSTER = 16
 # The same staging for a CTA without a list (gather_slice, gather_marked: its in-bin items are pushed a
 # few lanes at a time otherwise, two DSMEM stores an item, all CTAs into CTA 0 at once) on clusters of at
@@ -1236,7 +1243,7 @@ class DecodeTopK:
         return tiles
 
     @cute.jit
-    def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
+    def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, width: Int32, s_hist: cute.Pointer,
                     rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
                     s_tl: cute.Pointer, table: Int32, rkeep=None):
         """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
@@ -1256,16 +1263,24 @@ class DecodeTopK:
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         shift0 = self.key_bits - self.digits[0]
-        # The whole slice (under warp_min_groups groups) is requested into L2 at once.
-        piece = PREFETCH_PIECE_BYTES // (8 * self.elem_bytes)
-        p0 = g_lo + tid * piece
-        if p0 < g_hi:
-            self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
-        self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
         # Raw-order bins where no keys are kept for the gather (more than two tiles): permuted after the loop.
         raw_bins = False
         if const_expr(self.raw_bins):
             raw_bins = g_hi - g_lo > 2 * T
+        # The whole slice is requested into L2 at once, but for a raw_bins slice of FP32 or of a large BF16 launch.
+        piece = PREFETCH_PIECE_BYTES // (8 * self.elem_bytes)
+        p0 = g_lo + tid * piece
+        prefetch = p0 < g_hi
+        if const_expr(self.raw_bins):
+            if raw_bins:
+                if const_expr(self.dtype == "f32"):
+                    prefetch = False
+                else:
+                    rows = cute.arch.grid_dim()[0] // self.cluster
+                    prefetch = prefetch & (Int64(rows) * Int64(width) * self.elem_bytes <= Int64(RAW_PREFETCH_MAX_BATCH_BYTES))
+        if prefetch:
+            self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
+        self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
         cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
         if raw_bins:
             self.step1_tiles_raw(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl, table)
@@ -1308,7 +1323,8 @@ class DecodeTopK:
                         s_tl: cute.Pointer, table: Int32):
         """step1_tiles' loop on a slice of more than two tiles (raw_bins; its loads primed): the histogram by raw-order
         bins (raw_group_bins), then put in key order. No keys stay in registers: the gather re-reads the slice.
-        (Three tiles an iteration in three register sets, none moved, measured 1.5-9.5 % slower on 8 and 16 CTAs.)"""
+        (Measured slower on 8 and 16 CTAs, decode_topk_ab_h200.json: raw_bins_ab: three tiles an iteration in three
+        register sets, none moved, 1.5-9.5 %; loads three or four tiles ahead, 1-3 % and 2-9 %.)"""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         for gb in cutlass.range(g_lo, g_hi, T):
@@ -2084,7 +2100,7 @@ class DecodeTopK:
                 cute.arch.cluster_arrive_relaxed()
             short = self.step1_by_tiles(g_hi - g_lo, width)
             if short:
-                self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
+                self.step1_tiles(row_addr, g_lo, g_hi, row_end, width, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
                                  smem_addr(s_table), rkeep if keep_two else None)
                 ok = Int32(0)
             else:
