@@ -7,10 +7,10 @@ so "larger key" is "larger value" and one integer compare decides every tie.
 Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) into a 2048-bin
         histogram of the key's top 11 bits. A short slice (under warp_min_groups groups) goes
         by CTA-wide tiles and keeps nothing else: its later steps re-read it from L2, or, on
-        the variants with a table (one CTA an SM, token mode; up to 128K columns a CTA while
-        the launch's logits fit in L2), only the groups whose largest first digit (a half-word
-        a group, recorded here) reaches the row's threshold bin (gather_marked: a bitmask of
-        the marked tiles a lane, packed lane by lane, re-read 32 groups a warp at a time). A
+        the variants with a table (one CTA an SM, token mode; up to 128K columns a CTA), only
+        the groups whose largest first digit (a half-word a group, recorded here) reaches the
+        row's threshold bin (gather_marked: a bitmask of the marked tiles a lane, packed lane
+        by lane, re-read 32 groups a warp at a time). A
         long slice goes by warps, each on its own contiguous part, and also
         keeps a shared-memory list (a segment per warp, packed at the end), in index order, of
         (key, column) of the items that can still be selected. An item whose top bits are
@@ -195,8 +195,7 @@ class DecodeTopK:
     """One variant: dtype, mode and cluster size are compile-time; k, shapes and strides are not."""
 
     def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
-                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int, table_tiles: int = 0,
-                 table_max_batch_bytes: int = 0):
+                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int, table_tiles: int = 0):
         assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
         assert threads // WARP <= 16  # the scan scratch holds 16 warp totals per buffer
         self.dtype = dtype
@@ -234,10 +233,6 @@ class DecodeTopK:
         # kept in registers then re-reads only the groups holding an item at or above the row's threshold bin.
         self.table_tiles = table_tiles
         self.table_words = table_tiles * threads // 2
-        # Slices of WARP_STEP1_MIN_GROUPS groups and more take the table only while the launch's logits fit in
-        # table_max_batch_bytes (the marked groups' re-reads then hit L2), else the warp loop.
-        self.table_max_batch_bytes = table_max_batch_bytes
-        self.table_min_groups = contract.WARP_STEP1_MIN_GROUPS["block" if block_mode else "token"]
         # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
         experiment = os.environ.get("DECODE_TOPK_EXPERIMENT", "")
@@ -1231,16 +1226,10 @@ class DecodeTopK:
                 cute.arch.sync_threads()
         return n_list, all_ok
 
-    def step1_by_tiles(self, n_groups: Int32, width: Int32):
-        """Whether a slice of n_groups groups takes step 1's CTA tiles, else the warp loop (traced inline): under
-        warp_min_groups groups, and from table_min_groups on only while the launch's logits (rows x width, the
-        same on every CTA) fit table_max_batch_bytes."""
-        tiles = n_groups < self.warp_min_groups
-        if const_expr(self.table_tiles > 0):
-            rows = cute.arch.grid_dim()[0] // self.cluster
-            fits = Int64(rows) * Int64(width) * self.elem_bytes <= Int64(self.table_max_batch_bytes)
-            tiles = tiles & ((n_groups < self.table_min_groups) | fits)
-        return tiles
+    def step1_by_tiles(self, n_groups: Int32):
+        """Whether a slice of n_groups groups takes step 1's CTA tiles (under warp_min_groups: past the table's
+        tiles where there is one), else the warp loop (traced inline)."""
+        return n_groups < self.warp_min_groups
 
     @cute.jit
     def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, width: Int32, s_hist: cute.Pointer,
@@ -2098,7 +2087,7 @@ class DecodeTopK:
                 # Every CTA of the cluster has started before any stores into its shared memory
                 # (the pushes after step 1 wait on this phase).
                 cute.arch.cluster_arrive_relaxed()
-            short = self.step1_by_tiles(g_hi - g_lo, width)
+            short = self.step1_by_tiles(g_hi - g_lo)
             if short:
                 self.step1_tiles(row_addr, g_lo, g_hi, row_end, width, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
                                  smem_addr(s_table), rkeep if keep_two else None)
@@ -2154,7 +2143,7 @@ class DecodeTopK:
                 if const_expr(self.low_bits_finish):
                     # Every CTA ran step 1 by tiles (the first CTA's slice is the largest) and stages its items of
                     # the bin (the largest CTA count of it came with the select): the same choice on every CTA.
-                    low_bits = self.step1_by_tiles(per, width) & (
+                    low_bits = self.step1_by_tiles(per) & (
                         cute.arch.load(s_peer + 17, Int32) <= GATHER_STAGE)
                 if low_bits:
                     self.finish_low_bits(row_addr, g_lo, g_hi, row_end, k, krem, Uint32(b0), gt_mine, rank, s_hist,
@@ -2498,7 +2487,6 @@ def make(variant) -> DecodeTopK:
         ctas_per_sm=variant.option("ctas_per_sm"),
         smem_bytes=variant.smem_bytes,
         table_tiles=variant.option("step1_table_tiles"),
-        table_max_batch_bytes=variant.option("table_max_batch_bytes"),
     )
 
 

@@ -326,8 +326,8 @@ def test_bf16_ties_cut_by_rank():
 
 def test_long_slices_take_the_full_sm_twin():
     """Through the op: slices of FULL_SM_TWIN_MIN_COLUMNS or more on 2 and 4 CTAs a row take the one-CTA-an-SM
-    twin where one wave of it holds the rows, else the two-CTA build; a 64 MiB batch (past the table's
-    TABLE_MAX_BATCH_BYTES) runs the twin's warp loop. Exact results each time."""
+    twin where one wave of it holds the rows, else the two-CTA build; a 64 MiB FP32 batch (the largest one wave of
+    the table's CTA tiles holds) runs them. Exact results each time."""
     from runtime import topk
 
     twin_min = topk.FULL_SM_TWIN_MIN_COLUMNS

@@ -172,7 +172,6 @@ def test_full_sm_twins_in_the_contract():
                 base = names[contract.name_for(dtype, block_mode, c)]
                 assert base.option("ctas_per_sm") == 2 and twin.option("ctas_per_sm") == 1
                 assert twin.option("step1_table_tiles") == contract.STEP1_TABLE_TILES
-                assert twin.option("table_max_batch_bytes") == contract.TABLE_MAX_BATCH_BYTES
                 assert twin.smem_bytes == base.smem_bytes + contract.STEP1_TABLE_BYTES
                 assert (twin.params, twin.threads, twin.cluster) == (base.params, base.threads, base.cluster)
 

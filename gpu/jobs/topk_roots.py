@@ -93,6 +93,10 @@ C9_CASES = beside(((8, 262144, 512), (8, 262144, 2048), (8, 524288, 2048), (8, 1
                    (9, 1 << 20, 2048), ("bf16", 8, 262144, 2048), ("bf16", 8, 524288, 2048), ("bf16", 8, 1 << 20, 512),
                    ("bf16", 8, 1 << 20, 2048), ("bf16", 9, 1 << 20, 2048)), (8, 9)) + tuple(
     (f"decode_topk_{d}_block_c{c}", 8, 1 << 20, k) for d in ("f32", "bf16") for k in (512, 2048) for c in (8, 9))
+# TOPK_ROOTS_CASES=table_gate: FP32 launches of 64 MiB on the one-CTA-an-SM twins (past the 60 MiB the table was once
+# held to), beside one of 56 MiB.
+TABLE_GATE_CASES = (("decode_topk_f32_token_c2_full_sm", 64, 262144, 512), ("decode_topk_f32_token_c2_full_sm", 64, 262144, 2048),
+                    ("decode_topk_f32_token_c4_full_sm", 32, 524288, 2048), ("decode_topk_f32_token_c2_full_sm", 56, 262144, 2048))
 # TOPK_ROOTS_CASES=share: the cluster sizes whose step-1 warp loop shares one bound (1, 8, 16), FP32 and BF16.
 SHARE_CASES = (
     ("decode_topk_f32_token_c1", 256, 65536, 512), ("decode_topk_f32_token_c1", 128, 262144, 2048),
@@ -197,7 +201,7 @@ TWINMIN_CASES = tuple(
 )
 CASE_SETS = {"long": LONG_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
-             "c12": C12_CASES, "c9": C9_CASES, "c8to11": C8TO11_CASES}
+             "c12": C12_CASES, "c9": C9_CASES, "table_gate": TABLE_GATE_CASES, "c8to11": C8TO11_CASES}
 
 
 def main() -> None:

@@ -81,12 +81,11 @@ WARP_STEP1_MIN_GROUPS = {"token": 4096, "block": 2048}
 # take the list's room for the threshold bin (at k 2048 the cluster-wide finish then ran, 3x slower).
 STEP1_TABLE_TILES = 32
 STEP1_TABLE_BYTES = STEP1_TABLE_TILES * THREADS * 2
-# The table pays while the marked groups' re-reads hit L2: slices past WARP_STEP1_MIN_GROUPS take it only while
-# the launch's logits (rows x width) are at most this many bytes (the H200's L2), else the warp loop and its
-# list. Measured on the H200 (decode_topk_ab_h200.json: full_sm_twin_ab): 64 x 256K FP32 (64 MiB) on the 2-CTA
-# twin, warp loop against table, 35.9 / 36.4 us (k512) and 39.5 / 43.6 us (k2048); 14 x 1M FP32 (56 MiB) on
-# 8 CTAs, table against warp loop, 32.8 / 35.4 us (k512) and 38.9 / 40.3 us (k2048).
-TABLE_MAX_BATCH_BYTES = 60 << 20
+# The table serves every launch size: the largest a wave holds is 64 MiB (64 x 256K FP32 on the 2-CTA twin, 32 x 512K
+# on the 4-CTA one). It was held to launches of at most 60 MiB while step 1 prefetched whole FP32 slices into L2 (then
+# the warp loop won at 64 MiB: full_sm_twin_ab); without that prefetch (kernels/decode_topk.py: RAW_PREFETCH_MAX_BATCH_BYTES)
+# the table is faster there (decode_topk_ab_h200.json: table_gate_ab): 64 x 256K FP32 k512 35.3 -> 29.2 us, k2048
+# 39.4 -> 36.1 us, 32 x 512K k2048 on 4 CTAs 71.4 -> 50.5 us.
 
 
 def step1_table_tiles(block_mode: bool, ctas_per_sm: int) -> int:
@@ -152,7 +151,6 @@ def _variant(dtype: str, block_mode: bool, cluster: int, full_sm: bool = False) 
             ("hist_bins", HIST_BINS),
             ("warp_step1_min_groups", warp_step1_min_groups(block_mode, ctas_per_sm)),
             ("step1_table_tiles", table_tiles),
-            ("table_max_batch_bytes", TABLE_MAX_BATCH_BYTES if table_tiles else 0),
         ),
     )
 
