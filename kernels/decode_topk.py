@@ -115,12 +115,12 @@ PACKED_BF16_KEYS = True
 # FP32 0-2 % faster, short slices (two tiles or fewer: the key loop, unchanged) within 1 %. The one loop for both with a
 # branch a tile was 1-2 % slower on short slices; three tiles ahead, or three an iteration with no register moves, slower.
 RAW_BINS_STEP1 = True
-# Such a slice is requested into L2 whole at the start (PREFETCH_PIECE_BYTES) only in BF16 and while the launch's logits
-# (rows x width) are at most this many bytes; an FP32 slice (32 KiB of its own loads in flight an SM) and a large BF16
-# launch stream through the loop's loads alone. Measured on the H200 (decode_topk_ab_h200.json: raw_prefetch_ab):
-# without the prefetch, FP32 8 x 1M on 8 CTAs 8-12 % faster (k512 27.69 -> 24.33 us), 14 x 1M 11.5-13.5 %, 14 x 256K
-# 3.6-4.4 %, BF16 14 x 1M 3.5-5.3 %, FP32 1 x 256K on 16 CTAs ~1 % slower; but BF16 8 x 1M 7-11 % and 8 x 256K 6-7 %
-# slower, so those keep it.
+# Such a slice is requested into L2 whole at the start (PREFETCH_PIECE_BYTES) only while the launch's logits (rows x
+# width) are at most this many bytes; a larger launch streams through the loop's loads alone. Measured on the H200
+# (decode_topk_ab_h200.json: raw_prefetch_ab), without the prefetch: FP32 8 x 1M on 8 CTAs 8-12 % faster (k512 27.69 ->
+# 24.33 us), 14 x 1M 11.5-13.5 %, BF16 14 x 1M 3.5-5.3 %; but BF16 8 x 1M 7-11 % and 8 x 256K 6-7 % slower, and on the
+# indexer's DeepGEMM logits FP32 64 x 64K (16 MiB) 16.0 -> 16.9 us and 8 x 256K 13.3 -> 14.2 us slower, so those keep it
+# (FP32 14 x 256K, 14 MiB, would be ~4 % faster without it on random logits).
 RAW_PREFETCH_MAX_BATCH_BYTES = 24 << 20
 GATHER_STAGE_MIN_CLUSTER = 16
 # The same staging for a CTA without a list (gather_slice, gather_marked: its in-bin items are pushed a
@@ -1256,17 +1256,14 @@ class DecodeTopK:
         raw_bins = False
         if const_expr(self.raw_bins):
             raw_bins = g_hi - g_lo > 2 * T
-        # The whole slice is requested into L2 at once, but for a raw_bins slice of FP32 or of a large BF16 launch.
+        # The whole slice is requested into L2 at once, but for a raw_bins slice of a large launch.
         piece = PREFETCH_PIECE_BYTES // (8 * self.elem_bytes)
         p0 = g_lo + tid * piece
         prefetch = p0 < g_hi
         if const_expr(self.raw_bins):
             if raw_bins:
-                if const_expr(self.dtype == "f32"):
-                    prefetch = False
-                else:
-                    rows = cute.arch.grid_dim()[0] // self.cluster
-                    prefetch = prefetch & (Int64(rows) * Int64(width) * self.elem_bytes <= Int64(RAW_PREFETCH_MAX_BATCH_BYTES))
+                rows = cute.arch.grid_dim()[0] // self.cluster
+                prefetch = prefetch & (Int64(rows) * Int64(width) * self.elem_bytes <= Int64(RAW_PREFETCH_MAX_BATCH_BYTES))
         if prefetch:
             self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
         self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
