@@ -6,7 +6,9 @@ so "larger key" is "larger value" and one integer compare decides every tie.
 
 Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) into a 2048-bin
         histogram of the key's top 11 bits. A short slice (under warp_min_groups groups) goes
-        by CTA-wide tiles and keeps nothing else: its later steps re-read it from L2, or, on
+        by CTA-wide tiles (past two tiles in token mode binned by the raw bits' top 11, the bins
+        put in key order after the loop: raw_group_bins) and keeps nothing else: its later steps
+        re-read it from L2, or, on
         the variants with a table (one CTA an SM, token mode; up to 128K columns a CTA), only
         the groups whose largest first digit (a half-word a group, recorded here) reaches the
         row's threshold bin (gather_marked: a bitmask of the marked tiles a lane, packed lane
