@@ -8,11 +8,10 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) int
         histogram of the key's top 11 bits. A short slice (under warp_min_groups groups) goes
         by CTA-wide tiles (past two tiles in token mode binned by the raw bits' top 11, the bins
         put in key order after the loop: raw_group_bins) and keeps nothing else: its later steps
-        re-read it from L2, or, on
-        the variants with a table (one CTA an SM, token mode; up to 128K columns a CTA), only
-        the groups whose largest first digit (a half-word a group, recorded here) reaches the
-        row's threshold bin (gather_marked: a bitmask of the marked tiles a lane, packed lane
-        by lane, re-read 32 groups a warp at a time). A
+        re-read it from L2, or, on the variants with a table (one CTA an SM, token mode; up to
+        128K columns a CTA), only the groups whose largest first digit (a half-word a group,
+        recorded here) reaches the row's threshold bin (gather_marked: a bitmask of the marked
+        tiles a lane, packed lane by lane, re-read 32 groups a warp at a time). A
         long slice goes by warps, each on its own contiguous part, and also
         keeps a shared-memory list (a segment per warp, packed at the end), in index order, of
         (key, column) of the items that can still be selected. An item whose top bits are
@@ -112,10 +111,11 @@ PACKED_BF16_KEYS = True
 # by its raw bits' top 11 (a shift and a mask, no key), into bins in raw order that one permutation turns into key
 # order after the loop; a group holding NaN or +-0 takes the keys. The table entry is the key digit of the group's
 # largest value (max.bf16x2 / max.f32).
-# Measured on the H200 (decode_topk_ab_h200.json: raw_bins_ab, decode_topk's GPU tests and sanitizers on each candidate):
-# BF16 rows of 256K-1M on 8 and 16 CTAs 2-7 % faster (8 x 1M k2048 23.58 -> 22.57 us, 1 x 1M k512 13.53 -> 12.56),
-# FP32 0-2 % faster, short slices (two tiles or fewer: the key loop, unchanged) within 1 %. The one loop for both with a
-# branch a tile was 1-2 % slower on short slices; three tiles ahead, or three an iteration with no register moves, slower.
+# Measured on the H200 (decode_topk_ab_h200.json: raw_bins_ab, decode_topk's GPU tests and sanitizers on each
+# candidate): BF16 rows of 256K-1M on 8 and 16 CTAs 2-7 % faster (8 x 1M k2048 23.58 -> 22.57 us, 1 x 1M k512
+# 13.53 -> 12.56), FP32 0-2 % faster, short slices (two tiles or fewer: the key loop, unchanged) within 1 %. One loop
+# for both with a branch a tile was 1-2 % slower on short slices; three tiles ahead, or three an iteration with no
+# register moves, slower.
 RAW_BINS_STEP1 = True
 # Such a slice is requested into L2 whole at the start (PREFETCH_PIECE_BYTES) only while the launch's logits (rows x
 # width) are at most this many bytes; a larger launch streams through the loop's loads alone. Measured on the H200
@@ -1234,9 +1234,9 @@ class DecodeTopK:
         return n_groups < self.warp_min_groups
 
     @cute.jit
-    def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, width: Int32, s_hist: cute.Pointer,
-                    rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
-                    s_tl: cute.Pointer, table: Int32, rkeep=None):
+    def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, width: Int32,
+                    s_hist: cute.Pointer, rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor,
+                    rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, rkeep=None):
         """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
         With rkeep, the first tile's keys stay there (the last tile's are in rkeys). With a table (table_tiles),
         group g's largest first digit goes to its half-word (table_entry, from shared address `table`) for gather_marked.
@@ -1265,7 +1265,8 @@ class DecodeTopK:
         if const_expr(self.raw_bins):
             if raw_bins:
                 rows = cute.arch.grid_dim()[0] // self.cluster
-                prefetch = prefetch & (Int64(rows) * Int64(width) * self.elem_bytes <= Int64(RAW_PREFETCH_MAX_BATCH_BYTES))
+                launch_bytes = Int64(rows) * Int64(width) * self.elem_bytes
+                prefetch = prefetch & (launch_bytes <= Int64(RAW_PREFETCH_MAX_BATCH_BYTES))
         if prefetch:
             self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
         self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)

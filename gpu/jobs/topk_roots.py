@@ -95,8 +95,10 @@ C9_CASES = beside(((8, 262144, 512), (8, 262144, 2048), (8, 524288, 2048), (8, 1
     (f"decode_topk_{d}_block_c{c}", 8, 1 << 20, k) for d in ("f32", "bf16") for k in (512, 2048) for c in (8, 9))
 # TOPK_ROOTS_CASES=table_gate: FP32 launches of 64 MiB on the one-CTA-an-SM twins (past the 60 MiB the table was once
 # held to), beside one of 56 MiB.
-TABLE_GATE_CASES = (("decode_topk_f32_token_c2_full_sm", 64, 262144, 512), ("decode_topk_f32_token_c2_full_sm", 64, 262144, 2048),
-                    ("decode_topk_f32_token_c4_full_sm", 32, 524288, 2048), ("decode_topk_f32_token_c2_full_sm", 56, 262144, 2048))
+TABLE_GATE_CASES = (("decode_topk_f32_token_c2_full_sm", 64, 262144, 512),
+                    ("decode_topk_f32_token_c2_full_sm", 64, 262144, 2048),
+                    ("decode_topk_f32_token_c4_full_sm", 32, 524288, 2048),
+                    ("decode_topk_f32_token_c2_full_sm", 56, 262144, 2048))
 # TOPK_ROOTS_CASES=share: the cluster sizes whose step-1 warp loop shares one bound (1, 8, 16), FP32 and BF16.
 SHARE_CASES = (
     ("decode_topk_f32_token_c1", 256, 65536, 512), ("decode_topk_f32_token_c1", 128, 262144, 2048),

@@ -171,7 +171,8 @@ def main() -> None:
               f"grid span {cell['grid_span_ns_median']} ns", flush=True)
         for key, v in cell["phases_cycles"].items():
             ranks = " ".join("-" if x is None else str(x) for x in cell["phases_mean_by_rank"][key]) if c > 1 else ""
-            print(f"    {key:18s} mean {v['mean']:7d}  min {v['min']:7d}  max {v['max']:7d}  by rank: {ranks}", flush=True)
+            print(f"    {key:18s} mean {v['mean']:7d}  min {v['min']:7d}  max {v['max']:7d}  by rank: {ranks}",
+                  flush=True)
     with open(out_path, "w") as f:
         json.dump({"info": common.gpu_info(), "root": root, "phases": PHASES, "cases": results}, f, indent=1)
 
