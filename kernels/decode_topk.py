@@ -92,10 +92,10 @@ GATHER_VEC = 8
 # select_vec_ab): 4 is 0.1-0.75 us faster on 8 and 16 CTAs (1 x 1M k2048 28.52 -> 28.00 us), 8 slower;
 # on 1, 2 and 4 CTAs (64 registers) 4 was 0.1-0.25 us slower, so they take one item an iteration.
 SELECT_VEC = 4
-# A CTA-tile slice (under warp_min_groups groups) is requested into L2 whole at the start
-# of step 1, one bulk prefetch of this many bytes a thread: its few tiles then wait on L2,
-# not DRAM (measured on the H200: 0.2-0.6 us faster; a running prefetch ahead of the warp
-# loop was 1-3 us slower on long slices, so the warp loop has none).
+# A CTA-tile slice of one or two tiles is requested into L2 whole at the start of step 1, one
+# bulk prefetch of this many bytes a thread: its tiles then wait on L2, not DRAM (measured on
+# the H200: 0.2-0.6 us faster; a running prefetch ahead of the warp loop was 1-3 us slower on
+# long slices, so the warp loop has none; longer CTA-tile slices: STEP1_PREFETCH_AHEAD).
 PREFETCH_PIECE_BYTES = 4096
 # On clusters of at least GATHER_STAGE_MIN_CLUSTER CTAs, the gathered finish's pushes are staged (then
 # copied to CTA 0 densely) when the CTA's items of the threshold bin fit GATHER_STAGE (key, index)
@@ -117,14 +117,27 @@ PACKED_BF16_KEYS = True
 # for both with a branch a tile was 1-2 % slower on short slices; three tiles ahead, or three an iteration with no
 # register moves, slower.
 RAW_BINS_STEP1 = True
-# Such a slice is requested into L2 whole at the start (PREFETCH_PIECE_BYTES) only while the launch's logits (rows x
-# width) are at most this many bytes; a larger launch streams through the loop's loads alone. Measured on the H200
-# (decode_topk_ab_h200.json: raw_prefetch_ab), without the prefetch: FP32 8 x 1M on 8 CTAs 8-12 % faster (k512 27.69 ->
-# 24.33 us), 14 x 1M 11.5-13.5 %, BF16 14 x 1M 3.5-5.3 %; but BF16 8 x 1M 7-11 % and 8 x 256K 6-7 % slower, and on the
-# indexer's DeepGEMM logits FP32 64 x 64K (16 MiB) 16.0 -> 16.9 us and 8 x 256K 13.3 -> 14.2 us slower, so those keep it
-# (FP32 14 x 256K, 14 MiB, would be ~4 % faster without it on random logits).
-RAW_PREFETCH_MAX_BATCH_BYTES = 24 << 20
+# Such a slice's tiles are requested into L2 STEP1_PREFETCH_AHEAD tiles ahead of the two whose loads are in registers
+# (one bulk prefetch a tile), not the whole slice at once (which past some 24 MiB of logits a launch overflowed L2).
+# Measured on the H200 (decode_topk_ab_h200.json: running_prefetch_ab, one process, rotated inputs): FP32 64 x 256K on
+# the 2-CTA twin k2048 35.84 -> 30.70 us (with refined_floor), 8 x 1M on 8 CTAs 4-9 % faster, BF16 64 x 256K 14.5-22.5 %
+# and 8 x 1M 8-10 %, 1 x 1M on 16 CTAs 2-5 %; the rest within 2 %. Two to four tiles ahead within 1 %.
+STEP1_PREFETCH_AHEAD = 2
 GATHER_STAGE_MIN_CLUSTER = 16
+# Step 1's table keeps the top TABLE_KEY_BITS bits of each group's largest key (a half-word): the first digit and 5
+# bits more. REFINED_FLOOR: the gathered finish of CTA-tile slices (every CTA on a table or in registers) re-reads
+# and gathers only the items from the threshold bin's sub-bin (its 32 by the next 5 bits) that at least krem groups'
+# maxima reach, summed over the cluster (refined_floor), instead of the whole bin; on 2 to 8 CTAs, where the CTAs'
+# share of the items from the bin up is at least REFINE_MIN_ITEMS_A_CTA and the bin at least REFINE_MIN_BIN_RATIO
+# times what it must still give. Measured on the H200 (decode_topk_ab_h200.json: refined_floor_ab, rotated inputs):
+# FP32 k2048 8 and 14 x 256K on 8 CTAs 11-13 % faster, 8 x 1M 5-8 %, 64 x 256K on the 2-CTA twin 36.4 -> 32.1 us
+# alone; the table pass costs 2.5-2.9K cycles and the barrier 1-1.9K (timeline_refine), so small shares (k512 on
+# 8 CTAs: 8-10 % slower) and 16 CTAs (1 x 256K k2048 4 % slower) keep the whole bin.
+TABLE_KEY_BITS = 16
+REFINED_FLOOR = True
+REFINE_MIN_ITEMS_A_CTA = 512
+REFINE_MIN_BIN_RATIO = 4
+REFINE_MAX_CLUSTER = 8
 # The same staging for a CTA without a list (gather_slice, gather_marked: its in-bin items are pushed a
 # few lanes at a time otherwise, two DSMEM stores an item, all CTAs into CTA 0 at once) on clusters of at
 # least this many CTAs. Measured on the H200 (decode_topk_ab_h200.json: stage_no_list_ab; timelines: the
@@ -235,16 +248,21 @@ class DecodeTopK:
         # kept in registers then re-reads only the groups holding an item at or above the row's threshold bin.
         self.table_tiles = table_tiles
         self.table_words = table_tiles * threads // 2
+        # The gathered finish of CTA-tile slices takes the bin's items from a floor refined by the table
+        # (refined_floor; clusters only: one CTA's own table gives no cluster-wide bound).
+        self.refine_floor = REFINED_FLOOR and table_tiles > 0 and 1 < cluster <= REFINE_MAX_CLUSTER
         # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
         experiment = os.environ.get("DECODE_TOPK_EXPERIMENT", "")
-        self.timeline = experiment in ("timeline", "timeline_step1", "timeline_gather")
+        self.timeline = experiment in ("timeline", "timeline_step1", "timeline_gather", "timeline_refine")
         # timeline_step1: marks 13 and 14 split step 1's first CTA tile (its loads landed, its histogram
         # atomics issued) instead of CTA 0's finish rounds.
         self.step1_marks = experiment == "timeline_step1"
         # timeline_gather: marks 13 and 14 split the marked gather (gather_marked: its table read, its
         # compaction) instead of CTA 0's finish rounds.
         self.gather_marks = experiment == "timeline_gather"
+        # timeline_refine: marks 13 and 14 split refined_floor (its table pass, its barrier and sums).
+        self.refine_marks = experiment == "timeline_refine"
         # clustered_finish: the cluster-wide finish (finish_clustered) wherever the gathered one would run.
         self.force_clustered = experiment == "clustered_finish"
         if self.timeline:
@@ -255,7 +273,7 @@ class DecodeTopK:
         # gather_marked's tile mask is one word, its group offsets half-words; the table covers every tile and
         # serves slices of more than the two tiles kept in registers (one CTA an SM).
         assert table_tiles <= 32 and (table_tiles == 0 or warp_min_groups - 1 <= table_tiles * threads)
-        assert self.digits[0] <= 15  # gather_marked compares two table entries a word
+        assert self.key_bits >= TABLE_KEY_BITS == 16 and self.digits[0] + 5 == TABLE_KEY_BITS  # refined_floor's 32
         assert table_tiles == 0 or ctas_per_sm == 1
 
     def smem_arrays(self):
@@ -357,6 +375,12 @@ class DecodeTopK:
         hi = (end * self.elem_bytes + 15) // 16 * 16
         if hi > lo:
             ptx.prefetch_l2_bulk(row_addr + Int64(lo), hi - lo)
+
+    @cute.jit
+    def prefetch_tile(self, row_addr: Int64, g0: Int32, g_hi: Int32, row_end: Int32):
+        """prefetch_groups of the CTA tile from group g0 on, clipped to the slice (nothing past it)."""
+        if g0 < g_hi:
+            self.prefetch_groups(row_addr, g0, Int32(sel(g0 + self.threads < g_hi, g0 + self.threads, g_hi)), row_end)
 
     @cute.jit
     def prime_loads(self, row_addr: Int64, g: Int32, step: int, g_end: Int32, row_end: Int32, rnext: cute.Tensor,
@@ -548,6 +572,10 @@ class DecodeTopK:
         lo = Uint32(b) << shift0
         hi = Uint32(sel(b + 1 < self.bins, Uint32(b + 1) << shift0, Uint32(0xFFFFFFFF)))
         return lo, hi
+
+    def bin_ceiling(self, lo: Uint32) -> Uint32:
+        """The end of the first-digit bin holding key lo (traced inline): what bin_bounds gives as hi."""
+        return self.bin_bounds(lo >> Uint32(self.key_bits - self.digits[0]))[1]
 
     @cute.jit
     def count_in_bin(self, rkeys: cute.Tensor, lo: Uint32, hi: Uint32):
@@ -1234,7 +1262,7 @@ class DecodeTopK:
         return n_groups < self.warp_min_groups
 
     @cute.jit
-    def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, width: Int32,
+    def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32,
                     s_hist: cute.Pointer, rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor,
                     rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, rkeep=None):
         """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
@@ -1258,17 +1286,17 @@ class DecodeTopK:
         raw_bins = False
         if const_expr(self.raw_bins):
             raw_bins = g_hi - g_lo > 2 * T
-        # The whole slice is requested into L2 at once, but for a raw_bins slice of a large launch.
-        piece = PREFETCH_PIECE_BYTES // (8 * self.elem_bytes)
-        p0 = g_lo + tid * piece
-        prefetch = p0 < g_hi
-        if const_expr(self.raw_bins):
-            if raw_bins:
-                rows = cute.arch.grid_dim()[0] // self.cluster
-                launch_bytes = Int64(rows) * Int64(width) * self.elem_bytes
-                prefetch = prefetch & (launch_bytes <= Int64(RAW_PREFETCH_MAX_BATCH_BYTES))
-        if prefetch:
-            self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
+        if raw_bins:
+            # A running prefetch: the STEP1_PREFETCH_AHEAD tiles after the two in registers, one thread a tile (the
+            # loop asks for one more each tile).
+            if tid < STEP1_PREFETCH_AHEAD:
+                self.prefetch_tile(row_addr, g_lo + (2 + tid) * T, g_hi, row_end)
+        else:
+            # The whole slice is requested into L2 at once.
+            piece = PREFETCH_PIECE_BYTES // (8 * self.elem_bytes)
+            p0 = g_lo + tid * piece
+            if p0 < g_hi:
+                self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
         self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
         cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
         if raw_bins:
@@ -1299,7 +1327,7 @@ class DecodeTopK:
                     if g_hi - g_lo > 2 * T:  # (two tiles or fewer stay in registers: no table read)
                         # (gb - g_lo >= 0: an unsigned shift, not a signed division)
                         t = Int32(Uint32(gb - g_lo) // Uint32(T))
-                        ptx.st_shared_u16(self.table_entry(table, t, tid), self.top_digit(rkeys))
+                        ptx.st_shared_u16(self.table_entry(table, t, tid), self.table_key(rkeys))
                 if const_expr(rkeep is not None):
                     if gb == g_lo:
                         for j in cutlass.range_constexpr(self.items):
@@ -1319,6 +1347,8 @@ class DecodeTopK:
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             self.next_loads(row_addr, g + 2 * T, g_hi, row_end, rraw, rnext, rnext2)
+            if tid == 0:
+                self.prefetch_tile(row_addr, gb + (2 + STEP1_PREFETCH_AHEAD) * T, g_hi, row_end)
             top = Uint32(0)
             if (g < g_hi) & (g * 8 + 8 <= row_end):  # a whole group (every group but a row's last)
                 top = self.raw_group_bins(rraw, rkeys, s_hist)
@@ -1328,7 +1358,7 @@ class DecodeTopK:
                     if rkeys[j] != Uint32(0):
                         d = rkeys[j] >> Uint32(self.key_bits - self.digits[0])
                         cute.arch.atomic_add(s_hist + Int32(self.raw_bin_of_digit(d)), Int32(1))
-                top = self.top_digit(rkeys)
+                top = self.table_key(rkeys)
             self.step1_mark(s_tl, 13, gb == g_lo)
             if const_expr(self.table_tiles > 0):
                 # (gb - g_lo >= 0: an unsigned shift, not a signed division)
@@ -1337,12 +1367,17 @@ class DecodeTopK:
             self.step1_mark(s_tl, 14, gb == g_lo)
         self.raw_bins_to_key_order(s_hist)
 
-    def top_digit(self, rkeys: cute.Tensor) -> Uint32:
-        """The first digit of a group's largest key (step 1's table entry; traced inline)."""
+    def table_key(self, rkeys: cute.Tensor) -> Uint32:
+        """The top TABLE_KEY_BITS of a group's largest key (step 1's table entry; traced inline)."""
         top = rkeys[0]
         for j in range(1, self.items):
             top = sel(rkeys[j] > top, rkeys[j], top)
-        return Uint32(top) >> Uint32(self.key_bits - self.digits[0])
+        return Uint32(top) >> Uint32(self.key_bits - TABLE_KEY_BITS)
+
+    def raw_to_table_key(self, m: Uint32) -> Uint32:
+        """The table entry of raw top TABLE_KEY_BITS bits m of a group's largest value (traced inline): a negative
+        value's bits flipped, a positive value's sign bit set (key_of's order, away from NaN and -0)."""
+        return m ^ (Uint32(0x8000) | ((m >> Uint32(15)) * Uint32(0x7FFF)))
 
     def raw_bin_of_digit(self, d: Uint32) -> Uint32:
         """Raw-order bin of first-digit d (11 bits; traced inline): a positive value's raw top 11 bits are its key
@@ -1351,8 +1386,8 @@ class DecodeTopK:
 
     @cute.jit
     def raw_group_bins(self, rraw: cute.Tensor, rkeys: cute.Tensor, s_hist: cute.Pointer) -> Uint32:
-        """Step 1's histogram adds of a whole token-mode group by raw-order bin (raw_bins); returns the key digit of
-        its largest column. Raw bits order like keys except NaN (-> -inf) and -0 (-> +0): a group holding either
+        """Step 1's histogram adds of a whole token-mode group by raw-order bin (raw_bins); returns its table entry
+        (table_key of its largest column). Raw bits order like keys except NaN (-> -inf) and -0 (-> +0): a group holding either
         takes its keys, each key digit mapped to its raw-order bin (one setp a value finds both, and +0, which would
         not need them)."""
         special = Int32(0)
@@ -1369,23 +1404,21 @@ class DecodeTopK:
                     cute.arch.atomic_add(s_hist + Int32((r >> Uint32(5)) & Uint32(0x7FF)), Int32(1))
                     cute.arch.atomic_add(s_hist + Int32(r >> Uint32(21)), Int32(1))
                 m = ptx.max_bf16x2(ptx.max_bf16x2(rraw[0], rraw[1]), ptx.max_bf16x2(rraw[2], rraw[3]))
-                m = (ptx.max_bf16x2(m, m >> Uint32(16)) >> Uint32(5)) & Uint32(0x7FF)
+                m = ptx.max_bf16x2(m, m >> Uint32(16)) & Uint32(0xFFFF)
             else:
                 for j in cutlass.range_constexpr(8):
                     cute.arch.atomic_add(s_hist + Int32(rraw[j] >> Uint32(21)), Int32(1))
                 m = ptx.max_f32_bits(ptx.max_f32_bits(ptx.max_f32_bits(rraw[0], rraw[1]),
                                                       ptx.max_f32_bits(rraw[2], rraw[3])),
                                      ptx.max_f32_bits(ptx.max_f32_bits(rraw[4], rraw[5]),
-                                                      ptx.max_f32_bits(rraw[6], rraw[7]))) >> Uint32(21)
-            # The raw top bits m of the largest value as its key digit: a negative value's flipped, a positive's
-            # sign bit set.
-            top = m ^ (Uint32(0x400) | ((m >> Uint32(10)) * Uint32(0x3FF)))
+                                                      ptx.max_f32_bits(rraw[6], rraw[7]))) >> Uint32(16)
+            top = self.raw_to_table_key(m)
         else:
             for j in cutlass.range_constexpr(8):
                 rkeys[j] = self.key_of(self.raw_column(rraw, j))
                 d = rkeys[j] >> Uint32(self.key_bits - self.digits[0])
                 cute.arch.atomic_add(s_hist + Int32(self.raw_bin_of_digit(d)), Int32(1))
-            top = self.top_digit(rkeys)
+            top = self.table_key(rkeys)
         return top
 
     @cute.jit
@@ -1458,7 +1491,7 @@ class DecodeTopK:
             cute.arch.store(s_misc + 8, gt_base)
         cute.arch.sync_threads()  # the stage and misc[8], misc[10] written
         if staged:
-            self.push_staged(stage, cute.arch.load(s_misc + 10, Int32), s_key, s_idx, dst_base)
+            self.push_staged(stage, stage + GATHER_STAGE, cute.arch.load(s_misc + 10, Int32), s_key, s_idx, dst_base)
         return cute.arch.load(s_misc + 8, Int32) + self.warp_atomic_base(n_above, s_misc + 9)
 
     def push_stage(self, s_hist: cute.Pointer, b0):
@@ -1467,14 +1500,15 @@ class DecodeTopK:
         return s_hist + self.bins, cute.arch.load(s_hist + b0, Int32) <= GATHER_STAGE
 
     @cute.jit
-    def push_staged(self, stage: cute.Pointer, n: Int32, s_key: cute.Pointer, s_idx: cute.Pointer, dst: Int32):
-        """This CTA's n staged threshold-bin items to slots dst.. of CTA 0's list: consecutive lanes,
-        consecutive words (a warp's DSMEM stores are dense, not a few lanes each)."""
+    def push_staged(self, stage_key: cute.Pointer, stage_idx: cute.Pointer, n: Int32, s_key: cute.Pointer,
+                    s_idx: cute.Pointer, dst: Int32):
+        """This CTA's n staged threshold-bin items (keys at stage_key, indices at stage_idx) to slots dst.. of CTA 0's
+        list: consecutive lanes, consecutive words (a warp's DSMEM stores are dense, not a few lanes each)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         for i in cutlass.range(tid, n, T):
-            self.push_gathered(s_key, s_idx, dst + i, cute.arch.load(stage + i, Uint32),
-                               Int32(cute.arch.load(stage + GATHER_STAGE + i, Uint32)))
+            self.push_gathered(s_key, s_idx, dst + i, cute.arch.load(stage_key + i, Uint32),
+                               Int32(cute.arch.load(stage_idx + i, Uint32)))
 
     @cute.jit
     def gather_list(self, n_list: Int32, b0: Uint32, dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer,
@@ -1540,16 +1574,16 @@ class DecodeTopK:
         return n_above
 
     @cute.jit
-    def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
+    def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, lo: Uint32, gt_base: Int32,
                      list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: int = 0, rkeep=None):
         """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
-        re-read of its slice; the bin's items to (list_base, idx_delta, staged) as in gather_group. resident 1: the
-        slice is one tile whose items step 1 left in rkeys; 2: two tiles, the first in rkeep, the second in rkeys
-        (none read)."""
+        re-read of its slice; the items of the threshold bin from key lo on (bin_floor) to (list_base, idx_delta,
+        staged) as in gather_group. resident 1: the slice is one tile whose items step 1 left in rkeys; 2: two tiles,
+        the first in rkeep, the second in rkeys (none read)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
-        lo, hi = self.bin_bounds(b0)
+        hi = self.bin_ceiling(lo)
         for gb in cutlass.range(g_lo, g_hi, T):
             g = gb + tid
             keys = rkeys
@@ -1584,26 +1618,26 @@ class DecodeTopK:
                 self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True)
 
     @cute.jit
-    def gather_no_list(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
+    def gather_no_list(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, lo: Uint32, gt_base: Int32,
                        list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer, out_row: cute.Pointer,
                        rraw: cute.Tensor, rkeys: cute.Tensor, rkeep: cute.Tensor, rnext: cute.Tensor,
                        s_table: cute.Pointer, s_tl: cute.Pointer, tiles):
-        """The gathered finish's pass of a CTA without a list: its slice's items above bin b0 to the output from
-        slot gt_base on, those in it to list_base (gather_group): from the registers step 1 left where the slice
-        is one tile (two on one CTA an SM), else by gather_rest."""
+        """The gathered finish's pass of a CTA without a list: its slice's items above the threshold bin to the
+        output from slot gt_base on, those in it from key lo on to list_base (gather_group): from the registers
+        step 1 left where the slice is one tile (two on one CTA an SM), else by gather_rest."""
         T = self.threads
         if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
-            self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+            self.gather_slice(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
                               out_row, rraw, rkeys, resident=1)
         else:
             two = False  # two tiles, the first kept in rkeep (one CTA an SM)
             if const_expr(self.ctas_per_sm == 1):
                 two = g_hi - g_lo <= 2 * T
             if two:
-                self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+                self.gather_slice(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
                                   out_row, rraw, rkeys, resident=2, rkeep=rkeep)
             else:
-                self.gather_rest(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+                self.gather_rest(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
                                  out_row, rraw, rkeys, s_table, s_tl, tiles, rnext)
 
     @cute.jit
@@ -1625,7 +1659,8 @@ class DecodeTopK:
         lane = cute.arch.lane_idx()
         gt_base = self.slot_bases(rank, s_hist + b0, gt_mine, s_misc, eq_known=True)[1]
         stage = s_hist + self.bins
-        self.gather_no_list(row_addr, g_lo, g_hi, row_end, b0, gt_base, smem_addr(stage), Int32(GATHER_STAGE * 4),
+        self.gather_no_list(row_addr, g_lo, g_hi, row_end, self.bin_bounds(b0)[0], gt_base, smem_addr(stage),
+                            Int32(GATHER_STAGE * 4),
                             True, s_misc, out_row, rraw, rkeys, rkeep, rnext, s_table, s_tl, True)
         cute.arch.sync_threads()  # the stage, its count (misc[3]) and the table's last reads
         n = cute.arch.load(s_misc + 3, Int32)
@@ -1704,7 +1739,7 @@ class DecodeTopK:
         cute.arch.cluster_wait()
 
     @cute.jit
-    def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
+    def gather_rest(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, lo: Uint32, gt_base: Int32,
                     list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, s_table: cute.Pointer,
                     s_tl: cute.Pointer, tiles, rnext: cute.Tensor):
@@ -1716,10 +1751,10 @@ class DecodeTopK:
         if const_expr(self.table_tiles > 0):
             marked = tiles
         if marked:
-            self.gather_marked(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+            self.gather_marked(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
                                out_row, rraw, rkeys, smem_addr(s_table), s_tl, rnext)
         else:
-            self.gather_slice(row_addr, g_lo, g_hi, row_end, b0, gt_base, list_base, idx_delta, staged, s_misc,
+            self.gather_slice(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
                               out_row, rraw, rkeys)
 
     def table_entry(self, table: Int32, t: Int32, tid: Int32) -> Int32:
@@ -1733,12 +1768,13 @@ class DecodeTopK:
         return table + (q >> 7) * (self.threads * 8) + warp * 256 + (q & 127) * 2
 
     @cute.jit
-    def gather_marked(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, b0: Uint32, gt_base: Int32,
+    def gather_marked(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, lo: Uint32, gt_base: Int32,
                       list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                       out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, table: Int32, s_tl: cute.Pointer,
                       rnext: cute.Tensor):
         """gather_slice for a slice of several tiles, re-reading only the groups that step 1's table marks as
-        holding an item at or above bin b0 (about k / cluster items and the bin's share of the slice).
+        holding an item at or above key lo (the threshold bin's floor: about k / cluster items and the share of the
+        bin from lo on of the slice).
 
         Each lane reads its groups' table entries (four tiles a load) into a bitmask of marked tiles; the warp
         packs the marked groups, lane by lane (a prefix sum of the lanes' counts, then a walk over each lane's
@@ -1750,13 +1786,11 @@ class DecodeTopK:
         tid = cute.arch.thread_idx()[0]
         lane = cute.arch.lane_idx()
         warp = tid // WARP
-        lo, hi = self.bin_bounds(b0)
+        hi = self.bin_ceiling(lo)
         n_tiles = (g_hi - g_lo + T - 1) // T
         # A block (four tiles) a load, the next one's load issued before this one's compares (the last block is read
-        # again at the end: harmless). Two entries a word are compared at once: (entry | 0x8000) - b0 keeps bit 15
-        # iff entry >= b0 (digits are under 2**11: no borrow crosses into the other half). Entries past n_tiles
-        # (stale) are masked off at the end.
-        b0_pair = b0 * Uint32(0x00010001)
+        # again at the end: harmless). Entries past n_tiles (stale) are masked off at the end.
+        floor = lo >> Uint32(self.key_bits - TABLE_KEY_BITS)
         n_blocks = (n_tiles + 3) // 4
         nxt0, nxt1 = ptx.ld_shared_v2_b32(self.table_entry(table, Int32(0), tid))
         marks = Uint32(0)
@@ -1765,9 +1799,7 @@ class DecodeTopK:
             j_next = sel(j + 1 < n_blocks, j + 1, j)
             nxt0, nxt1 = ptx.ld_shared_v2_b32(self.table_entry(table, 4 * j_next, tid))
             for h in cutlass.range_constexpr(2):
-                ge = ((Uint32(pair[h]) | Uint32(0x80008000)) - b0_pair) & Uint32(0x80008000)
-                bits = ((ge >> Uint32(15)) | (ge >> Uint32(30))) & Uint32(3)
-                marks = marks | (bits << Uint32(4 * j + 2 * h))
+                marks = marks | (self.entries_at_least(Uint32(pair[h]), floor) << Uint32(4 * j + 2 * h))
         marks = marks & sel(n_tiles >= 32, Uint32(0xFFFFFFFF), (Uint32(1) << Uint32(n_tiles)) - Uint32(1))
         cute.arch.sync_warp()  # every entry of the warp read before the packing overwrites them
         if const_expr(self.gather_marks):
@@ -1802,6 +1834,54 @@ class DecodeTopK:
                 g = self.marked_group(table, warp, lane, r * WARP, n, g_lo, g_hi)
                 self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
                 self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
+
+    @cute.jit
+    def refined_floor(self, b0: Uint32, krem: Int32, with_table, table: Int32, n_tiles: Int32,
+                      counts: cute.Pointer, s_tl: cute.Pointer) -> Uint32:
+        """The key from which the gathered finish takes threshold-bin items (refined_floor): bin b0's floor raised by
+        the table's next 5 bits. A group whose largest key is in b0 holds an item at least that large, distinct from
+        the items above the bin, so once krem groups' maxima reach a sub-bin (summed over the cluster), so does the
+        krem-th largest item of the bin: every item it needs is at or above that sub-bin's floor.
+
+        with_table: this CTA's slice has a table (more than two tiles); it adds its groups' maxima in b0 into the
+        32 counts (zeroed at the kernel's start). Every CTA of the cluster then passes one cluster barrier (its
+        release orders the adds before the peers' reads), and every warp sums the counts itself (no CTA barrier)."""
+        tid = cute.arch.thread_idx()[0]
+        lane = cute.arch.lane_idx()
+        base = b0 << Uint32(TABLE_KEY_BITS - self.digits[0])  # bin b0's first table entry
+        if with_table:
+            # One predicated add an entry (timeline_refine: 2.5-2.9K cycles for 32 tiles, about the same with the
+            # entries in the bin picked out first, and 3.2K as a loop of two entries an iteration).
+            at = smem_addr(counts)
+            for j in cutlass.range((n_tiles + 3) // 4, unroll=2):
+                w0, w1 = ptx.ld_shared_v2_b32(self.table_entry(table, 4 * j, tid))
+                for h in cutlass.range_constexpr(4):
+                    word = Uint32((w0, w1)[h // 2])
+                    entry = (word >> Uint32(16)) if h % 2 else (word & Uint32(0xFFFF))
+                    sub = entry - base  # (unsigned: an entry below the bin wraps past 31)
+                    hit = (sub < Uint32(32)) & (4 * j + h < n_tiles)
+                    ptx.red_shared_add_if(at + Int32(sub) * 4, Int32(1), sel(hit, Int32(1), Int32(0)))
+        if const_expr(self.refine_marks):
+            self.mark(s_tl, 13)
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        total = Int32(0)
+        for r in cutlass.range(self.cluster, unroll=8):
+            total = total + Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(counts + lane), r)))
+        # Lanes are sub-bins, the largest last: the maxima at or above each lane's, non-increasing over the lanes.
+        enough = Uint32(cute.arch.vote_ballot_sync(self.warp_suffix_scan(total) >= krem))
+        top = Uint32(sel(enough != Uint32(0), Uint32(31) - Uint32(cute.arch.clz(enough)), Uint32(0)))
+        if const_expr(self.refine_marks):
+            self.mark(s_tl, 14)
+        return (base + top) << Uint32(self.key_bits - TABLE_KEY_BITS)
+
+    def entries_at_least(self, word: Uint32, floor: Uint32) -> Uint32:
+        """Bits 0 and 1: whether the word's low and high table entries are at least floor (traced inline). Each
+        half plus 2**16 - floor carries into bit 16 iff it is."""
+        up = Uint32(0x10000) - floor
+        low = ((word & Uint32(0xFFFF)) + up) >> Uint32(16)
+        high = ((word >> Uint32(16)) + up) >> Uint32(15)
+        return (low & Uint32(1)) | (high & Uint32(2))
 
     @cute.jit
     def marked_group(self, table: Int32, warp: Int32, lane: Int32, r0: Int32, n: Int32, g_lo: Int32,
@@ -1885,9 +1965,9 @@ class DecodeTopK:
                         # The selection pass then takes only the keys above the ties: no ~index reaches this.
                         iprefix = Uint32(0x200000)
                         imask = Uint32(0x1FFFFF)
-                if const_expr(r < 2 and not (self.step1_marks or self.gather_marks)):
+                if const_expr(r < 2 and not (self.step1_marks or self.gather_marks or self.refine_marks)):
                     self.mark(s_tl, 13 + r)
-        if const_expr(not (self.step1_marks or self.gather_marks)):
+        if const_expr(not (self.step1_marks or self.gather_marks or self.refine_marks)):
             self.mark(s_tl, 15)
         # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
         if const_expr(self.ctas_per_sm > 1):
@@ -2089,7 +2169,7 @@ class DecodeTopK:
                 cute.arch.cluster_arrive_relaxed()
             short = self.step1_by_tiles(g_hi - g_lo)
             if short:
-                self.step1_tiles(row_addr, g_lo, g_hi, row_end, width, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
+                self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
                                  smem_addr(s_table), rkeep if keep_two else None)
                 ok = Int32(0)
             else:
@@ -2153,6 +2233,14 @@ class DecodeTopK:
                     # The lower ranks' in-bin count came with the select (misc[4]).
                     dst_base = gather_base + cute.arch.load(s_misc + 4, Int32)
                     slot0 = Int32(0)
+                    refine = False
+                    if const_expr(self.refine_floor):
+                        # Every CTA ran step 1 by tiles (no list), the first (the largest slice) with a table, and
+                        # CTA 0's list holds the bin and a stage as large behind it: the same choice on every CTA.
+                        # Only where the CTAs re-read many groups (the items from the bin up, a CTA's share): there
+                        # the re-read and the finish shrink more than the table's second pass and the barrier cost.
+                        refine = self.step1_by_tiles(per) & (per > 2 * T) & (gather_base + 2 * count0 <= self.cap) & (
+                            above0 + count0 >= REFINE_MIN_ITEMS_A_CTA * C) & (count0 >= REFINE_MIN_BIN_RATIO * krem)
                     if use_list:
                         if const_expr(C >= GATHER_STAGE_MIN_CLUSTER):
                             slot0 = self.push_list_staged(n_list, b0, dst_base, gt_mine, s_hist, s_key, s_idx, s_misc,
@@ -2171,17 +2259,40 @@ class DecodeTopK:
                         # STAGE_NO_LIST_MIN_CLUSTER CTAs, to this CTA's stage where they fit (then copied densely).
                         list_base = smem_addr(s_key + dst_base)
                         idx_delta = smem_addr(s_idx) - smem_addr(s_key)
-                        stage, staged = None, None
+                        lo = self.bin_bounds(b0)[0]
+                        staged = None
                         if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
                             stage, staged = self.push_stage(s_hist, b0)
                             list_base = sel(staged, smem_addr(stage), list_base)
                             idx_delta = sel(staged, Int32(GATHER_STAGE * 4), idx_delta)
-                        self.gather_no_list(row_addr, g_lo, g_hi, row_end, Uint32(b0), gt_base, list_base, idx_delta,
+                        if const_expr(self.refine_floor):
+                            if refine:
+                                lo = self.refined_floor(Uint32(b0), krem, g_hi - g_lo > 2 * T, smem_addr(s_table),
+                                                        (g_hi - g_lo + T - 1) // T, s_hist + 2 * self.bins - 32,
+                                                        s_tl)
+                            # The items from lo on are staged at the end of this CTA's own list (the slots of the
+                            # bin's count before it: none that CTA 0's list takes), then copied densely behind a
+                            # reservation on CTA 0's counter (misc[15]), as many as there are.
+                            list_base = sel(refine, smem_addr(s_key + (self.cap - count0)), list_base)
+                            idx_delta = sel(refine, smem_addr(s_idx) - smem_addr(s_key), idx_delta)
+                            staged = refine if const_expr(staged is None) else refine | staged
+                        self.gather_no_list(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta,
                                             staged, s_misc, out_row, rraw, rkeys, rkeep, rnext, s_table, s_tl, short)
                         if const_expr(staged is not None):
                             if staged:
                                 cute.arch.sync_threads()  # every warp's stage stores and its in-bin count (misc[3])
-                                self.push_staged(stage, cute.arch.load(s_misc + 3, Int32), s_key, s_idx, dst_base)
+                                n_staged = cute.arch.load(s_misc + 3, Int32)
+                                if refine:
+                                    if tid == 0:
+                                        at = ptx.mapa_shared(smem_addr(s_misc + 15), Int32(0))
+                                        cute.arch.store(s_misc + 12, Int32(ptx.atom_add_cluster_u32(at, n_staged)))
+                                    cute.arch.sync_threads()
+                                    own = self.cap - count0
+                                    self.push_staged(s_key + own, s_idx + own, n_staged, s_key, s_idx,
+                                                     gather_base + cute.arch.load(s_misc + 12, Int32))
+                                else:
+                                    if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
+                                        self.push_staged(stage, stage + GATHER_STAGE, n_staged, s_key, s_idx, dst_base)
                     self.mark(s_tl, 5)
                     # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
                     # shared memory after this barrier: the peers may exit. The output writes of a
@@ -2199,8 +2310,12 @@ class DecodeTopK:
                         cute.arch.sync_threads()
                     self.mark(s_tl, 6)
                     if rank == 0:
-                        self.finish_gathered(gather_base, count0, krem, k - krem, s_hist, s_key, s_idx, s_scan, s_misc,
-                                             out_row, s_tl)
+                        n_gathered = count0
+                        if const_expr(self.refine_floor):
+                            if refine:
+                                n_gathered = cute.arch.load(s_misc + 15, Int32)
+                        self.finish_gathered(gather_base, n_gathered, krem, k - krem, s_hist, s_key, s_idx, s_scan,
+                                             s_misc, out_row, s_tl)
                     self.mark(s_tl, 7)
             else:
                 self.mark(s_tl, 8)  # the cluster-wide finish instead (no 5-7)

@@ -529,6 +529,14 @@ def ld_cluster_v4_u32(addr: Int32, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def red_shared_add_if(addr: Int32, v, pred, *, loc=None, ip=None) -> None:
+    """Add v at a shared address where pred (an Int32) is nonzero: one predicated reduction, no branch (the
+    address may be anything where it is zero)."""
+    _asm(None, [_i32(addr), _i32(v), _i32(pred)],
+         "{\n.reg .pred p;\nsetp.ne.u32 p, $2, 0;\n@p red.shared.add.u32 [$0], $1;\n}", "r,r,r")
+
+
+@dsl_user_op
 def atom_add_cluster_u32(addr: Int32, v, *, loc=None, ip=None) -> Uint32:
     """Atomic add at a shared::cluster address (any CTA of the cluster); returns the old value."""
     return Uint32(_asm(T.i32(), [_i32(addr), Uint32(v).ir_value()],

@@ -171,6 +171,16 @@ LONG_CASES = tuple(
     for length in lengths
     for k in (512, 2048)
 )
+# TOPK_ROOTS_CASES=routed: the long cells of the benchmark on the kernels its routing picks (the table's one-CTA-an-SM
+# variants: 16 CTAs for one row, 8 for 8 and 14 rows, the 2-CTA twin for 64 rows).
+ROUTED_CASES = tuple(
+    (f"decode_topk_{d}_token_{kernel}", rows, length, k)
+    for d in ("f32", "bf16")
+    for rows, kernel, lengths in ((1, "c16", (65536, 262144, 1 << 20)), (8, "c8", (65536, 262144, 1 << 20)),
+                                  (14, "c8", (65536, 262144, 1 << 20)), (64, "c2_full_sm", (65536, 262144)))
+    for length in lengths
+    for k in (512, 2048)
+)
 # TOPK_ROOTS_CASES=c2: the 2-CTA and 1-CTA variants' other long slices (64 x 1M, 32 x 128K, 256 x 64K), beside "long".
 C2_CASES = (
     ("decode_topk_f32_token_c2", 64, 1 << 20, 2048),
@@ -201,7 +211,7 @@ TWINMIN_CASES = tuple(
                                   ("bf16", 4, 8, 65536, 2048), ("f32", 4, 24, 32768, 512))
     for twin in ("", "_full_sm")
 )
-CASE_SETS = {"long": LONG_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+CASE_SETS = {"long": LONG_CASES, "routed": ROUTED_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c9": C9_CASES, "table_gate": TABLE_GATE_CASES, "c8to11": C8TO11_CASES}
 

@@ -70,6 +70,9 @@ STEP1_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "step1"
 # TOPK_TIMELINE_MARKS=gather: builds with DECODE_TOPK_EXPERIMENT=timeline_gather, whose marks 13 and 14 split the
 # marked gather (gather_marked) of a CTA-tile slice: its table read, its compaction, then its rounds.
 GATHER_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "gather"
+# TOPK_TIMELINE_MARKS=refine: builds with DECODE_TOPK_EXPERIMENT=timeline_refine, whose marks 13 and 14 split the
+# gathered finish's refined_floor: its table pass, then its cluster barrier and sums.
+REFINE_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "refine"
 
 
 def phases(marks):
@@ -82,6 +85,9 @@ def phases(marks):
     if STEP1_MARKS and m[14]:
         out.update({"step 1: to loads landed": d(1, 13), "step 1: histogram atomics": d(13, 14),
                     "step 1: rest": d(14, 2)})
+        m[13] = m[14] = 0
+    if REFINE_MARKS and m[14]:
+        out.update({"refine: table pass": d(12, 13), "refine: barrier + sums": d(13, 14), "refine: to pass end": d(14, 5)})
         m[13] = m[14] = 0
     if GATHER_MARKS and m[14]:
         out.update({"gather: table read": d(12, 13), "gather: compaction": d(13, 14), "gather: rounds": d(14, 5)})

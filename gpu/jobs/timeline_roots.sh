@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# limit: 150
+# decode_topk per-phase clocks (gpu/jobs/topk_timeline.py) of each carried timeline build TL_ROOTS names (default:
+# every .gl/tl_*) on TOPK_TIMELINE_CASES (TOPK_TIMELINE_COLD=1: logits out of L2, as in the benchmark); a build whose
+# name holds "gather" or "refine" (DECODE_TOPK_EXPERIMENT=timeline_gather, timeline_refine) is parsed with those marks.
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+for root in ${TL_ROOTS:-$(ls -d .gl/tl_* 2>/dev/null)}; do
+  marks=""
+  case $root in *gather*) marks=gather ;; *refine*) marks=refine ;; esac
+  echo "=== $root (${TOPK_TIMELINE_CASES:-default} cases, cold=${TOPK_TIMELINE_COLD:-0})"
+  TOPK_TIMELINE_MARKS=$marks timeout 60 python3 gpu/jobs/topk_timeline.py "$root" "$JOB_OUT/timeline_$(basename "$root").json" \
+    2>&1 | grep -v "^    .*min       0"
+done
