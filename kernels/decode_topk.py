@@ -8,10 +8,12 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) int
         histogram of the key's top 11 bits. A short slice (under warp_min_groups groups) goes
         by CTA-wide tiles (past two tiles in token mode binned by the raw bits' top 11, the bins
         put in key order after the loop: raw_group_bins) and keeps nothing else: its later steps
-        re-read it from L2, or, on the variants with a table (one CTA an SM, token mode; up to
-        128K columns a CTA), only the groups whose largest first digit (a half-word a group,
-        recorded here) reaches the row's threshold bin (gather_marked: a bitmask of the marked
-        tiles a lane, packed lane by lane, re-read 32 groups a warp at a time). A
+        re-read it, or, on the variants with a table (one CTA an SM, token mode; up to 128K
+        columns a CTA), only the groups whose largest key's top 16 bits (a half-word a group,
+        recorded here) reach the row's floor: the threshold bin's, or on 2-8 CTAs the sub-bin
+        that enough groups' maxima reach (refined_floor) (gather_marked: a bitmask of the marked
+        tiles a lane, packed lane by lane, re-read 32 groups a warp at a time). Slices past two
+        tiles are requested into L2 two tiles ahead of their loads, shorter ones whole. A
         long slice goes by warps, each on its own contiguous part, and also
         keeps a shared-memory list (a segment per warp, packed at the end), in index order, of
         (key, column) of the items that can still be selected. An item whose top bits are
@@ -38,7 +40,10 @@ Gathered finish (when that bin's items fit behind CTA 0's list): every CTA pushe
         CTA 0 alone selects among the bin's items by
         block-local radix rounds over the remaining key bits, then over the inverted
         index (exact ties go to the lower index; up to TIE_RANK_MAX ties are ranked
-        directly instead), and writes them. BF16 token mode on 8 and 16 CTAs, where every CTA ran step 1
+        directly instead), and writes them. Where refined_floor applies (CTA-tile slices on 2-8 CTAs,
+        one barrier after a pass over the table), only the bin's items from its floor up are taken:
+        staged at the end of each CTA's own list, then copied behind one add on CTA 0's counter.
+        BF16 token mode on 8 and 16 CTAs, where every CTA ran step 1
         by tiles and can stage its items of the bin (finish_low_bits): no pushes and no finish on CTA 0; the
         cluster resolves the key's last 5 bits from a 32-bin histogram of every stage, each CTA writes its own
         selected items, and ties of the resolved key are cut by rank (lower ranks hold lower columns).
@@ -109,8 +114,8 @@ GATHER_STAGE = 1024
 PACKED_BF16_KEYS = True
 # Token mode: step 1's CTA tiles on a slice of more than two tiles (no keys kept for the gather) histogram each column
 # by its raw bits' top 11 (a shift and a mask, no key), into bins in raw order that one permutation turns into key
-# order after the loop; a group holding NaN or +-0 takes the keys. The table entry is the key digit of the group's
-# largest value (max.bf16x2 / max.f32).
+# order after the loop; a group holding NaN or +-0 takes the keys. The table entry comes from the group's largest
+# value (max.bf16x2 / max.f32: raw_to_table_key).
 # Measured on the H200 (decode_topk_ab_h200.json: raw_bins_ab, decode_topk's GPU tests and sanitizers on each
 # candidate): BF16 rows of 256K-1M on 8 and 16 CTAs 2-7 % faster (8 x 1M k2048 23.58 -> 22.57 us, 1 x 1M k512
 # 13.53 -> 12.56), FP32 0-2 % faster, short slices (two tiles or fewer: the key loop, unchanged) within 1 %. One loop
@@ -1267,7 +1272,7 @@ class DecodeTopK:
                     rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, rkeep=None):
         """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
         With rkeep, the first tile's keys stay there (the last tile's are in rkeys). With a table (table_tiles),
-        group g's largest first digit goes to its half-word (table_entry, from shared address `table`) for gather_marked.
+        group g's table_key goes to its half-word (table_entry, from shared address `table`) for gather_marked.
 
         Listing a tile's items in index order puts a thread's 8 items in 8 consecutive slots:
         8-way bank conflicts on every store (ncu: 16384 shared wavefronts for 2048 ideal per
@@ -1387,9 +1392,9 @@ class DecodeTopK:
     @cute.jit
     def raw_group_bins(self, rraw: cute.Tensor, rkeys: cute.Tensor, s_hist: cute.Pointer) -> Uint32:
         """Step 1's histogram adds of a whole token-mode group by raw-order bin (raw_bins); returns its table entry
-        (table_key of its largest column). Raw bits order like keys except NaN (-> -inf) and -0 (-> +0): a group holding either
-        takes its keys, each key digit mapped to its raw-order bin (one setp a value finds both, and +0, which would
-        not need them)."""
+        (table_key of its largest column). Raw bits order like keys except NaN (-> -inf) and -0 (-> +0): a group
+        holding either takes its keys, each key digit mapped to its raw-order bin (one setp a value finds both, and
+        +0, which would not need them)."""
         special = Int32(0)
         if const_expr(self.dtype == "bf16"):
             special = ptx.any_zero_or_nan_bf16x2(rraw[0], rraw[1], rraw[2], rraw[3])
@@ -1578,8 +1583,8 @@ class DecodeTopK:
                      list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: int = 0, rkeep=None):
         """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
-        re-read of its slice; the items of the threshold bin from key lo on (bin_floor) to (list_base, idx_delta,
-        staged) as in gather_group. resident 1: the slice is one tile whose items step 1 left in rkeys; 2: two tiles,
+        re-read of its slice; the items of the threshold bin from key lo on (its floor, or refined_floor's) to
+        (list_base, idx_delta, staged) as in gather_group. resident 1: the slice is one tile whose items step 1 left in rkeys; 2: two tiles,
         the first in rkeep, the second in rkeys (none read)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]

@@ -9,6 +9,6 @@ for root in ${TL_ROOTS:-$(ls -d .gl/tl_* 2>/dev/null)}; do
   marks=""
   case $root in *gather*) marks=gather ;; *refine*) marks=refine ;; esac
   echo "=== $root (${TOPK_TIMELINE_CASES:-default} cases, cold=${TOPK_TIMELINE_COLD:-0})"
-  TOPK_TIMELINE_MARKS=$marks timeout 60 python3 gpu/jobs/topk_timeline.py "$root" "$JOB_OUT/timeline_$(basename "$root").json" \
-    2>&1 | grep -v "^    .*min       0"
+  out="$JOB_OUT/timeline_$(basename "$root").json"
+  TOPK_TIMELINE_MARKS=$marks timeout 60 python3 gpu/jobs/topk_timeline.py "$root" "$out" 2>&1 | grep -v "^    .*min       0"
 done
