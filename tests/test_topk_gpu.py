@@ -346,6 +346,21 @@ def test_long_slices_take_the_full_sm_twin():
         _check(logits, ends, out, k, False)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+def test_refined_floor_with_ties_at_its_sub_bins(dtype):
+    """Rows whose gathered finish takes the refined floor (CTA-tile slices on 2 and 8 CTAs, many items from the
+    threshold bin up): half the rows on a 1/64 grid, so each of the threshold bin's 32 sub-bins holds one value and
+    the floor falls on exact ties (lower indices win), half plain randn; one row end clipped inside a group."""
+    for rows, width in ((8, 262144 + 5), (64, 262144)):
+        for k in (1024, 2048):
+            logits = _logits(rows, width, dtype, seed=width + k)
+            logits[: rows // 2] = ((logits[: rows // 2].float() * 64).round() / 64).to(dtype)
+            ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+            ends[1] = width - 3
+            out = _run(logits, ends, k, False)
+            _check(logits, ends, out, k, False)
+
+
 def _max_active_clusters(name):
     import runtime
 
