@@ -87,7 +87,8 @@ def phases(marks):
                     "step 1: rest": d(14, 2)})
         m[13] = m[14] = 0
     if REFINE_MARKS and m[14]:
-        out.update({"refine: table pass": d(12, 13), "refine: barrier + sums": d(13, 14), "refine: to pass end": d(14, 5)})
+        out.update({"refine: table pass": d(12, 13), "refine: barrier + sums": d(13, 14),
+                    "refine: to pass end": d(14, 5)})
         m[13] = m[14] = 0
     if GATHER_MARKS and m[14]:
         out.update({"gather: table read": d(12, 13), "gather: compaction": d(13, 14), "gather: rounds": d(14, 5)})
