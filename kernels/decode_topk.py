@@ -2239,6 +2239,7 @@ class DecodeTopK:
                     dst_base = gather_base + cute.arch.load(s_misc + 4, Int32)
                     slot0 = Int32(0)
                     refine = False
+                    own_stage = self.cap - count0  # (refine: where this CTA stages its items, in its own list)
                     if const_expr(self.refine_floor):
                         # Every CTA ran step 1 by tiles (no list), the first (the largest slice) with a table, and
                         # CTA 0's list holds the bin and a stage as large behind it: the same choice on every CTA.
@@ -2278,7 +2279,7 @@ class DecodeTopK:
                             # The items from lo on are staged at the end of this CTA's own list (the slots of the
                             # bin's count before it: none that CTA 0's list takes), then copied densely behind a
                             # reservation on CTA 0's counter (misc[15]), as many as there are.
-                            list_base = sel(refine, smem_addr(s_key + (self.cap - count0)), list_base)
+                            list_base = sel(refine, smem_addr(s_key + own_stage), list_base)
                             idx_delta = sel(refine, smem_addr(s_idx) - smem_addr(s_key), idx_delta)
                             staged = refine if const_expr(staged is None) else refine | staged
                         self.gather_no_list(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta,
@@ -2292,8 +2293,7 @@ class DecodeTopK:
                                         at = ptx.mapa_shared(smem_addr(s_misc + 15), Int32(0))
                                         cute.arch.store(s_misc + 12, Int32(ptx.atom_add_cluster_u32(at, n_staged)))
                                     cute.arch.sync_threads()
-                                    own = self.cap - count0
-                                    self.push_staged(s_key + own, s_idx + own, n_staged, s_key, s_idx,
+                                    self.push_staged(s_key + own_stage, s_idx + own_stage, n_staged, s_key, s_idx,
                                                      gather_base + cute.arch.load(s_misc + 12, Int32))
                                 else:
                                     if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
