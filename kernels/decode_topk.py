@@ -12,8 +12,9 @@ Step 1  every CTA reads its slice once (16-byte loads, two iterations ahead) int
         columns a CTA), only the groups whose largest key's top 16 bits (a half-word a group,
         recorded here) reach the row's floor: the threshold bin's, or on 2-8 CTAs the sub-bin
         that enough groups' maxima reach (refined_floor) (gather_marked: a bitmask of the marked
-        tiles a lane, packed lane by lane, re-read 32 groups a warp at a time). Slices past two
-        tiles are requested into L2 two tiles ahead of their loads, shorter ones whole. A
+        tiles a lane, packed lane by lane, re-read 32 groups a warp at a time). FP32 slices past
+        two tiles come through shared memory by bulk copies, five tiles in flight (step1_tiles_bulk);
+        BF16 ones are requested into L2 two tiles ahead of their loads; shorter ones whole. A
         long slice goes by warps, each on its own contiguous part, and also
         keeps a shared-memory list (a segment per warp, packed at the end), in index order, of
         (key, column) of the items that can still be selected. An item whose top bits are
@@ -122,12 +123,22 @@ PACKED_BF16_KEYS = True
 # for both with a branch a tile was 1-2 % slower on short slices; three tiles ahead, or three an iteration with no
 # register moves, slower.
 RAW_BINS_STEP1 = True
-# Such a slice's tiles are requested into L2 STEP1_PREFETCH_AHEAD tiles ahead of the two whose loads are in registers
-# (one bulk prefetch a tile), not the whole slice at once (which past some 24 MiB of logits a launch overflowed L2).
+# Such a BF16 slice's tiles are requested into L2 STEP1_PREFETCH_AHEAD tiles ahead of the two whose loads are in
+# registers (one bulk prefetch a tile), not the whole slice at once (which past some 24 MiB of logits a launch overflowed L2).
 # Measured on the H200 (decode_topk_ab_h200.json: running_prefetch_ab, one process, rotated inputs): FP32 64 x 256K on
 # the 2-CTA twin k2048 35.84 -> 30.70 us (with refined_floor), 8 x 1M on 8 CTAs 4-9 % faster, BF16 64 x 256K 14.5-22.5 %
 # and 8 x 1M 8-10 %, 1 x 1M on 16 CTAs 2-5 %; the rest within 2 %. Two to four tiles ahead within 1 %.
 STEP1_PREFETCH_AHEAD = 2
+# An FP32 slice's tiles instead come into shared memory by bulk copies (thread 0 issues a tile's, completing on that
+# stage's mbarrier), STEP1_BULK_BYTES of stages in flight in the room of the candidate list (unused by CTA tiles until
+# step 1 ends), and each thread reads its group from there: no load pipeline in registers and no L2 prefetch.
+# Measured on the H200 (decode_topk_ab_h200.json: bulk_step1_ab, one process, rotated inputs): FP32 64 x 256K on the
+# 2-CTA twin k512 27.9 -> 25.9-26.3 us, k2048 30.4 -> 28.6-29.0 (6-8 %), 64 x 64K 4-5 %, 8 and 14 x 1M on 8 CTAs 3-6 %,
+# but 8 x 256K on 8 CTAs 1-3 % and 1 x 1M on 16 CTAs 1.4-2.7 % slower; 64 KiB of stages about the same, 48 KiB loses
+# most of the gain on the largest launches, an L2 prefetch past the stages slower. BF16 (8 KiB tiles) 3-12 % slower
+# on 256K-1M rows: it keeps the register loads.
+STEP1_BULK_DTYPES = ("f32",)
+STEP1_BULK_BYTES = 80 * 1024
 GATHER_STAGE_MIN_CLUSTER = 16
 # Step 1's table keeps the top TABLE_KEY_BITS bits of each group's largest key (a half-word): the first digit and 5
 # bits more. REFINED_FLOOR: the gathered finish of CTA-tile slices (every CTA on a table or in registers) re-reads
@@ -272,6 +283,14 @@ class DecodeTopK:
         self.force_clustered = experiment == "clustered_finish"
         if self.timeline:
             self.cap -= self.warps * LIST_VEC  # room for the 16 marks in the same shared memory
+        # Step 1's bulk-copy stages (raw-bin tiles), then a full and an empty mbarrier each, in the list's room: the
+        # key and idx arrays, allocated back to back (each a multiple of 16 bytes).
+        self.tile_bytes = threads * 8 * self.elem_bytes
+        # (None in the row kernel: no list, and no step 1 by tiles.)
+        with_bulk = dtype in STEP1_BULK_DTYPES and self.raw_bins and list_capacity > 0
+        self.bulk_stages = STEP1_BULK_BYTES // self.tile_bytes if with_bulk else 0
+        assert self.bulk_stages == 0 or (self.bulk_stages * (self.tile_bytes + 16) <= 2 * self.cap * 4
+                                         and self.cap * 4 % 16 == 0)
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
         assert list_capacity % (self.warps * LIST_VEC) == 0
         assert 2 * GATHER_STAGE <= hist_bins  # the pushes' stage is the second histogram buffer
@@ -1269,9 +1288,10 @@ class DecodeTopK:
     @cute.jit
     def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32,
                     s_hist: cute.Pointer, rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor,
-                    rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, rkeep=None):
+                    rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, staging: Int32, rkeep=None):
         """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
-        With rkeep, the first tile's keys stay there (the last tile's are in rkeys). With a table (table_tiles),
+        With rkeep, the first tile's keys stay there (the last tile's are in rkeys). staging: the shared address of the
+        bulk-copy stages (step1_tiles_bulk; the candidate list's room). With a table (table_tiles),
         group g's table_key goes to its half-word (table_entry, from shared address `table`) for gather_marked.
 
         Listing a tile's items in index order puts a thread's 8 items in 8 consecutive slots:
@@ -1292,20 +1312,28 @@ class DecodeTopK:
         if const_expr(self.raw_bins):
             raw_bins = g_hi - g_lo > 2 * T
         if raw_bins:
-            # A running prefetch: the STEP1_PREFETCH_AHEAD tiles after the two in registers, one thread a tile (the
-            # loop asks for one more each tile).
-            if tid < STEP1_PREFETCH_AHEAD:
-                self.prefetch_tile(row_addr, g_lo + (2 + tid) * T, g_hi, row_end)
+            if const_expr(self.bulk_stages > 0):
+                if tid == 0:
+                    self.start_bulk_tiles(row_addr, g_lo, g_hi, row_end, staging)
+            else:
+                # A running prefetch: the STEP1_PREFETCH_AHEAD tiles after the two in registers, one thread a tile
+                # (the loop asks for one more each tile).
+                if tid < STEP1_PREFETCH_AHEAD:
+                    self.prefetch_tile(row_addr, g_lo + (2 + tid) * T, g_hi, row_end)
         else:
             # The whole slice is requested into L2 at once.
             piece = PREFETCH_PIECE_BYTES // (8 * self.elem_bytes)
             p0 = g_lo + tid * piece
             if p0 < g_hi:
                 self.prefetch_groups(row_addr, p0, Int32(sel(p0 + piece < g_hi, p0 + piece, g_hi)), row_end)
-        self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
-        cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic
+        if not (raw_bins and self.bulk_stages > 0):
+            self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
+        cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic (and the mbarriers)
         if raw_bins:
-            self.step1_tiles_raw(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl, table)
+            if const_expr(self.bulk_stages > 0):
+                self.step1_tiles_bulk(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table, staging)
+            else:
+                self.step1_tiles_raw(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl, table)
         else:
             for gb in cutlass.range(g_lo, g_hi, T):
                 g = gb + tid
@@ -1343,8 +1371,9 @@ class DecodeTopK:
     def step1_tiles_raw(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
                         rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
                         s_tl: cute.Pointer, table: Int32):
-        """step1_tiles' loop on a slice of more than two tiles (raw_bins; its loads primed): the histogram by raw-order
-        bins (raw_group_bins), then put in key order. No keys stay in registers: the gather re-reads the slice.
+        """step1_tiles' loop on a BF16 slice of more than two tiles (raw_bins; its loads primed; FP32: step1_tiles_bulk):
+        the histogram by raw-order bins (raw_group_bins), then put in key order. No keys stay in registers: the gather
+        re-reads the slice.
         (Measured slower on 8 and 16 CTAs, decode_topk_ab_h200.json: raw_bins_ab: three tiles an iteration in three
         register sets, none moved, 1.5-9.5 %; loads three or four tiles ahead, 1-3 % and 2-9 %.)"""
         T = self.threads
@@ -1354,23 +1383,89 @@ class DecodeTopK:
             self.next_loads(row_addr, g + 2 * T, g_hi, row_end, rraw, rnext, rnext2)
             if tid == 0:
                 self.prefetch_tile(row_addr, gb + (2 + STEP1_PREFETCH_AHEAD) * T, g_hi, row_end)
-            top = Uint32(0)
-            if (g < g_hi) & (g * 8 + 8 <= row_end):  # a whole group (every group but a row's last)
-                top = self.raw_group_bins(rraw, rkeys, s_hist)
-            else:
-                self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
-                for j in cutlass.range_constexpr(8):
-                    if rkeys[j] != Uint32(0):
-                        d = rkeys[j] >> Uint32(self.key_bits - self.digits[0])
-                        cute.arch.atomic_add(s_hist + Int32(self.raw_bin_of_digit(d)), Int32(1))
-                top = self.table_key(rkeys)
-            self.step1_mark(s_tl, 13, gb == g_lo)
-            if const_expr(self.table_tiles > 0):
-                # (gb - g_lo >= 0: an unsigned shift, not a signed division)
-                t = Int32(Uint32(gb - g_lo) // Uint32(T))
-                ptx.st_shared_u16(self.table_entry(table, t, tid), top)
-            self.step1_mark(s_tl, 14, gb == g_lo)
+            self.raw_tile(g, gb, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table)
         self.raw_bins_to_key_order(s_hist)
+
+    @cute.jit
+    def raw_tile(self, g: Int32, gb: Int32, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
+                 rraw: cute.Tensor, rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32):
+        """One raw-bin tile of step 1 (thread's group g of tile gb, its raw bits in rraw): histogram and table."""
+        tid = cute.arch.thread_idx()[0]
+        top = Uint32(0)
+        if (g < g_hi) & (g * 8 + 8 <= row_end):  # a whole group (every group but a row's last)
+            top = self.raw_group_bins(rraw, rkeys, s_hist)
+        else:
+            self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
+            for j in cutlass.range_constexpr(8):
+                if rkeys[j] != Uint32(0):
+                    d = rkeys[j] >> Uint32(self.key_bits - self.digits[0])
+                    cute.arch.atomic_add(s_hist + Int32(self.raw_bin_of_digit(d)), Int32(1))
+            top = self.table_key(rkeys)
+        self.step1_mark(s_tl, 13, gb == g_lo)
+        if const_expr(self.table_tiles > 0):
+            # (gb - g_lo >= 0: an unsigned shift, not a signed division)
+            t = Int32(Uint32(gb - g_lo) // Uint32(self.threads))
+            ptx.st_shared_u16(self.table_entry(table, t, tid), top)
+        self.step1_mark(s_tl, 14, gb == g_lo)
+
+    def bulk_bars(self, staging: Int32, stage, empty: bool) -> Int32:
+        """Shared address of a bulk stage's full (or empty) mbarrier, behind the stages (traced inline)."""
+        return staging + self.bulk_stages * self.tile_bytes + ((self.bulk_stages if empty else 0) + stage) * 8
+
+    @cute.jit
+    def bulk_tile(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, staging: Int32, t: Int32):
+        """One thread: the slice's tile t (nothing past the slice) into its stage by one bulk copy, clipped to row_end
+        (rounded up to 16 bytes: still inside the row, whose stride is a multiple of 16 bytes)."""
+        T = self.threads
+        g0 = g_lo + t * T
+        if g0 < g_hi:
+            g1 = Int32(sel(g0 + T < g_hi, g0 + T, g_hi))
+            end = Int32(sel(g1 * 8 < row_end, g1 * 8, row_end))
+            lo = g0 * 8 * self.elem_bytes
+            nbytes = (end * self.elem_bytes + 15) // 16 * 16 - lo
+            stage = t % self.bulk_stages
+            full = self.bulk_bars(staging, stage, False)
+            ptx.mbarrier_arrive_expect_tx(full, nbytes)
+            ptx.bulk_copy_global_to_shared(staging + stage * self.tile_bytes, row_addr + Int64(lo), nbytes, full)
+
+    @cute.jit
+    def start_bulk_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, staging: Int32):
+        """Thread 0: the stages' mbarriers (full: one arrival and the bytes; empty: every thread's), then the first
+        tiles' copies (a CTA barrier follows before any wait)."""
+        S = self.bulk_stages
+        for q in cutlass.range_constexpr(S):
+            ptx.mbarrier_init(self.bulk_bars(staging, q, False), 1)
+            ptx.mbarrier_init(self.bulk_bars(staging, q, True), self.threads)
+        ptx.fence_mbarrier_init_cluster()
+        for q in cutlass.range_constexpr(S):
+            self.bulk_tile(row_addr, g_lo, g_hi, row_end, staging, Int32(q))
+
+    @cute.jit
+    def step1_tiles_bulk(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
+                         rraw: cute.Tensor, rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, staging: Int32):
+        """step1_tiles_raw's loop with the tiles in shared memory (bulk_stages stages, started by start_bulk_tiles):
+        each thread waits for its tile's stage, reads its group, and arrives on the stage's empty barrier; thread 0
+        refills the previous tile's stage once every thread has read it. The mbarriers end with the loop."""
+        T = self.threads
+        S = self.bulk_stages
+        tid = cute.arch.thread_idx()[0]
+        for gb in cutlass.range(g_lo, g_hi, T):
+            t = Int32(Uint32(gb - g_lo) // Uint32(T))
+            if (tid == 0) & (t > 0):
+                prev = t - 1
+                ptx.mbarrier_wait_parity(self.bulk_bars(staging, prev % S, True), (prev // S) & 1)
+                self.bulk_tile(row_addr, g_lo, g_hi, row_end, staging, prev + S)
+            stage = t % S
+            ptx.mbarrier_wait_parity(self.bulk_bars(staging, stage, False), (t // S) & 1)
+            src = staging + stage * self.tile_bytes + tid * (8 * self.elem_bytes)
+            rraw[0], rraw[1], rraw[2], rraw[3] = ptx.ld_shared_v4_u32(src)
+            if const_expr(self.dtype == "f32"):
+                rraw[4], rraw[5], rraw[6], rraw[7] = ptx.ld_shared_v4_u32(src + 16)
+            ptx.mbarrier_arrive(self.bulk_bars(staging, stage, True))
+            self.raw_tile(gb + tid, gb, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table)
+        self.raw_bins_to_key_order(s_hist)  # (its first barrier: every thread is past its waits)
+        if tid < 2 * S:
+            ptx.mbarrier_inval(staging + S * self.tile_bytes + tid * 8)
 
     def table_key(self, rkeys: cute.Tensor) -> Uint32:
         """The top TABLE_KEY_BITS of a group's largest key (step 1's table entry; traced inline)."""
@@ -2175,7 +2270,7 @@ class DecodeTopK:
             short = self.step1_by_tiles(g_hi - g_lo)
             if short:
                 self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
-                                 smem_addr(s_table), rkeep if keep_two else None)
+                                 smem_addr(s_table), smem_addr(s_key), rkeep if keep_two else None)
                 ok = Int32(0)
             else:
                 n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, s_scan,

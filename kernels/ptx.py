@@ -271,6 +271,18 @@ def mbarrier_arrive_expect_tx(addr: Int32, nbytes, *, loc=None, ip=None) -> None
 
 
 @dsl_user_op
+def mbarrier_arrive(addr: Int32, *, loc=None, ip=None) -> None:
+    """One arrival on a CTA-local mbarrier (release: this thread's earlier shared reads are done)."""
+    _asm(None, [_i32(addr)], "mbarrier.arrive.shared::cta.b64 _, [$0];", "r")
+
+
+@dsl_user_op
+def mbarrier_inval(addr: Int32, *, loc=None, ip=None) -> None:
+    """End an mbarrier's life, so its 8 bytes may hold ordinary data again."""
+    _asm(None, [_i32(addr)], "mbarrier.inval.shared::cta.b64 [$0];", "r")
+
+
+@dsl_user_op
 def mbarrier_wait_parity(addr: Int32, parity, *, loc=None, ip=None) -> None:
     """Spin until the mbarrier's phase with this parity has completed (acquire, cluster scope)."""
     _asm(None, [_i32(addr), _i32(parity)],
@@ -285,6 +297,14 @@ def bulk_copy_to_peer(dst_cluster: Int32, src: Int32, nbytes, mbar_cluster: Int3
     _asm(None, [_i32(dst_cluster), _i32(src), _i32(nbytes), _i32(mbar_cluster)],
          "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
          "r,r,r,r")
+
+
+@dsl_user_op
+def bulk_copy_global_to_shared(dst: Int32, src: Int64, nbytes, mbar: Int32, *, loc=None, ip=None) -> None:
+    """Bulk-copy nbytes (a multiple of 16) of global memory at a 16-byte aligned address into this CTA's shared
+    memory (16-byte aligned), completing nbytes of transactions on the mbarrier at mbar (sm_90+)."""
+    _asm(None, [_i32(dst), _i64(src), _i32(nbytes), _i32(mbar)],
+         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];", "r,l,r,r")
 
 
 # ---------------------------------------------------------------- WGMMA (sm_90a)

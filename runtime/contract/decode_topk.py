@@ -83,8 +83,9 @@ STEP1_TABLE_TILES = 32
 STEP1_TABLE_BYTES = STEP1_TABLE_TILES * THREADS * 2
 # The table serves every launch size: the largest a wave holds is 64 MiB (64 x 256K FP32 on the 2-CTA twin, 32 x 512K
 # on the 4-CTA one). It was held to launches of at most 60 MiB while step 1 prefetched whole FP32 slices into L2 (then
-# the warp loop won at 64 MiB: full_sm_twin_ab); without that prefetch (since then a few tiles ahead instead,
-# kernels/decode_topk.py: STEP1_PREFETCH_AHEAD) the table is faster there (decode_topk_ab_h200.json: table_gate_ab):
+# the warp loop won at 64 MiB: full_sm_twin_ab); without that prefetch (since then a few tiles ahead instead, and FP32
+# tiles by bulk copies: kernels/decode_topk.py, STEP1_PREFETCH_AHEAD, STEP1_BULK_BYTES) the table is faster there
+# (decode_topk_ab_h200.json: table_gate_ab):
 # 64 x 256K FP32 k512 35.3 -> 29.2 us, k2048 39.4 -> 36.1 us, 32 x 512K k2048 on 4 CTAs 71.4 -> 50.5 us.
 
 
