@@ -124,7 +124,8 @@ PACKED_BF16_KEYS = True
 # register moves, slower.
 RAW_BINS_STEP1 = True
 # Such a BF16 slice's tiles are requested into L2 STEP1_PREFETCH_AHEAD tiles ahead of the two whose loads are in
-# registers (one bulk prefetch a tile), not the whole slice at once (which past some 24 MiB of logits a launch overflowed L2).
+# registers (one bulk prefetch a tile), not the whole slice at once (which past some 24 MiB of logits a launch
+# overflowed L2).
 # Measured on the H200 (decode_topk_ab_h200.json: running_prefetch_ab, one process, rotated inputs): FP32 64 x 256K on
 # the 2-CTA twin k2048 35.84 -> 30.70 us (with refined_floor), 8 x 1M on 8 CTAs 4-9 % faster, BF16 64 x 256K 14.5-22.5 %
 # and 8 x 1M 8-10 %, 1 x 1M on 16 CTAs 2-5 %; the rest within 2 %. Two to four tiles ahead within 1 %.
@@ -1371,9 +1372,9 @@ class DecodeTopK:
     def step1_tiles_raw(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
                         rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor, rkeys: cute.Tensor,
                         s_tl: cute.Pointer, table: Int32):
-        """step1_tiles' loop on a BF16 slice of more than two tiles (raw_bins; its loads primed; FP32: step1_tiles_bulk):
-        the histogram by raw-order bins (raw_group_bins), then put in key order. No keys stay in registers: the gather
-        re-reads the slice.
+        """step1_tiles' loop on a BF16 slice of more than two tiles (raw_bins; its loads primed; FP32:
+        step1_tiles_bulk): the histogram by raw-order bins (raw_group_bins), then put in key order. No keys stay in
+        registers: the gather re-reads the slice.
         (Measured slower on 8 and 16 CTAs, decode_topk_ab_h200.json: raw_bins_ab: three tiles an iteration in three
         register sets, none moved, 1.5-9.5 %; loads three or four tiles ahead, 1-3 % and 2-9 %.)"""
         T = self.threads
