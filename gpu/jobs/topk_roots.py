@@ -211,7 +211,14 @@ TWINMIN_CASES = tuple(
                                   ("bf16", 4, 8, 65536, 2048), ("f32", 4, 24, 32768, 512))
     for twin in ("", "_full_sm")
 )
-CASE_SETS = {"long": LONG_CASES, "routed": ROUTED_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+# TOPK_ROOTS_CASES=rows8: 8 rows of 32K-64K (the indexer's 8 x 64K) on the 8-CTA kernel beside the 4-CTA one and its
+# one-CTA-an-SM twin (four tiles a CTA: raw bins, the table and the refined floor instead of two tiles in registers).
+ROWS8_CASES = tuple(
+    (f"decode_topk_{d}_token_{kernel}", 8, length, k)
+    for d, length, k in (("f32", 65536, 512), ("f32", 65536, 2048), ("bf16", 65536, 512), ("f32", 32768, 512))
+    for kernel in ("c8", "c4_full_sm", "c4")
+)
+CASE_SETS = {"long": LONG_CASES, "rows8": ROWS8_CASES, "routed": ROUTED_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c9": C9_CASES, "table_gate": TABLE_GATE_CASES, "c8to11": C8TO11_CASES}
 
