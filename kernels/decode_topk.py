@@ -1454,10 +1454,10 @@ class DecodeTopK:
             t = Int32(Uint32(gb - g_lo) // Uint32(T))
             if (tid == 0) & (t > 0):
                 prev = t - 1
-                ptx.mbarrier_wait_parity(self.bulk_bars(staging, prev % S, True), (prev // S) & 1)
+                ptx.mbarrier_wait_parity(self.bulk_bars(staging, prev % S, True), (prev // S) & 1, cluster=False)
                 self.bulk_tile(row_addr, g_lo, g_hi, row_end, staging, prev + S)
             stage = t % S
-            ptx.mbarrier_wait_parity(self.bulk_bars(staging, stage, False), (t // S) & 1)
+            ptx.mbarrier_wait_parity(self.bulk_bars(staging, stage, False), (t // S) & 1, cluster=False)
             src = staging + stage * self.tile_bytes + tid * (8 * self.elem_bytes)
             rraw[0], rraw[1], rraw[2], rraw[3] = ptx.ld_shared_v4_u32(src)
             if const_expr(self.dtype == "f32"):

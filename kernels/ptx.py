@@ -283,11 +283,14 @@ def mbarrier_inval(addr: Int32, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def mbarrier_wait_parity(addr: Int32, parity, *, loc=None, ip=None) -> None:
-    """Spin until the mbarrier's phase with this parity has completed (acquire, cluster scope)."""
+def mbarrier_wait_parity(addr: Int32, parity, cluster: bool = True, *, loc=None, ip=None) -> None:
+    """Spin until the mbarrier's phase with this parity has completed (acquire at cluster scope, for what peers
+    wrote; cluster=False: CTA scope, enough for this CTA's threads and its own bulk copies, and no L1 invalidation
+    (CCTL.IVALL) at every wait)."""
+    scope = "cluster" if cluster else "cta"
     _asm(None, [_i32(addr), _i32(parity)],
          "{\n.reg .pred p;\nLAB_WAIT:\n"
-         "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$0], $1;\n"
+         f"mbarrier.try_wait.parity.acquire.{scope}.shared::cta.b64 p, [$0], $1;\n"
          "@!p bra LAB_WAIT;\n}", "r,r")
 
 
