@@ -1466,7 +1466,7 @@ class DecodeTopK:
             self.raw_tile(gb + tid, gb, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table)
         self.raw_bins_to_key_order(s_hist)  # (its first barrier: every thread is past its waits)
         if tid < 2 * S:
-            ptx.mbarrier_inval(staging + S * self.tile_bytes + tid * 8)
+            ptx.mbarrier_inval(self.bulk_bars(staging, tid, False))  # (full ones, then empty ones: bulk_bars' order)
 
     def table_key(self, rkeys: cute.Tensor) -> Uint32:
         """The top TABLE_KEY_BITS of a group's largest key (step 1's table entry; traced inline)."""
@@ -1680,8 +1680,8 @@ class DecodeTopK:
                      out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: int = 0, rkeep=None):
         """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
         re-read of its slice; the items of the threshold bin from key lo on (its floor, or refined_floor's) to
-        (list_base, idx_delta, staged) as in gather_group. resident 1: the slice is one tile whose items step 1 left in rkeys; 2: two tiles,
-        the first in rkeep, the second in rkeys (none read)."""
+        (list_base, idx_delta, staged) as in gather_group. resident 1: the slice is one tile whose items step 1 left
+        in rkeys; 2: two tiles, the first in rkeep, the second in rkeys (none read)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         hi = self.bin_ceiling(lo)
