@@ -270,18 +270,19 @@ class DecodeTopK:
         self.refine_floor = REFINED_FLOOR and table_tiles > 0 and 1 < cluster <= REFINE_MAX_CLUSTER
         # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
-        experiment = os.environ.get("DECODE_TOPK_EXPERIMENT", "")
-        self.timeline = experiment in ("timeline", "timeline_step1", "timeline_gather", "timeline_refine")
+        # (DECODE_TOPK_EXPERIMENT: a comma-separated set of the switches below.)
+        experiment = set(os.environ.get("DECODE_TOPK_EXPERIMENT", "").split(","))
+        self.timeline = bool(experiment & {"timeline", "timeline_step1", "timeline_gather", "timeline_refine"})
         # timeline_step1: marks 13 and 14 split step 1's first CTA tile (its loads landed, its histogram
         # atomics issued) instead of CTA 0's finish rounds.
-        self.step1_marks = experiment == "timeline_step1"
-        # timeline_gather: marks 13 and 14 split the marked gather (gather_marked: its table read, its
-        # compaction) instead of CTA 0's finish rounds.
-        self.gather_marks = experiment == "timeline_gather"
+        self.step1_marks = "timeline_step1" in experiment
+        # timeline_gather: marks 13, 14 and 15 split the marked gather (gather_marked: its table read, its
+        # compaction, its rounds; then a refined CTA's staged copy) instead of CTA 0's finish rounds.
+        self.gather_marks = "timeline_gather" in experiment
         # timeline_refine: marks 13 and 14 split refined_floor (its table pass, its barrier and sums).
-        self.refine_marks = experiment == "timeline_refine"
+        self.refine_marks = "timeline_refine" in experiment
         # clustered_finish: the cluster-wide finish (finish_clustered) wherever the gathered one would run.
-        self.force_clustered = experiment == "clustered_finish"
+        self.force_clustered = "clustered_finish" in experiment
         if self.timeline:
             self.cap -= self.warps * LIST_VEC  # room for the 16 marks in the same shared memory
         # Step 1's bulk-copy stages (raw-bin tiles), then a full and an empty mbarrier each, in the list's room: the
@@ -1414,9 +1415,10 @@ class DecodeTopK:
         return staging + self.bulk_stages * self.tile_bytes + ((self.bulk_stages if empty else 0) + stage) * 8
 
     @cute.jit
-    def bulk_tile(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, staging: Int32, t: Int32):
-        """One thread: the slice's tile t (nothing past the slice) into its stage by one bulk copy, clipped to row_end
-        (rounded up to 16 bytes: still inside the row, whose stride is a multiple of 16 bytes)."""
+    def bulk_tile(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, staging: Int32, t: Int32,
+                  stage: Int32):
+        """One thread: the slice's tile t (nothing past the slice) into its stage (t % bulk_stages) by one bulk copy,
+        clipped to row_end (rounded up to 16 bytes: still inside the row, whose stride is a multiple of 16 bytes)."""
         T = self.threads
         g0 = g_lo + t * T
         if g0 < g_hi:
@@ -1424,7 +1426,6 @@ class DecodeTopK:
             end = Int32(sel(g1 * 8 < row_end, g1 * 8, row_end))
             lo = g0 * 8 * self.elem_bytes
             nbytes = (end * self.elem_bytes + 15) // 16 * 16 - lo
-            stage = t % self.bulk_stages
             full = self.bulk_bars(staging, stage, False)
             ptx.mbarrier_arrive_expect_tx(full, nbytes)
             ptx.bulk_copy_global_to_shared(staging + stage * self.tile_bytes, row_addr + Int64(lo), nbytes, full)
@@ -1439,7 +1440,7 @@ class DecodeTopK:
             ptx.mbarrier_init(self.bulk_bars(staging, q, True), self.threads)
         ptx.fence_mbarrier_init_cluster()
         for q in cutlass.range_constexpr(S):
-            self.bulk_tile(row_addr, g_lo, g_hi, row_end, staging, Int32(q))
+            self.bulk_tile(row_addr, g_lo, g_hi, row_end, staging, Int32(q), Int32(q))
 
     @cute.jit
     def step1_tiles_bulk(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
@@ -1450,20 +1451,29 @@ class DecodeTopK:
         T = self.threads
         S = self.bulk_stages
         tid = cute.arch.thread_idx()[0]
+        # The tile's stage and mbarrier phase, and the previous tile's, carried from tile to tile (t % S and t // S
+        # would take a division by S each).
+        stage = Int32(0)
+        phase = Int32(0)
+        prev_stage = Int32(S - 1)
+        prev_phase = Int32(1)
         for gb in cutlass.range(g_lo, g_hi, T):
             t = Int32(Uint32(gb - g_lo) // Uint32(T))
             if (tid == 0) & (t > 0):
-                prev = t - 1
-                ptx.mbarrier_wait_parity(self.bulk_bars(staging, prev % S, True), (prev // S) & 1, cluster=False)
-                self.bulk_tile(row_addr, g_lo, g_hi, row_end, staging, prev + S)
-            stage = t % S
-            ptx.mbarrier_wait_parity(self.bulk_bars(staging, stage, False), (t // S) & 1, cluster=False)
+                ptx.mbarrier_wait_parity(self.bulk_bars(staging, prev_stage, True), prev_phase, cluster=False)
+                self.bulk_tile(row_addr, g_lo, g_hi, row_end, staging, t - 1 + S, prev_stage)
+            ptx.mbarrier_wait_parity(self.bulk_bars(staging, stage, False), phase, cluster=False)
             src = staging + stage * self.tile_bytes + tid * (8 * self.elem_bytes)
             rraw[0], rraw[1], rraw[2], rraw[3] = ptx.ld_shared_v4_u32(src)
             if const_expr(self.dtype == "f32"):
                 rraw[4], rraw[5], rraw[6], rraw[7] = ptx.ld_shared_v4_u32(src + 16)
             ptx.mbarrier_arrive(self.bulk_bars(staging, stage, True))
             self.raw_tile(gb + tid, gb, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table)
+            prev_stage = stage
+            prev_phase = phase
+            wrap = stage == S - 1
+            stage = Int32(sel(wrap, Int32(0), stage + 1))
+            phase = phase ^ sel(wrap, Int32(1), Int32(0))
         self.raw_bins_to_key_order(s_hist)  # (its first barrier: every thread is past its waits)
         if tid < 2 * S:
             ptx.mbarrier_inval(self.bulk_bars(staging, tid, False))  # (full ones, then empty ones: bulk_bars' order)
@@ -1740,6 +1750,8 @@ class DecodeTopK:
             else:
                 self.gather_rest(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
                                  out_row, rraw, rkeys, s_table, s_tl, tiles, rnext)
+        if const_expr(self.gather_marks):
+            self.mark(s_tl, 15)
 
     @cute.jit
     def finish_low_bits(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, krem: Int32,

@@ -32,7 +32,8 @@ def main() -> int:
     if quick:  # both dtypes and modes, a cluster (list path), a single CTA (global-memory path on "equal"), both step 1s
         combos = [("f32", torch.float32, False, 2, 40003), ("bf16", torch.bfloat16, True, 1, 40003),
                   ("f32", torch.float32, False, 1, 110003), ("f32", torch.float32, False, "row", contract.ROW_MAX_WIDTH - 5),
-                  ("bf16", torch.bfloat16, True, "row", 5003), ("bf16", torch.bfloat16, False, "twin2", 110003)]
+                  ("bf16", torch.bfloat16, True, "row", 5003), ("bf16", torch.bfloat16, False, "twin2", 110003),
+                  ("f32", torch.float32, False, "twin2", 110003)]  # (FP32 twin: step 1's bulk copies)
     for dtype, tdtype, block_mode, cluster, width in combos:
         if True:
             if True:

@@ -67,7 +67,7 @@ INDEXER_SIZES = ((64, 8192), (8, 8192), (1, 8192), (8, 65536))
 # TOPK_TIMELINE_MARKS=step1: builds with DECODE_TOPK_EXPERIMENT=timeline_step1, whose marks 13 and 14 split step 1's
 # first CTA tile (its loads landed, its histogram atomics issued) instead of CTA 0's finish rounds.
 STEP1_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "step1"
-# TOPK_TIMELINE_MARKS=gather: builds with DECODE_TOPK_EXPERIMENT=timeline_gather, whose marks 13 and 14 split the
+# TOPK_TIMELINE_MARKS=gather: builds with DECODE_TOPK_EXPERIMENT=timeline_gather, whose marks 13, 14 and 15 split the
 # marked gather (gather_marked) of a CTA-tile slice: its table read, its compaction, then its rounds.
 GATHER_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "gather"
 # TOPK_TIMELINE_MARKS=refine: builds with DECODE_TOPK_EXPERIMENT=timeline_refine, whose marks 13 and 14 split the
@@ -91,8 +91,12 @@ def phases(marks):
                     "refine: to pass end": d(14, 5)})
         m[13] = m[14] = 0
     if GATHER_MARKS and m[14]:
-        out.update({"gather: table read": d(12, 13), "gather: compaction": d(13, 14), "gather: rounds": d(14, 5)})
-        m[13] = m[14] = 0
+        # (mark 15: the pass's end, before a refined CTA's staged copy to CTA 0)
+        end = 15 if m[15] else 5
+        out.update({"gather: table read": d(12, 13), "gather: compaction": d(13, 14), "gather: rounds": d(14, end)})
+        if m[15]:
+            out["gather: staged copy"] = d(15, 5)
+        m[13] = m[14] = m[15] = 0
     if m[5]:
         if m[12]:  # a listed CTA: the pushes pass, then its warps' output-slot reservation (a CTA without a
             # list, a short slice: its slot reservation (4 -> 12), then its pass (12 -> 5), under the same names)
