@@ -42,7 +42,8 @@ Gathered finish (when that bin's items fit behind CTA 0's list): every CTA pushe
         block-local radix rounds over the remaining key bits, then over the inverted
         index (exact ties go to the lower index; up to TIE_RANK_MAX ties are ranked
         directly instead), and writes them. Where refined_floor applies (CTA-tile slices on 2-8 CTAs,
-        one barrier after a pass over the table), only the bin's items from its floor up are taken:
+        one barrier after a pass over the table; on full FP32 launches of long slices, the counts step 1 kept
+        in a window around the bin instead: refine_window), only the bin's items from its floor up are taken:
         staged at the end of each CTA's own list, then copied behind one add on CTA 0's counter.
         BF16 token mode on 8 and 16 CTAs, where every CTA ran step 1
         by tiles and can stage its items of the bin (finish_low_bits): no pushes and no finish on CTA 0; the
@@ -152,6 +153,20 @@ GATHER_STAGE_MIN_CLUSTER = 16
 # 8 CTAs: 8-10 % slower) and 16 CTAs (1 x 256K k2048 4 % slower) keep the whole bin.
 TABLE_KEY_BITS = 16
 REFINED_FLOOR = True
+# On bulk-copied slices (FP32) with refined_floor, step 1 also counts the groups' maxima (their table entries) in a
+# window of REFINE_WINDOW_BINS first-digit bins by their next 5 bits, placed around the bin where the slice's first
+# tile reaches its expected share of the row's k (refine_window_base). Where every CTA's window holds the threshold
+# bin, refined_floor sums the peers' counts of it through distributed shared memory: no pass over the table, no
+# cluster barrier. Else the table pass as before. Only where step 1 waits on memory, not on its own work, and the
+# refined floor is likely: launches of at least REFINE_WINDOW_MIN_CTAS CTAs, slices of at least
+# REFINE_WINDOW_MIN_TILES tiles, k of at least 256 a CTA (the window costs the tile loop a few instructions a tile and
+# three CTA barriers), the loop compiled with and without it. Measured on the H200 (decode_topk_ab_h200.json:
+# refine_window_ab): 64 x 256K FP32 on the 2-CTA twin 4.3-4.6 % faster (k2048 28.48 -> 27.18 us), the rest within
+# -2.0..+1.4 %; on every launch it cost 5-7 % where the refined floor does not apply (k512 on 8 CTAs) and 4-6 % on
+# half-wave launches, a test a tile 1-2.6 %.
+REFINE_WINDOW_BINS = 8
+REFINE_WINDOW_MIN_CTAS = 100
+REFINE_WINDOW_MIN_TILES = 16
 REFINE_MIN_ITEMS_A_CTA = 512
 REFINE_MIN_BIN_RATIO = 4
 REFINE_MAX_CLUSTER = 8
@@ -291,6 +306,9 @@ class DecodeTopK:
         # (None in the row kernel: no list, and no step 1 by tiles.)
         with_bulk = dtype in STEP1_BULK_DTYPES and self.raw_bins and list_capacity > 0
         self.bulk_stages = STEP1_BULK_BYTES // self.tile_bytes if with_bulk else 0
+        # refine_window: step 1's counts of the groups' maxima around the threshold bin (REFINE_WINDOW_BINS).
+        self.refine_window = self.refine_floor and self.bulk_stages > 0
+        assert REFINE_MAX_CLUSTER <= 8  # (the window bases: s_peer[24, 32))
         assert self.bulk_stages == 0 or (self.bulk_stages * (self.tile_bytes + 16) <= 2 * self.cap * 4
                                          and self.cap * 4 % 16 == 0)
         assert PREFETCH_PIECE_BYTES // (8 * self.elem_bytes) * threads >= warp_min_groups  # one piece a thread
@@ -310,13 +328,16 @@ class DecodeTopK:
                   ("misc", 16),
                   ("warp", 32),
                   # Written by the peers: [r] CTA r's k-th largest bin after step 1, [16] CTA 0's list
-                  # length, [32 + r] CTA r's highest nonempty bin. This CTA's own (low_bits_finish): [17] the
-                  # largest CTA count of the first digit's bin, [18, 24) finish_low_bits' sums.
+                  # length, [24 + r] CTA r's refine window (refine_window_base), [32 + r] CTA r's highest nonempty
+                  # bin. This CTA's own (low_bits_finish): [17] the largest CTA count of the first digit's bin,
+                  # [18, 24) finish_low_bits' sums.
                   ("peer", 48),
                   ("key", self.cap),
                   ("idx", self.cap)]
         if self.table_tiles:
             arrays.append(("table", self.table_words))
+            # refine_window's counts (every variant with a table has the room: the contract's STEP1_TABLE_BYTES).
+            arrays.append(("window", REFINE_WINDOW_BINS * 32))
         if self.timeline:
             arrays.append(("marks", 16))
         return arrays
@@ -1290,8 +1311,10 @@ class DecodeTopK:
     @cute.jit
     def step1_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32,
                     s_hist: cute.Pointer, rraw: cute.Tensor, rnext: cute.Tensor, rnext2: cute.Tensor,
-                    rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, staging: Int32, rkeep=None):
-        """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list.
+                    rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, staging: Int32, k: Int32,
+                    s_scan: cute.Pointer, s_misc: cute.Pointer, s_win: cute.Pointer, windowed, rkeep=None) -> Int32:
+        """Step 1 of a short slice by CTA-wide tiles: the first digit's histogram of every item, no list. Returns
+        refine_window's first bin (step1_tiles_bulk, where `windowed`), or -1 for a slice without a table.
         With rkeep, the first tile's keys stay there (the last tile's are in rkeys). staging: the shared address of the
         bulk-copy stages (step1_tiles_bulk; the candidate list's room). With a table (table_tiles),
         group g's table_key goes to its half-word (table_entry, from shared address `table`) for gather_marked.
@@ -1331,9 +1354,20 @@ class DecodeTopK:
         if not (raw_bins and self.bulk_stages > 0):
             self.prime_loads(row_addr, g_lo + tid, T, g_hi, row_end, rnext, rnext2)
         cute.arch.sync_threads()  # the kernel's zeroing of the histograms, before any atomic (and the mbarriers)
+        window = Int32(-1)  # refine_window's first bin (-1: no table; -2: no window)
         if raw_bins:
             if const_expr(self.bulk_stages > 0):
-                self.step1_tiles_bulk(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table, staging)
+                if const_expr(self.refine_window):
+                    # The loop compiled with and without the window (a test a tile cost the latter 1-2.6 %).
+                    if windowed:
+                        window = self.step1_tiles_bulk(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl,
+                                                       table, staging, k, s_scan, s_misc, s_win, True)
+                    else:
+                        window = self.step1_tiles_bulk(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl,
+                                                       table, staging, k, s_scan, s_misc, s_win, False)
+                else:
+                    window = self.step1_tiles_bulk(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table,
+                                                   staging, k, s_scan, s_misc, s_win, False)
             else:
                 self.step1_tiles_raw(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl, table)
         else:
@@ -1368,6 +1402,7 @@ class DecodeTopK:
                         for j in cutlass.range_constexpr(self.items):
                             rkeep[j] = rkeys[j]
                 self.step1_mark(s_tl, 14, gb == g_lo)
+        return window
 
     @cute.jit
     def step1_tiles_raw(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
@@ -1391,7 +1426,8 @@ class DecodeTopK:
     @cute.jit
     def raw_tile(self, g: Int32, gb: Int32, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
                  rraw: cute.Tensor, rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32):
-        """One raw-bin tile of step 1 (thread's group g of tile gb, its raw bits in rraw): histogram and table."""
+        """One raw-bin tile of step 1 (thread's group g of tile gb, its raw bits in rraw): histogram and table.
+        Returns the group's table entry."""
         tid = cute.arch.thread_idx()[0]
         top = Uint32(0)
         if (g < g_hi) & (g * 8 + 8 <= row_end):  # a whole group (every group but a row's last)
@@ -1409,6 +1445,7 @@ class DecodeTopK:
             t = Int32(Uint32(gb - g_lo) // Uint32(self.threads))
             ptx.st_shared_u16(self.table_entry(table, t, tid), top)
         self.step1_mark(s_tl, 14, gb == g_lo)
+        return top
 
     def bulk_bars(self, staging: Int32, stage, empty: bool) -> Int32:
         """Shared address of a bulk stage's full (or empty) mbarrier, behind the stages (traced inline)."""
@@ -1444,10 +1481,15 @@ class DecodeTopK:
 
     @cute.jit
     def step1_tiles_bulk(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, s_hist: cute.Pointer,
-                         rraw: cute.Tensor, rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, staging: Int32):
+                         rraw: cute.Tensor, rkeys: cute.Tensor, s_tl: cute.Pointer, table: Int32, staging: Int32,
+                         k: Int32, s_scan: cute.Pointer, s_misc: cute.Pointer, s_win: cute.Pointer,
+                         windowed: bool) -> Int32:
         """step1_tiles_raw's loop with the tiles in shared memory (bulk_stages stages, started by start_bulk_tiles):
         each thread waits for its tile's stage, reads its group, and arrives on the stage's empty barrier; thread 0
-        refills the previous tile's stage once every thread has read it. The mbarriers end with the loop."""
+        refills the previous tile's stage once every thread has read it. The mbarriers end with the loop.
+        With refine_window and `windowed` (compile-time; the same choice on every CTA of the cluster), the first tile
+        places the window (refine_window_base, returned; else -2: no window) and every group's table entry in it is
+        counted there."""
         T = self.threads
         S = self.bulk_stages
         tid = cute.arch.thread_idx()[0]
@@ -1457,6 +1499,7 @@ class DecodeTopK:
         phase = Int32(0)
         prev_stage = Int32(S - 1)
         prev_phase = Int32(1)
+        window = Int32(-2)
         for gb in cutlass.range(g_lo, g_hi, T):
             t = Int32(Uint32(gb - g_lo) // Uint32(T))
             if (tid == 0) & (t > 0):
@@ -1468,7 +1511,13 @@ class DecodeTopK:
             if const_expr(self.dtype == "f32"):
                 rraw[4], rraw[5], rraw[6], rraw[7] = ptx.ld_shared_v4_u32(src + 16)
             ptx.mbarrier_arrive(self.bulk_bars(staging, stage, True))
-            self.raw_tile(gb + tid, gb, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table)
+            top = self.raw_tile(gb + tid, gb, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table)
+            if const_expr(self.refine_window and windowed):
+                if t == 0:
+                    window = self.refine_window_base(g_lo, g_hi, row_end, k, s_hist, s_scan, s_misc)
+                d = Int32(top) - (window << Int32(TABLE_KEY_BITS - self.digits[0]))
+                ptx.red_shared_add_if(smem_addr(s_win) + d * 4, Int32(1),
+                                      sel(Uint32(d) < Uint32(REFINE_WINDOW_BINS * 32), Int32(1), Int32(0)))
             prev_stage = stage
             prev_phase = phase
             wrap = stage == S - 1
@@ -1477,6 +1526,41 @@ class DecodeTopK:
         self.raw_bins_to_key_order(s_hist)  # (its first barrier: every thread is past its waits)
         if tid < 2 * S:
             ptx.mbarrier_inval(self.bulk_bars(staging, tid, False))  # (full ones, then empty ones: bulk_bars' order)
+        return window
+
+    @cute.jit
+    def refine_window_base(self, g_lo: Int32, g_hi: Int32, row_end: Int32, k: Int32, s_hist: cute.Pointer,
+                           s_scan: cute.Pointer, s_misc: cute.Pointer) -> Int32:
+        """After the slice's first tile (its histogram in raw order): refine_window's first bin, REFINE_WINDOW_BINS / 2
+        below the highest first-digit bin from which the tile holds e + 8 items, e its expected share of the k /
+        cluster items the slice gives the row (that bin's neighbourhood holds the row's threshold bin but for a
+        slice unlike its first tile). Three CTA barriers; misc[12] (free in the tile loop) carries the bin."""
+        T = self.threads
+        tid = cute.arch.thread_idx()[0]
+        cute.arch.sync_threads()  # the first tile's histogram adds
+        # Key bins 4t .. 4t + 3, as in raw_bins_to_key_order (negative values: raw bins in reverse).
+        pos = tid * 4 >= 1024
+        src = sel(pos, tid * 4 - 1024, 2044 - tid * 4)
+        v0, v1, v2, v3 = ptx.ld_shared_v4_u32(smem_addr(s_hist + src))
+        bins = [Int32(sel(pos, v, w)) for v, w in ((v0, v3), (v1, v2), (v2, v1), (v3, v0))]
+        own = bins[0] + bins[1] + bins[2] + bins[3]
+        incl, total = self.block_scan(own, s_scan)
+        items = Int32(sel(g_hi * 8 < row_end, g_hi * 8, row_end)) - g_lo * 8
+        want = (T * 8 * k + self.cluster * items - 1) // (self.cluster * items) + 8
+        above = total - incl  # the tile's items in the bins above this thread's
+        if (above < want) & (above + own >= want):  # the thread whose bins reach want
+            b = Int32(-1)
+            for j in cutlass.range_constexpr(3, -1, -1):
+                b = sel((b < 0) & (above + bins[j] >= want), tid * 4 + j, b)
+                above = above + bins[j]
+            b = b - REFINE_WINDOW_BINS // 2
+            cute.arch.store(s_misc + 12, sel(b > 0, b, Int32(0)))
+        cute.arch.sync_threads()
+        window = cute.arch.load(s_misc + 12, Int32)  # (0 where the tile holds fewer: the lowest bins)
+        cute.arch.sync_threads()  # every read before the store below
+        if tid == 0:
+            cute.arch.store(s_misc + 12, Int32(0))  # (zero again, as the kernel's start left it)
+        return window
 
     def table_key(self, rkeys: cute.Tensor) -> Uint32:
         """The top TABLE_KEY_BITS of a group's largest key (step 1's table entry; traced inline)."""
@@ -1950,18 +2034,52 @@ class DecodeTopK:
 
     @cute.jit
     def refined_floor(self, b0: Uint32, krem: Int32, with_table, table: Int32, n_tiles: Int32,
-                      counts: cute.Pointer, s_tl: cute.Pointer) -> Uint32:
+                      counts: cute.Pointer, s_tl: cute.Pointer, s_peer: cute.Pointer, s_win: cute.Pointer) -> Uint32:
         """The key from which the gathered finish takes threshold-bin items (refined_floor): bin b0's floor raised by
         the table's next 5 bits. A group whose largest key is in b0 holds an item at least that large, distinct from
         the items above the bin, so once krem groups' maxima reach a sub-bin (summed over the cluster), so does the
         krem-th largest item of the bin: every item it needs is at or above that sub-bin's floor.
 
-        with_table: this CTA's slice has a table (more than two tiles); it adds its groups' maxima in b0 into the
-        32 counts (zeroed at the kernel's start). Every CTA of the cluster then passes one cluster barrier (its
-        release orders the adds before the peers' reads), and every warp sums the counts itself (no CTA barrier)."""
+        The counts: where every CTA's refine window holds b0 (refine_window), each warp sums the peers' window counts
+        of b0 through distributed shared memory (final since the first digit's cluster barrier); else table_counts
+        (with_table: this CTA's slice has a table, more than two tiles; counts zeroed at the kernel's start)."""
         tid = cute.arch.thread_idx()[0]
         lane = cute.arch.lane_idx()
         base = b0 << Uint32(TABLE_KEY_BITS - self.digits[0])  # bin b0's first table entry
+        windowed = False
+        if const_expr(self.refine_window):
+            # Every CTA's window (s_peer[24 + r]; -1: no table, nothing to add; -2: none) holds bin b0: the same
+            # decision on every CTA.
+            windowed = True
+            for r in cutlass.range_constexpr(self.cluster):
+                w = cute.arch.load(s_peer + 24 + r, Int32)
+                holds = (w >= 0) & (Int32(b0) >= w) & (Int32(b0) < w + REFINE_WINDOW_BINS)
+                windowed = windowed & ((w == -1) | holds)
+        total = Int32(0)
+        if windowed:
+            if const_expr(self.refine_window):
+                for r in cutlass.range_constexpr(self.cluster):
+                    w = cute.arch.load(s_peer + 24 + r, Int32)
+                    if w >= 0:
+                        at = smem_addr(s_win) + ((Int32(b0) - w) * 32 + lane) * 4
+                        total = total + Int32(ptx.ld_cluster_u32(ptx.mapa_shared(at, Int32(r))))
+        else:
+            total = self.table_counts(base, with_table, table, n_tiles, counts, s_tl)
+        # Lanes are sub-bins, the largest last: the maxima at or above each lane's, non-increasing over the lanes.
+        enough = Uint32(cute.arch.vote_ballot_sync(self.warp_suffix_scan(total) >= krem))
+        top = Uint32(sel(enough != Uint32(0), Uint32(31) - Uint32(cute.arch.clz(enough)), Uint32(0)))
+        if const_expr(self.refine_marks):
+            self.mark(s_tl, 14)
+        return (base + top) << Uint32(self.key_bits - TABLE_KEY_BITS)
+
+    @cute.jit
+    def table_counts(self, base: Uint32, with_table, table: Int32, n_tiles: Int32, counts: cute.Pointer,
+                     s_tl: cute.Pointer) -> Int32:
+        """refined_floor's counts without a window: this CTA's groups' maxima in the bin from `base` on, by their
+        next 5 bits, added into the 32 counts; one cluster barrier (its release orders the adds before the peers'
+        reads), then this lane's sub-bin summed over the cluster by every warp itself (no CTA barrier)."""
+        tid = cute.arch.thread_idx()[0]
+        lane = cute.arch.lane_idx()
         if with_table:
             # One predicated add an entry (timeline_refine: 2.5-2.9K cycles for 32 tiles, about the same with the
             # entries in the bin picked out first, and 3.2K as a loop of two entries an iteration).
@@ -1981,12 +2099,7 @@ class DecodeTopK:
         total = Int32(0)
         for r in cutlass.range(self.cluster, unroll=8):
             total = total + Int32(ptx.ld_cluster_u32(ptx.mapa_shared(smem_addr(counts + lane), r)))
-        # Lanes are sub-bins, the largest last: the maxima at or above each lane's, non-increasing over the lanes.
-        enough = Uint32(cute.arch.vote_ballot_sync(self.warp_suffix_scan(total) >= krem))
-        top = Uint32(sel(enough != Uint32(0), Uint32(31) - Uint32(cute.arch.clz(enough)), Uint32(0)))
-        if const_expr(self.refine_marks):
-            self.mark(s_tl, 14)
-        return (base + top) << Uint32(self.key_bits - TABLE_KEY_BITS)
+        return total
 
     def entries_at_least(self, word: Uint32, floor: Uint32) -> Uint32:
         """Bits 0 and 1: whether the word's low and high table entries are at least floor (traced inline). Each
@@ -2225,6 +2338,7 @@ class DecodeTopK:
         s_peer, s_key, s_idx = s["peer"], s["key"], s["idx"]
         s_tl = s.get("marks", s_misc)
         s_table = s.get("table", s_misc)  # (s_misc: a placeholder where there is no table, never used)
+        s_win = s.get("window", s_misc)
         self.mark(s_tl, 0)
         rkeys = cute.make_rmem_tensor(8, Uint32)
         rraw = cute.make_rmem_tensor(8, Uint32)
@@ -2251,6 +2365,9 @@ class DecodeTopK:
         self.zero_bins(s_hist, 2 * self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
+        if const_expr(self.refine_window):
+            if tid < REFINE_WINDOW_BINS * 32:
+                cute.arch.store(s_win + tid, Int32(0))
         self.wait_for_inputs()
         row_end, n_groups, n_items, out_row, row_addr = self.row_span(logits, row_ends, out, row, width, stride,
                                                                       out_stride)
@@ -2281,9 +2398,14 @@ class DecodeTopK:
                 # (the pushes after step 1 wait on this phase).
                 cute.arch.cluster_arrive_relaxed()
             short = self.step1_by_tiles(g_hi - g_lo)
+            window = Int32(-1)  # refine_window's first bin (no table: -1)
             if short:
-                self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
-                                 smem_addr(s_table), smem_addr(s_key), rkeep if keep_two else None)
+                # (the same on every CTA: per is the first CTA's slice)
+                windowed = (cute.arch.grid_dim()[0] >= REFINE_WINDOW_MIN_CTAS) & (
+                    per >= REFINE_WINDOW_MIN_TILES * T) & (k >= 256 * C)
+                window = self.step1_tiles(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl,
+                                          smem_addr(s_table), smem_addr(s_key), k, s_scan, s_misc, s_win, windowed,
+                                          rkeep if keep_two else None)
                 ok = Int32(0)
             else:
                 n_list, ok = self.step1_warp(row_addr, g_lo, g_hi, row_end, k, s_hist, s_key, s_idx, s_warp, s_scan,
@@ -2317,6 +2439,8 @@ class DecodeTopK:
                     ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 32 + rank), tid), top)
                     if rank == 0:
                         ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 16), tid), list_len)
+                    if const_expr(self.refine_window):
+                        ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 24 + rank), tid), window)
             b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32,
                                                               s_misc, floors=s_peer)
             krem = k - above0
@@ -2383,7 +2507,7 @@ class DecodeTopK:
                             if refine:
                                 lo = self.refined_floor(Uint32(b0), krem, g_hi - g_lo > 2 * T, smem_addr(s_table),
                                                         (g_hi - g_lo + T - 1) // T, s_hist + 2 * self.bins - 32,
-                                                        s_tl)
+                                                        s_tl, s_peer, s_win)
                             # The items from lo on are staged at the end of this CTA's own list (the slots of the
                             # bin's count before it: none that CTA 0's list takes), then copied densely behind a
                             # reservation on CTA 0's counter (misc[15]), as many as there are.

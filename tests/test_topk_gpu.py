@@ -361,6 +361,26 @@ def test_refined_floor_with_ties_at_its_sub_bins(dtype):
             _check(logits, ends, out, k, False)
 
 
+def test_refine_window_or_table_pass():
+    """FP32 rows whose gathered finish takes the refined floor on the variants that count the groups' maxima in a
+    window during step 1 (the 2-CTA twin, 8 CTAs): plain rows (every window holds the threshold bin), rows whose
+    first CTA's first tile is raised by 4 (its window lies above the bin: the table pass serves) and rows whose second
+    CTA's first tile is lowered by 4 (its window lies below), with a clipped row end. Exact."""
+    from runtime import topk
+
+    for rows, width in ((64, 262144), (8, 1 << 20)):
+        for k in (1024, 2048):
+            logits = _logits(rows, width, torch.float32, seed=width + k + 7)
+            cluster = topk.decode_topk_plan(logits, rows, k, False)[1]
+            second = -(-(width // 8) // cluster) * 8  # the second CTA's first column
+            logits[1::4, :4096] += 4.0
+            logits[2::4, second: second + 4096] -= 4.0
+            ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+            ends[3] = width - 3
+            out = _run(logits, ends, k, False)
+            _check(logits, ends, out, k, False)
+
+
 def _max_active_clusters(name):
     import runtime
 
