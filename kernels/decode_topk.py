@@ -75,6 +75,7 @@ above resolves its bin; no cluster, no list of step 1, no re-read.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import cutlass
@@ -1357,17 +1358,16 @@ class DecodeTopK:
         window = Int32(-1)  # refine_window's first bin (-1: no table; -2: no window)
         if raw_bins:
             if const_expr(self.bulk_stages > 0):
+                bulk = functools.partial(self.step1_tiles_bulk, row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys,
+                                         s_tl, table, staging, k, s_scan, s_misc, s_win)
                 if const_expr(self.refine_window):
                     # The loop compiled with and without the window (a test a tile cost the latter 1-2.6 %).
                     if windowed:
-                        window = self.step1_tiles_bulk(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl,
-                                                       table, staging, k, s_scan, s_misc, s_win, True)
+                        window = bulk(True)
                     else:
-                        window = self.step1_tiles_bulk(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl,
-                                                       table, staging, k, s_scan, s_misc, s_win, False)
+                        window = bulk(False)
                 else:
-                    window = self.step1_tiles_bulk(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rkeys, s_tl, table,
-                                                   staging, k, s_scan, s_misc, s_win, False)
+                    window = bulk(False)
             else:
                 self.step1_tiles_raw(row_addr, g_lo, g_hi, row_end, s_hist, rraw, rnext, rnext2, rkeys, s_tl, table)
         else:
@@ -1538,10 +1538,7 @@ class DecodeTopK:
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         cute.arch.sync_threads()  # the first tile's histogram adds
-        # Key bins 4t .. 4t + 3, as in raw_bins_to_key_order (negative values: raw bins in reverse).
-        pos = tid * 4 >= 1024
-        src = sel(pos, tid * 4 - 1024, 2044 - tid * 4)
-        v0, v1, v2, v3 = ptx.ld_shared_v4_u32(smem_addr(s_hist + src))
+        pos, (v0, v1, v2, v3) = self.thread_raw_bins(s_hist)  # this thread's key bins 4t .. 4t + 3
         bins = [Int32(sel(pos, v, w)) for v, w in ((v0, v3), (v1, v2), (v2, v1), (v3, v0))]
         own = bins[0] + bins[1] + bins[2] + bins[3]
         incl, total = self.block_scan(own, s_scan)
@@ -1617,14 +1614,20 @@ class DecodeTopK:
         return top
 
     @cute.jit
-    def raw_bins_to_key_order(self, s_hist: cute.Pointer):
-        """Step 1's raw-order histogram into key order, in place: thread t's key bins 4t..4t+3 come from raw bins
-        4t - 1024.. (positive values) or 2047 - 4t down to 2044 - 4t (negative ones), one 16-byte load each."""
+    def thread_raw_bins(self, s_hist: cute.Pointer):
+        """The raw-order bins that hold this thread's key bins 4t..4t+3 (traced inline): raw bins 4t - 1024..
+        (positive values, in key order) or 2044 - 4t.. (negative ones, in reverse), one 16-byte load; (pos, words)."""
         tid = cute.arch.thread_idx()[0]
-        cute.arch.sync_threads()  # every add of the loop
         pos = tid * 4 >= 1024
         src = sel(pos, tid * 4 - 1024, 2044 - tid * 4)
-        v0, v1, v2, v3 = ptx.ld_shared_v4_u32(smem_addr(s_hist + src))
+        return pos, ptx.ld_shared_v4_u32(smem_addr(s_hist + src))
+
+    @cute.jit
+    def raw_bins_to_key_order(self, s_hist: cute.Pointer):
+        """Step 1's raw-order histogram into key order, in place (thread_raw_bins)."""
+        tid = cute.arch.thread_idx()[0]
+        cute.arch.sync_threads()  # every add of the loop
+        pos, (v0, v1, v2, v3) = self.thread_raw_bins(s_hist)
         cute.arch.sync_threads()  # every read before any write
         if pos:
             ptx.st_shared_v4_b32(smem_addr(s_hist + tid * 4), v0, v1, v2, v3)
