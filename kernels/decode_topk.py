@@ -299,6 +299,11 @@ class DecodeTopK:
         self.refine_marks = "timeline_refine" in experiment
         # clustered_finish: the cluster-wide finish (finish_clustered) wherever the gathered one would run.
         self.force_clustered = "clustered_finish" in experiment
+        # stop_at_<i> (timing only, wrong results): every CTA exits at timeline mark i, after a cluster barrier, so
+        # that a phase's cost in the benchmark's conditions is the difference of two such builds' times
+        # (decode_topk_ab_h200.json: phase_stops_s19). Marks 13-15 stop only in timeline_gather builds.
+        stops = [int(e[len("stop_at_"):]) for e in experiment if e.startswith("stop_at_")]
+        self.stop_at = stops[0] if stops else None
         if self.timeline:
             self.cap -= self.warps * LIST_VEC  # room for the 16 marks in the same shared memory
         # Step 1's bulk-copy stages (raw-bin tiles), then a full and an empty mbarrier each, in the list's room: the
@@ -2579,7 +2584,14 @@ class DecodeTopK:
     @cute.jit
     def mark(self, s_tl: cute.Pointer, i: int):
         """Timing experiment: thread 0's SM clock as mark i (mark 0 also zeroes the others and keeps the
-        global timer in slot 11). Nothing without the timeline switch."""
+        global timer in slot 11). Nothing without the timeline switch (or stop_at: the CTA's end there)."""
+        if const_expr(self.stop_at == i):
+            if const_expr(self.cluster > 1):
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+            else:
+                cute.arch.sync_threads()
+            ptx.exit_thread()
         if const_expr(self.timeline):
             if cute.arch.thread_idx()[0] == 0:
                 if const_expr(i == 0):

@@ -564,3 +564,9 @@ def atom_add_cluster_u32(addr: Int32, v, *, loc=None, ip=None) -> Uint32:
     """Atomic add at a shared::cluster address (any CTA of the cluster); returns the old value."""
     return Uint32(_asm(T.i32(), [_i32(addr), Uint32(v).ir_value()],
                        "atom.shared::cluster.add.u32 $0, [$1], $2;", "=r,r,r"))
+
+
+@dsl_user_op
+def exit_thread(*, loc=None, ip=None) -> None:
+    """End this thread (timing experiments that stop a kernel after a phase)."""
+    _asm(None, [], "exit;", "")

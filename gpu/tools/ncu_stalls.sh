@@ -2,11 +2,12 @@
 # stall_profile TAG KERNEL_REGEX CASE_ARGS...  profiles the third launch of the kernels matching
 # KERNEL_REGEX in `python3 gpu/jobs/profile_cases.py CASE_ARGS...` and writes $JOB_OUT/TAG.sass.csv
 # (per-SASS-instruction stall samples, executions and shared-memory wavefronts) and TAG.details.txt.
+# NCU_CACHE_CONTROL=none: caches kept between launches (ncu flushes them before the profiled one by default).
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 stall_profile() {
   local tag=$1 regex=$2; shift 2
   echo "+ $tag"
-  timeout 50 "$NCU" --clock-control none --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 \
+  timeout 50 "$NCU" --clock-control none --cache-control "${NCU_CACHE_CONTROL:-all}" --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 \
     --section WarpStateStats --section SourceCounters --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section MemoryWorkloadAnalysis --warp-sampling-interval 0 \
     --import-source no -f -o "$JOB_OUT/$tag" python3 gpu/jobs/profile_cases.py "$@" > "$JOB_OUT/$tag.ncu.log" 2>&1
