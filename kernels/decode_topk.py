@@ -301,7 +301,8 @@ class DecodeTopK:
         self.force_clustered = "clustered_finish" in experiment
         # stop_at_<i> (timing only, wrong results): every CTA exits at timeline mark i, after a cluster barrier, so
         # that a phase's cost in the benchmark's conditions is the difference of two such builds' times
-        # (decode_topk_ab_h200.json: phase_stops_s19). Marks 13-15 stop only in timeline_gather builds.
+        # (decode_topk_ab_h200.json: phase_stops_s19). Marks 13-15: the gather's in timeline_gather builds, else CTA 0's
+        # finish rounds (finish_stops_s19).
         stops = [int(e[len("stop_at_"):]) for e in experiment if e.startswith("stop_at_")]
         self.stop_at = stops[0] if stops else None
         if self.timeline:
@@ -2586,7 +2587,9 @@ class DecodeTopK:
         """Timing experiment: thread 0's SM clock as mark i (mark 0 also zeroes the others and keeps the
         global timer in slot 11). Nothing without the timeline switch (or stop_at: the CTA's end there)."""
         if const_expr(self.stop_at == i):
-            if const_expr(self.cluster > 1):
+            # (Marks 13-15 of CTA 0's finish: its peers are gone, a CTA barrier only.)
+            finish_mark = i >= 13 and not (self.step1_marks or self.gather_marks or self.refine_marks)
+            if const_expr(self.cluster > 1 and not finish_mark):
                 cute.arch.cluster_arrive()
                 cute.arch.cluster_wait()
             else:
