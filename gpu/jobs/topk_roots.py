@@ -218,8 +218,10 @@ ROWS8_CASES = tuple(
     for d, length, k in (("f32", 65536, 512), ("f32", 65536, 2048), ("bf16", 65536, 512), ("f32", 32768, 512))
     for kernel in ("c8", "c4_full_sm", "c4")
 )
-# TOPK_ROOTS_CASES=twin64: the benchmark's 64 x 256K FP32 cells on the 2-CTA twin (its copy-bandwidth target), and 64 x 64K.
-TWIN64_CASES = tuple(("decode_topk_f32_token_c2_full_sm", 64, length, k) for length in (262144, 65536) for k in (512, 2048))
+# TOPK_ROOTS_CASES=twin64: the benchmark's 64 x 256K FP32 cells on the 2-CTA twin (its copy-bandwidth target), and
+# 64 x 64K.
+TWIN64_CASES = tuple(("decode_topk_f32_token_c2_full_sm", 64, length, k)
+                     for length in (262144, 65536) for k in (512, 2048))
 CASE_SETS = {"long": LONG_CASES, "twin64": TWIN64_CASES, "rows8": ROWS8_CASES, "routed": ROUTED_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c9": C9_CASES, "table_gate": TABLE_GATE_CASES, "c8to11": C8TO11_CASES}

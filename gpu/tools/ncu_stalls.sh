@@ -7,7 +7,8 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 stall_profile() {
   local tag=$1 regex=$2; shift 2
   echo "+ $tag"
-  timeout 50 "$NCU" --clock-control none --cache-control "${NCU_CACHE_CONTROL:-all}" --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 \
+  timeout 50 "$NCU" --clock-control none --cache-control "${NCU_CACHE_CONTROL:-all}" \
+    --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 \
     --section WarpStateStats --section SourceCounters --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section MemoryWorkloadAnalysis --warp-sampling-interval 0 \
     --import-source no -f -o "$JOB_OUT/$tag" python3 gpu/jobs/profile_cases.py "$@" > "$JOB_OUT/$tag.ncu.log" 2>&1
