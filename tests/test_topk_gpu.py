@@ -346,6 +346,28 @@ def test_long_slices_take_the_full_sm_twin():
         _check(logits, ends, out, k, False)
 
 
+def test_finish_ranks_a_small_bin_by_key_then_index():
+    """FP32 rows whose gathered finish resolves the threshold after its first round by ranking a small bin (at most
+    TIE_RANK_MAX items) directly: near the k-th value, copies of it and of its two neighbouring floats (the same bin
+    after the first round, apart only in the last bits) are planted at random columns, so that the cut falls among
+    equal and nearly equal keys (larger key first, then lower index). The twin, 16 CTAs, the short-row kernel and a
+    2-CTA build. Exact results each time."""
+    for rows, width, k, copies in ((64, 262144, 2048, 12), (1, 65536, 2048, 15), (8, 8192, 512, 10),
+                                   (64, 16384, 1024, 12)):
+        logits = _logits(rows, width, torch.float32, seed=width + k + copies)
+        g = torch.Generator(device="cuda").manual_seed(k + copies)
+        for r in range(rows):
+            row = logits[r]
+            v = torch.sort(row, descending=True).values[k - 8]
+            near = (torch.nextafter(v, v.new_tensor(float("inf"))), v, torch.nextafter(v, v.new_tensor(float("-inf"))))
+            cols = torch.randperm(width, generator=g, device="cuda")[: 3 * copies]
+            for i, x in enumerate(near):
+                row[cols[i * copies:(i + 1) * copies]] = x
+        ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+        out = _run(logits, ends, k, False)
+        _check(logits, ends, out, k, False)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
 def test_refined_floor_with_ties_at_its_sub_bins(dtype):
     """Rows whose gathered finish takes the refined floor (CTA-tile slices on 2 and 8 CTAs, many items from the
