@@ -151,6 +151,11 @@ STEP1_BULK_BYTES = 80 * 1024
 # 1-3 % slower at 8 x 64K (slices of 2 tiles, no prefetch), so those keep none.
 EARLY_PREFETCH_MAX_CLUSTER = 4
 EARLY_PREFETCH_MIN_TILES = 8
+# The one-CTA-an-SM twins of up to EVICT_FIRST_MAX_CLUSTER CTAs read their bulk tiles with an L2 evict-first policy: the
+# stream, read once, then leaves the rest of L2 (the code the tail runs once, the marked groups' lines) in place. Measured
+# on the H200 (decode_topk_ab_h200.json: l2_policy_s19_ab, l2_evict_first_s20_ab): FP32 64 x 256K on the 2-CTA twin
+# 1.1-1.6 % faster, 64 x 64K 1.4-1.9 %; on the two-CTA-an-SM builds 64 x 1M on 2 CTAs +3.7 % and 64 x 16K on 1 CTA +3 %.
+EVICT_FIRST_MAX_CLUSTER = 4
 GATHER_STAGE_MIN_CLUSTER = 16
 # Step 1's table keeps the top TABLE_KEY_BITS bits of each group's largest key (a half-word): the first digit and 5
 # bits more. REFINED_FLOOR: the gathered finish of CTA-tile slices (every CTA on a table or in registers) re-reads
@@ -1480,7 +1485,11 @@ class DecodeTopK:
             nbytes = (end * self.elem_bytes + 15) // 16 * 16 - lo
             full = self.bulk_bars(staging, stage, False)
             ptx.mbarrier_arrive_expect_tx(full, nbytes)
-            ptx.bulk_copy_global_to_shared(staging + stage * self.tile_bytes, row_addr + Int64(lo), nbytes, full)
+            dst = staging + stage * self.tile_bytes
+            if const_expr(self.ctas_per_sm == 1 and self.cluster <= EVICT_FIRST_MAX_CLUSTER):
+                ptx.bulk_copy_global_to_shared(dst, row_addr + Int64(lo), nbytes, full, evict_first=True)
+            else:
+                ptx.bulk_copy_global_to_shared(dst, row_addr + Int64(lo), nbytes, full)
 
     @cute.jit
     def start_bulk_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, staging: Int32):
@@ -2155,6 +2164,7 @@ class DecodeTopK:
         iprefix = Uint32(0)
         imask = Uint32(0)
         done = Int32(0)
+        ranked = Int32(0)  # take_ties ran: it has output every selected item, and no selection pass follows
         rounds = self.gather_rounds
         # Both histogram buffers are zeroed here, behind one barrier; a buffer is zeroed again for
         # the round after next once its round's select has read it (the next round's barriers
@@ -2209,24 +2219,24 @@ class DecodeTopK:
                                        first_slot, s_key, s_idx, s_misc, out_row,
                                        by_key=rounds[r + 1][0] == "key")
                         done = Int32(1)
-                        # The selection pass then takes only the keys above the ties: no ~index reaches this.
-                        iprefix = Uint32(0x200000)
-                        imask = Uint32(0x1FFFFF)
+                        ranked = Int32(1)
                 if const_expr(r < 2 and not (self.step1_marks or self.gather_marks or self.refine_marks)):
                     self.mark(s_tl, 13 + r)
         if const_expr(not (self.step1_marks or self.gather_marks or self.refine_marks)):
             self.mark(s_tl, 15)
         # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
-        if const_expr(self.ctas_per_sm > 1):
-            for ib in cutlass.range(0, n, T, unroll=2):
-                i = ib + tid
-                key, idx = self.list_item(s_key + src, s_idx + src, i, n)
-                take = self.gathered_taken(key, Uint32(idx), i < n, kprefix, kmask, iprefix, imask)
-                slot = first_slot + self.warp_slot1(take, s_misc + 14)
-                if take:
-                    cute.arch.store(out_row + slot, idx)
-        else:
-            self.select_gathered(src, n, first_slot, kprefix, kmask, iprefix, imask, s_key, s_idx, s_misc, out_row)
+        if ranked == 0:
+            if const_expr(self.ctas_per_sm > 1):
+                for ib in cutlass.range(0, n, T, unroll=2):
+                    i = ib + tid
+                    key, idx = self.list_item(s_key + src, s_idx + src, i, n)
+                    take = self.gathered_taken(key, Uint32(idx), i < n, kprefix, kmask, iprefix, imask)
+                    slot = first_slot + self.warp_slot1(take, s_misc + 14)
+                    if take:
+                        cute.arch.store(out_row + slot, idx)
+            else:
+                self.select_gathered(src, n, first_slot, kprefix, kmask, iprefix, imask, s_key, s_idx, s_misc,
+                                     out_row)
 
     @cute.jit
     def take_ties(self, src: Int32, n: Int32, krem: Int32, count: Int32, kprefix: Uint32, kmask: Uint32,
@@ -2235,9 +2245,11 @@ class DecodeTopK:
         """The gathered finish's last few candidates (count items whose key matches the resolved prefix; count <=
         TIE_RANK_MAX): packed into scratch (misc[13] counts), then each ranked by the number of them before it: a
         lower index among exact ties of the resolved key, or with by_key (the key's low bits still unresolved) a
-        larger key, or the same key and a lower index; the krem first go to the output (slots from misc[14], the
-        selection pass's counter). Measured on the H200 (decode_topk_ab_h200.json: rank_after_first_round_ab): by
-        key after the finish's first FP32 round, instead of a second round, 1-6 % faster on most FP32 cells."""
+        larger key, or the same key and a lower index; the krem first go to the output (slots from misc[14]). The
+        packing pass also outputs every item above the prefix, the selection pass's work, which then does not run.
+        Measured on the H200 (decode_topk_ab_h200.json): by key after the finish's first FP32 round, instead of a
+        second round, 1-6 % faster on most FP32 cells (rank_after_first_round_ab); the selection pass folded in here,
+        the short-row kernel 2-6 % faster and BF16 on 8 CTAs 1-3 %, the rest within about 1 % (ties_output_s20_ab)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         lane = cute.arch.lane_idx()
@@ -2246,11 +2258,15 @@ class DecodeTopK:
             i = ib + tid
             key, idx = self.list_item(s_key + src, s_idx + src, i, n)
             tie = (i < n) & ((key & kmask) == kprefix)
+            above = (i < n) & ((key & kmask) > kprefix)
             slot = self.warp_slot1(tie, s_misc + 13)
+            out_slot = first_slot + self.warp_slot1(above, s_misc + 14)
             if tie:
                 cute.arch.store(scratch + idx_at + slot, idx)
                 if const_expr(by_key):
                     cute.arch.store(scratch + slot, key)
+            if above:
+                cute.arch.store(out_row + out_slot, idx)
         cute.arch.sync_threads()
         mine_key = Uint32(0)
         mine = Int32(0)

@@ -303,11 +303,18 @@ def bulk_copy_to_peer(dst_cluster: Int32, src: Int32, nbytes, mbar_cluster: Int3
 
 
 @dsl_user_op
-def bulk_copy_global_to_shared(dst: Int32, src: Int64, nbytes, mbar: Int32, *, loc=None, ip=None) -> None:
+def bulk_copy_global_to_shared(dst: Int32, src: Int64, nbytes, mbar: Int32, evict_first: bool = False, *, loc=None,
+                               ip=None) -> None:
     """Bulk-copy nbytes (a multiple of 16) of global memory at a 16-byte aligned address into this CTA's shared
-    memory (16-byte aligned), completing nbytes of transactions on the mbarrier at mbar (sm_90+)."""
-    _asm(None, [_i32(dst), _i64(src), _i32(nbytes), _i32(mbar)],
-         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];", "r,l,r,r")
+    memory (16-byte aligned), completing nbytes of transactions on the mbarrier at mbar (sm_90+). evict_first: the
+    lines read get an L2 evict-first policy (data read once)."""
+    copy = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+    if evict_first:
+        text = ("{\n.reg .b64 policy;\ncreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+                f"{copy}.L2::cache_hint [$0], [$1], $2, [$3], policy;\n}}")
+    else:
+        text = f"{copy} [$0], [$1], $2, [$3];"
+    _asm(None, [_i32(dst), _i64(src), _i32(nbytes), _i32(mbar)], text, "r,l,r,r")
 
 
 # ---------------------------------------------------------------- WGMMA (sm_90a)
