@@ -152,9 +152,10 @@ STEP1_BULK_BYTES = 80 * 1024
 EARLY_PREFETCH_MAX_CLUSTER = 4
 EARLY_PREFETCH_MIN_TILES = 8
 # The one-CTA-an-SM twins of up to EVICT_FIRST_MAX_CLUSTER CTAs read their bulk tiles with an L2 evict-first policy: the
-# stream, read once, then leaves the rest of L2 (the code the tail runs once, the marked groups' lines) in place. Measured
-# on the H200 (decode_topk_ab_h200.json: l2_policy_s19_ab, l2_evict_first_s20_ab): FP32 64 x 256K on the 2-CTA twin
-# 1.1-1.6 % faster, 64 x 64K 1.4-1.9 %; on the two-CTA-an-SM builds 64 x 1M on 2 CTAs +3.7 % and 64 x 16K on 1 CTA +3 %.
+# stream, read once, then leaves the rest of L2 (the code the tail runs once, the marked groups' lines) in place.
+# Measured on the H200 (decode_topk_ab_h200.json: l2_policy_s19_ab, l2_evict_first_s20_ab): FP32 64 x 256K on the 2-CTA
+# twin 1.1-1.6 % faster, 64 x 64K 1.4-1.9 %; on the two-CTA-an-SM builds 64 x 1M on 2 CTAs +3.7 %, 64 x 16K on 1 CTA
+# +3 %.
 EVICT_FIRST_MAX_CLUSTER = 4
 GATHER_STAGE_MIN_CLUSTER = 16
 # Step 1's table keeps the top TABLE_KEY_BITS bits of each group's largest key (a half-word): the first digit and 5
