@@ -142,15 +142,17 @@ STEP1_PREFETCH_AHEAD = 2
 # on 256K-1M rows: it keeps the register loads.
 STEP1_BULK_DTYPES = ("f32",)
 STEP1_BULK_BYTES = 80 * 1024
-# On bulk-copied slices of clusters up to EARLY_PREFETCH_MAX_CLUSTER CTAs, thread 0 asks L2 for the slice's first tile
-# of a row that ends at the launch's width before it reads the row's end (that read's latency then overlaps the first
-# tile's), where that slice has at least EARLY_PREFETCH_MIN_TILES tiles; a shorter row's end moves the slice, and the
-# prefetch (inside the logits anyway) is wasted. Measured on the H200 (decode_topk_ab_h200.json: early_prefetch_s20_ab):
-# FP32 64 x 256K on the 2-CTA twin 1.3-2.1 % faster, 64 x 64K 0.6-1.2 %, 8 x 256K-1M on 8 CTAs 0.9-2.4 %; the first
-# five tiles instead 3-10 % slower (they compete with the bulk copies). On 8 and 16 CTAs the added code alone measured
-# 1-3 % slower at 8 x 64K (slices of 2 tiles, no prefetch), so those keep none.
+# On bulk-copied slices of clusters up to EARLY_PREFETCH_MAX_CLUSTER CTAs, thread 0 asks L2 for the slice's first
+# EARLY_PREFETCH_TILES tiles of a row that ends at the launch's width before it reads the row's end (that read's
+# latency then overlaps the first tiles'), where that slice has at least EARLY_PREFETCH_MIN_TILES tiles; a shorter
+# row's end moves the slice, and the prefetch (inside the logits anyway) is wasted. Measured on the H200
+# (decode_topk_ab_h200.json: early_prefetch_s20_ab): one tile, FP32 64 x 256K on the 2-CTA twin 1.3-2.1 % faster,
+# 64 x 64K 0.6-1.2 %, 8 x 256K-1M on 8 CTAs 0.9-2.4 %; two tiles another 0.3 % at 64 x 256K k2048; five tiles 3-10 %
+# slower (they compete with the bulk copies). On 8 and 16 CTAs the added code alone measured 1-3 % slower at 8 x 64K
+# (slices of 2 tiles, no prefetch), so those keep none.
 EARLY_PREFETCH_MAX_CLUSTER = 4
 EARLY_PREFETCH_MIN_TILES = 8
+EARLY_PREFETCH_TILES = 2
 # The one-CTA-an-SM twins of up to EVICT_FIRST_MAX_CLUSTER CTAs read their bulk tiles with an L2 evict-first policy: the
 # stream, read once, then leaves the rest of L2 (the code the tail runs once, the marked groups' lines) in place.
 # Measured on the H200 (decode_topk_ab_h200.json: l2_policy_s19_ab, l2_evict_first_s20_ab): FP32 64 x 256K on the 2-CTA
@@ -2360,15 +2362,16 @@ class DecodeTopK:
 
     @cute.jit
     def prefetch_first_tile(self, logits: cute.Pointer, row: Int32, rank: Int32, width: Int32, stride: Int32):
-        """Thread 0, before the row's end is read: an L2 prefetch of the first tile of this CTA's slice of a row
-        that ends at width, if that slice has at least EARLY_PREFETCH_MIN_TILES tiles (EARLY_PREFETCH_MAX_CLUSTER)."""
+        """Thread 0, before the row's end is read: an L2 prefetch of the first EARLY_PREFETCH_TILES tiles of this CTA's
+        slice of a row that ends at width, if that slice has at least EARLY_PREFETCH_MIN_TILES tiles."""
         T = self.threads
         n_groups = (width + 7) // 8
         per = (n_groups + self.cluster - 1) // self.cluster
         if per >= EARLY_PREFETCH_MIN_TILES * T:
             row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
             g0 = rank * per
-            self.prefetch_groups(row_addr, g0, Int32(sel(g0 + T < n_groups, g0 + T, n_groups)), width)
+            g1 = g0 + EARLY_PREFETCH_TILES * T
+            self.prefetch_groups(row_addr, g0, Int32(sel(g1 < n_groups, g1, n_groups)), width)
 
     @cute.jit
     def row_span(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, row: Int32, width: Int32,
