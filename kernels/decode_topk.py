@@ -272,6 +272,8 @@ class DecodeTopK:
         self.cap = list_capacity
         self.smem_bytes = smem_bytes
         self.ctas_per_sm = ctas_per_sm
+        # Step 1's bulk copies read the stream with an L2 evict-first policy (EVICT_FIRST_MAX_CLUSTER).
+        self.stream_evict_first = ctas_per_sm == 1 and cluster <= EVICT_FIRST_MAX_CLUSTER
         self.low_bits_finish = (LOW_BITS_FINISH and dtype == "bf16" and not block_mode and table_tiles > 0
                                 and cluster >= STAGE_NO_LIST_MIN_CLUSTER)
         self.key_bits = 32 if dtype == "f32" else 16
@@ -1488,11 +1490,8 @@ class DecodeTopK:
             nbytes = (end * self.elem_bytes + 15) // 16 * 16 - lo
             full = self.bulk_bars(staging, stage, False)
             ptx.mbarrier_arrive_expect_tx(full, nbytes)
-            dst = staging + stage * self.tile_bytes
-            if const_expr(self.ctas_per_sm == 1 and self.cluster <= EVICT_FIRST_MAX_CLUSTER):
-                ptx.bulk_copy_global_to_shared(dst, row_addr + Int64(lo), nbytes, full, evict_first=True)
-            else:
-                ptx.bulk_copy_global_to_shared(dst, row_addr + Int64(lo), nbytes, full)
+            ptx.bulk_copy_global_to_shared(staging + stage * self.tile_bytes, row_addr + Int64(lo), nbytes, full,
+                                           evict_first=self.stream_evict_first)
 
     @cute.jit
     def start_bulk_tiles(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, staging: Int32):
@@ -2366,9 +2365,9 @@ class DecodeTopK:
         slice of a row that ends at width, if that slice has at least EARLY_PREFETCH_MIN_TILES tiles."""
         T = self.threads
         n_groups = (width + 7) // 8
-        per = (n_groups + self.cluster - 1) // self.cluster
+        per = self.slice_groups(n_groups)
         if per >= EARLY_PREFETCH_MIN_TILES * T:
-            row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
+            row_addr = self.row_address(logits, row, stride)
             g0 = rank * per
             g1 = g0 + EARLY_PREFETCH_TILES * T
             self.prefetch_groups(row_addr, g0, Int32(sel(g1 < n_groups, g1, n_groups)), width)
@@ -2386,8 +2385,15 @@ class DecodeTopK:
         if const_expr(self.block_mode):
             n_items = n_groups
         out_row = out + row * out_stride
-        row_addr = logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
-        return row_end, n_groups, n_items, out_row, row_addr
+        return row_end, n_groups, n_items, out_row, self.row_address(logits, row, stride)
+
+    def row_address(self, logits: cute.Pointer, row: Int32, stride: Int32) -> Int64:
+        """The global address of row `row`'s logits (traced inline)."""
+        return logits.toint() + Int64(row) * Int64(stride) * self.elem_bytes
+
+    def slice_groups(self, n_groups: Int32) -> Int32:
+        """Groups of a row's slice on each CTA of the cluster but the last (traced inline)."""
+        return (n_groups + self.cluster - 1) // self.cluster
 
     @cute.kernel
     def kernel(self, logits: cute.Pointer, row_ends: cute.Pointer, out: cute.Pointer, width: Int32, stride: Int32,
@@ -2451,7 +2457,7 @@ class DecodeTopK:
                 cute.arch.store(out_row + j, sel(j < n_items, j, Int32(-1)))
         else:
             self.mark(s_tl, 1)
-            per = (n_groups + C - 1) // C
+            per = self.slice_groups(n_groups)
             g_lo = Int32(sel(rank * per < n_groups, rank * per, n_groups))
             g_hi = Int32(sel(g_lo + per < n_groups, g_lo + per, n_groups))
 
