@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# limit: 120
+# Microbenchmark of the sparse-MLA gather's routes (gpu/micro/gather_route.cu), compiled here with nvcc.
+set -u
+nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/gather_route gpu/micro/gather_route.cu -lcuda \
+  && /tmp/gather_route | tee "$JOB_OUT/gather_route.jsonl"
