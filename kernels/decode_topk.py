@@ -33,7 +33,8 @@ Step 2  the cluster sums the histograms through distributed shared memory (from 
         key (and, from the same reads, how many of that bin's items the lower-ranked CTAs hold).
 Gathered finish (when that bin's items fit behind CTA 0's list): every CTA pushes its
         items in the bin to CTA 0 (DSMEM stores, coalesced: ballots place them; on 16
-        CTAs, and from a CTA without a list on 8 too, staged first and copied densely)
+        CTAs, and from a CTA without a list on 8 too, staged first and copied densely; on 8
+        and 16 CTAs by st.async onto an mbarrier of CTA 0, the cluster barrier then relaxed)
         and reserves output slots for its items above the bin with adds on the row's
         counter in CTA 0 (a listed CTA: one per warp, on 16 CTAs one per CTA, and writes
         them after one cluster barrier's arrive; a short
@@ -111,6 +112,17 @@ PREFETCH_PIECE_BYTES = 4096
 # staged_pushes_ab): 0.03-0.57 us faster on 16 CTAs, 0.1-0.56 us slower on 1 to 8 (the extra barrier
 # and copy outweigh the sparse DSMEM stores there).
 GATHER_STAGE = 1024
+# On clusters of at least ASYNC_PUSH_MIN_CLUSTER CTAs the gathered finish's pushes into CTA 0's list go by st.async,
+# each word completing on CTA 0's push mbarrier (the "bar" array); every CTA then arrives on it once, relaxed, with
+# its count of pushed bytes, and the cluster barrier after the pushes is relaxed as well. A release there
+# (barrier.cluster.arrive's default) is a MEMBAR.ALL.GPU in SASS that waits for the CTA's outstanding DSMEM and
+# global stores: ncu's hottest instruction on 8 x 64K (decode_topk_ncu_indexer_s20.json). The refined floor's path
+# keeps the release: CTA 0 reads the peers' reservations (misc[15]) after it. Measured on the H200
+# (decode_topk_ab_h200.json: async_pushes_s21_ab): FP32 on 16 CTAs 0.2-0.38 us faster, on 8 CTAs 0.2-0.3 us at
+# 64K and at 256K-1M k512 but 0.1-0.3 us slower at 256K-1M k2048 (more pushes), BF16 within 0.1 us; on 2 CTAs (64 x
+# 64K-256K, the refined floor's path) up to 0.45 us slower, so smaller clusters keep plain DSMEM stores and the
+# release.
+ASYNC_PUSH_MIN_CLUSTER = 8
 # BF16 keys two columns a word in whole_group_keys (step 1's CTA tiles, the gather's re-reads). Measured on the H200
 # (decode_topk_ab_h200.json: packed_bf16_keys_ab, with the table index by an unsigned shift): BF16 rows of 256K-1M on
 # 8 and 16 CTAs 2.4-8.5 % faster (8 x 1M k512 23.47 -> 21.51 us, 1 x 1M k2048 16.21 -> 15.05), FP32 within noise.
@@ -364,9 +376,28 @@ class DecodeTopK:
             arrays.append(("table", self.table_words))
             # refine_window's counts (every variant with a table has the room: the contract's STEP1_TABLE_BYTES).
             arrays.append(("window", REFINE_WINDOW_BINS * 32))
+        # CTA 0's push mbarrier (ASYNC_PUSH_MIN_CLUSTER), last: the arrays before it keep their alignment (the
+        # list's bulk stages lost 0.6-1.4 us to a 16-byte shift, async_pushes_s21_ab).
+        arrays.append(("bar", 4))
         if self.timeline:
             arrays.append(("marks", 16))
         return arrays
+
+    def async_pushes(self) -> bool:
+        return self.cluster >= ASYNC_PUSH_MIN_CLUSTER
+
+    def push_bar(self, s_misc: cute.Pointer):
+        """The shared::cluster address of CTA 0's push mbarrier (the "bar" array), found from s_misc by smem_arrays'
+        layout (the push sites have s_misc at hand); None where the pushes are plain DSMEM stores."""
+        if not self.async_pushes():
+            return None
+        offsets = {}
+        used = 0
+        for name, words in self.smem_arrays():
+            used = (used + 15) // 16 * 16
+            offsets[name] = used
+            used += 4 * words
+        return ptx.mapa_shared(smem_addr(s_misc) + (offsets["bar"] - offsets["misc"]), Int32(0))
 
     def allocate_smem(self) -> dict:
         """smem_arrays' arrays in the kernel's dynamic shared memory, by name (traced inside a kernel)."""
@@ -662,12 +693,13 @@ class DecodeTopK:
 
     @cute.jit
     def split_group(self, rkeys: cute.Tensor, g: Int32, lo: Uint32, hi: Uint32, out_addr: Int64, list_addr: Int32,
-                    idx_delta: Int32, to_cluster: bool = False):
+                    idx_delta: Int32, to_cluster: bool = False, mbar=None):
         """Group g's items above [lo, hi) to out_addr on, those in it to the list at list_addr on (keys; indices
-        idx_delta bytes further): one predicated sequence an item, no branch (ptx.split_by_bin)."""
+        idx_delta bytes further): one predicated sequence an item, no branch (ptx.split_by_bin). to_cluster: the
+        list is CTA 0's (shared::cluster addresses); with mbar, by st.async completing on its push mbarrier."""
         for j in cutlass.range_constexpr(self.items):
             out_addr, list_addr = ptx.split_by_bin(out_addr, list_addr, idx_delta, rkeys[j], self.item_index(g, j), hi,
-                                                   lo, to_cluster)
+                                                   lo, to_cluster, mbar)
         return out_addr, list_addr
 
     @cute.jit
@@ -1685,9 +1717,15 @@ class DecodeTopK:
         return cute.arch.load(s_misc + 4, Int32), cute.arch.load(s_misc + 8, Int32)
 
     @cute.jit
-    def push_gathered(self, s_key: cute.Pointer, s_idx: cute.Pointer, dst: Int32, key: Uint32, idx: Int32):
-        """One threshold-bin item into slot dst of CTA 0's list (its own list for CTA 0)."""
-        if const_expr(self.cluster > 1):
+    def push_gathered(self, s_key: cute.Pointer, s_idx: cute.Pointer, dst: Int32, key: Uint32, idx: Int32,
+                      s_misc: cute.Pointer):
+        """One threshold-bin item into slot dst of CTA 0's list (its own list for CTA 0); on large clusters by st.async,
+        completing on CTA 0's push mbarrier (push_bar)."""
+        if const_expr(self.async_pushes()):
+            bar = self.push_bar(s_misc)
+            ptx.st_async_b32(ptx.mapa_shared(smem_addr(s_key + dst), Int32(0)), key, bar)
+            ptx.st_async_b32(ptx.mapa_shared(smem_addr(s_idx + dst), Int32(0)), Uint32(idx), bar)
+        elif const_expr(self.cluster > 1):
             ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_key + dst), Int32(0)), key)
             ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_idx + dst), Int32(0)), Uint32(idx))
         else:
@@ -1715,7 +1753,8 @@ class DecodeTopK:
             cute.arch.store(s_misc + 8, gt_base)
         cute.arch.sync_threads()  # the stage and misc[8], misc[10] written
         if staged:
-            self.push_staged(stage, stage + GATHER_STAGE, cute.arch.load(s_misc + 10, Int32), s_key, s_idx, dst_base)
+            self.push_staged(stage, stage + GATHER_STAGE, cute.arch.load(s_misc + 10, Int32), s_key, s_idx, dst_base,
+                             s_misc)
         return cute.arch.load(s_misc + 8, Int32) + self.warp_atomic_base(n_above, s_misc + 9)
 
     def push_stage(self, s_hist: cute.Pointer, b0):
@@ -1725,14 +1764,14 @@ class DecodeTopK:
 
     @cute.jit
     def push_staged(self, stage_key: cute.Pointer, stage_idx: cute.Pointer, n: Int32, s_key: cute.Pointer,
-                    s_idx: cute.Pointer, dst: Int32):
+                    s_idx: cute.Pointer, dst: Int32, s_misc: cute.Pointer):
         """This CTA's n staged threshold-bin items (keys at stage_key, indices at stage_idx) to slots dst.. of CTA 0's
         list: consecutive lanes, consecutive words (a warp's DSMEM stores are dense, not a few lanes each)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         for i in cutlass.range(tid, n, T):
             self.push_gathered(s_key, s_idx, dst + i, cute.arch.load(stage_key + i, Uint32),
-                               Int32(cute.arch.load(stage_idx + i, Uint32)))
+                               Int32(cute.arch.load(stage_idx + i, Uint32)), s_misc)
 
     @cute.jit
     def gather_list(self, n_list: Int32, b0: Uint32, dst_base: Int32, s_key: cute.Pointer, s_idx: cute.Pointer,
@@ -1782,12 +1821,12 @@ class DecodeTopK:
                     if eq:
                         at = e + Int32(cute.arch.popc(m & lt))
                         if const_expr(stage is None):
-                            self.push_gathered(s_key, s_idx, at, rkeys[j], Int32(ridx[j]))
+                            self.push_gathered(s_key, s_idx, at, rkeys[j], Int32(ridx[j]), s_misc)
                         elif staged:
                             cute.arch.store(stage + at, rkeys[j])
                             cute.arch.store(stage + GATHER_STAGE + at, ridx[j])
                         else:
-                            self.push_gathered(s_key, s_idx, dst_base + at, rkeys[j], Int32(ridx[j]))
+                            self.push_gathered(s_key, s_idx, dst_base + at, rkeys[j], Int32(ridx[j]), s_misc)
                     e = e + Int32(cute.arch.popc(m))
                 else:
                     gt = (rkeys[j] >> shift0) > b0
@@ -1834,12 +1873,14 @@ class DecodeTopK:
         if const_expr(self.cluster == 1):
             self.split_group(keys, g, lo, hi, out_addr, list_addr, idx_delta)
         elif const_expr(staged is None):
-            self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True)
+            self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True,
+                             self.push_bar(s_misc))
         else:
             if staged:
                 self.split_group(keys, g, lo, hi, out_addr, list_addr, idx_delta)
             else:
-                self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True)
+                self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True,
+                                 self.push_bar(s_misc))
 
     @cute.jit
     def gather_no_list(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, lo: Uint32, gt_base: Int32,
@@ -2439,6 +2480,12 @@ class DecodeTopK:
         self.zero_bins(s_hist, 2 * self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
+        if const_expr(self.async_pushes()):
+            if tid == 0:
+                # CTA 0's is the one used: one arrival a CTA (its pushed bytes). The first cluster barrier with a
+                # release (the first digit's select) orders the initialisation before any CTA's pushes.
+                ptx.mbarrier_init(smem_addr(s["bar"]), C)
+                ptx.fence_mbarrier_init_cluster()
         if const_expr(self.refine_window):
             if tid < REFINE_WINDOW_BINS * 32:
                 cute.arch.store(s_win + tid, Int32(0))
@@ -2603,23 +2650,42 @@ class DecodeTopK:
                                         cute.arch.store(s_misc + 12, Int32(ptx.atom_add_cluster_u32(at, n_staged)))
                                     cute.arch.sync_threads()
                                     self.push_staged(s_key + own_stage, s_idx + own_stage, n_staged, s_key, s_idx,
-                                                     gather_base + cute.arch.load(s_misc + 12, Int32))
+                                                     gather_base + cute.arch.load(s_misc + 12, Int32), s_misc)
                                 else:
                                     if const_expr(C >= STAGE_NO_LIST_MIN_CLUSTER):
-                                        self.push_staged(stage, stage + GATHER_STAGE, n_staged, s_key, s_idx, dst_base)
+                                        self.push_staged(stage, stage + GATHER_STAGE, n_staged, s_key, s_idx, dst_base,
+                                                         s_misc)
                     self.mark(s_tl, 5)
-                    # The pushes to CTA 0 are complete (release/acquire), and no CTA reads a peer's
-                    # shared memory after this barrier: the peers may exit. The output writes of a
-                    # listed CTA go between the arrive and the wait: the arrive's release does not
-                    # wait for them, and they hide the barrier's latency.
+                    # The pushes to CTA 0 are complete (release/acquire, or on large clusters CTA 0's push mbarrier),
+                    # and no CTA reads a peer's shared memory after this barrier: the peers may exit. The output
+                    # writes of a listed CTA go between the arrive and the wait: the arrive's release does not wait
+                    # for them, and they hide the barrier's latency.
                     # (One CTA: the same two passes; fewer registers live than one pass doing both.)
-                    if const_expr(C > 1):
+                    if const_expr(self.async_pushes()):
+                        # This CTA's pushes (every in-bin item the pass counted: misc[10] with a list, else misc[3])
+                        # went by st.async: one relaxed arrival on CTA 0's push mbarrier says how many bytes to wait
+                        # for. The barrier is relaxed but where CTA 0 reads the peers' reservations next (refine).
+                        cute.arch.sync_threads()  # every warp's pushes issued, its counts added
+                        if tid == 0:
+                            n_pushed = sel(use_list, cute.arch.load(s_misc + 10, Int32),
+                                           cute.arch.load(s_misc + 3, Int32))
+                            ptx.mbarrier_arrive_expect_tx_cluster(self.push_bar(s_misc), n_pushed * 8)
+                        if refine:
+                            cute.arch.cluster_arrive()
+                        else:
+                            cute.arch.cluster_arrive_relaxed()
+                    elif const_expr(C > 1):
                         cute.arch.cluster_arrive()
                     if use_list:
                         self.gather_list(n_list, Uint32(b0), dst_base, s_key, s_idx, s_misc, out_row,
                                          rkeys, rraw, pushes=False, slot0=slot0)
                     if const_expr(C > 1):
                         cute.arch.cluster_wait()
+                        if const_expr(self.async_pushes()):
+                            if rank == 0:
+                                # CTA scope suffices (the bytes land in this CTA's memory, counted by its mbarrier),
+                                # and keeps the L1 (a cluster-scope acquire invalidates it).
+                                ptx.mbarrier_wait_parity(smem_addr(s["bar"]), 0, cluster=False)
                     else:
                         cute.arch.sync_threads()
                     self.mark(s_tl, 6)

@@ -165,28 +165,34 @@ def st_shared_b32(addr: Int32, v, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def split_by_bin(out_addr: Int64, list_addr: Int32, idx_delta: Int32, key, idx, hi, lo, to_cluster: bool = False, *,
-                 loc=None, ip=None):
+def split_by_bin(out_addr: Int64, list_addr: Int32, idx_delta: Int32, key, idx, hi, lo, to_cluster: bool = False,
+                 mbar=None, *, loc=None, ip=None):
     """One item of a threshold split, branch-free: key >= hi stores idx at out_addr (global); lo <= key < hi
     stores key at list_addr and idx at list_addr + idx_delta (shared::cta, or with to_cluster a shared::cluster
-    address from mapa_shared). Returns (out_addr, list_addr), each advanced by 4 bytes where it took the item.
-    Keys and bounds compare unsigned."""
-    space = "shared::cluster" if to_cluster else "shared"
+    address from mapa_shared; with mbar as well, by st.async completing 4 bytes a word on the mbarrier at mbar,
+    shared::cluster too). Returns (out_addr, list_addr), each advanced by 4 bytes where it took the item. Keys and
+    bounds compare unsigned."""
+    if mbar is None:
+        store = "st.shared::cluster.b32 [{}], {};" if to_cluster else "st.shared.b32 [{}], {};"
+        operands, cons = [], ""
+    else:
+        store = "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [{}], {}, [$9];"
+        operands, cons = [_i32(mbar)], ",r"
     st = _asm([T.i64(), T.i32()],
               [_i64(out_addr), _i32(list_addr), _i32(idx_delta), Uint32(key).ir_value(), _i32(idx),
-               Uint32(hi).ir_value(), Uint32(lo).ir_value()],
+               Uint32(hi).ir_value(), Uint32(lo).ir_value()] + operands,
               "{\n.reg .pred p, q;\n.reg .b32 t;\n.reg .b64 d;\n"
               "setp.ge.u32 p, $5, $7;\n"
               "setp.ge.and.u32 q, $5, $8, !p;\n"
               "@p st.global.b32 [$2], $6;\n"
-              f"@q st.{space}.b32 [$3], $5;\n"
+              "@q " + store.format("$3", "$5") + "\n"
               "add.u32 t, $3, $4;\n"
-              f"@q st.{space}.b32 [t], $6;\n"
+              "@q " + store.format("t", "$6") + "\n"
               "selp.b64 d, 4, 0, p;\n"
               "add.s64 $0, $2, d;\n"
               "selp.b32 t, 4, 0, q;\n"
               "add.u32 $1, $3, t;\n}",
-              "=l,=r,l,r,r,r,r,r,r")
+              "=l,=r,l,r,r,r,r,r,r" + cons)
     a, b = _unpack(st, [T.i64(), T.i32()])
     return Int64(a), Int32(b)
 
@@ -251,6 +257,22 @@ def st_async_v2_f32(addr: Int32, a, b, mbar: Int32, *, loc=None, ip=None) -> Non
     """Two floats to a peer's shared memory (shared::cluster addresses), completing 8 bytes on its mbarrier."""
     _asm(None, [_i32(addr), _f32(a), _f32(b), _i32(mbar)],
          "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [$0], {$1, $2}, [$3];", "r,f,f,r")
+
+
+@dsl_user_op
+def st_async_b32(addr: Int32, v, mbar: Int32, *, loc=None, ip=None) -> None:
+    """A 32-bit word to a (peer's) shared::cluster address, completing 4 bytes on the mbarrier at mbar (shared::cluster
+    as well): what a release would publish, without its GPU-scope membar."""
+    _asm(None, [_i32(addr), Uint32(v).ir_value(), _i32(mbar)],
+         "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [$0], $1, [$2];", "r,r,r")
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx_cluster(addr: Int32, nbytes, *, loc=None, ip=None) -> None:
+    """One relaxed arrival on the mbarrier at a (peer's) shared::cluster address, raising its phase's transaction
+    count by nbytes first (bytes that come by st.async): no release, so no GPU-scope membar in SASS."""
+    _asm(None, [_i32(addr), _i32(nbytes)],
+         "mbarrier.arrive.expect_tx.relaxed.cluster.shared::cluster.b64 _, [$0], $1;", "r,r")
 
 
 @dsl_user_op

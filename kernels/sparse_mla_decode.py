@@ -59,6 +59,12 @@ Measured slower on the H200 and dropped (benchmarks/results/sparse_mla_ab_h200_s
 each half's blocks as soon as it is staged (into a separate receive buffer, or into the owner's
 KV tile after a cluster barrier at the second product's issue), owners pulling the staged blocks
 with shared::cluster loads, an L2::256B hint or per-row L2 bulk prefetches on the gather.
+Why the gather stays cp.async (twenty-first session, sparse_mla_ab_h200_s21.json): a microbenchmark of the gather
+alone (gpu/micro/gather_route.cu; 60 CTAs, as at T = 12 width 640, each 128 random 512-byte rows, cold) takes 3.10 us
+a launch this way and 3.06 us with one bulk copy a row (which would need an unswizzled layout), against 0.98 us
+without the gather; 128-byte bulk or TMA copies, register loads, a warp a row and L2 prefetches are slower. Taking
+the chunk in two halves of 64 rows (half 0's softmax and second product while half 1 lands) was 0.3 us slower
+L2-warm and no faster cold: the random rows' latency tail lands half 0 late (gpu/candidates/mla_row_halves.diff).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# limit: 300
+# limit: 480
 # Candidate caches carried as .gl/cand*: decode_topk's GPU tests and sanitizers on each, or on those STAGE_AB_CHECK
 # names (gpu/tools/topk_checks.sh with SPARSE_DECODE_AOT_CACHE naming it), then topk_roots.py's sets
 # STAGE_AB_SETS (default: long row) on "." beside them, one process a set. A set given as "set:root,root" runs

@@ -38,12 +38,12 @@ SUPPORTED_K = (512, 1024, 2048)
 BLOCK_SIZE = 8  # columns per candidate block in block mode
 
 # Shared memory per CTA: two 2048-bin histograms (16 KiB), a scan scratch and a
-# few words (misc, per-warp counts, the 48 words the peers store), and the candidate
-# list of (key, index) pairs. 111 KiB lets two CTAs share an SM (233,472 B per SM on
+# few words (misc, per-warp counts, the 48 words the peers store), the candidate
+# list of (key, index) pairs, and CTA 0's push mbarrier (16 bytes, last). 111 KiB lets two CTAs share an SM (233,472 B per SM on
 # sm_90a/sm_100a, 1 KiB of it reserved per CTA).
 HIST_BINS = 2048
 LIST_CAPACITY = 12032
-SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 48 * 4 + LIST_CAPACITY * 8
+SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 48 * 4 + LIST_CAPACITY * 8 + 16
 # Clusters of this many CTAs or more serve few rows (one wave holds few of them anyway):
 # they are compiled for one CTA an SM, so up to 128 registers a thread instead of the 64
 # that two CTAs an SM allow. Measured on the H200 (decode_topk_ab_h200.json: regs_ab):
