@@ -286,6 +286,8 @@ class DecodeTopK:
         self.ctas_per_sm = ctas_per_sm
         # Step 1's bulk copies read the stream with an L2 evict-first policy (EVICT_FIRST_MAX_CLUSTER).
         self.stream_evict_first = ctas_per_sm == 1 and cluster <= EVICT_FIRST_MAX_CLUSTER
+        # The gathered finish's pushes go by st.async onto CTA 0's push mbarrier (ASYNC_PUSH_MIN_CLUSTER).
+        self.async_pushes = cluster >= ASYNC_PUSH_MIN_CLUSTER
         self.low_bits_finish = (LOW_BITS_FINISH and dtype == "bf16" and not block_mode and table_tiles > 0
                                 and cluster >= STAGE_NO_LIST_MIN_CLUSTER)
         self.key_bits = 32 if dtype == "f32" else 16
@@ -383,20 +385,23 @@ class DecodeTopK:
             arrays.append(("marks", 16))
         return arrays
 
-    def async_pushes(self) -> bool:
-        return self.cluster >= ASYNC_PUSH_MIN_CLUSTER
-
-    def push_bar(self, s_misc: cute.Pointer):
-        """The shared::cluster address of CTA 0's push mbarrier (the "bar" array), found from s_misc by smem_arrays'
-        layout (the push sites have s_misc at hand); None where the pushes are plain DSMEM stores."""
-        if not self.async_pushes():
-            return None
+    def smem_offsets(self) -> dict:
+        """Byte offset of each of smem_arrays' arrays from the first, as allocate_smem places them (16-byte aligned,
+        in order)."""
         offsets = {}
         used = 0
         for name, words in self.smem_arrays():
             used = (used + 15) // 16 * 16
             offsets[name] = used
             used += 4 * words
+        return offsets
+
+    def push_bar(self, s_misc: cute.Pointer):
+        """The shared::cluster address of CTA 0's push mbarrier (the "bar" array), found from s_misc (the push sites
+        have it at hand); None where the pushes are plain DSMEM stores (traced inline)."""
+        if not self.async_pushes:
+            return None
+        offsets = self.smem_offsets()
         return ptx.mapa_shared(smem_addr(s_misc) + (offsets["bar"] - offsets["misc"]), Int32(0))
 
     def allocate_smem(self) -> dict:
@@ -1721,7 +1726,7 @@ class DecodeTopK:
                       s_misc: cute.Pointer):
         """One threshold-bin item into slot dst of CTA 0's list (its own list for CTA 0); on large clusters by st.async,
         completing on CTA 0's push mbarrier (push_bar)."""
-        if const_expr(self.async_pushes()):
+        if const_expr(self.async_pushes):
             bar = self.push_bar(s_misc)
             ptx.st_async_b32(ptx.mapa_shared(smem_addr(s_key + dst), Int32(0)), key, bar)
             ptx.st_async_b32(ptx.mapa_shared(smem_addr(s_idx + dst), Int32(0)), Uint32(idx), bar)
@@ -2480,7 +2485,7 @@ class DecodeTopK:
         self.zero_bins(s_hist, 2 * self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
-        if const_expr(self.async_pushes()):
+        if const_expr(self.async_pushes):
             if tid == 0:
                 # CTA 0's is the one used: one arrival a CTA (its pushed bytes). The first cluster barrier with a
                 # release (the first digit's select) orders the initialisation before any CTA's pushes.
@@ -2661,7 +2666,7 @@ class DecodeTopK:
                     # writes of a listed CTA go between the arrive and the wait: the arrive's release does not wait
                     # for them, and they hide the barrier's latency.
                     # (One CTA: the same two passes; fewer registers live than one pass doing both.)
-                    if const_expr(self.async_pushes()):
+                    if const_expr(self.async_pushes):
                         # This CTA's pushes (every in-bin item the pass counted: misc[10] with a list, else misc[3])
                         # went by st.async: one relaxed arrival on CTA 0's push mbarrier says how many bytes to wait
                         # for. The barrier is relaxed but where CTA 0 reads the peers' reservations next (refine).
@@ -2681,7 +2686,7 @@ class DecodeTopK:
                                          rkeys, rraw, pushes=False, slot0=slot0)
                     if const_expr(C > 1):
                         cute.arch.cluster_wait()
-                        if const_expr(self.async_pushes()):
+                        if const_expr(self.async_pushes):
                             if rank == 0:
                                 # CTA scope suffices (the bytes land in this CTA's memory, counted by its mbarrier),
                                 # and keeps the L1 (a cluster-scope acquire invalidates it).
