@@ -321,7 +321,8 @@ class DecodeTopK:
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
         # (DECODE_TOPK_EXPERIMENT: a comma-separated set of the switches below.)
         experiment = set(os.environ.get("DECODE_TOPK_EXPERIMENT", "").split(","))
-        self.timeline = bool(experiment & {"timeline", "timeline_step1", "timeline_gather", "timeline_refine"})
+        self.timeline = bool(experiment & {"timeline", "timeline_step1", "timeline_gather", "timeline_refine",
+                                           "timeline_finish"})
         # timeline_step1: marks 13 and 14 split step 1's first CTA tile (its loads landed, its histogram
         # atomics issued) instead of CTA 0's finish rounds.
         self.step1_marks = "timeline_step1" in experiment
@@ -330,6 +331,9 @@ class DecodeTopK:
         self.gather_marks = "timeline_gather" in experiment
         # timeline_refine: marks 13 and 14 split refined_floor (its table pass, its barrier and sums).
         self.refine_marks = "timeline_refine" in experiment
+        # timeline_finish: marks 13, 14 and 15 split the gathered finish's first round (its histogram pass after a CTA
+        # barrier, its select, then its tie ranking or round end) instead of the finish's rounds.
+        self.finish_marks = "timeline_finish" in experiment
         # clustered_finish: the cluster-wide finish (finish_clustered) wherever the gathered one would run.
         self.force_clustered = "clustered_finish" in experiment
         # stop_at_<i> (timing only, wrong results): every CTA exits at timeline mark i, after a cluster barrier, so
@@ -2245,8 +2249,13 @@ class DecodeTopK:
                             cute.arch.atomic_add(bin_ptr, Int32(1))
                     else:
                         cute.arch.atomic_add(bin_ptr, Int32(1))
+                if const_expr(self.finish_marks and r == 0):
+                    cute.arch.sync_threads()
+                    self.mark(s_tl, 13)
                 b, above, count, _ = self.cluster_select(h, 1 << bits, krem, s_scan + (r % 2) * 32, s_misc,
                                                          local=True)
+                if const_expr(self.finish_marks and r == 0):
+                    self.mark(s_tl, 14)
                 if const_expr(r + 2 < len(rounds)):
                     self.zero_bins(h, 1 << rounds[r + 2][2])
                 krem = krem - above
@@ -2268,9 +2277,12 @@ class DecodeTopK:
                                        by_key=rounds[r + 1][0] == "key")
                         done = Int32(1)
                         ranked = Int32(1)
-                if const_expr(r < 2 and not (self.step1_marks or self.gather_marks or self.refine_marks)):
+                if const_expr(r < 2 and not (self.step1_marks or self.gather_marks or self.refine_marks
+                                             or self.finish_marks)):
                     self.mark(s_tl, 13 + r)
-        if const_expr(not (self.step1_marks or self.gather_marks or self.refine_marks)):
+            if const_expr(self.finish_marks and r == 0):
+                self.mark(s_tl, 15)
+        if const_expr(not (self.step1_marks or self.gather_marks or self.refine_marks or self.finish_marks)):
             self.mark(s_tl, 15)
         # Selected: above the prefix on the key bits, or equal there and not below it on ~index.
         if ranked == 0:

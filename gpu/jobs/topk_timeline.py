@@ -73,6 +73,9 @@ GATHER_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "gather"
 # TOPK_TIMELINE_MARKS=refine: builds with DECODE_TOPK_EXPERIMENT=timeline_refine, whose marks 13 and 14 split the
 # gathered finish's refined_floor: its table pass, then its cluster barrier and sums.
 REFINE_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "refine"
+# TOPK_TIMELINE_MARKS=finish: builds with DECODE_TOPK_EXPERIMENT=timeline_finish, whose marks 13, 14 and 15 split the
+# gathered finish's first round on CTA 0: its histogram pass (to a CTA barrier), its select, its tie ranking.
+FINISH_MARKS = os.environ.get("TOPK_TIMELINE_MARKS") == "finish"
 
 
 def phases(marks):
@@ -102,7 +105,10 @@ def phases(marks):
             # list, a short slice: its slot reservation (4 -> 12), then its pass (12 -> 5), under the same names)
             out.update({"pushes pass": d(4, 12), "slot reservation": d(12, 5)})
         out.update({"pushes": d(4, 5), "writes+barrier": d(5, 6), "finish (CTA 0)": d(6, 7), "to end": d(7, 9)})
-        if m[15]:  # CTA 0's finish: its first two radix rounds, any later ones, the selection pass
+        if FINISH_MARKS and m[15]:
+            out.update({"finish: histogram": d(6, 13), "finish: select": d(13, 14), "finish: ties": d(14, 15),
+                        "finish: rest": d(15, 7)})
+        elif m[15]:  # CTA 0's finish: its first two radix rounds, any later ones, the selection pass
             out.update({"finish round 1": d(6, 13), "finish round 2": d(13, 14) if m[14] else 0,
                         "finish later rounds": d(14 if m[14] else 13, 15), "finish selection pass": d(15, 7)})
     else:
