@@ -771,17 +771,23 @@ class DecodeTopK:
             cute.arch.store(scratch + warp, x)
             cute.arch.store(scratch + 16 + warp, y)
         cute.arch.sync_threads()
-        before_x = Int32(0)
-        total_x = Int32(0)
-        before_y = Int32(0)
-        total_y = Int32(0)
-        for w in cutlass.range_constexpr(self.warps):
-            tx = cute.arch.load(scratch + w, Int32)
-            ty = cute.arch.load(scratch + 16 + w, Int32)
-            total_x = total_x + tx
-            total_y = total_y + ty
-            before_x = before_x + sel(warp > w, tx, Int32(0))
-            before_y = before_y + sel(warp > w, ty, Int32(0))
+        # The warp totals as block_scan combines them: lane w holds warp w's, butterflies sum them (four chains),
+        # instead of every lane loading all of them (fewer instructions on every warp: the routed long rows 0.6 %
+        # faster, issue_cuts_s22_ab candidate T).
+        tx = Int32(0)
+        ty = Int32(0)
+        if lane < self.warps:
+            tx = cute.arch.load(scratch + lane, Int32)
+            ty = cute.arch.load(scratch + 16 + lane, Int32)
+        before_x = sel(lane < warp, tx, Int32(0))
+        before_y = sel(lane < warp, ty, Int32(0))
+        total_x = tx
+        total_y = ty
+        for s in cutlass.range_constexpr(5):
+            before_x = before_x + cute.arch.shuffle_sync_bfly(before_x, 1 << s)
+            before_y = before_y + cute.arch.shuffle_sync_bfly(before_y, 1 << s)
+            total_x = total_x + cute.arch.shuffle_sync_bfly(total_x, 1 << s)
+            total_y = total_y + cute.arch.shuffle_sync_bfly(total_y, 1 << s)
         return before_x + x, total_x, before_y + y, total_y
 
     @cute.jit
@@ -919,7 +925,16 @@ class DecodeTopK:
                 l0 = sel(tid * 4 >= lo, l0, Int32(0))
                 l1 = sel(tid * 4 + 1 >= lo, l1, Int32(0))
                 l2 = sel(tid * 4 + 2 >= lo, l2, Int32(0))
-        incl, total, lincl, ltotal = self.block_scan2(c0 + c1 + c2 + c3, l0 + l1 + l2 + l3, scratch)
+        if const_expr(clustered):
+            incl, total, lincl, ltotal = self.block_scan2(c0 + c1 + c2 + c3, l0 + l1 + l2 + l3, scratch)
+        else:
+            # One CTA's counts are its own (l == c): one scan, without block_scan2's second one (every warp runs the
+            # select, and the finish and the short-row kernel are bound by their instructions). Measured on the H200
+            # (decode_topk_ab_h200.json: issue_cuts_s22_ab, candidate S): the local select 1050-1090 -> 770-800 cycles;
+            # the short-row kernel 5 % faster (1 x 8K on DeepGEMM logits 4.57 -> 4.26 us), routed long rows 1.5 %.
+            incl, total = self.block_scan(c0 + c1 + c2 + c3, scratch)
+            lincl = incl
+            ltotal = total
         above = total - incl
         labove = ltotal - lincl
         # Bins from high to low: exactly one bin has above < krem <= above + count.
@@ -1856,40 +1871,54 @@ class DecodeTopK:
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         hi = self.bin_ceiling(lo)
-        for gb in cutlass.range(g_lo, g_hi, T):
-            g = gb + tid
-            keys = rkeys
-            if const_expr(resident == 0):
-                self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-            elif const_expr(resident == 2):
-                for j in cutlass.range_constexpr(self.items):
-                    rraw[j] = sel(gb == g_lo, rkeep[j], rkeys[j])
-                keys = rraw
-            self.gather_group(keys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
+        if const_expr(resident == 2):
+            # Both tiles behind one pair of slot reservations (one chain of scan and atomics, not two). Measured on the
+            # H200 (issue_cuts_s22_ab, candidate TU against T): 8 and 14 rows of 64K on 8 CTAs 0.25-0.3 us faster
+            # (FP32 8 x 64K k512 7.38 -> 7.13 us), the rest within -0.4..+0.5 %.
+            self.gather_group([(rkeep, g_lo + tid), (rkeys, g_lo + T + tid)], lo, hi, gt_base, list_base, idx_delta,
+                              staged, s_misc, out_row)
+        else:
+            for gb in cutlass.range(g_lo, g_hi, T):
+                g = gb + tid
+                if const_expr(resident == 0):
+                    self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
+                self.gather_group([(rkeys, g)], lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
 
     @cute.jit
-    def gather_group(self, keys: cute.Tensor, g: Int32, lo: Uint32, hi: Uint32, gt_base: Int32, list_base: Int32,
+    def gather_group(self, groups, lo: Uint32, hi: Uint32, gt_base: Int32, list_base: Int32,
                      idx_delta: Int32, staged, s_misc: cute.Pointer, out_row: cute.Pointer):
-        """Group g's items (keys) above the bin [lo, hi) to the output from slot gt_base on, those in it to the keys
+        """The items of groups (a list of (keys, g): group g's items) above the bin [lo, hi) to the output from slot
+        gt_base on, those in it to the keys
         from shared address list_base on (indices idx_delta bytes further): CTA 0's list, or where `staged` (None:
         never) this CTA's stage, by plain shared stores (the cluster stores' generic addressing takes three
         times the instructions, and this code runs cold: instruction fetch was its largest stall). The warp's
-        places come from this CTA's two counters (misc[9], misc[3]), then one split."""
-        gt, eq = self.count_in_bin(keys, lo, hi)
+        places come from this CTA's two counters (misc[9], misc[3]), then one split a group."""
+        gt = Int32(0)
+        eq = Int32(0)
+        for keys, _ in groups:
+            gt_g, eq_g = self.count_in_bin(keys, lo, hi)
+            gt = gt + gt_g
+            eq = eq + eq_g
         slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
         list_addr = list_base + e * 4
         out_addr = out_row.toint() + Int64(gt_base + slot) * 4
         if const_expr(self.cluster == 1):
-            self.split_group(keys, g, lo, hi, out_addr, list_addr, idx_delta)
+            self.split_groups(groups, lo, hi, out_addr, list_addr, idx_delta)
         elif const_expr(staged is None):
-            self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True,
-                             self.push_bar(s_misc))
+            self.split_groups(groups, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True,
+                              self.push_bar(s_misc))
         else:
             if staged:
-                self.split_group(keys, g, lo, hi, out_addr, list_addr, idx_delta)
+                self.split_groups(groups, lo, hi, out_addr, list_addr, idx_delta)
             else:
-                self.split_group(keys, g, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True,
-                                 self.push_bar(s_misc))
+                self.split_groups(groups, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True,
+                                  self.push_bar(s_misc))
+
+    def split_groups(self, groups, lo: Uint32, hi: Uint32, out_addr: Int64, list_addr: Int32, idx_delta: Int32,
+                     to_cluster: bool = False, mbar=None):
+        """split_group over groups (a list of (keys, g)), each from where the one before stopped (traced inline)."""
+        for keys, g in groups:
+            out_addr, list_addr = self.split_group(keys, g, lo, hi, out_addr, list_addr, idx_delta, to_cluster, mbar)
 
     @cute.jit
     def gather_no_list(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, lo: Uint32, gt_base: Int32,
@@ -2104,12 +2133,12 @@ class DecodeTopK:
                 g_next = self.marked_group(table, warp, lane, (r + 1) * WARP, n, g_lo, g_hi)
                 self.load_raw(row_addr, g_next, g_hi, row_end, rnext)
                 self.raw_to_items(rraw, g, g_hi, row_end, rkeys)
-                self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
+                self.gather_group([(rkeys, g)], lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
         else:
             for r in cutlass.range((n + WARP - 1) // WARP):
                 g = self.marked_group(table, warp, lane, r * WARP, n, g_lo, g_hi)
                 self.load_items(row_addr, g, g_hi, row_end, rraw, rkeys)
-                self.gather_group(rkeys, g, lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
+                self.gather_group([(rkeys, g)], lo, hi, gt_base, list_base, idx_delta, staged, s_misc, out_row)
 
     @cute.jit
     def refined_floor(self, b0: Uint32, krem: Int32, with_table, table: Int32, n_tiles: Int32,
