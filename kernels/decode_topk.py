@@ -1873,8 +1873,8 @@ class DecodeTopK:
         hi = self.bin_ceiling(lo)
         if const_expr(resident == 2):
             # Both tiles behind one pair of slot reservations (one chain of scan and atomics, not two). Measured on the
-            # H200 (issue_cuts_s22_ab, candidate TU against T): 8 and 14 rows of 64K on 8 CTAs 0.25-0.3 us faster
-            # (FP32 8 x 64K k512 7.38 -> 7.13 us), the rest within -0.4..+0.5 %.
+            # H200 (issue_cuts_s22_ab, candidate TU against T): 8 and 14 rows of 64K on 8 CTAs 3-4 % faster
+            # (FP32 8 x 64K k512 7.38 -> 7.13 us), the rest within -0.7..+0.5 %.
             self.gather_group([(rkeep, g_lo + tid), (rkeys, g_lo + T + tid)], lo, hi, gt_base, list_base, idx_delta,
                               staged, s_misc, out_row)
         else:
@@ -1888,11 +1888,11 @@ class DecodeTopK:
     def gather_group(self, groups, lo: Uint32, hi: Uint32, gt_base: Int32, list_base: Int32,
                      idx_delta: Int32, staged, s_misc: cute.Pointer, out_row: cute.Pointer):
         """The items of groups (a list of (keys, g): group g's items) above the bin [lo, hi) to the output from slot
-        gt_base on, those in it to the keys
-        from shared address list_base on (indices idx_delta bytes further): CTA 0's list, or where `staged` (None:
-        never) this CTA's stage, by plain shared stores (the cluster stores' generic addressing takes three
-        times the instructions, and this code runs cold: instruction fetch was its largest stall). The warp's
-        places come from this CTA's two counters (misc[9], misc[3]), then one split a group."""
+        gt_base on, those in it to the keys from shared address list_base on (indices idx_delta bytes further): CTA
+        0's list, or where `staged` (None: never) this CTA's stage, by plain shared stores (the cluster stores'
+        generic addressing takes three times the instructions, and this code runs cold: instruction fetch was its
+        largest stall). The warp's places come from this CTA's two counters (misc[9], misc[3]) for all the groups at
+        once, then one split a group."""
         gt = Int32(0)
         eq = Int32(0)
         for keys, _ in groups:
