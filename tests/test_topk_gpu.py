@@ -369,6 +369,50 @@ def test_finish_ranks_a_small_bin_by_key_then_index():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+def test_gathered_pushes_on_8_and_16_ctas(dtype):
+    """The 8- and 16-CTA kernels (one CTA an SM, token mode), launched directly: the gathered finish's pushes into
+    CTA 0's list by st.async, staged (a CTA's items of the threshold bin within GATHER_STAGE) or not (over 1024 equal
+    keys crowded into one CTA's slice, cut by index), and the pass over two register-resident tiles at its bounds (a
+    CTA slice of T + 1 and of 2 T groups, the last group partial), with a row end short of the width."""
+    import runtime
+    from runtime.contract import decode_topk as contract
+
+    cache = runtime.load()
+    T = contract.THREADS
+    bad = []
+    for cluster in (8, 16):
+        kernel = cache.kernel(contract.name_for("f32" if dtype == torch.float32 else "bf16", False, cluster))
+        for groups in (T + 1, 2 * T):
+            width = cluster * groups * 8 - 3
+            for kind in ("randn", "ties_at_threshold", "crowded"):
+                for k in (512, 2048):
+                    rows = 2
+                    logits = _adversarial(kind if kind != "crowded" else "ties_at_threshold", rows, width, dtype,
+                                          seed=width + k)
+                    if kind == "randn":
+                        logits = _logits(rows, width, dtype, seed=width + k)
+                    elif kind == "crowded":
+                        # 3000 equal keys in CTA 2's slice, k / 2 of them taken; k / 2 larger keys elsewhere.
+                        g = torch.Generator(device="cuda").manual_seed(width + k)
+                        logits.copy_((torch.rand(rows, width, device="cuda", generator=g) - 0.5).to(dtype))
+                        start = 2 * groups * 8
+                        logits[:, start:start + 3000] = 5.0
+                        above = torch.randperm(width - 3000, generator=g, device="cuda")[:k // 2]
+                        above = torch.where(above < start, above, above + 3000)
+                        logits[:, above] = (6.0 + torch.rand(rows, k // 2, device="cuda", generator=g)).to(dtype)
+                    ends = torch.tensor([width, width - 5], dtype=torch.int32, device="cuda")
+                    out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+                    kernel.launch(rows * cluster, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), width,
+                                  logits.stride(0), out.stride(0), k)
+                    torch.cuda.synchronize()
+                    try:
+                        _check(logits, ends, out, k, False)
+                    except AssertionError as e:
+                        bad.append(f"c{cluster} groups={groups} {kind} k={k}: {e}")
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
 def test_refined_floor_with_ties_at_its_sub_bins(dtype):
     """Rows whose gathered finish takes the refined floor (CTA-tile slices on 2 and 8 CTAs, many items from the
     threshold bin up): half the rows on a 1/64 grid, so each of the threshold bin's 32 sub-bins holds one value and
