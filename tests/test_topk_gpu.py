@@ -31,6 +31,16 @@ def _run(logits, row_ends, k, block_mode, *, expect_kernel=True):
     return out
 
 
+def _launch_direct(kernel, logits, row_ends, k, ctas_per_row):
+    """One kernel of the cache launched directly (no host op, no routing) on every row; its output, synchronised."""
+    rows, width = logits.shape
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=logits.device)
+    kernel.launch(rows * ctas_per_row, logits.data_ptr(), row_ends.data_ptr(), out.data_ptr(), width,
+                  logits.stride(0), out.stride(0), k)
+    torch.cuda.synchronize()
+    return out
+
+
 def _check(logits, row_ends, out, k, block_mode):
     from runtime.reference import DECODE_TOPK_BLOCK, decode_topk_keys, decode_topk_reference
 
@@ -210,10 +220,7 @@ def test_every_variant():
             if kind == "ties":
                 logits = _adversarial("ties_at_threshold", rows, width, tdtype, seed=cluster)
             ends = torch.tensor([width, width // 3, 1500], dtype=torch.int32, device="cuda")
-            out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
-            kernel.launch(rows * cluster, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), width,
-                          logits.stride(0), out.stride(0), k)
-            torch.cuda.synchronize()
+            out = _launch_direct(kernel, logits, ends, k, cluster)
             try:
                 _check(logits, ends, out, k, block_mode)
             except AssertionError as e:
@@ -247,10 +254,7 @@ def test_row_kernel(dtype, block_mode):
                 ends[2] = 0
                 ends[3] = -4 if kind == "randn" else width + 100  # clipped to [0, width]
                 ends[4] = (k + 1) * blocks - 7  # k + 1 candidates, a partial last group
-                out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
-                kernel.launch(rows, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), width, logits.stride(0),
-                              out.stride(0), k)
-                torch.cuda.synchronize()
+                out = _launch_direct(kernel, logits, ends, k, 1)
                 try:
                     _check(logits, ends, out, k, block_mode)
                 except AssertionError as e:
@@ -368,6 +372,19 @@ def test_finish_ranks_a_small_bin_by_key_then_index():
         _check(logits, ends, out, k, False)
 
 
+def _crowded(rows, width, dtype, start, k, seed):
+    """3000 equal keys from column start on (one CTA's slice), k / 2 of them taken; k / 2 larger keys elsewhere, the
+    rest smaller."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = _logits(rows, width, dtype, seed=seed)
+    logits.copy_((torch.rand(rows, width, device="cuda", generator=g) - 0.5).to(dtype))
+    logits[:, start:start + 3000] = 5.0
+    above = torch.randperm(width - 3000, generator=g, device="cuda")[:k // 2]
+    above = torch.where(above < start, above, above + 3000)
+    logits[:, above] = (6.0 + torch.rand(rows, k // 2, device="cuda", generator=g)).to(dtype)
+    return logits
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
 def test_gathered_pushes_on_8_and_16_ctas(dtype):
     """The 8- and 16-CTA kernels (one CTA an SM, token mode), launched directly: the gathered finish's pushes into
@@ -387,24 +404,14 @@ def test_gathered_pushes_on_8_and_16_ctas(dtype):
             for kind in ("randn", "ties_at_threshold", "crowded"):
                 for k in (512, 2048):
                     rows = 2
-                    logits = _adversarial(kind if kind != "crowded" else "ties_at_threshold", rows, width, dtype,
-                                          seed=width + k)
                     if kind == "randn":
                         logits = _logits(rows, width, dtype, seed=width + k)
                     elif kind == "crowded":
-                        # 3000 equal keys in CTA 2's slice, k / 2 of them taken; k / 2 larger keys elsewhere.
-                        g = torch.Generator(device="cuda").manual_seed(width + k)
-                        logits.copy_((torch.rand(rows, width, device="cuda", generator=g) - 0.5).to(dtype))
-                        start = 2 * groups * 8
-                        logits[:, start:start + 3000] = 5.0
-                        above = torch.randperm(width - 3000, generator=g, device="cuda")[:k // 2]
-                        above = torch.where(above < start, above, above + 3000)
-                        logits[:, above] = (6.0 + torch.rand(rows, k // 2, device="cuda", generator=g)).to(dtype)
+                        logits = _crowded(rows, width, dtype, 2 * groups * 8, k, seed=width + k)
+                    else:
+                        logits = _adversarial(kind, rows, width, dtype, seed=width + k)
                     ends = torch.tensor([width, width - 5], dtype=torch.int32, device="cuda")
-                    out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
-                    kernel.launch(rows * cluster, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), width,
-                                  logits.stride(0), out.stride(0), k)
-                    torch.cuda.synchronize()
+                    out = _launch_direct(kernel, logits, ends, k, cluster)
                     try:
                         _check(logits, ends, out, k, False)
                     except AssertionError as e:

@@ -39,8 +39,9 @@ BLOCK_SIZE = 8  # columns per candidate block in block mode
 
 # Shared memory per CTA: two 2048-bin histograms (16 KiB), a scan scratch and a
 # few words (misc, per-warp counts, the 48 words the peers store), the candidate
-# list of (key, index) pairs, and CTA 0's push mbarrier (16 bytes, last). 111 KiB lets two CTAs share an SM (233,472 B per SM on
-# sm_90a/sm_100a, 1 KiB of it reserved per CTA).
+# list of (key, index) pairs, and CTA 0's push mbarrier (16 bytes, last). 111 KiB
+# lets two CTAs share an SM (233,472 B per SM on sm_90a/sm_100a, 1 KiB of it
+# reserved per CTA).
 HIST_BINS = 2048
 LIST_CAPACITY = 12032
 SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 48 * 4 + LIST_CAPACITY * 8 + 16
