@@ -6,13 +6,15 @@ contract (parameters, variants, shared memory) in runtime/contract/sparse_mla_de
 Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
 
   step 1  sinks -> registers (before griddepcontrol.wait: weights, not produced by the previous grid)
-  step 2  griddepcontrol.wait; Q copies issued; each thread loads the indices of its rows
+  step 2  griddepcontrol.wait; Q copies issued; each thread loads the indices of its rows (and,
+          after the gather is issued, those of its accumulator rows: the softmax's mask)
   step 3  cp.async gather of KV [128, 512] (and Q [16, 512]) into 128B-swizzled K-major tiles,
           one async group per 128-byte K block; masked rows are zero-filled without a read
   step 4  S^T = KV Q^T: FP8 WGMMA, two m64 tiles, N 16, K 512, issued per K block as it lands,
           each K block in its own accumulators (FP32 promotion every 128 products);
           launch_dependents once they are issued
-  step 5  chunk softmax per head in base 2 (bmm1_scale * log2 e folded), P^T = 256 exp2(S - m)
+  step 5  chunk softmax per head in base 2 (bmm1_scale * log2 e folded), P^T = 256 exp2(S - m);
+          the first half's V^T fragments are built after its max barrier
           as E4M3 into a 128B-swizzled K-major tile (scaled so that small weights stay normal)
   step 6  (m, l) per head to every CTA of the cluster (st.async onto the receiver's mbarrier)
   step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see below for the route)
@@ -44,8 +46,17 @@ permutes build the K-major fragment directly from the swizzled tile (32 ldmatrix
 permuted (lane group g holds dims 2g, 2g+1), which the epilogue undoes for free.
 Measured on the H200 (R2, L2-warm graph replay, T = 12, width 640): leaving the second
 product out entirely saves 0.67 us of 5.87 us, so no route for V can save more than that;
-per-step clocks put it at ~1400 cycles, mostly MMA issue (N = 16 is the warpgroup MMA's
-least efficient shape), not the fragment building, which a transpose would replace.
+per-step clocks put it at ~1470 cycles from the softmax's end to the last MMA issued. About
+650 of them were the first half's fragment building: built before the softmax ends, the step
+takes ~830 (twenty-third session), so those fragments are now built after the softmax's max
+barrier, where the warps otherwise wait. The rest is MMA issue (N = 16 is the warpgroup MMA's
+least efficient shape) with the second half's fragments overlapping the first half's MMAs.
+Where the first half's fragments are built was measured (sparse_mla_ab_h200_s23.json; KV
+rotated past the L2, T = 12, width 640, committed build 5.74-5.76 us in the same runs): after
+the max barrier 5.49-5.56 us; during the gather, after each K block's MMAs, 5.61; after the
+score wait 5.76; all eight tiles after the max barrier 5.57, six 5.93, two 5.72. The softmax
+mask in predicates belongs to it: the same placement with the mask read from shared memory
+measured 5.83, the mask alone 5.87.
 Warp-level mma.sync is no way out: Hopper has no FP8 mma.sync (ptxas lowers it to FP16
 conversions and HMMA), and a microbenchmark of one warp's share of O = P V with FP16 HMMA
 (gpu/micro/pv_route.cu, ninth session) took 2250 cycles for the MMAs alone and 3070 with
@@ -59,6 +70,9 @@ Measured slower on the H200 and dropped (benchmarks/results/sparse_mla_ab_h200_s
 each half's blocks as soon as it is staged (into a separate receive buffer, or into the owner's
 KV tile after a cluster barrier at the second product's issue), owners pulling the staged blocks
 with shared::cluster loads, an L2::256B hint or per-row L2 bulk prefetches on the gather.
+Why the partials go to four owners of 128 dims (twenty-third session, sparse_mla_ab_h200_s23.json): a
+reduce-scatter over all five CTAs (blocks of 104 dims, 17 % fewer bytes into the busiest CTA) measured 0.08 us
+slower (5.69 against 5.61 us with the KV cold; gpu/candidates/mla_s23_candidates.diff, MLA_SCATTER).
 Why the gather stays cp.async (twenty-first session, sparse_mla_ab_h200_s21.json): a microbenchmark of the gather
 alone (gpu/micro/gather_route.cu; 60 CTAs, as at T = 12 width 640, each 128 random 512-byte rows, cold) takes 3.10 us
 a launch this way and 3.06 us with one bulk copy a row (which would need an unswizzled layout), against 0.98 us
@@ -95,8 +109,7 @@ Q_KBLOCK = HEADS * 128
 P_OFF = Q_OFF + 4 * Q_KBLOCK  # [16 heads x 128 rows] E4M3, 128B swizzle
 RED_OFF = P_OFF + HEADS * 128  # max[4 warps][16], sum[4 warps][16] (f32)
 STATS_OFF = RED_OFF + 2 * 4 * HEADS * 4  # (m, l)[5 chunks][16 heads] (f32 pairs), written by peers
-IDX_OFF = STATS_OFF + 2 * 5 * HEADS * 4  # gather index per row (-1 = masked)
-MBAR_OFF = IDX_OFF + ROWS * 4  # [0]: partial-O blocks, [1]: stats
+MBAR_OFF = STATS_OFF + 2 * 5 * HEADS * 4  # [0]: partial-O blocks, [1]: stats
 SMEM_END = MBAR_OFF + 16
 # Reduction (after the second MMA): own partial O staged in the KV tile's first half,
 # peers' blocks received into its second half.
@@ -168,7 +181,6 @@ class SparseMlaDecodeSm90:
         s_p = base + P_OFF
         s_red = base + RED_OFF
         s_stats = base + STATS_OFF
-        s_idx = base + IDX_OFF
         s_mbar = base + MBAR_OFF
 
         # Heads of this thread's accumulator columns: slot hs -> 8 (hs >> 1) + 2 t4 + (hs & 1).
@@ -227,11 +239,15 @@ class SparseMlaDecodeSm90:
                                 row_bytes[i])
             cute.arch.cp_async_commit_group()
         tl = self._mark(tl, tid)  # 2: gather issued (indices landed)
-        # The softmax's row mask (rows in accumulator order): thread tid publishes row tid; the
-        # barriers of step 4 order it before its readers.
-        ix = ptx.ld_global_s32(idx_row + Int64(tid) * 4)
-        active = (tid + chunk * ROWS < tok_len) & (ix >= 0) & (ix < rows)
-        ptx.st_shared_s32(s_idx + tid * 4, Int32(cutlass.select_(active, Int32(0), Int32(-1))))
+        # The softmax's row mask for this thread's accumulator rows (64 mt + 16 warp + g, + 8), kept
+        # in predicates: the loads hit the index lines the gather just read (L1) and land while the
+        # gather does, so the softmax reads no shared memory for it.
+        row_ok = []
+        for mt in cutlass.range_constexpr(2):
+            for half in cutlass.range_constexpr(2):
+                rr = 64 * mt + 16 * warp + g + 8 * half
+                ix = ptx.ld_global_s32(idx_row + Int64(rr) * 4)
+                row_ok.append((rr + chunk * ROWS < tok_len) & (ix >= 0) & (ix < rows))
 
         # step 4: S^T[128 rows, 16 heads] = KV x Q^T, one batch of MMAs per landed K block.
         # Each K block (K = 128) accumulates in its own registers and the four partial sums are
@@ -263,11 +279,6 @@ class SparseMlaDecodeSm90:
 
         # step 5: chunk softmax per head, base 2. Thread rows: 64 mt + 16 warp + g (+8).
         scale2 = bmm1_scale * LOG2E
-        row_ok = []
-        for mt in cutlass.range_constexpr(2):
-            for half in cutlass.range_constexpr(2):
-                rr = 64 * mt + 16 * warp + g + 8 * half
-                row_ok.append(ptx.ld_shared_s32(s_idx + rr * 4) >= 0)
         s = [[Float32(0.0)] * 8, [Float32(0.0)] * 8]
         neg_inf = Float32(float("-inf"))
         mx = [neg_inf] * 4
@@ -285,6 +296,10 @@ class SparseMlaDecodeSm90:
             for hs in cutlass.range_constexpr(4):
                 ptx.st_shared_f32(s_red + (warp * HEADS + heads[hs]) * 4, mx[hs])
         cute.arch.sync_threads()
+        # The first half's V^T fragments (tiles 0-3, K blocks 0 and 1), built here, where the warps
+        # otherwise wait on the softmax's chains of shuffles, barriers and exp2: the second product's
+        # first MMAs then issue at once (see "Why V^T comes from registers").
+        frags_half0 = [[self._v_fragment(s_kv, i, ks, warp, lane) for ks in range(4)] for i in range(4)]
         m_c = [neg_inf] * 4
         for hs in cutlass.range_constexpr(4):
             for w in cutlass.range_constexpr(4):
@@ -341,7 +356,9 @@ class SparseMlaDecodeSm90:
         # ldmatrix/prmt overlap the first half's MMAs.
         o = []
         for half in cutlass.range_constexpr(2 if not self.skip_pv else 0):
-            frags = [[self._v_fragment(s_kv, 4 * half + i, ks, warp, lane) for ks in range(4)] for i in range(4)]
+            frags = frags_half0
+            if cutlass.const_expr(half == 1):
+                frags = [[self._v_fragment(s_kv, 4 + i, ks, warp, lane) for ks in range(4)] for i in range(4)]
             ptx.wgmma_fence()
             tile_acc = [zero8] * 4
             for i, ks in self.pv_order:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# limit: 420
+# limit: 570
 # sparse_mla_decode candidates: the committed cache and every .gl/mlacand* cache (built from a
 # changed source) checked against the reference and timed L2-warm beside each other (one process a
 # cache, two rounds, alternating order); .gl/mlacand*_tl caches are timeline builds
