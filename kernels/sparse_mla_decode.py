@@ -454,12 +454,16 @@ class SparseMlaDecodeSm90:
             cute.arch.cluster_wait()
             tl = self._mark(tl, tid)  # 10: cluster barrier passed
             if tid == 0:
-                for blk in cutlass.range_constexpr(4):
-                    owner = blk % n
-                    if chunk != owner:
+                # Each CTA sends first to the next owner after itself, so the owners' blocks arrive
+                # side by side rather than all at owner 0 first (sparse_mla_ab_h200_s23.json: width 640
+                # 0.02-0.05 us faster with the KV cold, 0.04-0.13 us L2-warm).
+                for k in cutlass.range_constexpr(1, n):
+                    owner = chunk + k
+                    owner = Int32(cutlass.select_(owner >= n, owner - n, owner))
+                    if owner < 4:  # block `owner` of the 4 (n > 4: CTAs 4.. own none)
                         slot = chunk - Int32(chunk > owner)
                         dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
-                        ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + blk * BLOCK_BYTES, BLOCK_BYTES,
+                        ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + owner * BLOCK_BYTES, BLOCK_BYTES,
                                               ptx.mapa_shared(s_mbar, owner))
             if chunk < 4:
                 ptx.mbarrier_wait_parity(s_mbar, 0)
