@@ -13,9 +13,9 @@ Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
   step 4  S^T = KV Q^T: FP8 WGMMA, two m64 tiles, N 16, K 512, issued per K block as it lands,
           each K block in its own accumulators (FP32 promotion every 128 products);
           launch_dependents once they are issued
-  step 5  chunk softmax per head in base 2 (bmm1_scale * log2 e folded), P^T = 256 exp2(S - m);
-          the first half's V^T fragments are built after its max barrier
-          as E4M3 into a 128B-swizzled K-major tile (scaled so that small weights stay normal)
+  step 5  chunk softmax per head in base 2 (bmm1_scale * log2 e folded), P^T = 256 exp2(S - m)
+          as E4M3 into a 128B-swizzled K-major tile (scaled so that small weights stay normal);
+          the second product's first-half V^T fragments are built after its max barrier
   step 6  (m, l) per head to every CTA of the cluster (st.async onto the receiver's mbarrier)
   step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see below for the route)
   step 8  while the second product runs: wait for the stats; merge (m, l) of all chunks and the
