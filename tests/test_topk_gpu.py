@@ -41,6 +41,17 @@ def _launch_direct(kernel, logits, row_ends, k, ctas_per_row):
     return out
 
 
+def _direct_mismatch(kernel, logits, row_ends, k, ctas_per_row, block_mode):
+    """``_launch_direct`` checked against the reference: None when it matches, else the check's message (so a
+    test can collect every failing case before it asserts)."""
+    out = _launch_direct(kernel, logits, row_ends, k, ctas_per_row)
+    try:
+        _check(logits, row_ends, out, k, block_mode)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
 def _check(logits, row_ends, out, k, block_mode):
     from runtime.reference import DECODE_TOPK_BLOCK, decode_topk_keys, decode_topk_reference
 
@@ -220,11 +231,9 @@ def test_every_variant():
             if kind == "ties":
                 logits = _adversarial("ties_at_threshold", rows, width, tdtype, seed=cluster)
             ends = torch.tensor([width, width // 3, 1500], dtype=torch.int32, device="cuda")
-            out = _launch_direct(kernel, logits, ends, k, cluster)
-            try:
-                _check(logits, ends, out, k, block_mode)
-            except AssertionError as e:
-                bad.append(f"{v.name} {kind} width={width}: {e}")
+            err = _direct_mismatch(kernel, logits, ends, k, cluster, block_mode)
+            if err is not None:
+                bad.append(f"{v.name} {kind} width={width}: {err}")
     assert not bad, bad
 
 
@@ -254,11 +263,9 @@ def test_row_kernel(dtype, block_mode):
                 ends[2] = 0
                 ends[3] = -4 if kind == "randn" else width + 100  # clipped to [0, width]
                 ends[4] = (k + 1) * blocks - 7  # k + 1 candidates, a partial last group
-                out = _launch_direct(kernel, logits, ends, k, 1)
-                try:
-                    _check(logits, ends, out, k, block_mode)
-                except AssertionError as e:
-                    bad.append(f"k={k} width={width} {kind}: {e}")
+                err = _direct_mismatch(kernel, logits, ends, k, 1, block_mode)
+                if err is not None:
+                    bad.append(f"k={k} width={width} {kind}: {err}")
     assert not bad, bad[:6]
 
 
@@ -411,11 +418,9 @@ def test_gathered_pushes_on_8_and_16_ctas(dtype):
                     else:
                         logits = _adversarial(kind, rows, width, dtype, seed=width + k)
                     ends = torch.tensor([width, width - 5], dtype=torch.int32, device="cuda")
-                    out = _launch_direct(kernel, logits, ends, k, cluster)
-                    try:
-                        _check(logits, ends, out, k, False)
-                    except AssertionError as e:
-                        bad.append(f"c{cluster} groups={groups} {kind} k={k}: {e}")
+                    err = _direct_mismatch(kernel, logits, ends, k, cluster, False)
+                    if err is not None:
+                        bad.append(f"c{cluster} groups={groups} {kind} k={k}: {err}")
     assert not bad, bad
 
 
