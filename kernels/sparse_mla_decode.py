@@ -24,9 +24,10 @@ Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
           -> staging in the own KV tile, the first half's tiles while the second half's MMAs
           run; block b of the 512 head dims goes by bulk copy to CTA b % n, into its KV
           tile's second quarter; relaxed cluster barriers separate the uses
-  step 10 the owner sums the n partials of its block in FP32, applies bmm2_scale and stores
-          BF16; a last cluster barrier keeps every CTA resident until the copies reading its
-          shared memory have landed
+  step 10 the owner adds the n partials of its block in FP32 as they land (an mbarrier per
+          receive slot), applies bmm2_scale and stores BF16; a last cluster barrier, which an
+          owner arrives at once its blocks are in, keeps every CTA resident until the copies
+          reading its shared memory have landed
 
 Why the partials travel as FP16: the reduction is bound by the bytes crossing distributed
 shared memory (each owner receives n - 1 blocks), and FP16 halves them (measured on the H200,
@@ -70,6 +71,15 @@ Measured slower on the H200 and dropped (benchmarks/results/sparse_mla_ab_h200_s
 each half's blocks as soon as it is staged (into a separate receive buffer, or into the owner's
 KV tile after a cluster barrier at the second product's issue), owners pulling the staged blocks
 with shared::cluster loads, an L2::256B hint or per-row L2 bulk prefetches on the gather.
+Why an mbarrier per receive slot (twenty-fourth session, sparse_mla_ab_h200_s24.json): the reduce step is bound
+by the bytes crossing distributed shared memory (a cluster's 64 KiB of FP16 partials take ~1100 cycles; halving
+them saved 0.6 us, and spreading them over five owners saved nothing). With one mbarrier for all blocks an owner
+began adding when the last block landed; with one a slot it adds each block as it lands, so only the last
+block's sum follows the last copy (the owners' step max 1445 -> 1219 cycles). KV cold, width 640, in two device
+calls: T = 12 5.46-5.50 -> 5.33-5.49 us, T = 48 11.98-12.06 -> 11.70-12.02; L2-warm T = 12 4.55 -> 4.39-4.43.
+Measured with it and dropped: the middle cluster barrier's arrive right after the second product's issue (the
+receive slot is free then; 0.08 us slower), sending the first half's blocks as soon as they are staged, and a
+CTA-scope wait on the stats (neither faster).
 Why the partials go to four owners of 128 dims (twenty-third session, sparse_mla_ab_h200_s23.json): a
 reduce-scatter over all five CTAs (blocks of 104 dims, 17 % fewer bytes into the busiest CTA) measured 0.08 us
 slower (5.69 against 5.61 us with the KV cold; gpu/candidates/mla_s23_candidates.diff, MLA_SCATTER).
@@ -109,8 +119,9 @@ Q_KBLOCK = HEADS * 128
 P_OFF = Q_OFF + 4 * Q_KBLOCK  # [16 heads x 128 rows] E4M3, 128B swizzle
 RED_OFF = P_OFF + HEADS * 128  # max[4 warps][16], sum[4 warps][16] (f32)
 STATS_OFF = RED_OFF + 2 * 4 * HEADS * 4  # (m, l)[5 chunks][16 heads] (f32 pairs), written by peers
-MBAR_OFF = STATS_OFF + 2 * 5 * HEADS * 4  # [0]: partial-O blocks, [1]: stats
-SMEM_END = MBAR_OFF + 16
+MBAR_OFF = STATS_OFF + 2 * 5 * HEADS * 4  # [s < 4]: receive slot s's partial-O block, [4]: stats
+STATS_MBAR = 4 * 8
+SMEM_END = MBAR_OFF + STATS_MBAR + 8
 # Reduction (after the second MMA): own partial O staged in the KV tile's first half,
 # peers' blocks received into its second half.
 BLOCK_DIMS = 128
@@ -194,10 +205,11 @@ class SparseMlaDecodeSm90:
             sink2 = [ptx.ld_global_nc_f32(sinks_addr + Int64(h) * 4) * LOG2E for h in heads]
         if cutlass.const_expr(n > 1):
             if tid == 0:
-                ptx.mbarrier_init(s_mbar, 1)  # partial-O blocks (bulk copies)
-                ptx.mbarrier_init(s_mbar + 8, 1)  # every chunk's (m, l) (st.async)
+                for slot in cutlass.range_constexpr(n - 1):
+                    ptx.mbarrier_init(s_mbar + 8 * slot, 1)  # one peer's partial-O block (bulk copy)
+                ptx.mbarrier_init(s_mbar + STATS_MBAR, 1)  # every chunk's (m, l) (st.async)
                 # The n chunks' stats (8 bytes per head) complete this phase's transactions.
-                ptx.mbarrier_arrive_expect_tx(s_mbar + 8, n * HEADS * 8)
+                ptx.mbarrier_arrive_expect_tx(s_mbar + STATS_MBAR, n * HEADS * 8)
                 ptx.fence_mbarrier_init_cluster()
             # Phase 0 of the cluster barrier: peers exist and their mbarriers are initialised
             # before anyone stores into their shared memory (waited on in step 6).
@@ -347,7 +359,7 @@ class SparseMlaDecodeSm90:
                 # st.async completes on the receiver's mbarrier: no release fence (a GPU-scope
                 # membar in SASS) and no cluster barrier phase for the exchange.
                 ptx.st_async_v2_f32(ptx.mapa_shared(s_stats + (chunk * HEADS + h) * 8, dst), mm, ll,
-                                    ptx.mapa_shared(s_mbar + 8, dst))
+                                    ptx.mapa_shared(s_mbar + STATS_MBAR, dst))
 
         tl = self._mark(tl, tid)  # 6: stats sent
         # step 7: O^T[512 dims, 16 heads] = V^T x P^T, 8 m64 tiles of head dims, K = 128 rows.
@@ -376,7 +388,7 @@ class SparseMlaDecodeSm90:
             for w in cutlass.range_constexpr(4):
                 l_c[hs] = l_c[hs] + ptx.ld_shared_f32(s_red + ((4 + w) * HEADS + heads[hs]) * 4)
         if cutlass.const_expr(n > 1):
-            ptx.mbarrier_wait_parity(s_mbar + 8, 0)  # every chunk's stats have landed
+            ptx.mbarrier_wait_parity(s_mbar + STATS_MBAR, 0)  # every chunk's stats have landed
         factor = []
         for hs in cutlass.range_constexpr(4):
             h = heads[hs]
@@ -443,7 +455,8 @@ class SparseMlaDecodeSm90:
             ptx.fence_proxy_async_shared()  # staging is read by bulk copies (async proxy)
             if tid == 0:
                 if chunk < 4:
-                    ptx.mbarrier_arrive_expect_tx(s_mbar, (n - 1) * BLOCK_BYTES)
+                    for slot in cutlass.range_constexpr(n - 1):
+                        ptx.mbarrier_arrive_expect_tx(s_mbar + 8 * slot, BLOCK_BYTES)
             # Phase 2: every CTA's MMAs are done (KV tiles free) and its staging is written.
             # The CTA barrier orders the staging writes (fenced to the async proxy) before
             # thread 0's copies; the cluster barrier itself only has to order execution, so
@@ -464,15 +477,16 @@ class SparseMlaDecodeSm90:
                         slot = chunk - Int32(chunk > owner)
                         dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
                         ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + owner * BLOCK_BYTES, BLOCK_BYTES,
-                                              ptx.mapa_shared(s_mbar, owner))
+                                              ptx.mapa_shared(s_mbar + 8 * slot, owner))
+            # Phase 3: no CTA exits while a peer's bulk copy may still read its staging. An owner
+            # arrives once every block into it has landed (in _reduce_store, before its stores),
+            # a CTA that owns no block at once; so the phase completes when every copy has landed.
+            # Relaxed: no data is published here, and a release would wait for global stores.
             if chunk < 4:
-                ptx.mbarrier_wait_parity(s_mbar, 0)
-                self._reduce_store(out, s_kv, s_kv + RECV_OFF, token, chunk, tid, n, bmm2_scale)
+                self._reduce_store(out, s_kv, s_kv + RECV_OFF, s_mbar, token, chunk, tid, n, bmm2_scale)
+            else:
+                cute.arch.cluster_arrive_relaxed()
             tl = self._mark(tl, tid)  # 11: blocks received, summed, stored
-            # Phase 3: no CTA exits while a peer's bulk copy may still read its staging (the
-            # owner's mbarrier wait saw them land). Relaxed: no data is published here, and a
-            # release would wait for this CTA's global stores to complete.
-            cute.arch.cluster_arrive_relaxed()
             cute.arch.cluster_wait()
             tl = self._mark(tl, tid)  # 12: last cluster barrier passed
         if cutlass.const_expr(self.timeline):
@@ -522,31 +536,46 @@ class SparseMlaDecodeSm90:
                 ptx.prmt(x[2], x[3], 0x6420), ptx.prmt(x[2], x[3], 0x7531)]
 
     @cute.jit
-    def _reduce_store(self, out: cute.Pointer, s_kv: Int32, s_recv: Int32, token: Int32, blk: Int32,
-                      tid: Int32, n: cutlass.Constexpr, bmm2_scale: Float32):
+    def _reduce_store(self, out: cute.Pointer, s_kv: Int32, s_recv: Int32, s_mbar: Int32, token: Int32,
+                      blk: Int32, tid: Int32, n: cutlass.Constexpr, bmm2_scale: Float32):
         """Sum the n FP16 partials of 128-dim block ``blk`` (own staging + received) in FP32, scale by
-        bmm2_scale and store BF16.
+        bmm2_scale and store BF16; arrive on the last cluster barrier once every peer's block is here.
 
-        Thread tid takes head tid // 8 and dims 8 (tid % 8) + 64 k, k < 2: eight lanes read a head's
-        128 contiguous bytes of a partial (all 32 banks once) and store 128 contiguous bytes.
+        Each receive slot has its own mbarrier, and the peers' blocks are added as they land, in the
+        order the rotated sends make them arrive (CTA blk - 1's first): only the last block's sum is
+        left after the last copy lands. Thread tid takes head tid // 8 and dims 8 (tid % 8) + 64 k,
+        k < 2: eight lanes read a head's 128 contiguous bytes of a partial (all 32 banks once) and
+        store 128 contiguous bytes.
         """
         h = tid >> 3
-        srcs = [s_kv + STAGE_OFF + blk * BLOCK_BYTES]
-        for sl in cutlass.range_constexpr(n - 1):
-            srcs.append(s_recv + sl * BLOCK_BYTES)
+        acc = [Float32(0.0)] * 16  # dims 8 (tid % 8) + 64 k + i at 8 k + i
+        acc = self._add_partial(acc, s_kv + STAGE_OFF + blk * BLOCK_BYTES, h, tid)
+        for k in cutlass.range_constexpr(1, n):
+            sender = blk - k
+            sender = Int32(cutlass.select_(sender < 0, sender + n, sender))
+            slot = sender - Int32(sender > blk)
+            # CTA scope: the bytes are the bulk copy's (async proxy), made visible by its complete_tx
+            # on this CTA's mbarrier; a cluster-scope acquire would add an L1 invalidation per wait.
+            ptx.mbarrier_wait_parity(s_mbar + 8 * slot, 0, cluster=False)
+            acc = self._add_partial(acc, s_recv + slot * BLOCK_BYTES, h, tid)
+        cute.arch.cluster_arrive_relaxed()  # phase 3: no copy reads a peer's staging for this owner any more
         dst = out.toint() + (Int64(token) * HEADS + Int64(h)) * (DIM * 2) + Int64(blk * BLOCK_DIMS * 2)
         for k in cutlass.range_constexpr(2):
             d = (tid & 7) * 8 + 64 * k
-            acc = [Float32(0.0)] * 8
-            for src in srcs:
-                words = ptx.ld_shared_v4_u32(src + _stage_off(h, d))
-                for w in cutlass.range_constexpr(4):
-                    pair = ptx.unpack_f16x2(words[w])
-                    acc[2 * w] = acc[2 * w] + pair[0]
-                    acc[2 * w + 1] = acc[2 * w + 1] + pair[1]
-            ptx.st_global_v4_b32(dst + Int64(d * 2), *[ptx.cvt_bf16x2(acc[2 * w] * bmm2_scale,
-                                                                       acc[2 * w + 1] * bmm2_scale)
+            ptx.st_global_v4_b32(dst + Int64(d * 2), *[ptx.cvt_bf16x2(acc[8 * k + 2 * w] * bmm2_scale,
+                                                                       acc[8 * k + 2 * w + 1] * bmm2_scale)
                                                        for w in range(4)])
+
+    def _add_partial(self, acc, src, h, tid):
+        """acc + this thread's 16 FP16 values of the staged block at ``src`` (see _reduce_store)."""
+        acc = list(acc)
+        for k in range(2):
+            words = ptx.ld_shared_v4_u32(src + _stage_off(h, (tid & 7) * 8 + 64 * k))
+            for w in range(4):
+                pair = ptx.unpack_f16x2(words[w])
+                acc[8 * k + 2 * w] = acc[8 * k + 2 * w] + pair[0]
+                acc[8 * k + 2 * w + 1] = acc[8 * k + 2 * w + 1] + pair[1]
+        return acc
 
 
 def _stage_off(h, d):
