@@ -151,7 +151,8 @@ def main() -> None:
         if "error" in r:
             print(f"rows={rows:3d} ctx={ctx:7d} ERROR {r['error']}", flush=True)
         else:
-            print(f"rows={rows:3d} ctx={ctx:7d} plan={r['plan']['median_us']:7.1f} logits={r['logits']['median_us']:8.1f} "
+            print(f"rows={rows:3d} ctx={ctx:7d} plan={r['plan']['median_us']:7.1f} "
+                  f"logits={r['logits']['median_us']:8.1f} "
                   f"select={r.get('select_in_stream_order', r['select'])['median_us']:7.1f} "
                   f"(chained {r['select']['median_us']:5.1f}) step={r['step']['median_us']:8.1f} us "
                   f"share={r['select_share_of_step']:.2f} | torch.topk select={r['select_torch']['median_us']:8.1f} "

@@ -194,11 +194,13 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
 def table(result) -> str:
     """A markdown table of the cases: absolute microseconds with the ratios beside them."""
     info = result["info"]
-    lines = [f"sparse_mla_decode on {info.get('gpu')} (driver {info.get('driver')}, commit {info.get('commit', '')[:10]}), "
+    lines = [f"sparse_mla_decode on {info.get('gpu')} (driver {info.get('driver')}, "
+             f"commit {info.get('commit', '')[:10]}), "
              f"sinks on, every column active; GPU us, median of CUDA-graph replays; KV pools rotated past the L2 "
              f"(queries, indices and lens hot, as written by the previous kernels); in brackets: every input "
              f"rotated (all cold); copy bandwidth {result['copy_gbs']:.0f} GB/s.", "",
-             "| width | T | kernel us (all cold) | triton us (all cold) (config) | reference us | floor us (empty + bytes) "
+             "| width | T | kernel us (all cold) | triton us (all cold) (config) | reference us "
+             "| floor us (empty + bytes) "
              "| kernel/floor | best peer/kernel |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in result["cases"]:
@@ -238,7 +240,8 @@ def main():
     comp = torch.randn(COMP_ROWS, D, device=DEVICE, generator=gen).to(FP8)
     sinks = torch.randn(H, device=DEVICE, generator=gen)
 
-    result = {"op": "sparse_mla_decode", "info": common.gpu_info(), "quick_sweep": args.quick_sweep, "copy_gbs": common.copy_bandwidth_gbs(),
+    result = {"op": "sparse_mla_decode", "info": common.gpu_info(), "quick_sweep": args.quick_sweep,
+              "copy_gbs": common.copy_bandwidth_gbs(),
               "pools": {"swa_rows": SWA_ROWS, "compressed_rows": COMP_ROWS}, "target": TARGET, "cases": []}
     kernel_fn = None
     try:
@@ -261,8 +264,11 @@ def main():
             configs = () if tsm is None else (tsm.QUICK_CONFIGS if args.quick_sweep else tsm.CONFIGS)
             case = bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs, not args.no_reference)
             result["cases"].append(case)
-            fmt = lambda p: f"{case[p]['median_us']:8.2f}" if "median_us" in case.get(p, {}) else "       -"  # noqa: E731
-            log(f"w={width:4d} T={T:3d} kernel {fmt('kernel')} us  triton {fmt('triton')}  reference {fmt('reference')}"
+
+            def fmt(p):
+                return f"{case[p]['median_us']:8.2f}" if "median_us" in case.get(p, {}) else "       -"
+            log(f"w={width:4d} T={T:3d} kernel {fmt('kernel')} us  triton {fmt('triton')}  "
+                f"reference {fmt('reference')}"
                 f"  floor {case['floor']['floor_us']:6.2f} (empty {case['floor']['empty_kernel_us']:.2f})"
                 f"  x_best_peer {case.get('speedup_vs_best_peer', float('nan')):.2f}"
                 f"  x_floor {case.get('kernel_over_floor', float('nan')):.2f}  [{time.time() - t0:.0f}s]")

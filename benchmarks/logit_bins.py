@@ -30,7 +30,8 @@ FIRST_DIGIT_SHIFT = 21  # 32-bit keys: the top 11 bits
 def indexer_rows(rows: int, ctx: int, gen: torch.Generator) -> torch.Tensor:
     q = torch.randn(rows, HEADS, HEAD_DIM, generator=gen).to(torch.float8_e4m3fn)
     weights = torch.rand(rows, HEADS, generator=gen) * HEADS**-0.5
-    values, scales = reference.quantize_index_keys(torch.randn(rows * ctx // BLOCK_KV, BLOCK_KV, HEAD_DIM, generator=gen))
+    keys = torch.randn(rows * ctx // BLOCK_KV, BLOCK_KV, HEAD_DIM, generator=gen)
+    values, scales = reference.quantize_index_keys(keys)
     cache = reference.pack_index_k_cache(values, scales)
     table = torch.arange(rows * ctx // BLOCK_KV, dtype=torch.int32).view(rows, ctx // BLOCK_KV)
     seq_lens = torch.full((rows,), ctx, dtype=torch.int32)
@@ -55,7 +56,8 @@ def main() -> None:
     results = []
     for ctx, k in ((8192, 512), (65536, 512)):
         rows = 4 if ctx <= 8192 else 1
-        for name, logits in (("indexer", indexer_rows(rows, ctx, gen)), ("randn", torch.randn(rows, ctx, generator=gen))):
+        sources = (("indexer", indexer_rows(rows, ctx, gen)), ("randn", torch.randn(rows, ctx, generator=gen)))
+        for name, logits in sources:
             cell = {"source": name, "context": ctx, "k": k, "rows": bin_stats(logits, k)}
             results.append(cell)
             print(name, ctx, k, [(r["bins_occupied"], r["in_kth_bin"]) for r in cell["rows"]], flush=True)

@@ -185,7 +185,8 @@ class TritonSparseMla:
         T, width, c = self.T, self.width, self.config
         if tuple(q.shape) != (T, HEADS, HEAD_DIM) or tuple(indices.shape) != (T, width):
             raise ValueError(f"q {tuple(q.shape)} / indices {tuple(indices.shape)} do not match T={T}, width={width}")
-        for name, x in (("q", q), ("swa_kv", swa_kv), ("compressed_kv", compressed_kv), ("indices", indices), ("lens", lens)):
+        named = (("q", q), ("swa_kv", swa_kv), ("compressed_kv", compressed_kv), ("indices", indices), ("lens", lens))
+        for name, x in named:
             if not x.is_contiguous():
                 raise ValueError(f"{name} must be contiguous")
         if out is None:
@@ -196,7 +197,8 @@ class TritonSparseMla:
             q, swa_kv, compressed_kv, indices, lens, self.part_o, self.part_ml,
             swa_kv.shape[0], compressed_kv.shape[0], width, float(bmm1_scale) * LOG2E,
             HEADS=HEADS, D=HEAD_DIM, SWA=SWA_COLUMNS, BLOCK_N=c.block_n, TILES=c.tiles, FP8_PV=c.fp8_pv,
-            KV_MAJOR=c.kv_major, PDL=self.pdl, STAGES=c.num_stages, num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=self.pdl)
+            KV_MAJOR=c.kv_major, PDL=self.pdl, STAGES=c.num_stages, num_warps=c.num_warps, num_stages=c.num_stages,
+            launch_pdl=self.pdl)
         _combine_kernel[(T, HEADS)](
             self.part_o, self.part_ml, sinks if sinks is not None else self.part_ml, out,
             self.splits, float(bmm2_scale),

@@ -40,7 +40,8 @@ def toolchain() -> dict:
     from importlib.metadata import version, PackageNotFoundError
 
     out = {}
-    for pkg in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core", "nvidia-cutlass-dsl-libs-cu12"):
+    for pkg in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core",
+                "nvidia-cutlass-dsl-libs-cu12"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

@@ -647,7 +647,8 @@ class DecodeTopK:
 
     @cute.jit
     def passing_count(self, rvals: cute.Tensor, n_valid: Int32, thr: Uint32):
-        """This lane's items passing the step-1 filter, the warp's passing items in lanes below, and the warp's total."""
+        """This lane's items passing the step-1 filter, the warp's passing items in lanes below, and the warp's
+        total."""
         cnt = Int32(0)
         if n_valid >= self.items:
             # Written as a pairwise sum (three dependent adds instead of eight); ptxas may still
@@ -745,12 +746,8 @@ class DecodeTopK:
         t = Int32(0)
         if lane < self.warps:
             t = cute.arch.load(scratch + lane, Int32)
-        before = sel(lane < warp, t, Int32(0))
-        total = t
-        for s in cutlass.range_constexpr(5):
-            before = before + cute.arch.shuffle_sync_bfly(before, 1 << s)
-            total = total + cute.arch.shuffle_sync_bfly(total, 1 << s)
-        return before + x, total
+        before, total = self.combine_warp_totals([t], lane, warp)
+        return before[0] + x, total[0]
 
     @cute.jit
     def block_scan2(self, a: Int32, b: Int32, scratch: cute.Pointer):
@@ -771,24 +768,26 @@ class DecodeTopK:
             cute.arch.store(scratch + warp, x)
             cute.arch.store(scratch + 16 + warp, y)
         cute.arch.sync_threads()
-        # The warp totals as block_scan combines them: lane w holds warp w's, butterflies sum them (four chains),
-        # instead of every lane loading all of them (fewer instructions on every warp: the routed long rows 0.6 %
-        # faster, issue_cuts_s22_ab candidate T).
         tx = Int32(0)
         ty = Int32(0)
         if lane < self.warps:
             tx = cute.arch.load(scratch + lane, Int32)
             ty = cute.arch.load(scratch + 16 + lane, Int32)
-        before_x = sel(lane < warp, tx, Int32(0))
-        before_y = sel(lane < warp, ty, Int32(0))
-        total_x = tx
-        total_y = ty
-        for s in cutlass.range_constexpr(5):
-            before_x = before_x + cute.arch.shuffle_sync_bfly(before_x, 1 << s)
-            before_y = before_y + cute.arch.shuffle_sync_bfly(before_y, 1 << s)
-            total_x = total_x + cute.arch.shuffle_sync_bfly(total_x, 1 << s)
-            total_y = total_y + cute.arch.shuffle_sync_bfly(total_y, 1 << s)
-        return before_x + x, total_x, before_y + y, total_y
+        before, total = self.combine_warp_totals([tx, ty], lane, warp)
+        return before[0] + x, total[0], before[1] + y, total[1]
+
+    def combine_warp_totals(self, totals, lane, warp):
+        """Per value: (the sum of the warp totals before this warp, the CTA total), lane w holding warp w's total.
+
+        Butterflies over the lanes (two chains a value, interleaved) rather than every lane loading every warp's
+        total: fewer instructions on every warp (the routed long rows 0.6 % faster, issue_cuts_s22_ab candidate T).
+        """
+        before = [sel(lane < warp, t, Int32(0)) for t in totals]
+        total = list(totals)
+        for s in range(5):
+            before = [b + cute.arch.shuffle_sync_bfly(b, 1 << s) for b in before]
+            total = [t + cute.arch.shuffle_sync_bfly(t, 1 << s) for t in total]
+        return before, total
 
     @cute.jit
     def warp_slots(self, count: Int32, counter: cute.Pointer):
@@ -2602,7 +2601,8 @@ class DecodeTopK:
                 cute.arch.cluster_wait()
                 self.mark(s_tl, 3)
                 if tid < C:
-                    ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + rank), tid), cute.arch.load(s_misc + 5, Int32))
+                    ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + rank), tid),
+                                       cute.arch.load(s_misc + 5, Int32))
                     top = cute.arch.load(s_misc + 11, Int32)
                     if const_expr(C < SHORT_FLOORS_MIN_CLUSTER):
                         top = sel(short, Int32((1 << self.digits[0]) - 1), top)  # its floor: misc[5], still 0
@@ -2795,7 +2795,8 @@ class DecodeTopK:
                          k: Int32, rank: Int32, b0: Int32, krem: Int32, count0: Int32, gt_mine: Int32,
                          s_hist: cute.Pointer, s_key: cute.Pointer, s_idx: cute.Pointer, s_scan: cute.Pointer,
                          s_misc: cute.Pointer, out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor):
-        """The remaining digits by cluster-wide rounds (over the list, or the slice if it did not fit), then the writes."""
+        """The remaining digits by cluster-wide rounds (over the list, or the slice if it did not fit), then the
+        writes."""
         T = self.threads
         C = self.cluster
         tid = cute.arch.thread_idx()[0]

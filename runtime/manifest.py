@@ -120,7 +120,8 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     for raw in data.get("kernels", []):
         entry = _entry(raw, path, fix)
         if entry.name in kernels:
-            raise DuplicateKernelError("kernel name appears twice in the manifest.", file=path, kernel=entry.name, fix=fix)
+            raise DuplicateKernelError("kernel name appears twice in the manifest.", file=path, kernel=entry.name,
+                                       fix=fix)
         kernels[entry.name] = entry
     return Manifest(path, root, arch, data.get("toolchain", {}), data.get("source_hash", ""), kernels)
 
@@ -252,7 +253,8 @@ def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) 
     try:
         info = read_cubin(data)
     except CubinFormatError as e:
-        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=path, kernel=entry.name, fix=fix) from None
+        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=path, kernel=entry.name,
+                                  fix=fix) from None
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
     check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF")

@@ -251,7 +251,8 @@ def test_row_kernel(dtype, block_mode):
     bad = []
     for k in KS:
         blocks = 8 if block_mode else 1  # columns an item
-        for width in sorted({min(w, widest) for w in (k * blocks - 3, k * blocks + 1, 2049, 4101, 8192, widest - 7, widest)}):
+        edges = (k * blocks - 3, k * blocks + 1, 2049, 4101, 8192, widest - 7, widest)
+        for width in sorted({min(w, widest) for w in edges}):
             for kind in ("randn",) + ADVERSARIAL:
                 rows = 132 if (kind == "randn" and width == widest) else 5
                 if kind == "randn":

@@ -116,7 +116,8 @@ def test_host_op_cpu_fallback_and_checks():
 
 
 def test_runtime_topk_imports_no_cutlass():
-    code = "import sys, runtime.topk; sys.exit(int(any(m.split('.')[0] in ('cutlass', 'kernels') for m in sys.modules)))"
+    code = ("import sys, runtime.topk; "
+            "sys.exit(int(any(m.split('.')[0] in ('cutlass', 'kernels') for m in sys.modules)))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -273,9 +274,12 @@ def test_short_rows_take_the_row_kernel():
     assert per_row == 4 and kernel.name == "decode_topk_f32_token_c4"
     # Long slices go to the one-CTA-an-SM twin where a wave of it holds the rows; short ones, and more rows, not.
     twin_min = topk.FULL_SM_TWIN_MIN_COLUMNS
-    for rows, width, name in ((64, 65536, "decode_topk_f32_token_c2_full_sm"), (66, 4 * twin_min, "decode_topk_f32_token_c2_full_sm"),
-                              (30, 4 * twin_min - 8, "decode_topk_f32_token_c4"), (67, 65536, "decode_topk_f32_token_c2"),
-                              (30, 4 * twin_min, "decode_topk_f32_token_c4_full_sm"), (8, widest, "decode_topk_f32_token_c4"),
+    for rows, width, name in ((64, 65536, "decode_topk_f32_token_c2_full_sm"),
+                              (66, 4 * twin_min, "decode_topk_f32_token_c2_full_sm"),
+                              (30, 4 * twin_min - 8, "decode_topk_f32_token_c4"),
+                              (67, 65536, "decode_topk_f32_token_c2"),
+                              (30, 4 * twin_min, "decode_topk_f32_token_c4_full_sm"),
+                              (8, widest, "decode_topk_f32_token_c4"),
                               (31, 1 << 20, "decode_topk_f32_token_c4")):
         kernel, per_row = plan.choose(rows, width)
         assert kernel.name == name, (rows, width, kernel.name)
@@ -309,7 +313,8 @@ def test_which_calls_the_kernel_takes(monkeypatch):
     assert not topk.supports_decode_topk(ok, 200, 512, False)  # more rows than one wave
     assert not topk.supports_decode_topk(ok.half().as_subclass(CudaLooking), 4, 512, False)  # dtype
     assert not topk.supports_decode_topk(base[:, 1:1025].as_subclass(CudaLooking), 4, 512, False)  # 4-byte start
-    assert not topk.supports_decode_topk(torch.zeros(4, 1030)[:, :1024].as_subclass(CudaLooking), 4, 512, False)  # row stride
+    strided_rows = torch.zeros(4, 1030)[:, :1024].as_subclass(CudaLooking)
+    assert not topk.supports_decode_topk(strided_rows, 4, 512, False)  # row stride
     assert not topk.supports_decode_topk(base[:, ::2].as_subclass(CudaLooking), 4, 512, False)  # column stride 2
     assert not topk.supports_decode_topk(torch.zeros(1024).as_subclass(CudaLooking), 1, 512, False)  # 1-D
     assert not topk.supports_decode_topk(base[:, :0].as_subclass(CudaLooking), 4, 512, False)  # no columns

@@ -187,16 +187,19 @@ def timeline(cold=False):
             _ = [float(a.float().sum()) for a in (args[0], args[3], args[4])]  # hot again: q, indices, lens
         sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
         torch.cuda.synchronize()
-        raw = args[0].view(torch.uint8).view(T, -1)[:, : 64 * n].contiguous().view(torch.int32).view(T, n, 16).cpu().long()
+        q_bytes = args[0].view(torch.uint8).view(T, -1)[:, : 64 * n].contiguous()
+        raw = q_bytes.view(torch.int32).view(T, n, 16).cpu().long()
         clk = raw[..., [0] + list(range(2, 14))]  # start clock, marks 1..12
         d = (clk[..., 1:] - clk[..., :-1]) % (1 << 32)  # cycles per step
         g0, g1 = raw[..., 1] % (1 << 32), raw[..., 14] % (1 << 32)
-        print(f"timeline{' (cold KV)' if cold else ''} w={width} T={T}: CTA span (globaltimer) mean {float(((g1 - g0) % (1 << 32)).float().mean()):.0f} ns, "
-              f"grid span {int((g1.max() - g0.min()) % (1 << 32))} ns, start skew {int(g0.max() - g0.min())} ns", flush=True)
+        span = float(((g1 - g0) % (1 << 32)).float().mean())
+        print(f"timeline{' (cold KV)' if cold else ''} w={width} T={T}: CTA span (globaltimer) mean {span:.0f} ns, "
+              f"grid span {int((g1.max() - g0.min()) % (1 << 32))} ns, start skew {int(g0.max() - g0.min())} ns",
+              flush=True)
         for k, name in enumerate(MARKS):
             col = d[..., k].flatten().float()
-            print(f"   {k + 1:2d} {name:22s} mean {float(col.mean()):7.0f} cyc  min {float(col.min()):7.0f}  max {float(col.max()):7.0f}",
-                  flush=True)
+            print(f"   {k + 1:2d} {name:22s} mean {float(col.mean()):7.0f} cyc  min {float(col.min()):7.0f}  "
+                  f"max {float(col.max()):7.0f}", flush=True)
 
 
 if __name__ == "__main__":
@@ -216,7 +219,8 @@ if __name__ == "__main__":
         timeline(cold=True)
     elif cmd == "final":
         # R3 (60 s cap): checks of every variant, then timing, in one process.
-        ok = check(640, True, [1, 12, 49]) & check(640, False, [12]) & check(128, True, [12, 49]) & check(128, False, [1])
+        ok = (check(640, True, [1, 12, 49]) & check(640, False, [12]) & check(128, True, [12, 49])
+              & check(128, False, [1]))
         timing(widths=((640, (1, 12, 24, 48)), (128, (1, 12, 48))))
         sys.exit(0 if ok else 1)
     elif cmd == "check_time640":

@@ -224,7 +224,10 @@ ROWS8_CASES = tuple(
 # 64 x 64K.
 TWIN64_CASES = tuple(("decode_topk_f32_token_c2_full_sm", 64, length, k)
                      for length in (262144, 65536) for k in (512, 2048))
-CASE_SETS = {"long": LONG_CASES, "twin64": TWIN64_CASES, "rows8": ROWS8_CASES, "routed": ROUTED_CASES, "c2": C2_CASES, "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES, "row_only": ROW_ONLY_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES, "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
+CASE_SETS = {"long": LONG_CASES, "twin64": TWIN64_CASES, "rows8": ROWS8_CASES, "routed": ROUTED_CASES, "c2": C2_CASES,
+             "twin": TWIN_CASES, "twinmin": TWINMIN_CASES, "wave16": WAVE16_CASES, "row": ROW_CASES,
+             "row_only": ROW_ONLY_CASES, "short": SHORT_CASES, "mid": MID_CASES, "share": SHARE_CASES,
+             "occupancy": OCCUPANCY_CASES, "small": SMALL_CASES, "bf16": BF16_CASES,
              "wide": WIDE_CASES,
              "c12": C12_CASES, "c9": C9_CASES, "table_gate": TABLE_GATE_CASES, "c8to11": C8TO11_CASES}
 

@@ -29,9 +29,11 @@ def main() -> int:
     # The short-row kernel ("row": one CTA a row) at its widest rows and a shorter one.
     combos += [(d, t, b, "row", w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for b in (False, True) for w in (contract.ROW_MAX_WIDTH - 5, 5003)]
-    if quick:  # both dtypes and modes, a cluster (list path), a single CTA (global-memory path on "equal"), both step 1s
+    # quick: both dtypes and modes, a cluster (list path), a single CTA (global-memory path on "equal"), both step 1s
+    if quick:
         combos = [("f32", torch.float32, False, 2, 40003), ("bf16", torch.bfloat16, True, 1, 40003),
-                  ("f32", torch.float32, False, 1, 110003), ("f32", torch.float32, False, "row", contract.ROW_MAX_WIDTH - 5),
+                  ("f32", torch.float32, False, 1, 110003),
+                  ("f32", torch.float32, False, "row", contract.ROW_MAX_WIDTH - 5),
                   ("bf16", torch.bfloat16, True, "row", 5003), ("bf16", torch.bfloat16, False, "twin2", 110003),
                   ("f32", torch.float32, False, "twin2", 110003)]  # (FP32 twin: step 1's bulk copies)
     for dtype, tdtype, block_mode, cluster, width in combos:

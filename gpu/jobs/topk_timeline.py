@@ -43,7 +43,8 @@ LONG_CASES = tuple((f"decode_topk_{d}_token_c{c}", rows, length, k)
                                                  ("bf16", 16, 1, 262144, 2048), ("bf16", 8, 14, 262144, 2048)))
 # TOPK_TIMELINE_CASES=twin: the 2-CTA one-CTA-an-SM twin on 64 rows of 256K (64 MiB FP32: past the table's L2 limit in
 # the committed build), and 8 x 1M FP32 k2048 on 8 CTAs.
-TWIN_CASES = (("decode_topk_f32_token_c2_full_sm", 64, 262144, 512), ("decode_topk_f32_token_c2_full_sm", 64, 262144, 2048),
+TWIN_CASES = (("decode_topk_f32_token_c2_full_sm", 64, 262144, 512),
+              ("decode_topk_f32_token_c2_full_sm", 64, 262144, 2048),
               ("decode_topk_bf16_token_c2_full_sm", 64, 262144, 2048), ("decode_topk_f32_token_c8", 8, 1 << 20, 2048))
 # TOPK_TIMELINE_CASES=eight: 8 rows of 1M on 8 CTAs (the last BF16 cell under 5x torch.topk), beside 14 rows.
 EIGHT_CASES = (("decode_topk_bf16_token_c8", 8, 1 << 20, 2048), ("decode_topk_bf16_token_c8", 8, 1 << 20, 512),
@@ -57,7 +58,8 @@ if os.environ.get("TOPK_TIMELINE_CASES") == "twin":
 if os.environ.get("TOPK_TIMELINE_CASES") == "row":
     CASES = ROW_CASES
 RUNS = 5
-# TOPK_TIMELINE_COLD=1: each run's logits leave L2 first (a 256 MiB write after their copy), as in the benchmark's rotation.
+# TOPK_TIMELINE_COLD=1: each run's logits leave L2 first (a 256 MiB write after their copy), as in the benchmark's
+# rotation.
 COLD = os.environ.get("TOPK_TIMELINE_COLD") == "1"
 # TOPK_TIMELINE_INPUT=indexer: the indexer benchmark's shapes (k = 512) on its DeepGEMM logits, each beside
 # the same shape on random logits ("random" in the case's input field).
@@ -160,7 +162,8 @@ def main() -> None:
             if COLD:
                 flush.fill_(run)
             torch.cuda.synchronize()
-            kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(), out.data_ptr(), length, x.stride(0), out.stride(0), k)
+            kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(), out.data_ptr(), length, x.stride(0), out.stride(0),
+                          k)
             torch.cuda.synchronize()
             if run == 0:
                 continue  # the first launch loads the module
