@@ -82,7 +82,9 @@ receive slot is free then; 0.08 us slower), sending the first half's blocks as s
 CTA-scope wait on the stats (neither faster).
 Why the partials go to four owners of 128 dims (twenty-third session, sparse_mla_ab_h200_s23.json): a
 reduce-scatter over all five CTAs (blocks of 104 dims, 17 % fewer bytes into the busiest CTA) measured 0.08 us
-slower (5.69 against 5.61 us with the KV cold; gpu/candidates/mla_s23_candidates.diff, MLA_SCATTER).
+slower (5.69 against 5.61 us with the KV cold; gpu/candidates/mla_s23_candidates.diff, MLA_SCATTER). On top of the
+rotated sends and the per-slot mbarriers (twenty-fourth session, candidate S5 in gpu/candidates/mla_s24_candidates.diff)
+it measured no faster either: T = 12 5.38 against 5.38 us, T = 1 4.60 against 4.64, T = 48 11.90 against 11.80.
 Why the gather stays cp.async (twenty-first session, sparse_mla_ab_h200_s21.json): a microbenchmark of the gather
 alone (gpu/micro/gather_route.cu; 60 CTAs, as at T = 12 width 640, each 128 random 512-byte rows, cold) takes 3.10 us
 a launch this way and 3.06 us with one bulk copy a row (which would need an unswizzled layout), against 0.98 us
