@@ -121,15 +121,17 @@ Q_KBLOCK = HEADS * 128
 P_OFF = Q_OFF + 4 * Q_KBLOCK  # [16 heads x 128 rows] E4M3, 128B swizzle
 RED_OFF = P_OFF + HEADS * 128  # max[4 warps][16], sum[4 warps][16] (f32)
 STATS_OFF = RED_OFF + 2 * 4 * HEADS * 4  # (m, l)[5 chunks][16 heads] (f32 pairs), written by peers
-MBAR_OFF = STATS_OFF + 2 * 5 * HEADS * 4  # [s < 4]: receive slot s's partial-O block, [4]: stats
-STATS_MBAR = 4 * 8
+MAX_CHUNKS = 5  # CTAs a cluster: the stats area and the receive slots' mbarriers are sized for it
+MBAR_OFF = STATS_OFF + 2 * MAX_CHUNKS * HEADS * 4  # [s < 4]: receive slot s's partial-O block, [4]: stats
+STATS_MBAR = (MAX_CHUNKS - 1) * 8
 SMEM_END = MBAR_OFF + STATS_MBAR + 8
 # Reduction (after the second MMA): own partial O staged in the KV tile's first half,
 # peers' blocks received into its second half.
 BLOCK_DIMS = 128
 BLOCK_BYTES = HEADS * BLOCK_DIMS * 2  # one 128-dim block of partial O, FP16
+OWNERS = DIM // BLOCK_DIMS  # CTAs 0..3 each sum and store one block; CTA 4 (n = 5) owns none
 STAGE_OFF = KV_OFF
-RECV_OFF = KV_OFF + 4 * BLOCK_BYTES
+RECV_OFF = KV_OFF + OWNERS * BLOCK_BYTES
 assert SMEM_END + 1023 <= contract.SMEM_BYTES
 
 
@@ -144,8 +146,8 @@ class SparseMlaDecodeSm90:
     def __init__(self, width: int, has_sinks: bool, smem_bytes: int, reduce: str = "bulk"):
         assert width % ROWS == 0
         self.n = width // ROWS
-        # Reduction ownership: block b of 4 goes to CTA b % n; one receive slot per peer.
-        assert self.n == 1 or self.n >= 4, "cluster reduction needs n == 1 or n >= 4"
+        # Reduction ownership: block b of OWNERS goes to CTA b; one receive slot per peer.
+        assert self.n == 1 or OWNERS <= self.n <= MAX_CHUNKS, "cluster reduction needs n == 1 or 4 <= n <= 5"
         assert (self.n - 1) * BLOCK_BYTES <= 4 * KV_KBLOCK - 4 * BLOCK_BYTES
         self.width = width
         self.has_sinks = has_sinks
@@ -456,7 +458,7 @@ class SparseMlaDecodeSm90:
                         ptx.st_shared_b32(a, ptx.cvt_f16x2(o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs]))
             ptx.fence_proxy_async_shared()  # staging is read by bulk copies (async proxy)
             if tid == 0:
-                if chunk < 4:
+                if chunk < OWNERS:
                     for slot in cutlass.range_constexpr(n - 1):
                         ptx.mbarrier_arrive_expect_tx(s_mbar + 8 * slot, BLOCK_BYTES)
             # Phase 2: every CTA's MMAs are done (KV tiles free) and its staging is written.
@@ -475,8 +477,8 @@ class SparseMlaDecodeSm90:
                 for k in cutlass.range_constexpr(1, n):
                     owner = chunk + k
                     owner = Int32(cutlass.select_(owner >= n, owner - n, owner))
-                    if owner < 4:  # block `owner` of the 4 (n > 4: CTAs 4.. own none)
-                        slot = chunk - Int32(chunk > owner)
+                    if owner < OWNERS:  # block `owner` (n > OWNERS: CTAs OWNERS.. own none)
+                        slot = _recv_slot(chunk, owner)
                         dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
                         ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + owner * BLOCK_BYTES, BLOCK_BYTES,
                                               ptx.mapa_shared(s_mbar + 8 * slot, owner))
@@ -484,7 +486,7 @@ class SparseMlaDecodeSm90:
             # arrives once every block into it has landed (in _reduce_store, before its stores),
             # a CTA that owns no block at once; so the phase completes when every copy has landed.
             # Relaxed: no data is published here, and a release would wait for global stores.
-            if chunk < 4:
+            if chunk < OWNERS:
                 self._reduce_store(out, s_kv, s_kv + RECV_OFF, s_mbar, token, chunk, tid, n, bmm2_scale)
             else:
                 cute.arch.cluster_arrive_relaxed()
@@ -555,7 +557,7 @@ class SparseMlaDecodeSm90:
         for k in cutlass.range_constexpr(1, n):
             sender = blk - k
             sender = Int32(cutlass.select_(sender < 0, sender + n, sender))
-            slot = sender - Int32(sender > blk)
+            slot = _recv_slot(sender, blk)
             # CTA scope: the bytes are the bulk copy's (async proxy), made visible by its complete_tx
             # on this CTA's mbarrier; a cluster-scope acquire would add an L1 invalidation per wait.
             ptx.mbarrier_wait_parity(s_mbar + 8 * slot, 0, cluster=False)
@@ -578,6 +580,12 @@ class SparseMlaDecodeSm90:
                 acc[8 * k + 2 * w] = acc[8 * k + 2 * w] + pair[0]
                 acc[8 * k + 2 * w + 1] = acc[8 * k + 2 * w + 1] + pair[1]
         return acc
+
+
+def _recv_slot(sender, owner):
+    """The slot of the owner's KV tile that the sender's block lands in: the peers in rank order, the owner skipped
+    (the sender's copy and the owner's wait both use it)."""
+    return sender - Int32(sender > owner)
 
 
 def _stage_off(h, d):
