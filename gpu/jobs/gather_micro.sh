@@ -3,4 +3,4 @@
 # Microbenchmark of the sparse-MLA gather's routes (gpu/micro/gather_route.cu), compiled here with nvcc.
 set -u
 nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/gather_route gpu/micro/gather_route.cu -lcuda \
-  && /tmp/gather_route | tee "$JOB_OUT/gather_route.jsonl"
+  && GATHER_ROUTES="${GATHER_ROUTES:-}" /tmp/gather_route | tee "$JOB_OUT/gather_route.jsonl"

@@ -10,7 +10,11 @@
 //   5 cp.async 16 B, a warp per row (32 lanes x 16 B), 4 commit groups
 //   6 route 0 after an L2 prefetch (prefetch.global.L2) of every 128-byte line of the CTA's rows
 //   7 route 1 after the same L2 prefetch
+//   8 route 0 on G CTAs plus G helper CTAs (other SMs) that prefetch.global.L2 the same rows (4 lines a row)
+//  10 route 0 plus G helper CTAs issuing cp.async.bulk.prefetch.L2 (512 bytes a row) for the same rows
+//  12 route 0 with half the rows a CTA (64) on twice the CTAs: the same bytes over twice the SMs
 //   9 no gather: index loads only (the launch and index floor)
+// (twenty-fifth session: routes 8, 10 and 12 ask whether idle SMs can speed a CTA's gather.)
 // Each route's shared-memory image of launch 0, CTA 0 is checked against the rows it should hold.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -56,7 +60,20 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x;
   const uint32_t s = smem_u32(smem), bars = s + BAR_OFF;
-  const int* idx = idx_all + ((size_t)launch * gridDim.x + blockIdx.x) * ROWS;
+  constexpr bool HELPED = ROUTE == 8 || ROUTE == 10;
+  const int G = HELPED ? gridDim.x / 2 : gridDim.x;
+  const int cta = blockIdx.x % G;
+  const int* idx = idx_all + ((size_t)launch * G + cta) * (ROUTE == 12 ? ROWS / 2 : ROWS);
+  if (HELPED && blockIdx.x >= G) {  // helper: the main CTA's rows into L2, nothing into shared memory
+    const uint8_t* row = pool + (long long)idx[tid] * ROWB;
+    if (ROUTE == 8) {
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) asm volatile("prefetch.global.L2 [%0];" :: "l"(row + kb * 128));
+    } else {
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(row), "r"(ROWB) : "memory");
+    }
+    return;
+  }
   if (ROUTE == 1 || ROUTE == 2 || ROUTE == 3 || ROUTE == 7) {
     if (tid == 0) {
       for (int b = 0; b < 4; ++b) bar_init(bars + 8 * b, 1);
@@ -70,7 +87,7 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb) asm volatile("prefetch.global.L2 [%0];" :: "l"(row + kb * 128));
   }
-  if (ROUTE == 0 || ROUTE == 6) {
+  if (ROUTE == 0 || ROUTE == 6 || HELPED) {
     int c16 = tid & 7, r0 = tid >> 3;
     long long off[8];
 #pragma unroll
@@ -79,6 +96,19 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
     for (int kb = 0; kb < 4; ++kb) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) cp_async16(s + kb * 16384 + swz(r0 + 16 * i, c16), pool + off[i] + kb * 128, 16);
+      asm volatile("cp.async.commit_group;");
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+  } else if (ROUTE == 12) {
+    int c16 = tid & 7, r0 = tid >> 3;
+    long long off[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) off[i] = (long long)idx[r0 + 16 * i] * ROWB + c16 * 16;
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(s + kb * 16384 + swz(r0 + 16 * i, c16), pool + off[i] + kb * 128, 16);
       asm volatile("cp.async.commit_group;");
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -136,7 +166,7 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
     __syncthreads();
   }
   long long t1 = clock64();
-  if (tid == 0) cyc[blockIdx.x] = t1 - t0;
+  if (tid == 0) cyc[blockIdx.x] = t1 - t0;  // helpers return before: their slots keep a main CTA's or 0
   if (launch == 0 && blockIdx.x == 0 && dump) {
     for (int i = tid; i < 70 * 1024 / 16; i += 128) ((uint4*)dump)[i] = ((uint4*)smem)[i];
   }
@@ -183,14 +213,29 @@ int main() {
                                         CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) { printf("{\"error\": \"tensor map %d\"}\n", (int)r); return 1; }
   }
-  const int routes[] = {0, 1, 2, 3, 4, 5, 6, 7, 9};
-  kfn fns[] = {pick<0>(), pick<1>(), pick<2>(), pick<3>(), pick<4>(), pick<5>(), pick<6>(), pick<7>(), pick<9>()};
+  // GATHER_ROUTES="0 8 10 12 9" runs those routes only (default: all).
+  std::vector<int> routes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 9};
+  std::vector<kfn> fns = {pick<0>(), pick<1>(), pick<2>(), pick<3>(), pick<4>(), pick<5>(), pick<6>(), pick<7>(),
+                          pick<8>(), pick<10>(), pick<12>(), pick<9>()};
+  std::vector<int> wanted;
+  if (const char* env = getenv("GATHER_ROUTES")) {
+    for (const char* c = env; *c;) {
+      char* end; long v = strtol(c, &end, 10);
+      if (end == c) { ++c; continue; }
+      wanted.push_back((int)v); c = end;
+    }
+  }
   for (auto f : fns) CK(cudaFuncSetAttribute((const void*)f, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   cudaStream_t st; CK(cudaStreamCreate(&st));
   cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  for (int ri = 0; ri < 9; ++ri) {
+  for (size_t ri = 0; ri < routes.size(); ++ri) {
     int route = routes[ri];
-    for (int G : grids) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), route) == wanted.end()) continue;
+    for (int G0 : grids) {
+      // Routes 8 and 10 launch G0 helpers beside G0 gathering CTAs; route 12 2 G0 CTAs of 64 rows.
+      const int G = (route == 8 || route == 10 || route == 12) ? 2 * G0 : G0;
+      if (G > 264) continue;
+      const int check_rows = route == 12 ? ROWS / 2 : ROWS;
       // Check: launch 0, CTA 0's image.
       CK(cudaMemset(dump, 0, 70 * 1024));
       fns[ri]<<<G, 128, SMEM, st>>>(pool, idx, cyc, dump, 0, map);
@@ -199,7 +244,7 @@ int main() {
       if (route != 9) {
         std::vector<uint8_t> img(70 * 1024);
         CK(cudaMemcpy(img.data(), dump, img.size(), cudaMemcpyDeviceToHost));
-        for (int r = 0; r < ROWS; ++r)
+        for (int r = 0; r < check_rows; ++r)
           for (int j = 0; j < ROWB; ++j) {
             size_t row = h_idx[r];
             if (img[image_off(route, r, j)] != (uint8_t)((row * 131 + j * 7) & 255)) ++bad;
@@ -223,12 +268,13 @@ int main() {
         us.push_back(ms * 1000.f / NL);
       }
       std::sort(us.begin(), us.end());
-      std::vector<long long> c(G);
-      CK(cudaMemcpy(c.data(), cyc, G * 8, cudaMemcpyDeviceToHost));
+      const int gathering = (route == 8 || route == 10) ? G0 : G;
+      std::vector<long long> c(gathering);
+      CK(cudaMemcpy(c.data(), cyc, gathering * 8, cudaMemcpyDeviceToHost));
       std::sort(c.begin(), c.end());
-      printf("{\"route\": %d, \"ctas\": %d, \"us_per_launch_median\": %.3f, \"us_min\": %.3f, "
+      printf("{\"route\": %d, \"ctas\": %d, \"grid\": %d, \"us_per_launch_median\": %.3f, \"us_min\": %.3f, "
              "\"cycles_median\": %lld, \"cycles_max\": %lld, \"image_bad_bytes\": %ld}\n",
-             route, G, us[2], us[0], c[G / 2], c[G - 1], bad);
+             route, G0, G, us[2], us[0], c[gathering / 2], c[gathering - 1], bad);
       fflush(stdout);
       CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     }
