@@ -53,6 +53,24 @@ __device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap* map, int 
                :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
+// The kernel's cp.async mapping: 8 threads a 128-byte K block of a row, rows r0 + 16 i (i < N), one commit group a
+// K block, into 128B-swizzled K-major tiles; then every thread's rows have landed.
+template <int N>
+__device__ __forceinline__ void cp_async_rows(uint32_t s, const uint8_t* pool, const int* idx, int tid) {
+  int c16 = tid & 7, r0 = tid >> 3;
+  long long off[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) off[i] = (long long)idx[r0 + 16 * i] * ROWB + c16 * 16;
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) cp_async16(s + kb * 16384 + swz(r0 + 16 * i, c16), pool + off[i] + kb * 128, 16);
+    asm volatile("cp.async.commit_group;");
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+}
+
 template <int ROUTE>
 __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, const int* __restrict__ idx_all,
                                               long long* cyc, uint8_t* dump, int launch,
@@ -88,31 +106,9 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
     for (int kb = 0; kb < 4; ++kb) asm volatile("prefetch.global.L2 [%0];" :: "l"(row + kb * 128));
   }
   if (ROUTE == 0 || ROUTE == 6 || HELPED) {
-    int c16 = tid & 7, r0 = tid >> 3;
-    long long off[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) off[i] = (long long)idx[r0 + 16 * i] * ROWB + c16 * 16;
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) cp_async16(s + kb * 16384 + swz(r0 + 16 * i, c16), pool + off[i] + kb * 128, 16);
-      asm volatile("cp.async.commit_group;");
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
+    cp_async_rows<8>(s, pool, idx, tid);
   } else if (ROUTE == 12) {
-    int c16 = tid & 7, r0 = tid >> 3;
-    long long off[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) off[i] = (long long)idx[r0 + 16 * i] * ROWB + c16 * 16;
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cp_async16(s + kb * 16384 + swz(r0 + 16 * i, c16), pool + off[i] + kb * 128, 16);
-      asm volatile("cp.async.commit_group;");
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
+    cp_async_rows<4>(s, pool, idx, tid);
   } else if (ROUTE == 5) {
     int w = tid >> 5, lane = tid & 31, kb = lane >> 3, c16 = lane & 7;
     long long off[32];
