@@ -14,7 +14,8 @@
 //  10 route 0 plus G helper CTAs issuing cp.async.bulk.prefetch.L2 (512 bytes a row) for the same rows
 //  12 route 0 with half the rows a CTA (64) on twice the CTAs: the same bytes over twice the SMs
 //   9 no gather: index loads only (the launch and index floor)
-// (twenty-fifth session: routes 8, 10 and 12 ask whether idle SMs can speed a CTA's gather.)
+// (twenty-fifth session: routes 8, 10 and 12 ask whether idle SMs can speed a CTA's gather. They cannot: at 60
+// CTAs 3.25-3.49 us a launch against route 0's 3.16, benchmarks/results/sparse_mla_ab_h200_s25.json.)
 // Each route's shared-memory image of launch 0, CTA 0 is checked against the rows it should hold.
 #include <cuda.h>
 #include <cuda_runtime.h>
