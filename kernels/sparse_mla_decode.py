@@ -387,6 +387,9 @@ class SparseMlaDecodeSm90:
         tl = self._mark(tl, tid)  # 7: second product issued
         # step 8 (while the second product runs): merge the chunks' (m, l) and the sink into
         # this chunk's scale factor per head.
+        # Loaded at every width, although a cluster merges every chunk's l from the stats instead: leaving these
+        # loads out at n > 1 measured 0.4 us slower (width 640, KV cold, T = 12 5.35 -> 5.76 us, T = 48 11.78 ->
+        # 12.39; sparse_mla_ab_h200_s25.json, review_unused_loads): ptxas then schedules this step differently.
         l_c = [Float32(0.0)] * 4
         for hs in cutlass.range_constexpr(4):
             for w in cutlass.range_constexpr(4):
@@ -475,8 +478,7 @@ class SparseMlaDecodeSm90:
                 # side by side rather than all at owner 0 first (sparse_mla_ab_h200_s23.json: width 640
                 # 0.02-0.05 us faster with the KV cold, 0.04-0.13 us L2-warm).
                 for k in cutlass.range_constexpr(1, n):
-                    owner = chunk + k
-                    owner = Int32(cutlass.select_(owner >= n, owner - n, owner))
+                    owner = _rotated(chunk, k, n)
                     if owner < OWNERS:  # block `owner` (n > OWNERS: CTAs OWNERS.. own none)
                         slot = _recv_slot(chunk, owner)
                         dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
@@ -555,8 +557,7 @@ class SparseMlaDecodeSm90:
         acc = [Float32(0.0)] * 16  # dims 8 (tid % 8) + 64 k + i at 8 k + i
         acc = self._add_partial(acc, s_kv + STAGE_OFF + blk * BLOCK_BYTES, h, tid)
         for k in cutlass.range_constexpr(1, n):
-            sender = blk - k
-            sender = Int32(cutlass.select_(sender < 0, sender + n, sender))
+            sender = _rotated(blk, -k, n)
             slot = _recv_slot(sender, blk)
             # CTA scope: the bytes are the bulk copy's (async proxy), made visible by its complete_tx
             # on this CTA's mbarrier; a cluster-scope acquire would add an L1 invalidation per wait.
@@ -580,6 +581,15 @@ class SparseMlaDecodeSm90:
                 acc[8 * k + 2 * w] = acc[8 * k + 2 * w] + pair[0]
                 acc[8 * k + 2 * w + 1] = acc[8 * k + 2 * w + 1] + pair[1]
         return acc
+
+
+def _rotated(rank, k: int, n: int):
+    """(rank + k) mod n for 0 <= rank < n and 0 < |k| < n: at step k of the rotated sends CTA rank sends to
+    _rotated(rank, k, n), and the owner receives from _rotated(owner, -k, n) (one wrap, on k's side)."""
+    r = rank + k
+    if k > 0:
+        return Int32(cutlass.select_(r >= n, r - n, r))
+    return Int32(cutlass.select_(r < 0, r + n, r))
 
 
 def _recv_slot(sender, owner):
