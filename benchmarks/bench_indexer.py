@@ -3,13 +3,21 @@
 For batch in {1, 8, 64} rows and context in {8K, 64K, 256K} compressed tokens
 (64 index heads of 128, k = 512, DeepGEMM scoring), time with CUDA-graph replay:
 
-- ``plan``: ``plan_decode_rows`` (top-k reset + DeepGEMM schedule);
+- ``plan``: ``plan_decode_rows`` as a single-rank step runs it: the decode metadata carries the
+  step's DeepGEMM schedule (built once a step for every layer, as the seed's metadata builder does),
+  and the slice is the whole batch, so the plan is only the top-k reset;
+- ``schedule``: DeepGEMM's schedule of the rows, on its own;
+- ``plan_with_schedule``: the plan when the metadata carries no schedule, so the plan builds it (what
+  a rank whose slice is not the whole batch does every layer); before the twenty-sixth session this
+  was the benchmark's ``plan``;
 - ``logits``: DeepGEMM's paged MQA logits;
 - ``select``: ``decode_topk`` (the AOT kernel where it takes the shape) on those logits, a chain of
   launches (programmatic dependent launch overlaps each with the one before);
 - ``select_in_stream_order``: the same kernel launched in plain stream order, as it runs behind
   DeepGEMM's scoring (which does not trigger its dependents early); the share is judged on it;
-- ``step``: plan + finish (logits + selection);
+- ``step``: plan + finish (logits + selection), the schedule from the metadata; the share is judged on
+  this step; ``step_with_schedule`` (and its share, ``select_share_of_step_with_schedule``): the plan
+  builds the schedule, the step the benchmark judged until the twenty-fifth session;
 - the same flow selecting with ``torch.topk`` (``select_torch``, ``step_torch``).
 
 Target (issue 5): the AOT top-k makes selection <= 25% of the step at every size.
@@ -76,7 +84,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
         table = (torch.arange(rows * pages_per_row, dtype=torch.int32, device="cuda")
                  + i * rows * pages_per_row).view(rows, pages_per_row)
         seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
-        md = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
+        md_bare = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
         q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
         weights = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
         auto = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
@@ -84,8 +92,9 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
         peer = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
                             scorer=scorer, topk_backend="torch")
         schedule = scorer.schedule(seq_lens)
+        md = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx, schedule=schedule)
         logits = scorer.logits(q, weights, cache, seq_lens, table, schedule, ctx)
-        inputs.append((md, q, weights, auto, peer, schedule, logits))
+        inputs.append((md, q, weights, auto, peer, schedule, logits, md_bare))
 
     from runtime.topk import decode_topk, decode_topk_plan
 
@@ -97,6 +106,8 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
     res = {"rows": rows, "context": ctx, "k": K, "heads": HEADS, "head_dim": HEAD_DIM, "input_sets": sets}
     res["topk_kernel"] = decode_topk_plan(inputs[0][6], rows, K, False)
     res["plan"] = time_calls([lambda a=a: plan_decode_rows(a[3], a[0], tp) for a in inputs])
+    res["schedule"] = time_calls([lambda a=a: scorer.schedule(a[0].seq_lens) for a in inputs])
+    res["plan_with_schedule"] = time_calls([lambda a=a: plan_decode_rows(a[3], a[7], tp) for a in inputs])
     res["logits"] = time_calls([lambda a=a: scorer.logits(a[1], a[2], cache, a[0].seq_lens, a[0].block_table, a[5], ctx)
                                 for a in inputs])
     res["select"] = time_calls([lambda a=a: decode_topk(a[6], a[0].seq_lens, a[3].topk_indices) for a in inputs])
@@ -109,6 +120,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
     res["select_torch"] = time_calls([lambda a=a: _torch_topk_select(a[6], a[0].seq_lens, a[4].topk_indices, False)
                                       for a in inputs])
     res["step"] = time_calls([lambda a=a: step(a[3], a[0], a[1], a[2]) for a in inputs])
+    res["step_with_schedule"] = time_calls([lambda a=a: step(a[3], a[7], a[1], a[2]) for a in inputs])
     res["step_torch"] = time_calls([lambda a=a: step(a[4], a[0], a[1], a[2]) for a in inputs])
 
     # The two flows pick the same sets (up to ties torch.topk may break otherwise).
@@ -121,6 +133,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
     m = {key: res[key]["median_us"] for key in ("plan", "logits", "select", "select_torch", "step", "step_torch")}
     select_us = res.get("select_in_stream_order", res["select"])["median_us"]
     res["select_share_of_step"] = select_us / m["step"]
+    res["select_share_of_step_with_schedule"] = select_us / res["step_with_schedule"]["median_us"]
     res["select_pdl_chain_share_of_step"] = m["select"] / m["step"]
     res["select_torch_share_of_step_torch"] = m["select_torch"] / m["step_torch"]
     res["step_speedup_vs_torch_topk"] = m["step_torch"] / m["step"]
@@ -155,7 +168,9 @@ def main() -> None:
                   f"logits={r['logits']['median_us']:8.1f} "
                   f"select={r.get('select_in_stream_order', r['select'])['median_us']:7.1f} "
                   f"(chained {r['select']['median_us']:5.1f}) step={r['step']['median_us']:8.1f} us "
-                  f"share={r['select_share_of_step']:.2f} | torch.topk select={r['select_torch']['median_us']:8.1f} "
+                  f"share={r['select_share_of_step']:.2f} (schedule in the plan: "
+                  f"{r['step_with_schedule']['median_us']:.1f} us, {r['select_share_of_step_with_schedule']:.2f}) "
+                  f"| torch.topk select={r['select_torch']['median_us']:8.1f} "
                   f"step={r['step_torch']['median_us']:8.1f} share={r['select_torch_share_of_step_torch']:.2f} "
                   f"kernel={r['topk_kernel']}", flush=True)
         # Written after every size, so a run cut short still leaves its results.
