@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from benchmarks.bench_indexer import HEADS, K
+from benchmarks.bench_indexer import HEAD_DIM, HEADS, K
 from benchmarks.common import gpu_info, rotation_count, time_graph
 from gpu.jobs.indexer_roots import indexer_inputs
 from runtime.scoring import BLOCK_KV, DeepGemmScorer
@@ -41,7 +41,7 @@ def main(out_path: str) -> None:
     cells = []
     for rows, ctx in SIZES:
         pages = ctx // BLOCK_KV
-        sets = rotation_count(rows * pages * BLOCK_KV * 132 + rows * ctx * 4, most=16)
+        sets = rotation_count(rows * pages * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
         inputs = indexer_inputs(scorer, rows, ctx, sets, gen)
         signed = [(inp[0], torch.randn(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5) + inp[2:]
                   for inp in inputs]
