@@ -22,9 +22,10 @@ from runtime.topk import decode_topk_plan
 SIZES = ((64, 8192), (64, 65536), (64, 262144), (8, 8192), (8, 65536), (8, 262144), (1, 8192), (1, 65536), (1, 262144))
 
 
-def indexer_inputs(scorer, rows: int, ctx: int, sets: int, gen) -> list:
+def indexer_inputs(scorer, rows: int, ctx: int, sets: int, gen, signed: bool = False) -> list:
     """`sets` scoring inputs (q, weights, key cache, seq_lens, block table, schedule, width) as
-    bench_indexer.py scores them: random FP8 keys (each set its own pages), full rows of ctx tokens."""
+    bench_indexer.py scores them: random FP8 keys (each set its own pages), full rows of ctx tokens.
+    signed: normal head weights (both signs, as a projection gives) instead of the benchmark's positive ones."""
     pages = ctx // BLOCK_KV
     cache = random_cache(sets * rows * pages, gen)
     inputs = []
@@ -32,14 +33,14 @@ def indexer_inputs(scorer, rows: int, ctx: int, sets: int, gen) -> list:
         table = (torch.arange(rows * pages, dtype=torch.int32, device="cuda") + i * rows * pages).view(rows, pages)
         seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
         q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        w = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
+        w = (torch.randn if signed else torch.rand)(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
         inputs.append((q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx))
     return inputs
 
 
-def indexer_logits(scorer, rows: int, ctx: int, sets: int, gen) -> list:
+def indexer_logits(scorer, rows: int, ctx: int, sets: int, gen, signed: bool = False) -> list:
     """`sets` (logits, seq_lens) pairs: DeepGEMM paged MQA logits of indexer_inputs."""
-    return [(scorer.logits(*inp), inp[3]) for inp in indexer_inputs(scorer, rows, ctx, sets, gen)]
+    return [(scorer.logits(*inp), inp[3]) for inp in indexer_inputs(scorer, rows, ctx, sets, gen, signed)]
 
 
 def launch_topk(kernel, grid, x, ends, out) -> None:

@@ -128,7 +128,8 @@ def random_inputs():
 
 
 def indexer_inputs():
-    """(kernel, k, logits, row_ends, input) of the indexer benchmark's shapes: its DeepGEMM logits, then random."""
+    """(kernel, k, logits, row_ends, input) of the indexer benchmark's shapes: its DeepGEMM logits, the same with
+    signed head weights, then random."""
     from gpu.jobs.indexer_roots import indexer_logits
     from runtime.scoring import DeepGemmScorer
     from runtime.topk import decode_topk_plan
@@ -140,6 +141,7 @@ def indexer_inputs():
         logits, seq_lens = indexer_logits(scorer, rows, ctx, 1, gen)[0]
         name = decode_topk_plan(logits, rows, K, False)[0]
         yield name, K, logits, seq_lens, "deepgemm"
+        yield name, K, indexer_logits(scorer, rows, ctx, 1, gen, signed=True)[0][0], seq_lens, "deepgemm_signed"
         yield name, K, torch.randn(logits.shape, device="cuda", generator=gen), seq_lens, "random"
 
 
