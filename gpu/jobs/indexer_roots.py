@@ -38,6 +38,13 @@ def indexer_inputs(scorer, rows: int, ctx: int, sets: int, gen, signed: bool = F
     return inputs
 
 
+def rotated_inputs(scorer, rows: int, ctx: int, gen) -> list:
+    """indexer_inputs in as many sets as take the keys and logits past the L2 several times."""
+    pages = ctx // BLOCK_KV
+    sets = rotation_count(rows * pages * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
+    return indexer_inputs(scorer, rows, ctx, sets, gen)
+
+
 def indexer_logits(scorer, rows: int, ctx: int, sets: int, gen, signed: bool = False) -> list:
     """`sets` (logits, seq_lens) pairs: DeepGEMM paged MQA logits of indexer_inputs."""
     return [(scorer.logits(*inp), inp[3]) for inp in indexer_inputs(scorer, rows, ctx, sets, gen, signed)]
@@ -54,9 +61,7 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     cells = []
     for rows, ctx in SIZES:
-        pages = ctx // BLOCK_KV
-        sets = rotation_count(rows * pages * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
-        inputs = indexer_inputs(scorer, rows, ctx, sets, gen)
+        inputs = rotated_inputs(scorer, rows, ctx, gen)
         xs = [(scorer.logits(*inp), inp[3]) for inp in inputs]
         name, c, grid = decode_topk_plan(xs[0][0], rows, K, False)
         out = torch.empty(rows, K, dtype=torch.int32, device="cuda")

@@ -15,10 +15,10 @@ import sys
 
 import torch
 
-from benchmarks.bench_indexer import HEAD_DIM, HEADS, K
-from benchmarks.common import gpu_info, rotation_count, time_graph
-from gpu.jobs.indexer_roots import indexer_inputs
-from runtime.scoring import BLOCK_KV, DeepGemmScorer
+from benchmarks.bench_indexer import HEADS, K
+from benchmarks.common import gpu_info, time_graph
+from gpu.jobs.indexer_roots import rotated_inputs
+from runtime.scoring import DeepGemmScorer
 from runtime.topk import decode_topk, decode_topk_plan
 
 SIZES = ((1, 8192), (1, 65536), (8, 8192), (8, 65536), (8, 262144), (64, 8192))
@@ -40,9 +40,7 @@ def main(out_path: str) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     cells = []
     for rows, ctx in SIZES:
-        pages = ctx // BLOCK_KV
-        sets = rotation_count(rows * pages * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
-        inputs = indexer_inputs(scorer, rows, ctx, sets, gen)
+        inputs = rotated_inputs(scorer, rows, ctx, gen)
         signed = [(inp[0], torch.randn(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5) + inp[2:]
                   for inp in inputs]
         sources = {
