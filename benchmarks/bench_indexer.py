@@ -51,6 +51,14 @@ HEADS, HEAD_DIM, K = 64, 128, 512
 TARGET_SELECT_SHARE = 0.25
 
 
+def head_weights(rows: int, gen: torch.Generator, device="cuda", signed: bool = False) -> torch.Tensor:
+    """The index heads' weights of ``rows`` rows: uniform in [0, 1) / sqrt(heads), so every logit is a sum of
+    non-negative terms (the benchmark's inputs); ``signed``: normal / sqrt(heads), both signs, as a linear
+    projection gives (gpu/jobs/indexer_weight_signs.py compares the two)."""
+    draw = torch.randn if signed else torch.rand
+    return draw(rows, HEADS, device=device, generator=gen) * HEADS**-0.5
+
+
 def random_cache(pages: int, gen: torch.Generator, device: str = "cuda") -> torch.Tensor:
     """Random FP8 keys with per-key scales in DeepGEMM's fused layout, built in chunks."""
     width = HEAD_DIM + reference.INDEX_SCALE_BYTES
@@ -86,7 +94,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
         seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
         md_bare = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
         q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        weights = torch.rand(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
+        weights = head_weights(rows, gen)
         auto = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
                             scorer=scorer)
         peer = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,

@@ -35,7 +35,7 @@ for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST
                    ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(var, value)  # never NVLink multicast
 
-from benchmarks.bench_indexer import HEAD_DIM, HEADS, K, random_cache  # noqa: E402
+from benchmarks.bench_indexer import HEAD_DIM, HEADS, K, head_weights, random_cache  # noqa: E402
 from runtime.indexer import (  # noqa: E402
     DecodeMetadata,
     DistGroup,
@@ -72,7 +72,7 @@ def make_inputs(rows: int, ctx: int, seed: int, device: str):
     lens = ctx - torch.randint(0, BLOCK_KV * 4, (rows,), device=device, generator=gen).to(torch.int32)
     md = DecodeMetadata(lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
     q = torch.randn(rows, HEADS, HEAD_DIM, device=device, generator=gen).to(torch.float8_e4m3fn)
-    w = torch.rand(rows, HEADS, device=device, generator=gen) * HEADS**-0.5
+    w = head_weights(rows, gen, device)
     return cache, md, q, w
 
 

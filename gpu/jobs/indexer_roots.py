@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from benchmarks.bench_indexer import HEADS, HEAD_DIM, K, random_cache
+from benchmarks.bench_indexer import HEAD_DIM, HEADS, K, head_weights, random_cache
 from benchmarks.common import gpu_info, rotation_count, time_graph
 from runtime.loader import load
 from runtime.scoring import BLOCK_KV, DeepGemmScorer
@@ -33,7 +33,7 @@ def indexer_inputs(scorer, rows: int, ctx: int, sets: int, gen, signed: bool = F
         table = (torch.arange(rows * pages, dtype=torch.int32, device="cuda") + i * rows * pages).view(rows, pages)
         seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
         q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        w = (torch.randn if signed else torch.rand)(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5
+        w = head_weights(rows, gen, signed=signed)
         inputs.append((q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx))
     return inputs
 

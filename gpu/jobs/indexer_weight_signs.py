@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from benchmarks.bench_indexer import HEADS, K
+from benchmarks.bench_indexer import K, head_weights
 from benchmarks.common import gpu_info, time_graph
 from gpu.jobs.indexer_roots import rotated_inputs
 from runtime.scoring import DeepGemmScorer
@@ -41,8 +41,7 @@ def main(out_path: str) -> None:
     cells = []
     for rows, ctx in SIZES:
         inputs = rotated_inputs(scorer, rows, ctx, gen)
-        signed = [(inp[0], torch.randn(rows, HEADS, device="cuda", generator=gen) * HEADS**-0.5) + inp[2:]
-                  for inp in inputs]
+        signed = [(inp[0], head_weights(rows, gen, signed=True)) + inp[2:] for inp in inputs]
         sources = {
             "positive_weights": [(scorer.logits(*inp), inp[3]) for inp in inputs],
             "signed_weights": [(scorer.logits(*inp), inp[3]) for inp in signed],
