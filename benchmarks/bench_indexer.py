@@ -30,6 +30,7 @@ import argparse
 import itertools
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -71,6 +72,19 @@ def random_cache(pages: int, gen: torch.Generator, device: str = "cuda") -> torc
     return cache
 
 
+class StepInputs(NamedTuple):
+    """One input set of bench_one: the decode metadata with and without DeepGEMM's schedule, the query and
+    head weights, the AOT-selecting and torch-selecting states, and the set's precomputed logits."""
+    md: DecodeMetadata  # carries the schedule: the plan is the top-k reset alone
+    q: torch.Tensor
+    weights: torch.Tensor
+    auto: IndexerState  # selects with decode_topk
+    peer: IndexerState  # selects with torch.topk
+    schedule: object
+    logits: torch.Tensor
+    md_bare: DecodeMetadata  # no schedule: the plan builds it
+
+
 def time_calls(calls) -> dict:
     """CUDA-graph replay; eager events where a call cannot be captured."""
     try:
@@ -102,7 +116,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
         schedule = scorer.schedule(seq_lens)
         md = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx, schedule=schedule)
         logits = scorer.logits(q, weights, cache, seq_lens, table, schedule, ctx)
-        inputs.append((md, q, weights, auto, peer, schedule, logits, md_bare))
+        inputs.append(StepInputs(md, q, weights, auto, peer, schedule, logits, md_bare))
 
     from runtime.topk import decode_topk, decode_topk_plan
 
@@ -112,30 +126,31 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
         finish_decode_rows(state, q, w, plan_decode_rows(state, md, tp), tp)
 
     res = {"rows": rows, "context": ctx, "k": K, "heads": HEADS, "head_dim": HEAD_DIM, "input_sets": sets}
-    res["topk_kernel"] = decode_topk_plan(inputs[0][6], rows, K, False)
-    res["plan"] = time_calls([lambda a=a: plan_decode_rows(a[3], a[0], tp) for a in inputs])
-    res["schedule"] = time_calls([lambda a=a: scorer.schedule(a[0].seq_lens) for a in inputs])
-    res["plan_with_schedule"] = time_calls([lambda a=a: plan_decode_rows(a[3], a[7], tp) for a in inputs])
-    res["logits"] = time_calls([lambda a=a: scorer.logits(a[1], a[2], cache, a[0].seq_lens, a[0].block_table, a[5], ctx)
-                                for a in inputs])
-    res["select"] = time_calls([lambda a=a: decode_topk(a[6], a[0].seq_lens, a[3].topk_indices) for a in inputs])
+    res["topk_kernel"] = decode_topk_plan(inputs[0].logits, rows, K, False)
+    res["plan"] = time_calls([lambda a=a: plan_decode_rows(a.auto, a.md, tp) for a in inputs])
+    res["schedule"] = time_calls([lambda a=a: scorer.schedule(a.md.seq_lens) for a in inputs])
+    res["plan_with_schedule"] = time_calls([lambda a=a: plan_decode_rows(a.auto, a.md_bare, tp) for a in inputs])
+    res["logits"] = time_calls([lambda a=a: scorer.logits(a.q, a.weights, cache, a.md.seq_lens, a.md.block_table,
+                                                          a.schedule, ctx) for a in inputs])
+    res["select"] = time_calls([lambda a=a: decode_topk(a.logits, a.md.seq_lens, a.auto.topk_indices) for a in inputs])
     if res["topk_kernel"] is not None:
         # The share is judged on the selection in stream order: behind DeepGEMM's scoring (no early
         # trigger) programmatic dependent launch overlaps nothing, while `select` (a chain of
         # selections) overlaps each launch with the one before.
-        res["select_in_stream_order"] = time_calls([lambda a=a: decode_topk(a[6], a[0].seq_lens, a[3].topk_indices,
-                                                                            pdl=False) for a in inputs])
-    res["select_torch"] = time_calls([lambda a=a: _torch_topk_select(a[6], a[0].seq_lens, a[4].topk_indices, False)
-                                      for a in inputs])
-    res["step"] = time_calls([lambda a=a: step(a[3], a[0], a[1], a[2]) for a in inputs])
-    res["step_with_schedule"] = time_calls([lambda a=a: step(a[3], a[7], a[1], a[2]) for a in inputs])
-    res["step_torch"] = time_calls([lambda a=a: step(a[4], a[0], a[1], a[2]) for a in inputs])
+        res["select_in_stream_order"] = time_calls([lambda a=a: decode_topk(a.logits, a.md.seq_lens,
+                                                                            a.auto.topk_indices, pdl=False)
+                                                    for a in inputs])
+    res["select_torch"] = time_calls([lambda a=a: _torch_topk_select(a.logits, a.md.seq_lens, a.peer.topk_indices,
+                                                                     False) for a in inputs])
+    res["step"] = time_calls([lambda a=a: step(a.auto, a.md, a.q, a.weights) for a in inputs])
+    res["step_with_schedule"] = time_calls([lambda a=a: step(a.auto, a.md_bare, a.q, a.weights) for a in inputs])
+    res["step_torch"] = time_calls([lambda a=a: step(a.peer, a.md, a.q, a.weights) for a in inputs])
 
     # The two flows pick the same sets (up to ties torch.topk may break otherwise).
-    md, q, w, auto, peer = inputs[0][:5]
-    step(auto, md, q, w)
-    step(peer, md, q, w)
-    same = (auto.topk_indices.sort(dim=1).values == peer.topk_indices.sort(dim=1).values).all(dim=1)
+    a = inputs[0]
+    step(a.auto, a.md, a.q, a.weights)
+    step(a.peer, a.md, a.q, a.weights)
+    same = (a.auto.topk_indices.sort(dim=1).values == a.peer.topk_indices.sort(dim=1).values).all(dim=1)
     res["rows_equal_to_torch_topk"] = int(same.sum())
 
     m = {key: res[key]["median_us"] for key in ("plan", "logits", "select", "select_torch", "step", "step_torch")}

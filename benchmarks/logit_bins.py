@@ -21,15 +21,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_indexer import HEAD_DIM, HEADS, head_weights  # noqa: E402
 from runtime import reference  # noqa: E402
+from runtime.scoring import BLOCK_KV  # noqa: E402
 
-HEADS, HEAD_DIM, BLOCK_KV = 64, 128, 64
 FIRST_DIGIT_SHIFT = 21  # 32-bit keys: the top 11 bits
 
 
 def indexer_rows(rows: int, ctx: int, gen: torch.Generator) -> torch.Tensor:
     q = torch.randn(rows, HEADS, HEAD_DIM, generator=gen).to(torch.float8_e4m3fn)
-    weights = torch.rand(rows, HEADS, generator=gen) * HEADS**-0.5
+    weights = head_weights(rows, gen, device="cpu")
     keys = torch.randn(rows * ctx // BLOCK_KV, BLOCK_KV, HEAD_DIM, generator=gen)
     values, scales = reference.quantize_index_keys(keys)
     cache = reference.pack_index_k_cache(values, scales)
