@@ -146,7 +146,7 @@ def max_tokens(width: int, device=None) -> int:
 
 
 def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale, bmm2_scale,
-                      out=None):
+                      out=None, pdl: bool = True):
     """BF16 ``[T, 16, 512]`` sparse-MLA decode output (DESIGN.md); writes ``out`` when given.
 
     q ``[T, 16, 512]`` FP8 E4M3; swa_kv / compressed_kv ``[rows, 512]`` FP8 E4M3; indices
@@ -154,6 +154,10 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     compressed_kv; -1, columns at or past ``lens[t]`` and indices at or past a pool's rows are
     masked); lens ``[T]`` int32; sinks ``[16]`` float32 or None. Every tensor contiguous, on one
     device, 16-byte aligned (indices, lens, sinks: 4).
+
+    ``pdl``: launch with programmatic dependent launch (the kernel reads the sinks and sets up its
+    barriers while the previous kernel finishes; the next may be scheduled once the scores are
+    issued). False launches in plain stream order, as decode_topk(pdl=False) does.
     """
     T, width = _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out)
     if out is None:
@@ -165,6 +169,8 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
         out.copy_(sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, sinks=sinks,
                                               bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale))
         return out
+    if not pdl:
+        kernel = kernel.in_stream_order()
     n = width // contract.CHUNK
     args = (out.data_ptr(), q.data_ptr(), swa_kv.data_ptr(), compressed_kv.data_ptr(), indices.data_ptr(),
             lens.data_ptr(), 0 if sinks is None else sinks.data_ptr(), swa_kv.shape[0], compressed_kv.shape[0],

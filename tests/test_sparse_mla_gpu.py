@@ -257,6 +257,20 @@ def test_kernel_allocates_out_and_repeats_exactly(width):
     assert_kernel_matches(a, args, sinks)
 
 
+@pytest.mark.parametrize("width", [128, 640])
+def test_kernel_in_stream_order_equals_pdl_launch(width):
+    """pdl=False launches the same function without programmatic dependent launch: the same bits."""
+    from runtime.sparse_mla import sparse_mla_decode
+
+    args, sinks = make_case(12, width, seed=8)
+    kw = dict(sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    a = sparse_mla_decode(*args, out=poisoned(12), **kw)
+    b = sparse_mla_decode(*args, out=poisoned(12), pdl=False, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+    assert_kernel_matches(b, args, sinks)
+
+
 def test_kernel_supports_and_max_tokens():
     from runtime.sparse_mla import max_tokens, supports_sparse_mla
 

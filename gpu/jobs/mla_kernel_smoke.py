@@ -187,19 +187,33 @@ def timeline(cold=False):
             _ = [float(a.float().sum()) for a in (args[0], args[3], args[4])]  # hot again: q, indices, lens
         sparse_mla_decode(*args, sinks=sinks, out=out, **KW)
         torch.cuda.synchronize()
-        q_bytes = args[0].view(torch.uint8).view(T, -1)[:, : 64 * n].contiguous()
-        raw = q_bytes.view(torch.int32).view(T, n, 16).cpu().long()
-        clk = raw[..., [0] + list(range(2, 14))]  # start clock, marks 1..12
-        d = (clk[..., 1:] - clk[..., :-1]) % (1 << 32)  # cycles per step
-        g0, g1 = raw[..., 1] % (1 << 32), raw[..., 14] % (1 << 32)
-        span = float(((g1 - g0) % (1 << 32)).float().mean())
-        print(f"timeline{' (cold KV)' if cold else ''} w={width} T={T}: CTA span (globaltimer) mean {span:.0f} ns, "
-              f"grid span {int((g1.max() - g0.min()) % (1 << 32))} ns, start skew {int(g0.max() - g0.min())} ns",
-              flush=True)
-        for k, name in enumerate(MARKS):
-            col = d[..., k].flatten().float()
-            print(f"   {k + 1:2d} {name:22s} mean {float(col.mean()):7.0f} cyc  min {float(col.min()):7.0f}  "
-                  f"max {float(col.max()):7.0f}", flush=True)
+        print_marks(f"timeline{' (cold KV)' if cold else ''} w={width} T={T}", read_marks(args[0], n))
+
+
+def read_marks(q, n):
+    """The marks a timeline build stored over ``q`` ([T, 16, 512] FP8) in its last launch: per CTA the cycles of
+    each step (MARKS), its start and end on the global timer (ns), as a dict of CPU tensors."""
+    T = q.shape[0]
+    raw = q.view(torch.uint8).view(T, -1)[:, : 64 * n].contiguous().view(torch.int32).view(T, n, 16).cpu().long()
+    clk = raw[..., [0] + list(range(2, 14))]  # start clock, marks 1..12
+    return {"cycles": (clk[..., 1:] - clk[..., :-1]) % (1 << 32),  # cycles per step
+            "start_ns": raw[..., 1] % (1 << 32), "end_ns": raw[..., 14] % (1 << 32)}
+
+
+def print_marks(label, marks) -> dict:
+    """Print read_marks' spans and per-step cycles (mean, min, max over the CTAs); return them as a dict."""
+    d, g0, g1 = marks["cycles"], marks["start_ns"], marks["end_ns"]
+    res = {"cta_span_ns": float(((g1 - g0) % (1 << 32)).float().mean()),
+           "grid_span_ns": int((g1.max() - g0.min()) % (1 << 32)), "start_skew_ns": int(g0.max() - g0.min()),
+           "steps_cycles": {}}
+    print(f"{label}: CTA span (globaltimer) mean {res['cta_span_ns']:.0f} ns, grid span {res['grid_span_ns']} ns, "
+          f"start skew {res['start_skew_ns']} ns", flush=True)
+    for k, name in enumerate(MARKS):
+        col = d[..., k].flatten().float()
+        res["steps_cycles"][name] = {"mean": round(float(col.mean())), "min": int(col.min()), "max": int(col.max())}
+        print(f"   {k + 1:2d} {name:22s} mean {float(col.mean()):7.0f} cyc  min {float(col.min()):7.0f}  "
+              f"max {float(col.max()):7.0f}", flush=True)
+    return res
 
 
 if __name__ == "__main__":
