@@ -96,24 +96,38 @@ def time_calls(calls) -> dict:
         return out
 
 
-def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -> dict:
-    pages_per_row = ctx // BLOCK_KV
-    set_bytes = rows * pages_per_row * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4
-    sets = rotation_count(set_bytes, most=16)
-    cache = random_cache(sets * rows * pages_per_row, gen)
+def rotation_sets(rows: int, ctx: int) -> int:
+    """Input sets of one size that take its keys and logits past the L2 several times (at most 16)."""
+    return rotation_count(rows * (ctx // BLOCK_KV) * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
+
+
+def scoring_inputs(scorer: DeepGemmScorer, rows: int, ctx: int, sets: int, gen: torch.Generator,
+                   signed: bool = False) -> list:
+    """``sets`` scoring inputs (q, weights, key cache, seq_lens, block table, schedule, width) of full rows of
+    ``ctx`` tokens: random FP8 keys, each set its own pages of one cache. ``signed``: head_weights(signed=True)."""
+    pages = ctx // BLOCK_KV
+    cache = random_cache(sets * rows * pages, gen)
     inputs = []
     for i in range(sets):
-        table = (torch.arange(rows * pages_per_row, dtype=torch.int32, device="cuda")
-                 + i * rows * pages_per_row).view(rows, pages_per_row)
+        table = (torch.arange(rows * pages, dtype=torch.int32, device="cuda") + i * rows * pages).view(rows, pages)
         seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
-        md_bare = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
         q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        weights = head_weights(rows, gen)
+        w = head_weights(rows, gen, signed=signed)
+        inputs.append((q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx))
+    return inputs
+
+
+def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -> dict:
+    sets = rotation_sets(rows, ctx)
+    scored = scoring_inputs(scorer, rows, ctx, sets, gen)
+    cache = scored[0][2]  # one cache, each set its own pages
+    inputs = []
+    for q, weights, _, seq_lens, table, schedule, _ in scored:
+        md_bare = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
         auto = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
                             scorer=scorer)
         peer = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
                             scorer=scorer, topk_backend="torch")
-        schedule = scorer.schedule(seq_lens)
         md = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx, schedule=schedule)
         logits = scorer.logits(q, weights, cache, seq_lens, table, schedule, ctx)
         inputs.append(StepInputs(md, q, weights, auto, peer, schedule, logits, md_bare))
@@ -161,7 +175,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
     res["select_torch_share_of_step_torch"] = m["select_torch"] / m["step_torch"]
     res["step_speedup_vs_torch_topk"] = m["step_torch"] / m["step"]
     res["meets_target"] = res["select_share_of_step"] <= TARGET_SELECT_SHARE
-    del inputs, cache
+    del inputs, scored, cache
     torch.cuda.empty_cache()
     return res
 

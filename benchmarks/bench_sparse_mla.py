@@ -103,6 +103,13 @@ class PoolSlices:
         return self.q, self.swa[i * s:(i + 1) * s], self.comp[i * c:(i + 1) * c], self.indices, self.lens
 
 
+def make_pools(gen):
+    """The benchmark's KV pools (SWA_ROWS and COMP_ROWS random FP8 rows) and sinks, drawn in that order."""
+    swa = torch.randn(SWA_ROWS, D, device=DEVICE, generator=gen).to(FP8)
+    comp = torch.randn(COMP_ROWS, D, device=DEVICE, generator=gen).to(FP8)
+    return swa, comp, torch.randn(H, device=DEVICE, generator=gen)
+
+
 def _distinct(rows: int, count: int, gen) -> torch.Tensor:
     """``count`` distinct random rows of [0, rows), as int32."""
     return torch.randperm(rows, device=DEVICE, generator=gen)[:count].to(torch.int32)
@@ -236,9 +243,7 @@ def main():
     log = lambda s: print(s, flush=True)  # noqa: E731
 
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    swa = torch.randn(SWA_ROWS, D, device=DEVICE, generator=gen).to(FP8)
-    comp = torch.randn(COMP_ROWS, D, device=DEVICE, generator=gen).to(FP8)
-    sinks = torch.randn(H, device=DEVICE, generator=gen)
+    swa, comp, sinks = make_pools(gen)
 
     result = {"op": "sparse_mla_decode", "info": common.gpu_info(), "quick_sweep": args.quick_sweep,
               "copy_gbs": common.copy_bandwidth_gbs(),

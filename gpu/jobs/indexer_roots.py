@@ -13,41 +13,23 @@ import sys
 
 import torch
 
-from benchmarks.bench_indexer import HEAD_DIM, HEADS, K, head_weights, random_cache
-from benchmarks.common import gpu_info, rotation_count, time_graph
+from benchmarks.bench_indexer import K, rotation_sets, scoring_inputs
+from benchmarks.common import gpu_info, time_graph
 from runtime.loader import load
-from runtime.scoring import BLOCK_KV, DeepGemmScorer
+from runtime.scoring import DeepGemmScorer
 from runtime.topk import decode_topk_plan
 
 SIZES = ((64, 8192), (64, 65536), (64, 262144), (8, 8192), (8, 65536), (8, 262144), (1, 8192), (1, 65536), (1, 262144))
 
 
-def indexer_inputs(scorer, rows: int, ctx: int, sets: int, gen, signed: bool = False) -> list:
-    """`sets` scoring inputs (q, weights, key cache, seq_lens, block table, schedule, width) as
-    bench_indexer.py scores them: random FP8 keys (each set its own pages), full rows of ctx tokens.
-    signed: normal head weights (both signs, as a projection gives) instead of the benchmark's positive ones."""
-    pages = ctx // BLOCK_KV
-    cache = random_cache(sets * rows * pages, gen)
-    inputs = []
-    for i in range(sets):
-        table = (torch.arange(rows * pages, dtype=torch.int32, device="cuda") + i * rows * pages).view(rows, pages)
-        seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
-        q = torch.randn(rows, HEADS, HEAD_DIM, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        w = head_weights(rows, gen, signed=signed)
-        inputs.append((q, w, cache, seq_lens, table, scorer.schedule(seq_lens), ctx))
-    return inputs
-
-
 def rotated_inputs(scorer, rows: int, ctx: int, gen) -> list:
-    """indexer_inputs in as many sets as take the keys and logits past the L2 several times."""
-    pages = ctx // BLOCK_KV
-    sets = rotation_count(rows * pages * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=16)
-    return indexer_inputs(scorer, rows, ctx, sets, gen)
+    """bench_indexer's scoring inputs in as many sets as take the keys and logits past the L2 several times."""
+    return scoring_inputs(scorer, rows, ctx, rotation_sets(rows, ctx), gen)
 
 
 def indexer_logits(scorer, rows: int, ctx: int, sets: int, gen, signed: bool = False) -> list:
-    """`sets` (logits, seq_lens) pairs: DeepGEMM paged MQA logits of indexer_inputs."""
-    return [(scorer.logits(*inp), inp[3]) for inp in indexer_inputs(scorer, rows, ctx, sets, gen, signed)]
+    """`sets` (logits, seq_lens) pairs: DeepGEMM paged MQA logits of bench_indexer's scoring inputs."""
+    return [(scorer.logits(*inp), inp[3]) for inp in scoring_inputs(scorer, rows, ctx, sets, gen, signed)]
 
 
 def launch_topk(kernel, grid, x, ends, out) -> None:

@@ -32,15 +32,8 @@ def op(pdl: bool):
     return lambda *a, **kw: sparse_mla_decode(*a, pdl=pdl, **kw)
 
 
-def pools(gen):
-    swa = torch.randn(bench.SWA_ROWS, bench.D, device="cuda", generator=gen).to(bench.FP8)
-    comp = torch.randn(bench.COMP_ROWS, bench.D, device="cuda", generator=gen).to(bench.FP8)
-    return swa, comp, torch.randn(bench.H, device="cuda", generator=gen)
-
-
 def timing(swa, comp, sinks, gen) -> dict:
     res = {}
-    empty = runtime.load().kernel(f"empty_cluster{WIDTH // 128}")
     for T in TOKENS:
         inp = bench.PoolSlices(T, WIDTH, bench.sets_for(T, WIDTH), swa, comp, sinks, gen)
         cell = {"pdl": [], "stream_order": []}
@@ -48,8 +41,7 @@ def timing(swa, comp, sinks, gen) -> dict:
             order = ("pdl", "stream_order") if rnd == 0 else ("stream_order", "pdl")
             for name in order:
                 cell[name].append(bench.time_op(op(name == "pdl"), inp, inp.sets)["median_us"])
-        cell["empty_kernel_us"] = common.time_graph([lambda: empty.launch(T * WIDTH // 128, 0)],
-                                                    launches=100)["median_us"]
+        cell["empty_kernel_us"] = common.empty_kernel_us(T * WIDTH // 128, WIDTH // 128)
         res[f"w{WIDTH}_T{T}"] = cell
         print(f"T={T}: pdl {cell['pdl']} us, stream order {cell['stream_order']} us, "
               f"empty {cell['empty_kernel_us']:.2f} us", flush=True)
@@ -59,13 +51,10 @@ def timing(swa, comp, sinks, gen) -> dict:
 
 def marks(swa, comp, sinks, gen) -> dict:
     res = {}
-    kw = dict(sinks=sinks, bmm1_scale=bench.BMM1_SCALE, bmm2_scale=bench.BMM2_SCALE)
     for T in TOKENS:
         inp = bench.PoolSlices(T, WIDTH, min(64, bench.sets_for(T, WIDTH)), swa, comp, sinks, gen)
         for name in ("pdl", "stream_order"):
-            fn = op(name == "pdl")
-            calls = [(lambda i=i: fn(*inp.args(i), out=inp.out, **kw)) for i in range(inp.sets)]
-            common.time_graph(calls, repeats=3)  # its last launch writes the marks over inp.q
+            bench.time_op(op(name == "pdl"), inp, inp.sets)  # its graph's last launch writes the marks over inp.q
             torch.cuda.synchronize()
             res[f"w{WIDTH}_T{T}_{name}"] = print_marks(f"graph {name} w={WIDTH} T={T}", read_marks(inp.q, WIDTH // 128))
         del inp
@@ -76,7 +65,7 @@ def main() -> None:
     out, with_marks = sys.argv[1], "--marks" in sys.argv[2:]
     runtime.load()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    swa, comp, sinks = pools(gen)
+    swa, comp, sinks = bench.make_pools(gen)
     result = {"info": common.gpu_info(), "width": WIDTH, "tokens": TOKENS}
     result["marks" if with_marks else "timing"] = (marks if with_marks else timing)(swa, comp, sinks, gen)
     with open(out, "w") as f:
