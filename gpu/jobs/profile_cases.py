@@ -1,6 +1,8 @@
 """Launch one case a few times, for ncu (helper of gpu/jobs/profile.sh).
 
-usage: profile_cases.py topk NAME ROWS LENGTH K     (FP32/BF16 from the kernel name, direct launch)
+usage: profile_cases.py topk NAME ROWS LENGTH K [indexer]     (FP32/BF16 from the kernel name, direct launch;
+                                                               indexer: FP32 logits of bench_indexer's inputs
+                                                               scored by DeepGEMM, k = 512, instead of random)
        profile_cases.py mla T WIDTH
 """
 import sys
@@ -10,12 +12,24 @@ import torch
 import runtime
 
 
-def topk(name, rows, length, k):
+def indexer_rows(rows, length):
+    """Two sets of the indexer benchmark's DeepGEMM logits (positive head weights), rows x length."""
+    from gpu.jobs.indexer_roots import indexer_logits
+    from runtime.scoring import DeepGemmScorer
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return [x for x, _ in indexer_logits(DeepGemmScorer(), rows, length, 2, gen)]
+
+
+def topk(name, rows, length, k, source="random"):
     kernel = runtime.load().kernel(name)
     c = kernel.entry.cluster[0]
     dtype = torch.float32 if "_f32_" in name else torch.bfloat16
     # Two inputs in turn: the profiled launch reads logits the previous launch did not (as the benchmark rotates them).
-    xs = [torch.randn(rows, length, device="cuda").to(dtype) for _ in range(2)]
+    if source == "indexer":
+        xs = indexer_rows(rows, length)
+    else:
+        xs = [torch.randn(rows, length, device="cuda").to(dtype) for _ in range(2)]
     ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
     out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
     for i in range(4):
@@ -37,6 +51,6 @@ def mla(T, width):
 
 if __name__ == "__main__":
     if sys.argv[1] == "topk":
-        topk(sys.argv[2], *map(int, sys.argv[3:6]))
+        topk(sys.argv[2], *map(int, sys.argv[3:6]), *sys.argv[6:7])
     else:
         mla(*map(int, sys.argv[2:4]))
