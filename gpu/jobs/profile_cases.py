@@ -26,6 +26,8 @@ def topk(name, rows, length, k, source="random"):
     c = kernel.entry.cluster[0]
     dtype = torch.float32 if "_f32_" in name else torch.bfloat16
     # Two inputs in turn: the profiled launch reads logits the previous launch did not (as the benchmark rotates them).
+    if source not in ("random", "indexer") or (source == "indexer" and dtype != torch.float32):
+        raise ValueError(f"input {source!r}: use 'random', or 'indexer' with an FP32 kernel (its logits are FP32)")
     if source == "indexer":
         xs = indexer_rows(rows, length)
     else:
