@@ -400,6 +400,23 @@ class DecodeTopK:
             used += 4 * words
         return offsets
 
+    def peer_word_bytes(self) -> int:
+        """The bytes of the words every CTA of a cluster receives from its peers before the first digit's select:
+        each CTA's floor and highest nonempty bin (and refine window), and CTA 0's list length."""
+        words = 2 * self.cluster + 1 + (self.cluster if self.refine_window else 0)
+        return 4 * words
+
+    def peer_words_bar(self, s_misc: cute.Pointer) -> Int32:
+        """The shared address of this CTA's mbarrier for its peers' words (the "bar" array's second one), found
+        from s_misc."""
+        offsets = self.smem_offsets()
+        return smem_addr(s_misc) + (offsets["bar"] + 8 - offsets["misc"])
+
+    @cute.jit
+    def push_peer_word(self, word: cute.Pointer, value, peer: Int32, peer_bar: Int32):
+        """value into word of CTA peer's s_peer, completing 4 bytes on its peer_words_bar (at peer_bar)."""
+        ptx.st_async_b32(ptx.mapa_shared(smem_addr(word), peer), Uint32(value), peer_bar)
+
     def push_bar(self, s_misc: cute.Pointer):
         """The shared::cluster address of CTA 0's push mbarrier (the "bar" array), found from s_misc (the push sites
         have it at hand); None where the pushes are plain DSMEM stores (traced inline)."""
@@ -842,21 +859,32 @@ class DecodeTopK:
         highest such floor are not read from the peers (they may be incomplete, too), nor those
         above every CTA's highest nonempty bin (floors[32 + r]).
         The cluster barrier orders every CTA's histogram atomics before the peers'
-        reads (release/acquire); it also serves as the CTA barrier. With local, only this
+        reads (release/acquire; for the first digit a release of this CTA's shared memory
+        only, and the peers' words by st.async); it also serves as the CTA barrier. With local, only this
         CTA's histogram counts (the gathered finish of one CTA). With floors (the first
         digit), misc[4] gets bin b's count of the lower-ranked CTAs (their columns are lower:
         the gathered finish's place for this CTA's items of the bin), from the same reads.
         """
         tid = cute.arch.thread_idx()[0]
         clustered = self.cluster > 1 and not local
-        if const_expr(clustered):
+        with_floors = floors is not None
+        if const_expr(clustered and with_floors):
+            # The peers read this CTA's histogram, and CTA 0's counters and list room (zeroed, filled in step 1)
+            # take their adds and pushes from here on: all of it this CTA's shared memory, so a release restricted
+            # to it suffices. A plain release here was a MEMBAR.ALL.GPU on every warp: 0.2-0.45 us of every
+            # clustered launch (decode_topk_ab_h200.json: select_barrier_s28_ab; gpu/micro/cluster_exchange.cu).
+            # The peers' words came by st.async (no generic store into a peer): their mbarrier says they are in.
+            ptx.fence_release_shared_cta_cluster()
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+            ptx.mbarrier_wait_parity(self.peer_words_bar(misc), 0, cluster=False)
+        elif const_expr(clustered):
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
         lo = Int32(0)
         hi = Int32(nbins - 1)
-        with_floors = floors is not None
         if const_expr(with_floors and clustered):
             # The peers' floors and highest nonempty bins are local (stored here before the barrier):
             # every thread takes the maxima. No CTA has an item above the highest of the latter, so
@@ -2525,11 +2553,16 @@ class DecodeTopK:
         self.zero_bins(s_hist, 2 * self.bins)
         if tid < 16:
             cute.arch.store(s_misc + tid, Int32(0))
-        if const_expr(self.async_pushes):
+        if const_expr(C > 1):
             if tid == 0:
-                # CTA 0's is the one used: one arrival a CTA (its pushed bytes). The first cluster barrier with a
-                # release (the first digit's select) orders the initialisation before any CTA's pushes.
-                ptx.mbarrier_init(smem_addr(s["bar"]), C)
+                if const_expr(self.async_pushes):
+                    # CTA 0's is the one used: one arrival a CTA (its pushed bytes).
+                    ptx.mbarrier_init(smem_addr(s["bar"]), C)
+                # The peers' words of the first digit (peer_words_bar): their bytes, behind this one arrival.
+                words_bar = self.peer_words_bar(s_misc)
+                ptx.mbarrier_init(words_bar, 1)
+                ptx.mbarrier_arrive_expect_tx(words_bar, self.peer_word_bytes())
+                # Published by the cluster barrier of step 1's start (its wait precedes any CTA's st.async).
                 ptx.fence_mbarrier_init_cluster()
         if const_expr(self.refine_window):
             if tid < REFINE_WINDOW_BINS * 32:
@@ -2601,16 +2634,17 @@ class DecodeTopK:
                 cute.arch.cluster_wait()
                 self.mark(s_tl, 3)
                 if tid < C:
-                    ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + rank), tid),
-                                       cute.arch.load(s_misc + 5, Int32))
+                    # To CTA tid, by st.async onto its peer_words_bar (peer_word_bytes in all).
+                    words_bar = ptx.mapa_shared(self.peer_words_bar(s_misc), tid)
+                    self.push_peer_word(s_peer + rank, cute.arch.load(s_misc + 5, Int32), tid, words_bar)
                     top = cute.arch.load(s_misc + 11, Int32)
                     if const_expr(C < SHORT_FLOORS_MIN_CLUSTER):
                         top = sel(short, Int32((1 << self.digits[0]) - 1), top)  # its floor: misc[5], still 0
-                    ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 32 + rank), tid), top)
+                    self.push_peer_word(s_peer + 32 + rank, top, tid, words_bar)
                     if rank == 0:
-                        ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 16), tid), list_len)
+                        self.push_peer_word(s_peer + 16, list_len, tid, words_bar)
                     if const_expr(self.refine_window):
-                        ptx.st_cluster_b32(ptx.mapa_shared(smem_addr(s_peer + 24 + rank), tid), window)
+                        self.push_peer_word(s_peer + 24 + rank, window, tid, words_bar)
             b0, above0, count0, gt_mine = self.cluster_select(s_hist, 1 << self.digits[0], k, s_scan + sp * 32,
                                                               s_misc, floors=s_peer)
             krem = k - above0

@@ -276,6 +276,15 @@ def mbarrier_arrive_expect_tx_cluster(addr: Int32, nbytes, *, loc=None, ip=None)
 
 
 @dsl_user_op
+def fence_release_shared_cta_cluster(*, loc=None, ip=None) -> None:
+    """Release, at cluster scope, this thread's earlier operations on its own CTA's shared memory only (what the
+    peers then read through distributed shared memory after a relaxed cluster arrive and their acquiring wait).
+    Unlike a plain cluster-scope release (fence.acq_rel.cluster, barrier.cluster.arrive's default), which is a
+    MEMBAR.ALL.GPU in SASS on sm_90, this is a CTA-level MEMBAR: it does not order global or peer memory."""
+    _asm(None, [], "fence.release.sync_restrict::shared::cta.cluster;", "")
+
+
+@dsl_user_op
 def mbarrier_init(addr: Int32, count, *, loc=None, ip=None) -> None:
     _asm(None, [_i32(addr), _i32(count)], "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r")
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# limit: 560
+# The first digit's select with a release restricted to the CTA's shared memory (twenty-ninth session): every GPU
+# test and decode_topk's sanitizers on the committed tree (the new cubins), then the decode_topk and indexer
+# benchmarks of the new cache and of the previous one (.gl/old: `git archive HEAD~ cubins manifests`), one process
+# each, on the same machine.
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
+JOB_OUT=${JOB_OUT:?}
+bash gpu/jobs/all_gpu_tests.sh > "$JOB_OUT/all_gpu_tests.log" 2>&1; tail -4 "$JOB_OUT/all_gpu_tests.log"
+source gpu/tools/deepgemm_env.sh
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in memcheck synccheck racecheck; do
+  timeout 60 "$san" --tool $tool --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick > "$JOB_OUT/$tool.log" 2>&1
+  echo "$tool rc=$?"; tail -2 "$JOB_OUT/$tool.log"
+done
+timeout 120 python3 benchmarks/bench_topk.py --out "$JOB_OUT/topk_new.json" --budget 150 --no-sweep | tail -2
+SPARSE_DECODE_AOT_CACHE=$PWD/.gl/old timeout 120 python3 benchmarks/bench_topk.py --out "$JOB_OUT/topk_old.json" \
+  --budget 150 --no-sweep | tail -2
+timeout 60 python3 benchmarks/bench_indexer.py --out "$JOB_OUT/indexer_new.json" | tail -12
+SPARSE_DECODE_AOT_CACHE=$PWD/.gl/old timeout 60 python3 benchmarks/bench_indexer.py --out "$JOB_OUT/indexer_old.json" \
+  | tail -12
