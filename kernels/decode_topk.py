@@ -846,6 +846,16 @@ class DecodeTopK:
         return self.warp_atomic_base(Int32(cute.arch.popc(ballot)), counter) + before
 
     @cute.jit
+    def cluster_arrive_own_smem(self):
+        """Arrive at the cluster barrier releasing only this CTA's shared memory, for the peers' reads of it after
+        their wait: a CTA-level MEMBAR in SASS, where the default release is a MEMBAR.ALL.GPU on every warp (0.2-0.45
+        us on the critical path of a clustered launch: decode_topk_ab_h200.json, select_barrier_s28_ab and
+        select_release_s29_ab; gpu/micro/cluster_exchange.cu). Not for generic stores into a peer's shared memory:
+        those need the full release, or st.async."""
+        ptx.fence_release_shared_cta_cluster()
+        cute.arch.cluster_arrive_relaxed()
+
+    @cute.jit
     def cluster_select(self, hist: cute.Pointer, nbins: int, krem: Int32, scratch: cute.Pointer,
                        misc: cute.Pointer, floors=None, local: bool = False):
         """Sum the cluster's histograms and find the bin b holding the krem-th largest item.
@@ -870,12 +880,9 @@ class DecodeTopK:
         with_floors = floors is not None
         if const_expr(clustered and with_floors):
             # The peers read this CTA's histogram, and CTA 0's counters and list room (zeroed, filled in step 1)
-            # take their adds and pushes from here on: all of it this CTA's shared memory, so a release restricted
-            # to it suffices. A plain release here was a MEMBAR.ALL.GPU on every warp: 0.2-0.45 us of every
-            # clustered launch (decode_topk_ab_h200.json: select_barrier_s28_ab; gpu/micro/cluster_exchange.cu).
-            # The peers' words came by st.async (no generic store into a peer): their mbarrier says they are in.
-            ptx.fence_release_shared_cta_cluster()
-            cute.arch.cluster_arrive_relaxed()
+            # take their adds and pushes from here on: all of it this CTA's shared memory. The peers' words came
+            # by st.async (no generic store into a peer): their mbarrier says they are in.
+            self.cluster_arrive_own_smem()
             cute.arch.cluster_wait()
             ptx.mbarrier_wait_parity(self.peer_words_bar(misc), 0, cluster=False)
         elif const_expr(clustered):
@@ -2003,7 +2010,7 @@ class DecodeTopK:
         for i in cutlass.range(tid, n, T):
             cute.arch.atomic_add(low + Int32(cute.arch.load(stage + i, Uint32) & Uint32(31)), Int32(1))
         self.mark(s_tl, 5)
-        cute.arch.cluster_arrive()  # release: this CTA's bins, for the peers' reads below
+        self.cluster_arrive_own_smem()  # this CTA's bins, for the peers' reads below
         cute.arch.cluster_wait()
         self.mark(s_tl, 6)
         if tid < WARP:
@@ -2229,7 +2236,7 @@ class DecodeTopK:
                     ptx.red_shared_add_if(at + Int32(sub) * 4, Int32(1), sel(hit, Int32(1), Int32(0)))
         if const_expr(self.refine_marks):
             self.mark(s_tl, 13)
-        cute.arch.cluster_arrive()
+        self.cluster_arrive_own_smem()  # the counts, this CTA's shared memory
         cute.arch.cluster_wait()
         total = Int32(0)
         for r in cutlass.range(self.cluster, unroll=8):
