@@ -38,14 +38,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
-      printf("{\"error\": \"%s at line %d\"}\n", cudaGetErrorString(e), __LINE__); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
+#include "common.h"
 
 enum Mode { kRelease, kCtaFence, kRelaxed, kPush, kPush2, kFence0, kStartRelease, kModes };
 static const char* kModeNames[kModes] = {"release", "ctafence", "relaxed", "push", "push2", "fence0", "startrel"};
@@ -154,18 +147,10 @@ __global__ void exchange(int mode, int cluster, int items, int narrow, long long
   switch (mode) {
     case kRelease:
     case kFence0:
-      arrive_release();
-      cluster_wait();
-      pull_window(hist, sums, cluster);
-      break;
     case kCtaFence:
-      asm volatile("fence.acq_rel.cta;" ::: "memory");
-      arrive_relaxed();
-      cluster_wait();
-      pull_window(hist, sums, cluster);
-      break;
-    case kRelaxed:
-      arrive_relaxed();
+    case kRelaxed:  // the pull routes: only what precedes the arrive differs
+      if (mode == kCtaFence) asm volatile("fence.acq_rel.cta;" ::: "memory");
+      if (mode == kRelease || mode == kFence0) arrive_release(); else arrive_relaxed();
       cluster_wait();
       pull_window(hist, sums, cluster);
       break;
@@ -212,16 +197,8 @@ int main() {
       for (int narrow = 0; narrow < 2; ++narrow) {
         std::vector<unsigned> ref;
         for (int mode = 0; mode < kModes; ++mode) {
-          cudaLaunchConfig_t cfg = {};
-          cfg.gridDim = dim3(grid);
-          cfg.blockDim = dim3(kThreads);
-          cudaLaunchAttribute attr[1];
-          attr[0].id = cudaLaunchAttributeClusterDimension;
-          attr[0].val.clusterDim.x = cluster;
-          attr[0].val.clusterDim.y = 1;
-          attr[0].val.clusterDim.z = 1;
-          cfg.attrs = attr;
-          cfg.numAttrs = 1;
+          cudaLaunchAttribute attr;
+          cudaLaunchConfig_t cfg = cluster_launch(grid, kThreads, 0, cluster, &attr);
           std::vector<long long> worst, host(grid);
           std::vector<float> event_us;
           for (int rep = 0; rep < launches; ++rep) {

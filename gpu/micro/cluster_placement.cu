@@ -18,14 +18,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e = (x);                                                             \
-    if (e != cudaSuccess) {                                                          \
-      printf("{\"error\": \"%s at line %d\"}\n", cudaGetErrorString(e), __LINE__); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
+#include "common.h"
 
 __global__ void record_sm(int* sm_of_cta, long long spin_cycles) {
   extern __shared__ char smem[];
@@ -54,17 +47,8 @@ int main() {
     for (int smem : smem_sizes) {
       for (int T : tokens) {
         int grid = T * 5;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(128);
-        cfg.dynamicSmemBytes = smem;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = cluster;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute attr;
+        cudaLaunchConfig_t cfg = cluster_launch(grid, 128, smem, cluster, &attr);
         CK(cudaMemset(d_sm, 0xff, grid * sizeof(int)));
         // Two launches: the first warms the launch path, the second is recorded.
         for (int rep = 0; rep < 2; ++rep) CK(cudaLaunchKernelEx(&cfg, record_sm, d_sm, 40000LL));

@@ -26,7 +26,7 @@
 #include <algorithm>
 #include <random>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("{\"error\": \"%s line %d\"}\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
+#include "common.h"
 
 constexpr int ROWS = 128, ROWB = 512, PITCH = 528, SMEM = 113 * 1024, BAR_OFF = 70 * 1024;
 
