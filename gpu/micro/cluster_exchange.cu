@@ -145,9 +145,9 @@ __global__ void exchange(int mode, int cluster, int items, int narrow, long long
   }
   long long t0 = clock64();
   switch (mode) {
-    // One case a route, on purpose: built with the four pull routes in one case (the fence and the arrive under
-    // branches), relaxed measured as slow as ctafence (cluster_exchange_s29b_h200.jsonl; the cause not looked into); as here,
-    // the first run's numbers again (cluster_exchange_s29c_h200.jsonl).
+    // One case a route, on purpose: with the four pull routes in one case (the fence and the arrive under
+    // branches), relaxed measured as slow as ctafence (cluster_exchange_s29b_h200.jsonl; cause not looked into).
+    // One case a route measures as the first run did (cluster_exchange_s29c_h200.jsonl).
     case kRelease:
     case kFence0:
       arrive_release();
