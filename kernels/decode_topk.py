@@ -382,8 +382,9 @@ class DecodeTopK:
             arrays.append(("table", self.table_words))
             # refine_window's counts (every variant with a table has the room: the contract's STEP1_TABLE_BYTES).
             arrays.append(("window", REFINE_WINDOW_BINS * 32))
-        # CTA 0's push mbarrier (ASYNC_PUSH_MIN_CLUSTER), last: the arrays before it keep their alignment (the
-        # list's bulk stages lost 0.6-1.4 us to a 16-byte shift, async_pushes_s21_ab).
+        # Two mbarriers, last: CTA 0's push mbarrier (ASYNC_PUSH_MIN_CLUSTER) and the peers' words' (peer_words_bar).
+        # Last, so the arrays before them keep their alignment (the list's bulk stages lost 0.6-1.4 us to a 16-byte
+        # shift, async_pushes_s21_ab).
         arrays.append(("bar", 4))
         if self.timeline:
             arrays.append(("marks", 16))
@@ -869,11 +870,12 @@ class DecodeTopK:
         highest such floor are not read from the peers (they may be incomplete, too), nor those
         above every CTA's highest nonempty bin (floors[32 + r]).
         The cluster barrier orders every CTA's histogram atomics before the peers'
-        reads (release/acquire; for the first digit a release of this CTA's shared memory
-        only, and the peers' words by st.async); it also serves as the CTA barrier. With local, only this
-        CTA's histogram counts (the gathered finish of one CTA). With floors (the first
-        digit), misc[4] gets bin b's count of the lower-ranked CTAs (their columns are lower:
-        the gathered finish's place for this CTA's items of the bin), from the same reads.
+        reads (release/acquire; for the first digit a release of the CTA's own shared
+        memory only, cluster_arrive_own_smem, the peers' words having come by st.async);
+        it also serves as the CTA barrier. With local, only this CTA's histogram counts
+        (the gathered finish of one CTA). With floors (the first digit), misc[4] gets bin b's
+        count of the lower-ranked CTAs (their columns are lower: the gathered finish's place
+        for this CTA's items of the bin), from the same reads.
         """
         tid = cute.arch.thread_idx()[0]
         clustered = self.cluster > 1 and not local

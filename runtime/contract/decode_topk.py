@@ -39,7 +39,7 @@ BLOCK_SIZE = 8  # columns per candidate block in block mode
 
 # Shared memory per CTA: two 2048-bin histograms (16 KiB), a scan scratch and a
 # few words (misc, per-warp counts, the 48 words the peers store), the candidate
-# list of (key, index) pairs, and CTA 0's push mbarrier (16 bytes, last). 111 KiB
+# list of (key, index) pairs, and two mbarriers (16 bytes, last). 111 KiB
 # lets two CTAs share an SM (233,472 B per SM on sm_90a/sm_100a, 1 KiB of it
 # reserved per CTA).
 HIST_BINS = 2048
