@@ -407,11 +407,15 @@ class DecodeTopK:
         words = 2 * self.cluster + 1 + (self.cluster if self.refine_window else 0)
         return 4 * words
 
-    def peer_words_bar(self, s_misc: cute.Pointer) -> Int32:
-        """The shared address of this CTA's mbarrier for its peers' words (the "bar" array's second one), found
-        from s_misc."""
+    def bar_address(self, s_misc: cute.Pointer, slot: int) -> Int32:
+        """The shared address of this CTA's mbarrier `slot` of the "bar" array (0: CTA 0's pushes, 1: the peers'
+        words), found from s_misc (the sites that need one have it at hand)."""
         offsets = self.smem_offsets()
-        return smem_addr(s_misc) + (offsets["bar"] + 8 - offsets["misc"])
+        return smem_addr(s_misc) + (offsets["bar"] + 8 * slot - offsets["misc"])
+
+    def peer_words_bar(self, s_misc: cute.Pointer) -> Int32:
+        """The shared address of this CTA's mbarrier for its peers' words."""
+        return self.bar_address(s_misc, 1)
 
     @cute.jit
     def push_peer_word(self, word: cute.Pointer, value, peer: Int32, peer_bar: Int32):
@@ -419,12 +423,11 @@ class DecodeTopK:
         ptx.st_async_b32(ptx.mapa_shared(smem_addr(word), peer), Uint32(value), peer_bar)
 
     def push_bar(self, s_misc: cute.Pointer):
-        """The shared::cluster address of CTA 0's push mbarrier (the "bar" array), found from s_misc (the push sites
-        have it at hand); None where the pushes are plain DSMEM stores (traced inline)."""
+        """The shared::cluster address of CTA 0's push mbarrier; None where the pushes are plain DSMEM stores (traced
+        inline)."""
         if not self.async_pushes:
             return None
-        offsets = self.smem_offsets()
-        return ptx.mapa_shared(smem_addr(s_misc) + (offsets["bar"] - offsets["misc"]), Int32(0))
+        return ptx.mapa_shared(self.bar_address(s_misc, 0), Int32(0))
 
     def allocate_smem(self) -> dict:
         """smem_arrays' arrays in the kernel's dynamic shared memory, by name (traced inside a kernel)."""
