@@ -10,9 +10,12 @@ JOB_OUT=${JOB_OUT:?}
 bash gpu/jobs/all_gpu_tests.sh > "$JOB_OUT/all_gpu_tests.log" 2>&1; tail -4 "$JOB_OUT/all_gpu_tests.log"
 source gpu/tools/deepgemm_env.sh
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# The three logs in one file: with one each, the job left 9 files, one more than a device call returns (device call
+# 3 lost topk_old.json; call 4 re-ran both benchmarks).
 for tool in memcheck synccheck racecheck; do
-  timeout 60 "$san" --tool $tool --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick > "$JOB_OUT/$tool.log" 2>&1
-  echo "$tool rc=$?"; tail -2 "$JOB_OUT/$tool.log"
+  echo "=== $tool" >> "$JOB_OUT/sanitizers.log"
+  timeout 60 "$san" --tool $tool --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick >> "$JOB_OUT/sanitizers.log" 2>&1
+  echo "$tool rc=$?"; tail -2 "$JOB_OUT/sanitizers.log"
 done
 timeout 120 python3 benchmarks/bench_topk.py --out "$JOB_OUT/topk_new.json" --budget 150 --no-sweep | tail -2
 SPARSE_DECODE_AOT_CACHE=$PWD/.gl/old timeout 120 python3 benchmarks/bench_topk.py --out "$JOB_OUT/topk_old.json" \
