@@ -14,7 +14,8 @@ san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 # 3 lost topk_old.json; call 4 re-ran both benchmarks).
 for tool in memcheck synccheck racecheck; do
   echo "=== $tool" >> "$JOB_OUT/sanitizers.log"
-  timeout 60 "$san" --tool $tool --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick >> "$JOB_OUT/sanitizers.log" 2>&1
+  timeout 60 "$san" --tool $tool --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick \
+    >> "$JOB_OUT/sanitizers.log" 2>&1
   echo "$tool rc=$?"; tail -2 "$JOB_OUT/sanitizers.log"
 done
 timeout 120 python3 benchmarks/bench_topk.py --out "$JOB_OUT/topk_new.json" --budget 150 --no-sweep | tail -2
