@@ -237,6 +237,13 @@ BOUND_SHARE_PERIOD = 16
 # short_floors_ab): on 2 CTAs 0.3-0.5 us faster without (64 x 8K 7.50 -> 7.10 us), on 4 CTAs
 # 0.1-0.6 us slower, on 8 and 16 CTAs 1-5 us slower.
 SHORT_FLOORS_MIN_CLUSTER = 4
+# On those clusters the first digit's select first sums only the cluster's top SELECT_WINDOW_BINS bins (below the
+# highest nonempty one) and takes the full window from the floors only where they hold fewer than k items; a short
+# slice then sends its highest nonempty bin alone (local_top_bin: one reduction) instead of its k-th largest bin
+# (local_kth_bin: a CTA-wide scan on the critical path, ~850 cycles on 8 x 64K: decode_topk_timeline_s29_h200.json).
+# Measured on the H200 (decode_topk_ab_h200.json: select_window_s29_ab, select_window_s30): 4- to 16-CTA rows
+# 0.1-0.3 us faster, the 70 benchmark cells' geomean x0.994 as launched, x0.995 in stream order.
+SELECT_WINDOW_BINS = 64
 # The gathered finish ranks up to this many exact ties of the resolved key directly (each against all of them)
 # instead of running the index rounds; more ties (e.g. all-equal rows) take the rounds. Measured on the H200
 # (decode_topk_ab_h200.json: tie_rank_ab): with 64, BF16 rows of 16K-256K 1.4-7.8 % faster (64 x 16K on 2 CTAs
@@ -908,6 +915,25 @@ class DecodeTopK:
                 lo = Int32(sel(f > lo, f, lo))
                 t = cute.arch.load(floors + 32 + r, Int32)
                 hi = Int32(sel(t > hi, t, hi))
+        if const_expr(with_floors and clustered and self.cluster >= SHORT_FLOORS_MIN_CLUSTER):
+            # First the top SELECT_WINDOW_BINS bins only (every CTA reads the same, so the same choice after): they
+            # hold the krem-th largest item wherever they hold krem items; else the whole window from the floors.
+            lo_top = Int32(sel(hi - (SELECT_WINDOW_BINS - 1) > lo, hi - (SELECT_WINDOW_BINS - 1), lo))
+            total = self.select_bins(hist, nbins, krem, scratch, misc, floors, clustered, lo_top, hi)
+            if total < krem:
+                self.select_bins(hist, nbins, krem, scratch, misc, floors, clustered, lo, hi)
+        else:
+            self.select_bins(hist, nbins, krem, scratch, misc, floors, clustered, lo, hi)
+        return (cute.arch.load(misc + 0, Int32), cute.arch.load(misc + 1, Int32), cute.arch.load(misc + 6, Int32),
+                cute.arch.load(misc + 7, Int32))
+
+    @cute.jit
+    def select_bins(self, hist: cute.Pointer, nbins: int, krem: Int32, scratch: cute.Pointer, misc: cute.Pointer,
+                    floors, clustered: bool, lo: Int32, hi: Int32) -> Int32:
+        """cluster_select's sums over bins [lo, hi] (the peers' too where clustered) and its select into misc (where
+        they hold krem items); returns their total (the same on every CTA). Ends with a CTA barrier."""
+        tid = cute.arch.thread_idx()[0]
+        with_floors = floors is not None
         # Only the digit's 2**bits bins take part (the rest of the buffer may be stale).
         c0 = Int32(0)
         c1 = Int32(0)
@@ -993,8 +1019,23 @@ class DecodeTopK:
             above = above + cq
             labove = labove + lq
         cute.arch.sync_threads()
-        return (cute.arch.load(misc + 0, Int32), cute.arch.load(misc + 1, Int32), cute.arch.load(misc + 6, Int32),
-                cute.arch.load(misc + 7, Int32))
+        return total
+
+    @cute.jit
+    def local_top_bin(self, hist: cute.Pointer, misc: cute.Pointer):
+        """misc[11]: the highest bin of this CTA's histogram holding an item (left 0 if none; SELECT_WINDOW_BINS).
+        The caller has put a CTA barrier after the histogram's atomics; this ends with one."""
+        tid = cute.arch.thread_idx()[0]
+        v0, v1, v2, v3 = ptx.ld_shared_v4_u32(smem_addr(hist + tid * 4))
+        top = Int32(-1)
+        for q, v in enumerate((v0, v1, v2, v3)):
+            top = sel(v != Uint32(0), tid * 4 + q, top)
+        for s in cutlass.range_constexpr(5):
+            other = cute.arch.shuffle_sync_bfly(top, 1 << s)
+            top = sel(other > top, other, top)
+        if (cute.arch.lane_idx() == 0) & (top > 0):
+            ptx.red_shared_max_s32(smem_addr(misc + 11), top)
+        cute.arch.sync_threads()
 
     @cute.jit
     def local_kth_bin(self, hist: cute.Pointer, k: Int32, scratch: cute.Pointer, misc: cute.Pointer) -> Int32:
@@ -2641,8 +2682,7 @@ class DecodeTopK:
                 if const_expr(C >= SHORT_FLOORS_MIN_CLUSTER):
                     if short:
                         cute.arch.sync_threads()
-                        self.local_kth_bin(s_hist, k, s_scan + sp * 32, s_misc)  # -> misc[5], misc[11]
-                        sp = 1 - sp
+                        self.local_top_bin(s_hist, s_misc)  # -> misc[11] (its floor, misc[5], stays 0)
                 cute.arch.cluster_wait()
                 self.mark(s_tl, 3)
                 if tid < C:

@@ -590,6 +590,12 @@ def ld_cluster_v4_u32(addr: Int32, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def red_shared_max_s32(addr: Int32, v, *, loc=None, ip=None) -> None:
+    """A signed max into the word at a shared address (no return value)."""
+    _asm(None, [_i32(addr), _i32(v)], "red.shared.max.s32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
 def red_shared_add_if(addr: Int32, v, pred, *, loc=None, ip=None) -> None:
     """Add v at a shared address where pred (an Int32) is nonzero: one predicated reduction, no branch (the
     address may be anything where it is zero)."""

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # limit: 560
-# The first digit's select with a release restricted to the CTA's shared memory (twenty-ninth session): every GPU
-# test and decode_topk's sanitizers on the committed tree (the new cubins), then the decode_topk and indexer
-# benchmarks of the new cache and of the previous one (.gl/old: `git archive HEAD~ cubins manifests`), one process
-# each, on the same machine.
+# A cubin change against the cache before it: every GPU test and decode_topk's sanitizers on the tree (the new
+# cubins), then the decode_topk and indexer benchmarks of the new cache and of the previous one (.gl/old, e.g.
+# `git archive HEAD cubins manifests` before the rebuild is committed), one process each, on the same machine.
+# (Twenty-ninth session: select_release.sh; generic since the thirtieth.)
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 JOB_OUT=${JOB_OUT:?}
