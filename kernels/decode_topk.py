@@ -112,6 +112,17 @@ PREFETCH_PIECE_BYTES = 4096
 # staged_pushes_ab): 0.03-0.57 us faster on 16 CTAs, 0.1-0.56 us slower on 1 to 8 (the extra barrier
 # and copy outweigh the sparse DSMEM stores there).
 GATHER_STAGE = 1024
+# Where a CTA's slice is two tiles still in registers after step 1 (one CTA an SM, with a step-1 table no longer read
+# by then), the gathered finish's pass keeps a mask of the thread's items at or above the threshold bin and its keys
+# in the table's room, then takes only the masked items, lowest first (split_candidates), instead of one predicated
+# sequence for each of its 16 items (~190 instructions a warp, most of them for items below the bin). Measured on the
+# H200 (decode_topk_ab_h200.json: sparse_split_s30_ab): 8 x 64K on 8 CTAs 0.1-0.14 us faster (indexer logits
+# 7.25 -> 7.11 us as launched), BF16 8- and 14-CTA 64K rows 3-5 %. A one-tile slice (8 items a thread) was 0.13-0.17
+# us slower that way (c16 1 x 64K 5.76 -> 5.93), so it keeps the predicated split; and the 16-CTA cubins, whose
+# benchmark rows never take the path (one tile, or more than two), measured 1.3-2 % slower with it compiled in, so
+# only clusters of up to SPARSE_SPLIT_MAX_CLUSTER have it.
+SPARSE_SPLIT = True
+SPARSE_SPLIT_MAX_CLUSTER = 8
 # On clusters of at least ASYNC_PUSH_MIN_CLUSTER CTAs the gathered finish's pushes into CTA 0's list go by st.async,
 # each word completing on CTA 0's push mbarrier (the "bar" array); every CTA then arrives on it once, relaxed, with
 # its count of pushed bytes, and the cluster barrier after the pushes is relaxed as well. A release there
@@ -1943,11 +1954,13 @@ class DecodeTopK:
     @cute.jit
     def gather_slice(self, row_addr: Int64, g_lo: Int32, g_hi: Int32, row_end: Int32, lo: Uint32, gt_base: Int32,
                      list_base: Int32, idx_delta: Int32, staged, s_misc: cute.Pointer,
-                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: int = 0, rkeep=None):
+                     out_row: cute.Pointer, rraw: cute.Tensor, rkeys: cute.Tensor, resident: int = 0, rkeep=None,
+                     stash=None):
         """gather_list's pushes and writes for a CTA without a list (a short slice, or its list overflowed): one
         re-read of its slice; the items of the threshold bin from key lo on (its floor, or refined_floor's) to
         (list_base, idx_delta, staged) as in gather_group. resident 1: the slice is one tile whose items step 1 left
-        in rkeys; 2: two tiles, the first in rkeep, the second in rkeys (none read)."""
+        in rkeys; 2: two tiles, the first in rkeep, the second in rkeys (none read). stash: with resident 2, this
+        thread's shared address in a free array of 16 words a thread (gather_group's sparse split)."""
         T = self.threads
         tid = cute.arch.thread_idx()[0]
         hi = self.bin_ceiling(lo)
@@ -1956,7 +1969,7 @@ class DecodeTopK:
             # H200 (issue_cuts_s22_ab, candidate TU against T): 8 and 14 rows of 64K on 8 CTAs 3-4 % faster
             # (FP32 8 x 64K k512 7.38 -> 7.13 us), the rest within -0.7..+0.5 %.
             self.gather_group([(rkeep, g_lo + tid), (rkeys, g_lo + T + tid)], lo, hi, gt_base, list_base, idx_delta,
-                              staged, s_misc, out_row)
+                              staged, s_misc, out_row, stash)
         else:
             for gb in cutlass.range(g_lo, g_hi, T):
                 g = gb + tid
@@ -1966,33 +1979,80 @@ class DecodeTopK:
 
     @cute.jit
     def gather_group(self, groups, lo: Uint32, hi: Uint32, gt_base: Int32, list_base: Int32,
-                     idx_delta: Int32, staged, s_misc: cute.Pointer, out_row: cute.Pointer):
+                     idx_delta: Int32, staged, s_misc: cute.Pointer, out_row: cute.Pointer, stash=None):
         """The items of groups (a list of (keys, g): group g's items) above the bin [lo, hi) to the output from slot
         gt_base on, those in it to the keys from shared address list_base on (indices idx_delta bytes further): CTA
         0's list, or where `staged` (None: never) this CTA's stage, by plain shared stores (the cluster stores'
         generic addressing takes three times the instructions, and this code runs cold: instruction fetch was its
         largest stall). The warp's places come from this CTA's two counters (misc[9], misc[3]) for all the groups at
-        once, then one split a group."""
+        once, then one split a group; with stash (SPARSE_SPLIT), one split of the masked items only."""
         gt = Int32(0)
         eq = Int32(0)
-        for keys, _ in groups:
-            gt_g, eq_g = self.count_in_bin(keys, lo, hi)
-            gt = gt + gt_g
-            eq = eq + eq_g
+        marked = Uint32(0)
+        if const_expr(stash is not None):
+            marked, gt = self.stash_candidates(groups, lo, hi, stash)
+            eq = Int32(cute.arch.popc(marked)) - gt
+        else:
+            for keys, _ in groups:
+                gt_g, eq_g = self.count_in_bin(keys, lo, hi)
+                gt = gt + gt_g
+                eq = eq + eq_g
         slot, e = self.warp_slots2(gt, eq, s_misc + 9, s_misc + 3)
         list_addr = list_base + e * 4
         out_addr = out_row.toint() + Int64(gt_base + slot) * 4
         if const_expr(self.cluster == 1):
-            self.split_groups(groups, lo, hi, out_addr, list_addr, idx_delta)
+            self.split_items(groups, marked, stash, lo, hi, out_addr, list_addr, idx_delta)
         elif const_expr(staged is None):
-            self.split_groups(groups, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True,
-                              self.push_bar(s_misc))
+            self.split_items(groups, marked, stash, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta,
+                             True, self.push_bar(s_misc))
         else:
             if staged:
-                self.split_groups(groups, lo, hi, out_addr, list_addr, idx_delta)
+                self.split_items(groups, marked, stash, lo, hi, out_addr, list_addr, idx_delta)
             else:
-                self.split_groups(groups, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)), idx_delta, True,
-                                  self.push_bar(s_misc))
+                self.split_items(groups, marked, stash, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)),
+                                 idx_delta, True, self.push_bar(s_misc))
+
+    def split_items(self, groups, marked: Uint32, stash, lo: Uint32, hi: Uint32, out_addr: Int64, list_addr: Int32,
+                    idx_delta: Int32, to_cluster: bool = False, mbar=None):
+        """gather_group's split: of the marked items from the stash (split_candidates), or else of every item of the
+        groups (split_groups) (traced inline)."""
+        if const_expr(stash is not None):
+            self.split_candidates(groups[0][1], marked, stash, lo, hi, out_addr, list_addr, idx_delta, to_cluster,
+                                  mbar)
+        else:
+            self.split_groups(groups, lo, hi, out_addr, list_addr, idx_delta, to_cluster, mbar)
+
+    @cute.jit
+    def stash_candidates(self, groups, lo: Uint32, hi: Uint32, stash: Int32):
+        """(marked, gt): bit 8i + j of marked where item j of groups[i] is at or above lo (above the bin or in it),
+        gt how many are at or above hi. Each group's 8 keys go to the thread's stash, quad q of group i at
+        stash + (2i + q) * T * 16 (a warp's 16-byte stores side by side: no bank conflict)."""
+        T = self.threads
+        marked = Uint32(0)
+        gt = Int32(0)
+        for i, (keys, _) in enumerate(groups):
+            for j in cutlass.range_constexpr(self.items):
+                marked = marked | sel(keys[j] >= lo, Uint32(1 << (8 * i + j)), Uint32(0))
+                gt = gt + sel(keys[j] >= hi, Int32(1), Int32(0))
+            for q in cutlass.range_constexpr(2):
+                ptx.st_shared_v4_b32(stash + (2 * i + q) * T * 16, keys[4 * q], keys[4 * q + 1], keys[4 * q + 2],
+                                     keys[4 * q + 3])
+        return marked, gt
+
+    @cute.jit
+    def split_candidates(self, g0: Int32, marked: Uint32, stash: Int32, lo: Uint32, hi: Uint32, out_addr: Int64,
+                         list_addr: Int32, idx_delta: Int32, to_cluster: bool = False, mbar=None):
+        """split_group of the marked items only, lowest first, each read back from the stash (stash_candidates):
+        item j is item j % 8 of group g0 + (j // 8) * T. A warp runs as many rounds as its lane with the most."""
+        T = self.threads
+        for _ in cutlass.range(Int32(cute.arch.popc(marked)), unroll=1):
+            lowest = marked & (Uint32(0) - marked)
+            j = Int32(cute.arch.popc(lowest - Uint32(1)))
+            marked = marked ^ lowest
+            key = Uint32(ptx.ld_shared_s32(stash + (j >> 2) * (T * 16) + (j & 3) * 4))
+            idx = (g0 + (j >> 3) * T) * 8 + (j & 7)
+            out_addr, list_addr = ptx.split_by_bin(out_addr, list_addr, idx_delta, key, idx, hi, lo, to_cluster,
+                                                   mbar)
 
     def split_groups(self, groups, lo: Uint32, hi: Uint32, out_addr: Int64, list_addr: Int32, idx_delta: Int32,
                      to_cluster: bool = False, mbar=None):
@@ -2009,6 +2069,10 @@ class DecodeTopK:
         output from slot gt_base on, those in it from key lo on to list_base (gather_group): from the registers
         step 1 left where the slice is one tile (two on one CTA an SM), else by gather_rest."""
         T = self.threads
+        stash = None  # (SPARSE_SPLIT: the table, not read by a slice still in registers)
+        if const_expr(SPARSE_SPLIT and self.table_tiles > 0 and not self.block_mode
+                      and self.cluster <= SPARSE_SPLIT_MAX_CLUSTER):
+            stash = smem_addr(s_table) + cute.arch.thread_idx()[0] * 16
         if g_hi - g_lo <= T:  # one tile (or none): step 1's keys are still in rkeys
             self.gather_slice(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
                               out_row, rraw, rkeys, resident=1)
@@ -2018,7 +2082,7 @@ class DecodeTopK:
                 two = g_hi - g_lo <= 2 * T
             if two:
                 self.gather_slice(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
-                                  out_row, rraw, rkeys, resident=2, rkeep=rkeep)
+                                  out_row, rraw, rkeys, resident=2, rkeep=rkeep, stash=stash)
             else:
                 self.gather_rest(row_addr, g_lo, g_hi, row_end, lo, gt_base, list_base, idx_delta, staged, s_misc,
                                  out_row, rraw, rkeys, s_table, s_tl, tiles, rnext)
