@@ -253,8 +253,12 @@ SHORT_FLOORS_MIN_CLUSTER = 4
 # slice then sends its highest nonempty bin alone (local_top_bin: one reduction) instead of its k-th largest bin
 # (local_kth_bin: a CTA-wide scan on the critical path, ~850 cycles on 8 x 64K: decode_topk_timeline_s29_h200.json).
 # Measured on the H200 (decode_topk_ab_h200.json: select_window_s29_ab, select_window_s30): 4- to 16-CTA rows
-# 0.1-0.3 us faster, the 70 benchmark cells' geomean x0.994 as launched, x0.995 in stream order.
+# 0.1-0.3 us faster, the 70 benchmark cells' geomean x0.994 as launched, x0.995 in stream order. That first pass is
+# one warp's (4 bins a lane, a warp scan; select_bins' one_warp) rather than the CTA's block scan and its barrier:
+# select_warp_s30_ab, the 70 cells x0.981 both ways, FP32 4- and 8-CTA rows of 16K-64K 4-5 % faster (8 x 64K on
+# DeepGEMM logits 7.17 -> 6.92 us as launched; the indexer step's selection 7.95 -> 7.55 us in stream order).
 SELECT_WINDOW_BINS = 64
+assert SELECT_WINDOW_BINS + 3 <= 4 * 32  # (that window's select by one warp, 4 bins a lane: select_bins)
 # The gathered finish ranks up to this many exact ties of the resolved key directly (each against all of them)
 # instead of running the index rounds; more ties (e.g. all-equal rows) take the rounds. Measured on the H200
 # (decode_topk_ab_h200.json: tie_rank_ab): with 64, BF16 rows of 16K-256K 1.4-7.8 % faster (64 x 16K on 2 CTAs
@@ -930,7 +934,7 @@ class DecodeTopK:
             # First the top SELECT_WINDOW_BINS bins only (every CTA reads the same, so the same choice after): they
             # hold the krem-th largest item wherever they hold krem items; else the whole window from the floors.
             lo_top = Int32(sel(hi - (SELECT_WINDOW_BINS - 1) > lo, hi - (SELECT_WINDOW_BINS - 1), lo))
-            total = self.select_bins(hist, nbins, krem, scratch, misc, floors, clustered, lo_top, hi)
+            total = self.select_bins(hist, nbins, krem, scratch, misc, floors, clustered, lo_top, hi, one_warp=True)
             if total < krem:
                 self.select_bins(hist, nbins, krem, scratch, misc, floors, clustered, lo, hi)
         else:
@@ -940,11 +944,18 @@ class DecodeTopK:
 
     @cute.jit
     def select_bins(self, hist: cute.Pointer, nbins: int, krem: Int32, scratch: cute.Pointer, misc: cute.Pointer,
-                    floors, clustered: bool, lo: Int32, hi: Int32) -> Int32:
+                    floors, clustered: bool, lo: Int32, hi: Int32, one_warp: bool = False) -> Int32:
         """cluster_select's sums over bins [lo, hi] (the peers' too where clustered) and its select into misc (where
-        they hold krem items); returns their total (the same on every CTA). Ends with a CTA barrier."""
+        they hold krem items); returns their total (the same on every CTA). Ends with a CTA barrier. Thread t sums
+        bins 4t..4t+3; with one_warp (a window of at most 4 * WARP - 3 bins), lane l of warp 0 sums bins
+        (lo & ~3) + 4l.. and a warp scan replaces the CTA's."""
         tid = cute.arch.thread_idx()[0]
         with_floors = floors is not None
+        bin0 = tid * 4
+        active = (bin0 < nbins) & (bin0 + 3 >= lo) & (bin0 <= hi)
+        if const_expr(one_warp):
+            bin0 = (lo & Int32(-4)) + cute.arch.lane_idx() * 4
+            active = (tid < WARP) & (bin0 <= hi)
         # Only the digit's 2**bits bins take part (the rest of the buffer may be stale).
         c0 = Int32(0)
         c1 = Int32(0)
@@ -963,13 +974,13 @@ class DecodeTopK:
         m2 = Int32(0)
         m3 = Int32(0)
         with_max = with_floors and clustered and self.low_bits_finish
-        if (tid * 4 < nbins) & (tid * 4 + 3 >= lo) & (tid * 4 <= hi):
-            l0 = cute.arch.load(hist + tid * 4, Int32)
-            l1 = cute.arch.load(hist + tid * 4 + 1, Int32)
-            l2 = cute.arch.load(hist + tid * 4 + 2, Int32)
-            l3 = cute.arch.load(hist + tid * 4 + 3, Int32)
+        if active:
+            l0 = cute.arch.load(hist + bin0, Int32)
+            l1 = cute.arch.load(hist + bin0 + 1, Int32)
+            l2 = cute.arch.load(hist + bin0 + 2, Int32)
+            l3 = cute.arch.load(hist + bin0 + 3, Int32)
             if const_expr(clustered):
-                mine = smem_addr(hist + tid * 4)
+                mine = smem_addr(hist + bin0)
                 rank = cute.arch.block_idx_in_cluster()
                 # Eight peers at a time: all sixteen in flight would cost the step-1 loop its registers.
                 for r in cutlass.range(self.cluster, unroll=8):
@@ -995,13 +1006,23 @@ class DecodeTopK:
                 c2 = l2
                 c3 = l3
             if const_expr(with_floors and clustered):
-                c0 = sel(tid * 4 >= lo, c0, Int32(0))
-                c1 = sel(tid * 4 + 1 >= lo, c1, Int32(0))
-                c2 = sel(tid * 4 + 2 >= lo, c2, Int32(0))
-                l0 = sel(tid * 4 >= lo, l0, Int32(0))
-                l1 = sel(tid * 4 + 1 >= lo, l1, Int32(0))
-                l2 = sel(tid * 4 + 2 >= lo, l2, Int32(0))
-        if const_expr(clustered):
+                c0 = sel(bin0 >= lo, c0, Int32(0))
+                c1 = sel(bin0 + 1 >= lo, c1, Int32(0))
+                c2 = sel(bin0 + 2 >= lo, c2, Int32(0))
+                l0 = sel(bin0 >= lo, l0, Int32(0))
+                l1 = sel(bin0 + 1 >= lo, l1, Int32(0))
+                l2 = sel(bin0 + 2 >= lo, l2, Int32(0))
+        if const_expr(one_warp):
+            # (Every warp runs the shuffles; only warp 0 holds counts, and the others' stay 0.)
+            incl = self.warp_incl_scan(c0 + c1 + c2 + c3)
+            lincl = self.warp_incl_scan(l0 + l1 + l2 + l3)
+            total = cute.arch.shuffle_sync(incl, WARP - 1)
+            ltotal = cute.arch.shuffle_sync(lincl, WARP - 1)
+            if tid == WARP - 1:
+                # For every warp after the barrier below: misc[5] (the local k-th bin, pushed to the peers before
+                # the select's cluster barrier) is free, and no scan of a second pass writes it.
+                cute.arch.store(misc + 5, total)
+        elif const_expr(clustered):
             incl, total, lincl, ltotal = self.block_scan2(c0 + c1 + c2 + c3, l0 + l1 + l2 + l3, scratch)
         else:
             # One CTA's counts are its own (l == c): one scan, without block_scan2's second one (every warp runs the
@@ -1019,7 +1040,7 @@ class DecodeTopK:
             lq = (l0, l1, l2, l3)[q]
             if above < krem:
                 if krem <= above + cq:
-                    cute.arch.store(misc + 0, tid * 4 + q)
+                    cute.arch.store(misc + 0, bin0 + q)
                     cute.arch.store(misc + 1, above)
                     cute.arch.store(misc + 6, cq)
                     cute.arch.store(misc + 7, labove)
@@ -1030,6 +1051,8 @@ class DecodeTopK:
             above = above + cq
             labove = labove + lq
         cute.arch.sync_threads()
+        if const_expr(one_warp):
+            total = cute.arch.load(misc + 5, Int32)
         return total
 
     @cute.jit
@@ -2660,7 +2683,8 @@ class DecodeTopK:
             rkeep[j] = Uint32(0)
 
         # misc: 0 bin, 1 above, 2 row's > threshold slots handed out (CTA 0's), 3 local == counter,
-        # 4 == items of lower ranks, 5 local k-th bin, 6 bin count, 7 local above, 8 gt base, 9 local > counter,
+        # 4 == items of lower ranks, 5 local k-th bin (then the first digit's window total: select_bins), 6 bin count,
+        # 7 local above, 8 gt base, 9 local > counter,
         # 10 the gather pass's in-bin counter, 11 local highest nonempty bin,
         # 12 step 1's shared bound (warp loop), 13 the gathered finish's tie counter (take_ties),
         # 14 the gathered finish's slot counter; finish_low_bits: 10 and 15 its slot counters
