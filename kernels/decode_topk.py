@@ -117,10 +117,10 @@ GATHER_STAGE = 1024
 # in the table's room, then takes only the masked items, lowest first (split_candidates), instead of one predicated
 # sequence for each of its 16 items (~190 instructions a warp, most of them for items below the bin). Measured on the
 # H200 (decode_topk_ab_h200.json: sparse_split_s30_ab): 8 x 64K on 8 CTAs 0.1-0.14 us faster (indexer logits
-# 7.25 -> 7.11 us as launched), BF16 8- and 14-CTA 64K rows 3-5 %. A one-tile slice (8 items a thread) was 0.13-0.17
-# us slower that way (c16 1 x 64K 5.76 -> 5.93), so it keeps the predicated split; and the 16-CTA cubins, whose
-# benchmark rows never take the path (one tile, or more than two), measured 1.3-2 % slower with it compiled in, so
-# only clusters of up to SPARSE_SPLIT_MAX_CLUSTER have it.
+# 7.25 -> 7.11 us as launched), BF16 8 and 14 rows of 64K on 8 CTAs 2-5 %. A one-tile slice (8 items a thread) was
+# 0.13-0.17 us slower that way (c16 1 x 64K 5.76 -> 5.93), so it keeps the predicated split; and the 16-CTA cubins,
+# whose benchmark rows never take the path (one tile, or more than two), measured 1.3-2 % slower with it compiled in,
+# so only clusters of up to SPARSE_SPLIT_MAX_CLUSTER have it.
 SPARSE_SPLIT = True
 SPARSE_SPLIT_MAX_CLUSTER = 8
 # On clusters of at least ASYNC_PUSH_MIN_CLUSTER CTAs the gathered finish's pushes into CTA 0's list go by st.async,
