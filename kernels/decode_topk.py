@@ -951,11 +951,12 @@ class DecodeTopK:
         (lo & ~3) + 4l.. and a warp scan replaces the CTA's."""
         tid = cute.arch.thread_idx()[0]
         with_floors = floors is not None
-        bin0 = tid * 4
-        active = (bin0 < nbins) & (bin0 + 3 >= lo) & (bin0 <= hi)
         if const_expr(one_warp):
             bin0 = (lo & Int32(-4)) + cute.arch.lane_idx() * 4
             active = (tid < WARP) & (bin0 <= hi)
+        else:
+            bin0 = tid * 4
+            active = (bin0 < nbins) & (bin0 + 3 >= lo) & (bin0 <= hi)
         # Only the digit's 2**bits bins take part (the rest of the buffer may be stale).
         c0 = Int32(0)
         c1 = Int32(0)
@@ -2011,7 +2012,7 @@ class DecodeTopK:
         once, then one split a group; with stash (SPARSE_SPLIT), one split of the masked items only."""
         gt = Int32(0)
         eq = Int32(0)
-        marked = Uint32(0)
+        marked = None  # (the sparse split's mask)
         if const_expr(stash is not None):
             marked, gt = self.stash_candidates(groups, lo, hi, stash)
             eq = Int32(cute.arch.popc(marked)) - gt
@@ -2035,7 +2036,7 @@ class DecodeTopK:
                 self.split_items(groups, marked, stash, lo, hi, out_addr, ptx.mapa_shared(list_addr, Int32(0)),
                                  idx_delta, True, self.push_bar(s_misc))
 
-    def split_items(self, groups, marked: Uint32, stash, lo: Uint32, hi: Uint32, out_addr: Int64, list_addr: Int32,
+    def split_items(self, groups, marked, stash, lo: Uint32, hi: Uint32, out_addr: Int64, list_addr: Int32,
                     idx_delta: Int32, to_cluster: bool = False, mbar=None):
         """gather_group's split: of the marked items from the stash (split_candidates), or else of every item of the
         groups (split_groups) (traced inline)."""
