@@ -12,10 +12,12 @@ Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
           one async group per 128-byte K block; masked rows are zero-filled without a read
   step 4  S^T = KV Q^T: FP8 WGMMA, two m64 tiles, N 16, K 512, issued per K block as it lands,
           each K block in its own accumulators (FP32 promotion every 128 products);
+          n > 1: each K block's V^T fragments for the second product built after its MMAs;
           launch_dependents once they are issued
   step 5  chunk softmax per head in base 2 (bmm1_scale * log2 e folded), P^T = 256 exp2(S - m)
-          as E4M3 into a 128B-swizzled K-major tile (scaled so that small weights stay normal);
-          the second product's first-half V^T fragments are built after its max barrier
+          as E4M3 into a 128B-swizzled K-major tile (scaled so that small weights stay normal),
+          its K order permuted (_pv_k); n = 1: the first-half V^T fragments built after its max
+          barrier
   step 6  (m, l) per head to every CTA of the cluster (st.async onto the receiver's mbarrier)
   step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see below for the route)
   step 8  while the second product runs: wait for the stats; merge (m, l) of all chunks and the
@@ -49,11 +51,13 @@ Measured on the H200 (R2, L2-warm graph replay, T = 12, width 640): leaving the 
 product out entirely saves 0.67 us of 5.87 us, so no route for V can save more than that;
 per-step clocks put it at ~1470 cycles from the softmax's end to the last MMA issued. About
 650 of them were the first half's fragment building: built before the softmax ends, the step
-takes ~830 (twenty-third session), so those fragments are now built after the softmax's max
-barrier, where the warps otherwise wait. The rest is MMA issue (N = 16 is the warpgroup MMA's
+takes ~830 (twenty-third session), so those fragments were built after the softmax's max
+barrier, where the warps otherwise wait (since the thirty-first session at n = 1 only, and each
+ldmatrix conflict-free: see "Where the V^T fragments are built"). The rest is MMA issue (N = 16 is the warpgroup MMA's
 least efficient shape) with the second half's fragments overlapping the first half's MMAs.
-Where the first half's fragments are built was measured (sparse_mla_ab_h200_s23.json; KV
-rotated past the L2, T = 12, width 640, committed build 5.74-5.76 us in the same runs): after
+Where the first half's fragments are built was measured with the bank-conflicted ldmatrix
+(sparse_mla_ab_h200_s23.json; KV rotated past the L2, T = 12, width 640, committed build
+5.74-5.76 us in the same runs): after
 the max barrier 5.49-5.56 us; during the gather, after each K block's MMAs, 5.61; after the
 score wait 5.76; all eight tiles after the max barrier 5.57, six 5.93, two 5.72. The softmax
 mask in predicates belongs to it: the same placement with the mask read from shared memory
@@ -62,6 +66,19 @@ Warp-level mma.sync is no way out: Hopper has no FP8 mma.sync (ptxas lowers it t
 conversions and HMMA), and a microbenchmark of one warp's share of O = P V with FP16 HMMA
 (gpu/micro/pv_route.cu, ninth session) took 2250 cycles for the MMAs alone and 3070 with
 the FP8 -> FP16 conversions, against ~1900 for this route's issue and wait.
+
+Where the V^T fragments are built (thirty-first session, sparse_mla_ab_h200_s31.json; KV rotated past the L2,
+three rounds): first, each ldmatrix matrix now reads eight consecutive tile rows, one swizzle atom, with the
+second product's K order permuted to match (_pv_k, P^T stored in that order). Read in K order its rows r and
+r + 8 shared banks: Nsight Compute counted 32.8 K shared-load bank conflicts a launch at T = 12 width 640, 2.1 K
+after; the softmax step 1216 -> 924 cycles, the second product's issue 820 -> 587. Width 640 T = 1 4.58-4.61 ->
+4.44-4.48 us, T = 12 5.37-5.44 -> 5.29-5.42, T = 48 11.8-11.9 -> 11.4-11.5; width 128 T = 1 3.64-3.69 -> 3.29-3.33,
+T = 12 3.74-3.80 -> 3.47-3.56. With the cheaper ldmatrix, the clusters measured fastest with every tile's fragments
+built during the gather, after each K block's score MMAs, where the warps wait for the next K block: width 640
+T = 12 5.22-5.28 us (the first half's there and the second's during the first half's MMAs 5.32-5.35; both after
+the softmax's max barrier 5.29-5.42), T = 1 4.38-4.39, T = 48 11.36-11.51. Width 128, with no cluster exchange to
+wait for, keeps the twenty-third session's placement: during the gather it measured 3.57 / 3.77 / 4.28 us at
+T = 1 / 12 / 48 against 3.33 / 3.49-3.56 / 3.97-3.99.
 
 Measurement switches (never set for the committed cache): SPARSE_MLA_EXPERIMENT=skip_pv /
 timeline at build time (per-step SM clocks written over q), used for the measurements above.
@@ -158,6 +175,11 @@ class SparseMlaDecodeSm90:
             self.pv_order = [(i, ks) for ks in range(4) for i in range(4)]
         else:
             self.pv_order = [(i, ks) for i in range(4) for ks in range(4)]
+        # Where the second product's V^T fragments are built (see "Where the V^T fragments are built"):
+        # clusters, all eight tiles during the gather, each K block's two tiles after its score MMAs;
+        # n == 1, the first half's after the softmax's max barrier and the second half's during the
+        # first half's MMAs.
+        self.frags_in_gather = self.n > 1
         self.smem_bytes = smem_bytes
         # The contract's only route: staging + bulk copies into the owner's KV tile (DESIGN.md).
         assert reduce == "bulk"
@@ -272,6 +294,7 @@ class SparseMlaDecodeSm90:
         # promoting every 128 products bounds that error to the partial sums' magnitude.
         zero8 = [Float32(0.0)] * 8
         part = []
+        frags = [None] * 8  # V^T fragments of the second product's 8 tiles, K steps 0..3 each
         for kb in cutlass.range_constexpr(4):
             cute.arch.cp_async_wait_group(3 - kb)
             ptx.fence_proxy_async_shared()  # cp.async wrote through the generic proxy
@@ -285,6 +308,11 @@ class SparseMlaDecodeSm90:
                         s_q + kb * Q_KBLOCK + ks * 32, int(ks > 0))
             ptx.wgmma_commit()
             part.append(acc[0] + acc[1])
+            if cutlass.const_expr(self.frags_in_gather):
+                # K block kb holds head dims 128 kb .. + 127: tiles 2 kb and 2 kb + 1. Built while the
+                # warps would otherwise wait for the next K block (or for the score MMAs).
+                for i in cutlass.range_constexpr(2 * kb, 2 * kb + 2):
+                    frags[i] = self._v_fragments(s_kv, i, warp, lane)
         # The score MMAs are issued: the next grid may start its prologue.
         cute.arch.griddepcontrol_launch_dependents()
         tl = self._mark(tl, tid)  # 3: all K blocks landed, score MMAs issued
@@ -312,10 +340,12 @@ class SparseMlaDecodeSm90:
             for hs in cutlass.range_constexpr(4):
                 ptx.st_shared_f32(s_red + (warp * HEADS + heads[hs]) * 4, mx[hs])
         cute.arch.sync_threads()
-        # The first half's V^T fragments (tiles 0-3, K blocks 0 and 1), built here, where the warps
-        # otherwise wait on the softmax's chains of shuffles, barriers and exp2: the second product's
-        # first MMAs then issue at once (see "Why V^T comes from registers").
-        frags_half0 = [[self._v_fragment(s_kv, i, ks, warp, lane) for ks in range(4)] for i in range(4)]
+        # n == 1: the first half's V^T fragments (tiles 0-3, K blocks 0 and 1), built here, where the
+        # warps otherwise wait on the softmax's chains of shuffles, barriers and exp2: the second
+        # product's first MMAs then issue at once (see "Where the V^T fragments are built").
+        if cutlass.const_expr(not self.frags_in_gather):
+            for i in cutlass.range_constexpr(4):
+                frags[i] = self._v_fragments(s_kv, i, warp, lane)
         m_c = [neg_inf] * 4
         for hs in cutlass.range_constexpr(4):
             for w in cutlass.range_constexpr(4):
@@ -335,16 +365,16 @@ class SparseMlaDecodeSm90:
         if g == 0:
             for hs in cutlass.range_constexpr(4):
                 ptx.st_shared_f32(s_red + ((4 + warp) * HEADS + heads[hs]) * 4, lsum[hs])
-        # P^T[head, row] as E4M3 (x256) into the swizzled K-major tile; rows g and g + 8 of a
-        # head share a 16-byte chunk, so one conversion gives both bytes.
+        # P^T[head, k] as E4M3 (x256) into the swizzled K-major tile, k = _pv_k(row): rows g and
+        # g + 8 of a head land in one 16-byte chunk (k, k + 2), so one conversion gives both bytes.
         for mt in cutlass.range_constexpr(2):
             for i in (0, 1, 4, 5):
                 h = 8 * (i >> 2) + 2 * t4 + (i & 1)
                 rr = 64 * mt + 16 * warp + g
                 pair = ptx.cvt_e4m3x2(p[mt][i] * 256.0, p[mt][i + 2] * 256.0)
-                a = s_p + h * 128 + ((((rr >> 4) ^ (h & 7)) << 4) | (rr & 15))
+                a = s_p + h * 128 + ((((rr >> 4) ^ (h & 7)) << 4) | (_pv_k(rr) & 15))
                 ptx.st_shared_u8(a, pair)
-                ptx.st_shared_u8(a + 8, pair >> 8)
+                ptx.st_shared_u8(a + 2, pair >> 8)  # row rr + 8: _pv_k(rr) + 2
         ptx.fence_proxy_async_shared()  # P^T is read by WGMMA (async proxy)
         cute.arch.sync_threads()
 
@@ -368,17 +398,18 @@ class SparseMlaDecodeSm90:
         tl = self._mark(tl, tid)  # 6: stats sent
         # step 7: O^T[512 dims, 16 heads] = V^T x P^T, 8 m64 tiles of head dims, K = 128 rows.
         # Two halves of four tiles: one wgmma.fence orders a half's fragment registers before its
-        # 16 MMAs (a fence per tile costs a warpgroup arrive each), and the second half's
+        # 16 MMAs (a fence per tile costs a warpgroup arrive each); at n == 1 the second half's
         # ldmatrix/prmt overlap the first half's MMAs.
         o = []
         for half in cutlass.range_constexpr(2 if not self.skip_pv else 0):
-            frags = frags_half0
-            if cutlass.const_expr(half == 1):
-                frags = [[self._v_fragment(s_kv, 4 + i, ks, warp, lane) for ks in range(4)] for i in range(4)]
+            if cutlass.const_expr(half == 1 and not self.frags_in_gather):
+                for i in cutlass.range_constexpr(4, 8):
+                    frags[i] = self._v_fragments(s_kv, i, warp, lane)
             ptx.wgmma_fence()
             tile_acc = [zero8] * 4
             for i, ks in self.pv_order:
-                tile_acc[i] = ptx.wgmma_m64n16k32_e4m3_rs(tile_acc[i], frags[i][ks], s_p + ks * 32, int(ks > 0))
+                tile_acc[i] = ptx.wgmma_m64n16k32_e4m3_rs(tile_acc[i], frags[4 * half + i][ks], s_p + ks * 32,
+                                                          int(ks > 0))
             o.extend(tile_acc)
             ptx.wgmma_commit()
         if cutlass.const_expr(self.skip_pv):
@@ -522,19 +553,23 @@ class SparseMlaDecodeSm90:
     def _gtime(self):
         return ptx.globaltimer_lo()
 
+    def _v_fragments(self, s_kv: Int32, mt: int, warp: Int32, lane: Int32):
+        """The A fragments of V^T for head-dim tile mt, K steps 0..3 (see _v_fragment)."""
+        return [self._v_fragment(s_kv, mt, ks, warp, lane) for ks in range(4)]
+
     @cute.jit
     def _v_fragment(self, s_kv: Int32, mt: cutlass.Constexpr, ks: cutlass.Constexpr, warp: Int32, lane: Int32):
         """The K-major A fragment of V^T for head-dim tile mt (64 dims) and K step ks (32 rows).
 
         Warp w covers dims D0 = 64 mt + 16 w .. D0 + 15. ldmatrix.x4.trans reads four 8x8
-        b16 matrices whose 8 rows are KV rows {0,1,4,5,8,9,12,13} (+2 for the second,
-        +16 / +18 for the third / fourth) of the K step; lane (g, t) then holds KV rows
+        b16 matrices, matrix mi from tile rows 32 ks + 8 mi .. + 7 (lane l gives row 32 ks + l):
+        eight rows of one swizzle atom, so each matrix is one shared-memory wavefront. Through
+        _pv_k those rows are the K indices {0,1,4,5,8,9,12,13} (+2 for the second matrix,
+        +16 / +18 for the third / fourth) of the K step; lane (g, t) then holds K indices
         4t, 4t+1 (resp. 4t+2, 4t+3) x dims 2g, 2g+1, and two byte permutes give the
         fragment's rows: M slot g = dim D0 + 2g and M slot g + 8 = dim D0 + 2g + 1.
         """
-        mi = lane >> 3
-        i = lane & 7
-        kr = 32 * ks + 16 * (mi >> 1) + 2 * (mi & 1) + 4 * (i >> 1) + (i & 1)
+        kr = 32 * ks + lane
         kb = mt // 2
         c16 = (mt % 2) * 4 + warp
         x = ptx.ldmatrix_x4_trans(s_kv + kb * KV_KBLOCK + _swz(kr, c16))
@@ -596,6 +631,18 @@ def _recv_slot(sender, owner):
     """The slot of the owner's KV tile that the sender's block lands in: the peers in rank order, the owner skipped
     (the sender's copy and the owner's wait both use it)."""
     return sender - Int32(sender > owner)
+
+
+def _pv_k(row):
+    """The second product's K index of KV tile row ``row`` (a permutation within each 32 rows).
+
+    The A fragment of V^T needs K indices {4t, 4t+1} of a K step from one ldmatrix matrix; read
+    in K order, a matrix's rows {0,1,4,5,8,9,12,13} sit two to a swizzle phase of the 128B-swizzled
+    tile (rows r and r + 8 share banks): every ldmatrix took two wavefronts a matrix. Numbering K
+    so that a matrix reads eight consecutive tile rows makes it one; P^T is stored in that order.
+    Row bits (4, 3, 2-1, 0) become K bits (4, 1, 3-2, 0).
+    """
+    return (row & ~15) | (((row >> 1) & 3) << 2) | (((row >> 3) & 1) << 1) | (row & 1)
 
 
 def _stage_off(h, d):
