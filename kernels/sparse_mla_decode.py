@@ -25,7 +25,8 @@ Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
   step 9  n = 1: BF16 straight from the accumulators. n > 1: scaled partial O (FP16, see below)
           -> staging in the own KV tile, the first half's tiles while the second half's MMAs
           run; block b of the 512 head dims goes by bulk copy to CTA b % n, into its KV
-          tile's second quarter; relaxed cluster barriers separate the uses
+          tile's second quarter, as soon as the sender's staging is written (every KV tile
+          is free once its CTA's stats are sent)
   step 10 the owner adds the n partials of its block in FP32 as they land (an mbarrier per
           receive slot), applies bmm2_scale and stores BF16; a last cluster barrier, which an
           owner arrives at once its blocks are in, keeps every CTA resident until the copies
@@ -180,6 +181,9 @@ class SparseMlaDecodeSm90:
         # n == 1, the first half's after the softmax's max barrier and the second half's during the
         # first half's MMAs.
         self.frags_in_gather = self.n > 1
+        # The cluster's partial-O copies need no cluster barrier only because no KV tile is read after
+        # the gather's fragments (step 9).
+        assert self.n == 1 or self.frags_in_gather
         self.smem_bytes = smem_bytes
         # The contract's only route: staging + bulk copies into the owner's KV tile (DESIGN.md).
         assert reduce == "bulk"
@@ -236,6 +240,11 @@ class SparseMlaDecodeSm90:
                 ptx.mbarrier_init(s_mbar + STATS_MBAR, 1)  # every chunk's (m, l) (st.async)
                 # The n chunks' stats (8 bytes per head) complete this phase's transactions.
                 ptx.mbarrier_arrive_expect_tx(s_mbar + STATS_MBAR, n * HEADS * 8)
+                if chunk < OWNERS:
+                    # An owner's receive slots expect their block from the start: peers send as soon as
+                    # their own partial O is staged, with no cluster barrier first (see step 9).
+                    for slot in cutlass.range_constexpr(n - 1):
+                        ptx.mbarrier_arrive_expect_tx(s_mbar + 8 * slot, BLOCK_BYTES)
                 ptx.fence_mbarrier_init_cluster()
             # Phase 0 of the cluster barrier: peers exist and their mbarriers are initialised
             # before anyone stores into their shared memory (waited on in step 6).
@@ -474,8 +483,7 @@ class SparseMlaDecodeSm90:
             # step 9: partial O (scaled, FP16 pairs) staged in the own KV tile, block b (128 dims)
             # for CTA b % n; a thread holds dims 2g, 2g + 1 of each warp's 16-dim group. The first
             # half's tiles (blocks 0, 1) are staged while the second half's MMAs still run: they
-            # overwrite K blocks 0 and 1, which only the first half's fragments read (ldmatrix,
-            # before the warpgroup's collective MMAs of that half, complete at the wait).
+            # overwrite K block 0, read last by the fragments' ldmatrix during the gather.
             # The CTA barrier says so explicitly (it costs little and keeps racecheck quiet).
             for mt in cutlass.range_constexpr(8):
                 if cutlass.const_expr(mt % 4 == 0 and not self.skip_pv):
@@ -491,19 +499,18 @@ class SparseMlaDecodeSm90:
                         a = s_kv + STAGE_OFF + blk * BLOCK_BYTES + _stage_off(heads[hs], dib)
                         ptx.st_shared_b32(a, ptx.cvt_f16x2(o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs]))
             ptx.fence_proxy_async_shared()  # staging is read by bulk copies (async proxy)
-            if tid == 0:
-                if chunk < OWNERS:
-                    for slot in cutlass.range_constexpr(n - 1):
-                        ptx.mbarrier_arrive_expect_tx(s_mbar + 8 * slot, BLOCK_BYTES)
-            # Phase 2: every CTA's MMAs are done (KV tiles free) and its staging is written.
-            # The CTA barrier orders the staging writes (fenced to the async proxy) before
-            # thread 0's copies; the cluster barrier itself only has to order execution, so
-            # it is relaxed: a release arrive costs a GPU-scope membar (MEMBAR.ALL.GPU).
+            # The CTA barrier orders the staging writes (fenced to the async proxy) before thread 0's
+            # copies. No cluster barrier: each receiving KV tile is free already. A peer's tile is read
+            # only by its score MMAs and its V^T fragments' ldmatrix (all built during the gather at
+            # n > 1), both before it sent its stats; the stats wait above (a cluster-scope acquire of
+            # every peer's st.async) orders those reads before these copies. Measured against a relaxed
+            # cluster barrier here (sparse_mla_ab_h200_s31.json, early_sends; KV rotated, three rounds):
+            # width 640 T = 12 5.17-5.22 -> 5.09-5.12 us, T = 1 4.33-4.35 -> 4.25-4.27, T = 48
+            # 11.29-11.92 -> 11.10-11.23. Sending the first half's blocks before the second half is
+            # staged measured the same (5.11-5.12 at T = 12).
             tl = self._mark(tl, tid)  # 9: staged
             cute.arch.sync_threads()
-            cute.arch.cluster_arrive_relaxed()
-            cute.arch.cluster_wait()
-            tl = self._mark(tl, tid)  # 10: cluster barrier passed
+            tl = self._mark(tl, tid)  # 10: (a cluster barrier until the thirty-first session)
             if tid == 0:
                 # Each CTA sends first to the next owner after itself, so the owners' blocks arrive
                 # side by side rather than all at owner 0 first (sparse_mla_ab_h200_s23.json: width 640
@@ -515,7 +522,7 @@ class SparseMlaDecodeSm90:
                         dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
                         ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + owner * BLOCK_BYTES, BLOCK_BYTES,
                                               ptx.mapa_shared(s_mbar + 8 * slot, owner))
-            # Phase 3: no CTA exits while a peer's bulk copy may still read its staging. An owner
+            # Last cluster barrier: no CTA exits while a peer's bulk copy may still read its staging. An owner
             # arrives once every block into it has landed (in _reduce_store, before its stores),
             # a CTA that owns no block at once; so the phase completes when every copy has landed.
             # Relaxed: no data is published here, and a release would wait for global stores.
@@ -598,7 +605,7 @@ class SparseMlaDecodeSm90:
             # on this CTA's mbarrier; a cluster-scope acquire would add an L1 invalidation per wait.
             ptx.mbarrier_wait_parity(s_mbar + 8 * slot, 0, cluster=False)
             acc = self._add_partial(acc, s_recv + slot * BLOCK_BYTES, h, tid)
-        cute.arch.cluster_arrive_relaxed()  # phase 3: no copy reads a peer's staging for this owner any more
+        cute.arch.cluster_arrive_relaxed()  # last barrier: no copy reads a peer's staging for this owner any more
         dst = out.toint() + (Int64(token) * HEADS + Int64(h)) * (DIM * 2) + Int64(blk * BLOCK_DIMS * 2)
         for k in cutlass.range_constexpr(2):
             d = (tid & 7) * 8 + 64 * k
