@@ -38,7 +38,20 @@ def gpu_info() -> dict:
         "gpu": p.name, "sms": p.multi_processor_count, "l2_bytes": getattr(p, "L2_cache_size", None),
         "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
         "commit": commit or os.environ.get("GIT_COMMIT", ""), "host": platform.node(),
+        # A lent GPU machine's copy of the checkout may carry older git metadata than its files:
+        # the manifests' digests name the cubins that were measured whatever HEAD says.
+        "manifest_sha256": manifest_digests(),
     }
+
+
+def manifest_digests() -> dict:
+    """{arch: first 16 hex digits of sha256} of the cache root's manifests (the cubins' sha256 are inside)."""
+    import hashlib
+
+    from runtime.manifest import default_root
+
+    folder = default_root() / "manifests"
+    return {m.stem: hashlib.sha256(m.read_bytes()).hexdigest()[:16] for m in sorted(folder.glob("*.json"))}
 
 
 def l2_bytes() -> int:
