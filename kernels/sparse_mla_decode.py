@@ -85,6 +85,9 @@ Measurement switches (never set for the committed cache): SPARSE_MLA_EXPERIMENT=
 timeline at build time (per-step SM clocks written over q), used for the measurements above.
 (An earlier "push" route, DSMEM stores from registers into a separate 32 KiB buffer instead of
 the bulk copies, measured 0.15 us faster with FP32 partials; it is not kept.)
+(Its FP16 form, every thread sending 16-byte pieces of the staged blocks by st.async.v4 onto the
+owner's slot mbarrier instead of thread 0's bulk copies, measured 0.3 us slower at T = 12 width 640:
+sparse_mla_ab_h200_s31.json, push_st_async; patch in gpu/candidates/mla_push_s31.diff.)
 Measured slower on the H200 and dropped (benchmarks/results/sparse_mla_ab_h200_s9.json): sending
 each half's blocks as soon as it is staged (into a separate receive buffer, or into the owner's
 KV tile after a cluster barrier at the second product's issue), owners pulling the staged blocks
