@@ -269,3 +269,24 @@ def test_host_op_width_check():
     for width in (0, 64, 256, 512, 768):
         with pytest.raises(ValueError, match="width"):
             sparse_mla.max_tokens(width)
+
+
+def test_second_product_k_order_matches_the_fragment_and_is_conflict_free():
+    """The kernel numbers the second product's K so that each ldmatrix matrix of a V^T fragment reads eight
+    consecutive tile rows (_pv_k): lane l of K step ks gives tile row 32 ks + l, which must hold the K index that
+    Hopper's m64nNk32 A fragment expects from that lane's matrix row, every K index exactly once, and rows g and
+    g + 8 of a head's P^T must land in one 16-byte chunk (k, k + 2: one conversion stores both). On the
+    128B-swizzled tile the eight rows of a matrix then fall in eight different bank groups."""
+    pytest.importorskip("cutlass")
+    from kernels.sparse_mla_decode import _pv_k, _swz
+
+    assert sorted(_pv_k(r) for r in range(128)) == list(range(128))
+    for ks in range(4):
+        for lane in range(32):
+            mi, i = lane >> 3, lane & 7  # matrix mi, its row i
+            assert _pv_k(32 * ks + lane) == 32 * ks + 16 * (mi >> 1) + 2 * (mi & 1) + 4 * (i >> 1) + (i & 1)
+        for mi in range(4):
+            groups = {(_swz(32 * ks + 8 * mi + i, 0) >> 4) & 7 for i in range(8)}
+            assert len(groups) == 8, (ks, mi, groups)
+    for rr in (64 * mt + 16 * warp + g for mt in range(2) for warp in range(4) for g in range(8)):
+        assert _pv_k(rr + 8) == _pv_k(rr) + 2 and _pv_k(rr) >> 4 == rr >> 4 and (_pv_k(rr) & 15) + 2 < 16

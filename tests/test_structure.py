@@ -58,3 +58,16 @@ def test_decode_topk_waits_before_any_global_access(arch):
         before = lines[:lines.index("ACQBULK")]
         touched = [op for op in before if op.startswith(GLOBAL_ACCESS)]
         assert not touched, (arch, k["name"], touched)
+
+
+def test_sparse_mla_reads_only_constant_weights_before_the_dependency_wait():
+    """sparse_mla_decode is launched with programmatic dependent launch: before griddepcontrol.wait (ACQBULK)
+    it may read the sinks (weights of the model, LDG.E.CONSTANT) and nothing the previous grid writes."""
+    found = entries("sm_90a", "sparse_mla_decode")
+    assert len(found) == 4
+    for k in found:
+        lines = opcode_sequence(str(REPO / k["cubin"]))
+        assert "ACQBULK" in lines and "PREEXIT" in lines, k["name"]
+        before = lines[:lines.index("ACQBULK")]
+        touched = [op for op in before if op.startswith(GLOBAL_ACCESS) and not op.startswith("LDG.E.CONSTANT")]
+        assert not touched, (k["name"], touched)
