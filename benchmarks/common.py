@@ -9,6 +9,7 @@ shape plus the bytes it must move over the measured copy bandwidth.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -46,8 +47,6 @@ def gpu_info() -> dict:
 
 def manifest_digests() -> dict:
     """{arch: first 16 hex digits of sha256} of the cache root's manifests (the cubins' sha256 are inside)."""
-    import hashlib
-
     from runtime.manifest import default_root
 
     folder = default_root() / "manifests"

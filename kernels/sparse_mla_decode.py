@@ -513,7 +513,7 @@ class SparseMlaDecodeSm90:
             # staged measured the same (5.11-5.12 at T = 12).
             tl = self._mark(tl, tid)  # 9: staged
             cute.arch.sync_threads()
-            tl = self._mark(tl, tid)  # 10: (a cluster barrier until the thirty-first session)
+            tl = self._mark(tl, tid)  # 10: CTA barrier passed (a cluster barrier until the thirty-first session)
             if tid == 0:
                 # Each CTA sends first to the next owner after itself, so the owners' blocks arrive
                 # side by side rather than all at owner 0 first (sparse_mla_ab_h200_s23.json: width 640

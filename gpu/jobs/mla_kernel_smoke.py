@@ -162,7 +162,7 @@ def diag(width, T, seed):
 
 
 MARKS = ["wait", "gather issued", "K landed+MMA issued", "scores", "softmax+P", "stats sent", "PV issued",
-         "factors ready", "staged", "cluster bar", "reduced+stored", "final bar"]
+         "factors ready", "staged", "CTA bar", "reduced+stored", "final bar"]
 
 
 def timeline(cold=False):
