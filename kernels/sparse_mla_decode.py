@@ -20,24 +20,36 @@ Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
           barrier
   step 6  (m, l) per head to every CTA of the cluster (st.async onto the receiver's mbarrier)
   step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see below for the route)
-  step 8  while the second product runs: wait for the stats; merge (m, l) of all chunks and the
-          sink into each head's scale factor
-  step 9  n = 1: BF16 straight from the accumulators. n > 1: scaled partial O (FP16, see below)
+  step 8  while the second product runs: each head's factor. n = 1: merge (m, l) and the sink
+          into the whole normalisation. n > 1: 1 / l_c, this chunk's own sum only
+  step 9  n = 1: BF16 straight from the accumulators. n > 1: partial O / l_c (FP16, see below)
           -> staging in the own KV tile, the first half's tiles while the second half's MMAs
           run; block b of the 512 head dims goes by bulk copy to CTA b % n, into its KV
-          tile's second quarter, as soon as the sender's staging is written (every KV tile
-          is free once its CTA's stats are sent)
-  step 10 the owner adds the n partials of its block in FP32 as they land (an mbarrier per
-          receive slot), applies bmm2_scale and stores BF16; a last cluster barrier, which an
+          tile's second quarter, as soon as the sender's staging is written and the cluster's
+          stats have arrived (every KV tile is free once its CTA's stats are sent); lane 0 of
+          warp k - 1 issues the k-th copy
+  step 10 the owner merges the n chunks' (m, l) and the sink into a weight per chunk for its
+          block's heads, adds the n partials times their weights in FP32 as they land (an
+          mbarrier per receive slot), and stores BF16; a last cluster barrier, which an
           owner arrives at once its blocks are in, keeps every CTA resident until the copies
           reading its shared memory have landed
+
+Why the owners weigh the partials (thirty-second session, sparse_mla_ab_h200_s32.json): a sender
+that scaled its partial by the merged normalisation exp2(m_c - M) / L had to wait for every
+chunk's stats and merge them (~460 cycles a CTA, ~32 MUFU a thread) before staging, on the
+slowest CTA's path to its copies. Staged as O_c / l_c it needs only its own sum; the owner,
+which waits for the blocks anyway, computes each chunk's weight l_c exp2(m_c - M) / L for its
+one head a thread (12 MUFU) while they land. KV rotated past the L2, three rounds a device
+call, width 640 T = 12 5.14-5.18 -> 5.07-5.09 us, T = 1 4.29-4.33 -> 4.21-4.22, T = 48
+11.18-11.28 -> 11.13-11.15.
 
 Why the partials travel as FP16: the reduction is bound by the bytes crossing distributed
 shared memory (each owner receives n - 1 blocks), and FP16 halves them (measured on the H200,
 T = 12, width 640, L2-warm: 5.79 -> 5.18 us). The sm_100a original rounds them to BF16; FP16
-keeps 3 more bits, and its range is safe because a staged partial is scaled by the token's
-softmax normalisation (exp2(m_c - M) / L, without bmm2_scale): |partial| <= max |kv| <= 448.
-The rounding adds at most 2^-11 of sum_c p_c |kv_c| to an output (before bmm2_scale).
+keeps 3 more bits, and its range is safe because a staged partial is normalised by its chunk's
+softmax sum (O_c / l_c, without bmm2_scale): |partial| <= max |kv| <= 448, times at most 1 + 2^-4
+for P's E4M3 rounding. The rounding adds at most 2^-11 of sum_c p_c |kv_c| to an output (before
+bmm2_scale), as the owner's weights are at most 1.
 
 Why V^T comes from registers: Hopper's FP8 WGMMA reads shared-memory operands K-major
 only, and V (the same tile as K) is stored with the head dims contiguous, i.e. MN-major
@@ -233,9 +245,13 @@ class SparseMlaDecodeSm90:
         # step 1: sinks (weights of the model, never written by the previous grid).
         tl = self._mark([], tid)
         sink2 = [Float32(NEG_BIG)] * 4
+        owner_sink2 = Float32(NEG_BIG)
         if cutlass.const_expr(self.has_sinks):
             sinks_addr = sinks.toint()
             sink2 = [ptx.ld_global_nc_f32(sinks_addr + Int64(h) * 4) * LOG2E for h in heads]
+            if cutlass.const_expr(n > 1):
+                # The sink of the head this thread reduces as a block owner (_reduce_store).
+                owner_sink2 = ptx.ld_global_nc_f32(sinks_addr + Int64(tid >> 3) * 4) * LOG2E
         if cutlass.const_expr(n > 1):
             if tid == 0:
                 for slot in cutlass.range_constexpr(n - 1):
@@ -428,41 +444,9 @@ class SparseMlaDecodeSm90:
             o = [zero8] * 8  # timing experiment only: what the second product costs
 
         tl = self._mark(tl, tid)  # 7: second product issued
-        # step 8 (while the second product runs): merge the chunks' (m, l) and the sink into
-        # this chunk's scale factor per head.
-        # Loaded at every width, although a cluster merges every chunk's l from the stats instead: leaving these
-        # loads out at n > 1 measured 0.4 us slower (width 640, KV cold, T = 12 5.35 -> 5.76 us, T = 48 11.78 ->
-        # 12.39; sparse_mla_ab_h200_s25.json, review_unused_loads): ptxas then schedules this step differently.
-        l_c = [Float32(0.0)] * 4
-        for hs in cutlass.range_constexpr(4):
-            for w in cutlass.range_constexpr(4):
-                l_c[hs] = l_c[hs] + ptx.ld_shared_f32(s_red + ((4 + w) * HEADS + heads[hs]) * 4)
-        if cutlass.const_expr(n > 1):
-            ptx.mbarrier_wait_parity(s_mbar + STATS_MBAR, 0)  # every chunk's stats have landed
-        factor = []
-        for hs in cutlass.range_constexpr(4):
-            h = heads[hs]
-            if cutlass.const_expr(n > 1):
-                ms = [ptx.ld_shared_f32(s_stats + (j * HEADS + h) * 8) for j in range(n)]
-                ls = [ptx.ld_shared_f32(s_stats + (j * HEADS + h) * 8 + 4) for j in range(n)]
-            else:
-                ms = [m_c[hs]]
-                ls = [l_c[hs]]
-            big_m = sink2[hs]
-            for j in cutlass.range_constexpr(n):
-                big_m = cute.arch.fmax(big_m, ms[j])
-            big_l = Float32(0.0)
-            for j in cutlass.range_constexpr(n):
-                big_l = big_l + ls[j] * ptx.ex2(ms[j] - big_m)
-            if cutlass.const_expr(self.has_sinks):
-                big_l = big_l + ptx.ex2(sink2[hs] - big_m)
-            # L >= 1 whenever a column is active; an empty token has O = 0, so any finite factor works.
-            big_l = cute.arch.fmax(big_l, Float32(1e-30))
-            # rcp.approx (1 ulp) instead of an IEEE division's slow path: 4 per thread. With a
-            # cluster, bmm2_scale is applied by the block's owner: the FP16 partials stay <= max |kv|.
-            scale = (1.0 / 256.0) if cutlass.const_expr(n > 1) else bmm2_scale * (1.0 / 256.0)
-            factor.append(scale * ptx.ex2(m_c[hs] - big_m) * cute.arch.rcp_approx(big_l))
-        tl = self._mark(tl, tid)  # 8: stats of every chunk here, factors ready
+        # step 8 (while the second product runs): each head's factor for the partial O.
+        factor = self._factors(s_red, heads, m_c, sink2, bmm2_scale)
+        tl = self._mark(tl, tid)  # 8: factors ready
 
         if cutlass.const_expr(n == 1):
             # One chunk: nothing to reduce. BF16 pairs straight from the accumulators; a warp's
@@ -483,16 +467,15 @@ class SparseMlaDecodeSm90:
             tl = self._mark(tl, tid)  # 11
             tl = self._mark(tl, tid)  # 12
         else:
-            # step 9: partial O (scaled, FP16 pairs) staged in the own KV tile, block b (128 dims)
+            # step 9: partial O (O_c / l_c, FP16 pairs) staged in the own KV tile, block b (128 dims)
             # for CTA b % n; a thread holds dims 2g, 2g + 1 of each warp's 16-dim group. The first
             # half's tiles (blocks 0, 1) are staged while the second half's MMAs still run: they
-            # overwrite K block 0, read last by the fragments' ldmatrix during the gather.
-            # The CTA barrier says so explicitly (it costs little and keeps racecheck quiet).
+            # overwrite K block 0, read last by the fragments' ldmatrix during the gather, before the
+            # softmax's CTA barriers. (A barrier of its own here measured about 0.04 us slower at width 640
+            # T = 12 and 0.07 at T = 48, KV rotated: sparse_mla_ab_h200_s32.json.)
             for mt in cutlass.range_constexpr(8):
                 if cutlass.const_expr(mt % 4 == 0 and not self.skip_pv):
                     o = self._wait_tiles(1 - mt // 4, o, mt, mt + 4)
-                if cutlass.const_expr(mt == 0):
-                    cute.arch.sync_threads()
                 blk = mt // 2
                 dib = (mt % 2) * 64 + 16 * warp + 2 * g
                 for jj in cutlass.range_constexpr(2):
@@ -502,11 +485,11 @@ class SparseMlaDecodeSm90:
                         a = s_kv + STAGE_OFF + blk * BLOCK_BYTES + _stage_off(heads[hs], dib)
                         ptx.st_shared_b32(a, ptx.cvt_f16x2(o[mt][i0] * factor[hs], o[mt][i0 + 2] * factor[hs]))
             ptx.fence_proxy_async_shared()  # staging is read by bulk copies (async proxy)
-            # The CTA barrier orders the staging writes (fenced to the async proxy) before thread 0's
-            # copies. No cluster barrier: each receiving KV tile is free already. A peer's tile is read
-            # only by its score MMAs and its V^T fragments' ldmatrix (all built during the gather at
-            # n > 1), both before it sent its stats; the stats wait above (a cluster-scope acquire of
-            # every peer's st.async) orders those reads before these copies. Measured against a relaxed
+            # The CTA barrier orders the staging writes (fenced to the async proxy) before the copies.
+            # No cluster barrier: each receiving KV tile is free already. A peer's tile is read only by
+            # its score MMAs and its V^T fragments' ldmatrix (all built during the gather at n > 1),
+            # both before it sent its stats; the sending lane's stats wait (a cluster-scope acquire of
+            # every peer's st.async) orders those reads before its copy. Measured against a relaxed
             # cluster barrier here (sparse_mla_ab_h200_s31.json, early_sends; KV rotated, three rounds):
             # width 640 T = 12 5.17-5.22 -> 5.09-5.12 us, T = 1 4.33-4.35 -> 4.25-4.27, T = 48
             # 11.29-11.92 -> 11.10-11.23. Sending the first half's blocks before the second half is
@@ -514,23 +497,20 @@ class SparseMlaDecodeSm90:
             tl = self._mark(tl, tid)  # 9: staged
             cute.arch.sync_threads()
             tl = self._mark(tl, tid)  # 10: CTA barrier passed (a cluster barrier until the thirty-first session)
-            if tid == 0:
-                # Each CTA sends first to the next owner after itself, so the owners' blocks arrive
-                # side by side rather than all at owner 0 first (sparse_mla_ab_h200_s23.json: width 640
-                # 0.02-0.05 us faster with the KV cold, 0.04-0.13 us L2-warm).
-                for k in cutlass.range_constexpr(1, n):
-                    owner = _rotated(chunk, k, n)
-                    if owner < OWNERS:  # block `owner` (n > OWNERS: CTAs OWNERS.. own none)
-                        slot = _recv_slot(chunk, owner)
-                        dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
-                        ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + owner * BLOCK_BYTES, BLOCK_BYTES,
-                                              ptx.mapa_shared(s_mbar + 8 * slot, owner))
+            # Lane 0 of warp k - 1 makes the k-th of the rotated sends: one bulk copy a warp, issued side by
+            # side (thread 0 issuing all four measured 0.05-0.08 us slower at width 640 T = 12 and about 0.2 at
+            # T = 48, KV rotated: sparse_mla_ab_h200_s32.json).
+            if lane == 0:
+                if warp < n - 1:
+                    ptx.mbarrier_wait_parity(s_mbar + STATS_MBAR, 0)  # every chunk's stats have landed
+                    self._send_block(s_kv, s_mbar, chunk, warp + 1, n)
             # Last cluster barrier: no CTA exits while a peer's bulk copy may still read its staging. An owner
             # arrives once every block into it has landed (in _reduce_store, before its stores),
             # a CTA that owns no block at once; so the phase completes when every copy has landed.
             # Relaxed: no data is published here, and a release would wait for global stores.
             if chunk < OWNERS:
-                self._reduce_store(out, s_kv, s_kv + RECV_OFF, s_mbar, token, chunk, tid, n, bmm2_scale)
+                self._reduce_store(out, s_kv, s_kv + RECV_OFF, s_mbar, s_stats, owner_sink2, token, chunk, tid, n,
+                                   bmm2_scale)
             else:
                 cute.arch.cluster_arrive_relaxed()
             tl = self._mark(tl, tid)  # 11: blocks received, summed, stored
@@ -545,6 +525,53 @@ class SparseMlaDecodeSm90:
                 ptx.st_global_v4_b32(tl_dst + 16, tl[4], tl[5], tl[6], tl[7])
                 ptx.st_global_v4_b32(tl_dst + 32, tl[8], tl[9], tl[10], tl[11])
                 ptx.st_global_v4_b32(tl_dst + 48, tl[12], tl[13], self._gtime(), Int32(bidx))
+
+    @cute.jit
+    def _send_block(self, s_kv: Int32, s_mbar: Int32, chunk: Int32, k: Int32, n: cutlass.Constexpr):
+        """Step k (0 < k < n) of the rotated sends: the staged block of owner (chunk + k) mod n, if that CTA owns
+        one, by bulk copy into its receive slot for this chunk. Each CTA sends first to the next owner after
+        itself, so the owners' blocks arrive side by side rather than all at owner 0 first
+        (sparse_mla_ab_h200_s23.json: width 640 0.02-0.05 us faster with the KV cold, 0.04-0.13 us L2-warm)."""
+        owner = _rotated(chunk, k, n)
+        if owner < OWNERS:  # block `owner` (n > OWNERS: CTAs OWNERS.. own none)
+            slot = _recv_slot(chunk, owner)
+            dst = ptx.mapa_shared(s_kv + RECV_OFF + slot * BLOCK_BYTES, owner)
+            ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + owner * BLOCK_BYTES, BLOCK_BYTES,
+                                  ptx.mapa_shared(s_mbar + 8 * slot, owner))
+
+    def _factors(self, s_red: Int32, heads, m_c, sink2, bmm2_scale: Float32):
+        """Each of this thread's 4 heads' factor for its partial O (n > 1: 1 / (256 l_c); n = 1: the whole
+        normalisation, bmm2_scale 2^(m_c - M) / (256 L)), from the chunk's sums in s_red."""
+        l_c = [Float32(0.0)] * 4
+        for hs in range(4):
+            for w in range(4):
+                l_c[hs] = l_c[hs] + ptx.ld_shared_f32(s_red + ((4 + w) * HEADS + heads[hs]) * 4)
+        factor = []
+        for hs in range(4):
+            if cutlass.const_expr(self.n > 1):
+                # A cluster stages O_c / l_c, normalised by this chunk's own sum only: no peer's stats on the
+                # way to the copies. Each owner weighs the chunks' blocks by the merged stats (_reduce_store).
+                # An all-masked chunk has l_c = 0 and O_c = 0: the clamp keeps its block 0.
+                factor.append((1.0 / 256.0) * cute.arch.rcp_approx(cute.arch.fmax(l_c[hs], Float32(1e-30))))
+            else:
+                big_m, big_l = self._merge_stats([m_c[hs]], [l_c[hs]], sink2[hs])
+                factor.append(bmm2_scale * (1.0 / 256.0) * ptx.ex2(m_c[hs] - big_m) * cute.arch.rcp_approx(big_l))
+        return factor
+
+    def _merge_stats(self, ms, ls, sink2):
+        """Merge the chunks' (m, l) (base 2) and the sink: (M, L), with M the largest of the m_j and the sink
+        and L = sum_j l_j 2^(m_j - M) (+ 2^(sink - M)), clamped to a tiny positive value."""
+        big_m = sink2
+        for m in ms:
+            big_m = cute.arch.fmax(big_m, m)
+        big_l = Float32(0.0)
+        for m, l in zip(ms, ls):
+            big_l = big_l + l * ptx.ex2(m - big_m)
+        if cutlass.const_expr(self.has_sinks):
+            big_l = big_l + ptx.ex2(sink2 - big_m)
+        # L >= 1 whenever a column is active; an empty token has O = 0, so any finite factor works.
+        # (The callers take rcp.approx of it, 1 ulp, instead of an IEEE division's slow path.)
+        return big_m, cute.arch.fmax(big_l, Float32(1e-30))
 
     def _wait_tiles(self, pending: int, o, lo: int, hi: int):
         """o with tiles [lo, hi) of the second product in registers: wait until at most `pending`
@@ -587,11 +614,16 @@ class SparseMlaDecodeSm90:
                 ptx.prmt(x[2], x[3], 0x6420), ptx.prmt(x[2], x[3], 0x7531)]
 
     @cute.jit
-    def _reduce_store(self, out: cute.Pointer, s_kv: Int32, s_recv: Int32, s_mbar: Int32, token: Int32,
-                      blk: Int32, tid: Int32, n: cutlass.Constexpr, bmm2_scale: Float32):
-        """Sum the n FP16 partials of 128-dim block ``blk`` (own staging + received) in FP32, scale by
-        bmm2_scale and store BF16; arrive on the last cluster barrier once every peer's block is here.
+    def _reduce_store(self, out: cute.Pointer, s_kv: Int32, s_recv: Int32, s_mbar: Int32, s_stats: Int32,
+                      sink2: Float32, token: Int32, blk: Int32, tid: Int32, n: cutlass.Constexpr,
+                      bmm2_scale: Float32):
+        """Sum the n FP16 partials O_c / l_c of 128-dim block ``blk`` (own staging + received) in FP32, each
+        weighed by bmm2_scale l_c 2^(m_c - M) / L from the merged stats, and store BF16; arrive on the last
+        cluster barrier once every peer's block is here.
 
+        The weights are the owner's, not the senders': a sender's copies then wait for no merge of the
+        cluster's stats (only for their arrival, which orders the receivers' KV reads before the copies),
+        and the owner computes its one head's weights while the blocks land.
         Each receive slot has its own mbarrier, and the peers' blocks are added as they land, in the
         order the rotated sends make them arrive (CTA blk - 1's first): only the last block's sum is
         left after the last copy lands. Thread tid takes head tid // 8 and dims 8 (tid % 8) + 64 k,
@@ -599,42 +631,60 @@ class SparseMlaDecodeSm90:
         store 128 contiguous bytes.
         """
         h = tid >> 3
+        # Every chunk's stats. CTA scope, as for the blocks below: st.async's bytes are made visible by its
+        # complete_tx on this CTA's mbarrier (a cluster-scope acquire, with its L1 invalidation, measured
+        # about 0.02 us slower at width 640 T = 12, within the rounds' spread: sparse_mla_ab_h200_s32.json).
+        ptx.mbarrier_wait_parity(s_mbar + STATS_MBAR, 0, cluster=False)
+        stats_h = s_stats + h * 8  # chunk j's (m, l) of head h at + j * HEADS * 8
+        ms = [ptx.ld_shared_f32(stats_h + j * HEADS * 8) for j in range(n)]
+        ls = [ptx.ld_shared_f32(stats_h + j * HEADS * 8 + 4) for j in range(n)]
+        big_m, big_l = self._merge_stats(ms, ls, sink2)
+        inv_l = cute.arch.rcp_approx(big_l)
+        weight = [bmm2_scale * ls[j] * ptx.ex2(ms[j] - big_m) * inv_l for j in range(n)]
         acc = [Float32(0.0)] * 16  # dims 8 (tid % 8) + 64 k + i at 8 k + i
-        acc = self._add_partial(acc, s_kv + STAGE_OFF + blk * BLOCK_BYTES, h, tid)
+        acc = self._add_partial(acc, s_kv + STAGE_OFF + blk * BLOCK_BYTES, h, tid, _pick(weight, blk))
         for k in cutlass.range_constexpr(1, n):
             sender = _rotated(blk, -k, n)
             slot = _recv_slot(sender, blk)
             # CTA scope: the bytes are the bulk copy's (async proxy), made visible by its complete_tx
             # on this CTA's mbarrier; a cluster-scope acquire would add an L1 invalidation per wait.
             ptx.mbarrier_wait_parity(s_mbar + 8 * slot, 0, cluster=False)
-            acc = self._add_partial(acc, s_recv + slot * BLOCK_BYTES, h, tid)
+            acc = self._add_partial(acc, s_recv + slot * BLOCK_BYTES, h, tid, _pick(weight, sender))
         cute.arch.cluster_arrive_relaxed()  # last barrier: no copy reads a peer's staging for this owner any more
         dst = out.toint() + (Int64(token) * HEADS + Int64(h)) * (DIM * 2) + Int64(blk * BLOCK_DIMS * 2)
         for k in cutlass.range_constexpr(2):
             d = (tid & 7) * 8 + 64 * k
-            ptx.st_global_v4_b32(dst + Int64(d * 2), *[ptx.cvt_bf16x2(acc[8 * k + 2 * w] * bmm2_scale,
-                                                                       acc[8 * k + 2 * w + 1] * bmm2_scale)
+            ptx.st_global_v4_b32(dst + Int64(d * 2), *[ptx.cvt_bf16x2(acc[8 * k + 2 * w], acc[8 * k + 2 * w + 1])
                                                        for w in range(4)])
 
-    def _add_partial(self, acc, src, h, tid):
-        """acc + this thread's 16 FP16 values of the staged block at ``src`` (see _reduce_store)."""
+    def _add_partial(self, acc, src, h, tid, weight):
+        """acc + weight x this thread's 16 FP16 values of the staged block at ``src`` (see _reduce_store)."""
         acc = list(acc)
         for k in range(2):
             words = ptx.ld_shared_v4_u32(src + _stage_off(h, (tid & 7) * 8 + 64 * k))
             for w in range(4):
                 pair = ptx.unpack_f16x2(words[w])
-                acc[8 * k + 2 * w] = acc[8 * k + 2 * w] + pair[0]
-                acc[8 * k + 2 * w + 1] = acc[8 * k + 2 * w + 1] + pair[1]
+                acc[8 * k + 2 * w] = acc[8 * k + 2 * w] + weight * pair[0]
+                acc[8 * k + 2 * w + 1] = acc[8 * k + 2 * w + 1] + weight * pair[1]
         return acc
 
 
-def _rotated(rank, k: int, n: int):
-    """(rank + k) mod n for 0 <= rank < n and 0 < |k| < n: at step k of the rotated sends CTA rank sends to
-    _rotated(rank, k, n), and the owner receives from _rotated(owner, -k, n) (one wrap, on k's side)."""
+def _rotated(rank, k, n: int):
+    """(rank + k) mod n for 0 <= rank < n and 0 < |k| < n (k < 0 only as a compile-time value): at step k of the
+    rotated sends CTA rank sends to _rotated(rank, k, n), and the owner receives from _rotated(owner, -k, n) (one
+    wrap, on k's side)."""
     r = rank + k
-    if k > 0:
-        return Int32(cutlass.select_(r >= n, r - n, r))
-    return Int32(cutlass.select_(r < 0, r + n, r))
+    if isinstance(k, int) and k < 0:
+        return Int32(cutlass.select_(r < 0, r + n, r))
+    return Int32(cutlass.select_(r >= n, r - n, r))
+
+
+def _pick(values: list, i):
+    """values[i] for a run-time index i < len(values) (a chain of selects)."""
+    picked = values[0]
+    for j in range(1, len(values)):
+        picked = Float32(cutlass.select_(i == j, values[j], picked))
+    return picked
 
 
 def _recv_slot(sender, owner):
