@@ -290,3 +290,43 @@ def test_second_product_k_order_matches_the_fragment_and_is_conflict_free():
             assert len(groups) == 8, (ks, mi, groups)
     for rr in (64 * mt + 16 * warp + g for mt in range(2) for warp in range(4) for g in range(8)):
         assert _pv_k(rr + 8) == _pv_k(rr) + 2 and _pv_k(rr) >> 4 == rr >> 4 and (_pv_k(rr) & 15) + 2 < 16
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_owner_weighted_chunk_merge(with_sinks):
+    """The cluster kernel's merge, in torch: each chunk c stages O_c / l_c in FP16 (its own softmax sum only, base 2,
+    the max stand-in NEG_BIG for an all-masked chunk, l clamped), and the owner adds the staged blocks times
+    bmm2_scale l_c 2^(m_c - M) / L. It must give the op, with a token whose last chunks are all masked, one with no
+    active column, and one whose sink outweighs its columns; the only rounding is FP16's on the staged blocks."""
+    pytest.importorskip("cutlass")
+    from kernels.sparse_mla_decode import LOG2E, NEG_BIG
+
+    q, swa, comp, idx, lens = make_inputs(5, 640, seed=11, q_scale=3.0)
+    lens[1], lens[2], idx[3, :300] = 200, 0, -1
+    sinks = torch.randn(H) * 4 if with_sinks else None
+    if with_sinks:
+        sinks[5] = 60.0  # head 5: the sink takes nearly all the weight
+    bmm1_scale, bmm2_scale = 0.04, 1.5
+    active = sparse_mla_active(idx, lens, swa.shape[0], comp.shape[0])
+    cols = torch.arange(640)
+    pools = torch.where((cols < 128)[None, :, None], swa.float()[idx.clamp(0, swa.shape[0] - 1).long()],
+                        comp.float()[idx.clamp(0, comp.shape[0] - 1).long()]) * active[..., None]
+    s = torch.einsum("thd,twd->thw", q.float(), pools) * (bmm1_scale * LOG2E)
+    s = s.masked_fill(~active[:, None, :], float("-inf")).view(5, H, 5, 128)
+    m_c = s.amax(-1).clamp(min=NEG_BIG)  # [t, h, c]
+    p = torch.exp2(s - m_c[..., None])
+    l_c = p.sum(-1)
+    o_c = torch.einsum("thcw,tcwd->thcd", p, pools.view(5, 5, 128, D))
+    staged = (o_c / l_c.clamp(min=1e-30)[..., None]).half().float()
+    sink2 = sinks.float()[None, :, None] * LOG2E if with_sinks else torch.full((1, H, 1), NEG_BIG)
+    big_m = torch.maximum(m_c.amax(-1, keepdim=True), sink2)
+    big_l = (l_c * torch.exp2(m_c - big_m)).sum(-1, keepdim=True)
+    if with_sinks:
+        big_l = big_l + torch.exp2(sink2 - big_m)
+    weight = bmm2_scale * l_c * torch.exp2(m_c - big_m) / big_l.clamp(min=1e-30)
+    got = (weight[..., None] * staged).sum(2)
+    assert torch.isfinite(got).all() and (got[2] == 0).all()
+    want = loop_reference(q, swa, comp, idx, lens, sinks, bmm1_scale, bmm2_scale).float()
+    # FP16 keeps 11 bits of each staged block, |O_c / l_c| <= max |kv|, and the weights sum to at most bmm2_scale.
+    kv_max = max(float(swa.float().abs().max()), float(comp.float().abs().max()))
+    torch.testing.assert_close(got, want, rtol=0, atol=2.0 ** -11 * kv_max * bmm2_scale)
