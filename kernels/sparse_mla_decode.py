@@ -41,7 +41,11 @@ slowest CTA's path to its copies. Staged as O_c / l_c it needs only its own sum;
 which waits for the blocks anyway, computes each chunk's weight l_c exp2(m_c - M) / L for its
 one head a thread (12 MUFU) while they land. KV rotated past the L2, three rounds a device
 call, width 640 T = 12 5.14-5.18 -> 5.07-5.09 us, T = 1 4.29-4.33 -> 4.21-4.22, T = 48
-11.18-11.28 -> 11.13-11.15.
+11.18-11.28 -> 11.13-11.15. Measured with it and dropped (same record, patches in gpu/candidates/): the
+stats sent after the second product's issue (0.15 us slower at T = 12), or by every warp straight after
+its sums (0.3), the first half's blocks sent as soon as staged (0.25), and the copies gated on a signal
+of their own rather than the stats' arrival: owners' "receive slots free" after the softmax's first
+barrier (0.5) or "own partial staged" (0.65-0.7).
 
 Why the partials travel as FP16: the reduction is bound by the bytes crossing distributed
 shared memory (each owner receives n - 1 blocks), and FP16 halves them (measured on the H200,
