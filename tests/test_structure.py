@@ -47,16 +47,22 @@ def test_empty_kernels_are_empty(arch):
 GLOBAL_ACCESS = ("LDG", "STG", "ATOMG", "RED.", "LD.", "ST.", "LDGSTS")  # and generic LD/ST
 
 
+def global_accesses_before_wait(kernel, allowed=()):
+    """The global-memory instructions of a PDL kernel's SASS before griddepcontrol.wait (ACQBULK), leaving out
+    those starting with one of ``allowed``; the kernel must also release its dependents (PREEXIT)."""
+    lines = opcode_sequence(str(REPO / kernel["cubin"]))
+    assert "ACQBULK" in lines and "PREEXIT" in lines, kernel["name"]
+    before = lines[:lines.index("ACQBULK")]
+    return [op for op in before if op.startswith(GLOBAL_ACCESS) and not op.startswith(tuple(allowed))]
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_decode_topk_waits_before_any_global_access(arch):
     """decode_topk is launched with programmatic dependent launch: its logits, row ends and
     output rows may still be in the previous grid's hands until griddepcontrol.wait (ACQBULK)."""
     for k in entries(arch, "decode_topk"):
         assert k["pdl"], k["name"]
-        lines = opcode_sequence(str(REPO / k["cubin"]))
-        assert "ACQBULK" in lines and "PREEXIT" in lines, k["name"]
-        before = lines[:lines.index("ACQBULK")]
-        touched = [op for op in before if op.startswith(GLOBAL_ACCESS)]
+        touched = global_accesses_before_wait(k)
         assert not touched, (arch, k["name"], touched)
 
 
@@ -66,8 +72,5 @@ def test_sparse_mla_reads_only_constant_weights_before_the_dependency_wait():
     found = entries("sm_90a", "sparse_mla_decode")
     assert len(found) == 4
     for k in found:
-        lines = opcode_sequence(str(REPO / k["cubin"]))
-        assert "ACQBULK" in lines and "PREEXIT" in lines, k["name"]
-        before = lines[:lines.index("ACQBULK")]
-        touched = [op for op in before if op.startswith(GLOBAL_ACCESS) and not op.startswith("LDG.E.CONSTANT")]
+        touched = global_accesses_before_wait(k, allowed=("LDG.E.CONSTANT",))
         assert not touched, (k["name"], touched)
