@@ -16,8 +16,8 @@ Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
           launch_dependents once they are issued
   step 5  chunk softmax per head in base 2 (bmm1_scale * log2 e folded), P^T = 256 exp2(S - m)
           as E4M3 into a 128B-swizzled K-major tile (scaled so that small weights stay normal),
-          its K order permuted (_pv_k); n = 1: the first-half V^T fragments built after its max
-          barrier
+          its K order permuted (_pv_k), in whole words (lanes g and g ^ 1 swap pairs: _store_p);
+          n = 1: the first-half V^T fragments built after its max barrier
   step 6  (m, l) per head to every CTA of the cluster (st.async onto the receiver's mbarrier)
   step 7  O^T = V^T P^T: FP8 WGMMA with V^T from registers (see below for the route)
   step 8  while the second product runs: each head's factor. n = 1: merge (m, l) and the sink
@@ -46,6 +46,15 @@ stats sent after the second product's issue (0.15 us slower at T = 12), or by ev
 its sums (0.3), the first half's blocks sent as soon as staged (0.25), and the copies gated on a signal
 of their own rather than the stats' arrival: owners' "receive slots free" after the softmax's first
 barrier (0.5) or "own partial staged" (0.65-0.7).
+
+Measured and dropped in the thirty-third session (sparse_mla_ab_h200_s33.json, patch
+gpu/candidates/mla_s33_candidates.diff): the cluster barrier's phase-0 wait moved from step 6 into the
+gather, right after the copies are issued, is 0.25-0.27 us slower at width 640 (T = 1, 12 and 48 alike):
+in SASS it is UCGABAR_WAIT + CCTL.IVALL, and with the gather in flight it costs about what the per-K-block
+overlap of the score MMAs and V^T fragments with the landing rows is worth. Moved to where the warps
+wait for the last score MMAs, it is no faster (5.03 against 5.00 us at T = 12). The softmax's reduction
+area laid out [head][warp] for 16-byte loads measured neutral on its own and 0.15 us slower at width 640
+with the word stores of P^T.
 
 Why the partials travel as FP16: the reduction is bound by the bytes crossing distributed
 shared memory (each owner receives n - 1 blocks), and FP16 halves them (measured on the H200,
@@ -397,16 +406,7 @@ class SparseMlaDecodeSm90:
         if g == 0:
             for hs in cutlass.range_constexpr(4):
                 ptx.st_shared_f32(s_red + ((4 + warp) * HEADS + heads[hs]) * 4, lsum[hs])
-        # P^T[head, k] as E4M3 (x256) into the swizzled K-major tile, k = _pv_k(row): rows g and
-        # g + 8 of a head land in one 16-byte chunk (k, k + 2), so one conversion gives both bytes.
-        for mt in cutlass.range_constexpr(2):
-            for i in (0, 1, 4, 5):
-                h = 8 * (i >> 2) + 2 * t4 + (i & 1)
-                rr = 64 * mt + 16 * warp + g
-                pair = ptx.cvt_e4m3x2(p[mt][i] * 256.0, p[mt][i + 2] * 256.0)
-                a = s_p + h * 128 + ((((rr >> 4) ^ (h & 7)) << 4) | (_pv_k(rr) & 15))
-                ptx.st_shared_u8(a, pair)
-                ptx.st_shared_u8(a + 2, pair >> 8)  # row rr + 8: _pv_k(rr) + 2
+        self._store_p(s_p, p, heads, warp, g)
         ptx.fence_proxy_async_shared()  # P^T is read by WGMMA (async proxy)
         cute.arch.sync_threads()
 
@@ -415,16 +415,16 @@ class SparseMlaDecodeSm90:
         if cutlass.const_expr(n > 1):
             cute.arch.cluster_wait()  # phase 0: peers resident, mbarriers initialised
             if tid < HEADS * n:
-                h = tid & (HEADS - 1)
+                sh = tid & (HEADS - 1)
                 dst = tid >> 4
                 mm = Float32(NEG_BIG)
                 ll = Float32(0.0)
                 for w in cutlass.range_constexpr(4):
-                    mm = cute.arch.fmax(mm, ptx.ld_shared_f32(s_red + (w * HEADS + h) * 4))
-                    ll = ll + ptx.ld_shared_f32(s_red + ((4 + w) * HEADS + h) * 4)
+                    mm = cute.arch.fmax(mm, ptx.ld_shared_f32(s_red + (w * HEADS + sh) * 4))
+                    ll = ll + ptx.ld_shared_f32(s_red + ((4 + w) * HEADS + sh) * 4)
                 # st.async completes on the receiver's mbarrier: no release fence (a GPU-scope
                 # membar in SASS) and no cluster barrier phase for the exchange.
-                ptx.st_async_v2_f32(ptx.mapa_shared(s_stats + (chunk * HEADS + h) * 8, dst), mm, ll,
+                ptx.st_async_v2_f32(ptx.mapa_shared(s_stats + (chunk * HEADS + sh) * 8, dst), mm, ll,
                                     ptx.mapa_shared(s_mbar + STATS_MBAR, dst))
 
         tl = self._mark(tl, tid)  # 6: stats sent
@@ -529,6 +529,35 @@ class SparseMlaDecodeSm90:
                 ptx.st_global_v4_b32(tl_dst + 16, tl[4], tl[5], tl[6], tl[7])
                 ptx.st_global_v4_b32(tl_dst + 32, tl[8], tl[9], tl[10], tl[11])
                 ptx.st_global_v4_b32(tl_dst + 48, tl[12], tl[13], self._gtime(), Int32(bidx))
+
+    @cute.jit
+    def _store_p(self, s_p: Int32, p, heads, warp: Int32, g: Int32):
+        """P^T[head, k] as E4M3 (x256) into the swizzled K-major tile, k = _pv_k(row), in whole words.
+
+        Thread (g, t4) holds rows rr = 64 mt + 16 warp + g and rr + 8 of its four heads: bytes _pv_k(rr) and
+        _pv_k(rr) + 2 of the head's row, i.e. bytes (g & 1) and (g & 1) + 2 of the word at 4 ((g >> 1) & 3)
+        of its 16-byte chunk. Lanes g and g ^ 1 together hold the whole word of each head, so one shuffle a
+        tile swaps half of the pairs and each lane stores two heads' words: the even lane heads[0, 1], the
+        odd heads[2, 3]. Four 4-byte stores a thread instead of sixteen byte stores (H200, KV rotated past
+        the L2, three rounds in each of two device calls, sparse_mla_ab_h200_s33.json: width 128 T = 12
+        3.48-3.52 -> 3.44-3.48 us, width 640 T = 12 5.05 -> 5.00 median).
+        """
+        odd = (g & 1) == 1
+        for mt in cutlass.range_constexpr(2):
+            rr = 64 * mt + 16 * warp + g
+            # One conversion gives both bytes of a head: row rr in the low byte, rr + 8 in the high.
+            pairs = [ptx.cvt_e4m3x2(p[mt][i] * 256.0, p[mt][i + 2] * 256.0) for i in (0, 1, 4, 5)]
+            send = Int32(cutlass.select_(odd, ptx.prmt(pairs[0], pairs[1], 0x5410),
+                                         ptx.prmt(pairs[2], pairs[3], 0x5410)))
+            recv = cute.arch.shuffle_sync_bfly(send, 4)  # lane ^ 4: g ^ 1, same t4
+            for j in cutlass.range_constexpr(2):
+                # Word bytes: (even lane's rr, odd lane's rr, even lane's rr + 8, odd lane's rr + 8).
+                word_even = ptx.prmt(pairs[j], recv, (0x5140, 0x7160)[j])
+                word_odd = ptx.prmt(pairs[2 + j], recv, (0x1504, 0x1706)[j])
+                word = Int32(cutlass.select_(odd, word_odd, word_even))
+                h = Int32(cutlass.select_(odd, heads[2 + j], heads[j]))
+                a = s_p + h * 128 + ((((rr >> 4) ^ (h & 7)) << 4) | (((g >> 1) & 3) << 2))
+                ptx.st_shared_b32(a, word)
 
     @cute.jit
     def _send_block(self, s_kv: Int32, s_mbar: Int32, chunk: Int32, k: Int32, n: cutlass.Constexpr):
