@@ -5,8 +5,7 @@ contract (parameters, variants, shared memory) in runtime/contract/sparse_mla_de
 
 Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
 
-  step 1  sinks -> registers (before griddepcontrol.wait: weights, not produced by the previous grid);
-          n > 1: mbarriers initialised, the cluster barrier's phase 0 arrived at and waited on
+  step 1  sinks -> registers (before griddepcontrol.wait: weights, not produced by the previous grid)
   step 2  griddepcontrol.wait; Q copies issued; each thread loads the indices of its rows (and,
           after the gather is issued, those of its accumulator rows: the softmax's mask)
   step 3  cp.async gather of KV [128, 512] (and Q [16, 512]) into 128B-swizzled K-major tiles,
@@ -48,14 +47,18 @@ its sums (0.3), the first half's blocks sent as soon as staged (0.25), and the c
 of their own rather than the stats' arrival: owners' "receive slots free" after the softmax's first
 barrier (0.5) or "own partial staged" (0.65-0.7).
 
-Where the cluster barrier's phase-0 wait goes (thirty-third session, sparse_mla_ab_h200_s33.json, patch
-gpu/candidates/mla_s33_candidates.diff): it moved from step 6 to the prologue (step 1), which PDL overlaps
-with the previous grid. Placed in the gather, right after the copies are issued, it was 0.25-0.27 us slower
-at width 640 (T = 1, 12 and 48 alike): in SASS it is UCGABAR_WAIT + CCTL.IVALL, and with the gather in
-flight it cost about what the per-K-block overlap of the score MMAs and V^T fragments with the landing rows
-is worth. Where the warps wait for the last score MMAs, or just after the grid-dependency wait, it was no
-faster than in step 6. Also dropped there: the softmax's reduction area laid out [head][warp] for 16-byte
-loads (neutral on its own, 0.15 us slower at width 640 with the word stores of P^T).
+Measured and dropped in the thirty-third session (sparse_mla_ab_h200_s33.json, patch
+gpu/candidates/mla_s33_candidates.diff): the cluster barrier's phase-0 wait moved from step 6 into the
+gather, right after the copies are issued, is 0.25-0.27 us slower at width 640 (T = 1, 12 and 48 alike):
+in SASS it is UCGABAR_WAIT + CCTL.IVALL, and with the gather in flight it costs about what the per-K-block
+overlap of the score MMAs and V^T fragments with the landing rows is worth. Moved to where the warps
+wait for the last score MMAs, it is no faster (5.03 against 5.00 us at T = 12), nor just after the
+grid-dependency wait. In the prologue, before griddepcontrol.wait (where PDL overlaps it with the previous
+grid), it measured 0.03 us faster at T = 1 in two device calls, but at T = 12 4.97 against 5.01 us in one
+and 5.05 against 4.98 in the other (T = 48 10.96 / 10.94, 11.18 / 11.04): no gain where the target is,
+so step 6 keeps it. The softmax's reduction
+area laid out [head][warp] for 16-byte loads measured neutral on its own and 0.15 us slower at width 640
+with the word stores of P^T.
 
 Why the partials travel as FP16: the reduction is bound by the bytes crossing distributed
 shared memory (each owner receives n - 1 blocks), and FP16 halves them (measured on the H200,
@@ -280,14 +283,8 @@ class SparseMlaDecodeSm90:
                         ptx.mbarrier_arrive_expect_tx(s_mbar + 8 * slot, BLOCK_BYTES)
                 ptx.fence_mbarrier_init_cluster()
             # Phase 0 of the cluster barrier: peers exist and their mbarriers are initialised
-            # before anyone stores into their shared memory (step 6 on). Waited on here, before the
-            # grid-dependency wait, where PDL overlaps it with the previous grid: in step 6 it was on
-            # every CTA's path to its stats and second product (UCGABAR_WAIT + CCTL.IVALL), and during the
-            # gather it drained the copies' overlap with the score MMAs (0.25 us slower). H200, KV rotated
-            # past the L2, three rounds (sparse_mla_ab_h200_s33.json, call 3): width 640 T = 1 4.13-4.16 ->
-            # 4.10-4.12 us, T = 12 median 5.01 -> 4.97; just after the grid-dependency wait no faster (5.03).
+            # before anyone stores into their shared memory (waited on in step 6).
             cute.arch.cluster_arrive_relaxed()
-            cute.arch.cluster_wait()
 
         # step 2: everything below reads what the previous grid may have written.
         cute.arch.griddepcontrol_wait()
@@ -420,6 +417,7 @@ class SparseMlaDecodeSm90:
         tl = self._mark(tl, tid)  # 5: softmax done, P^T stored
         # step 6: this chunk's (m, l) per head to every CTA of the cluster.
         if cutlass.const_expr(n > 1):
+            cute.arch.cluster_wait()  # phase 0: peers resident, mbarriers initialised
             if tid < HEADS * n:
                 sh = tid & (HEADS - 1)
                 dst = tid >> 4
