@@ -551,17 +551,15 @@ class SparseMlaDecodeSm90:
             rr = 64 * mt + 16 * warp + g
             # One conversion gives both bytes of a head: row rr in the low byte, rr + 8 in the high.
             pairs = [ptx.cvt_e4m3x2(p[mt][i] * 256.0, p[mt][i + 2] * 256.0) for i in (0, 1, 4, 5)]
-            send = Int32(cutlass.select_(odd, ptx.prmt(pairs[0], pairs[1], 0x5410),
-                                         ptx.prmt(pairs[2], pairs[3], 0x5410)))
+            send = Int32(cutlass.select_(odd, ptx.prmt(pairs[0], pairs[1], P_PAIRS_PACK),
+                                         ptx.prmt(pairs[2], pairs[3], P_PAIRS_PACK)))
             recv = cute.arch.shuffle_sync_bfly(send, 4)  # lane ^ 4: g ^ 1, same t4
             for j in cutlass.range_constexpr(2):
-                # Word bytes: (even lane's rr, odd lane's rr, even lane's rr + 8, odd lane's rr + 8).
-                word_even = ptx.prmt(pairs[j], recv, (0x5140, 0x7160)[j])
-                word_odd = ptx.prmt(pairs[2 + j], recv, (0x1504, 0x1706)[j])
+                word_even = ptx.prmt(pairs[j], recv, P_WORD_EVEN[j])
+                word_odd = ptx.prmt(pairs[2 + j], recv, P_WORD_ODD[j])
                 word = Int32(cutlass.select_(odd, word_odd, word_even))
                 h = Int32(cutlass.select_(odd, heads[2 + j], heads[j]))
-                a = s_p + h * 128 + ((((rr >> 4) ^ (h & 7)) << 4) | (((g >> 1) & 3) << 2))
-                ptx.st_shared_b32(a, word)
+                ptx.st_shared_b32(_p_word_addr(s_p, h, rr, g), word)
 
     @cute.jit
     def _send_block(self, s_kv: Int32, s_mbar: Int32, chunk: Int32, k: Int32, n: cutlass.Constexpr):
@@ -740,6 +738,21 @@ def _pv_k(row):
     Row bits (4, 3, 2-1, 0) become K bits (4, 1, 3-2, 0).
     """
     return (row & ~15) | (((row >> 1) & 3) << 2) | (((row >> 3) & 1) << 1) | (row & 1)
+
+
+# prmt selectors of _store_p (bytes 0-3 from the first operand, 4-7 from the second). A lane sends its pairs
+# (low byte row rr, high byte rr + 8) of heads[0], heads[1] (odd lane) or heads[2], heads[3] (even lane) packed in
+# one word; the even lane's word of heads[j] is (own rr, peer rr, own rr + 8, peer rr + 8) from its pair j and the
+# received word's pair j, the odd lane's (peer rr, own rr, peer rr + 8, own rr + 8) from its pair 2 + j.
+P_PAIRS_PACK = 0x5410
+P_WORD_EVEN = (0x5140, 0x7160)
+P_WORD_ODD = (0x1504, 0x1706)
+
+
+def _p_word_addr(s_p, h, rr, g):
+    """Address in the P^T tile at s_p of the word holding head h's K indices _pv_k(rr) & ~3 .. + 3 (rr's lane group
+    g): the 16-byte chunk of K block rr >> 4, 128B-swizzled by h, and word (g >> 1) & 3 in it."""
+    return s_p + h * 128 + ((((rr >> 4) ^ (h & 7)) << 4) | (((g >> 1) & 3) << 2))
 
 
 def _stage_off(h, d):

@@ -292,6 +292,58 @@ def test_second_product_k_order_matches_the_fragment_and_is_conflict_free():
         assert _pv_k(rr + 8) == _pv_k(rr) + 2 and _pv_k(rr) >> 4 == rr >> 4 and (_pv_k(rr) & 15) + 2 < 16
 
 
+def _prmt(a: int, b: int, selector: int) -> int:
+    """PTX prmt.b32 (default mode) on Python ints: byte i of the result is byte (selector >> 4 i) & 7 of {b, a}."""
+    pool = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
+    return sum(((pool >> (8 * ((selector >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
+def test_p_word_stores_build_the_p_tile():
+    """The kernel stores P^T as words (_store_p): lanes g and g ^ 1 swap half of their byte pairs by one shuffle and
+    each stores two heads' words, built with the prmt selectors P_PAIRS_PACK, P_WORD_EVEN and P_WORD_ODD at
+    _p_word_addr. Emulated for every lane of every warp, the tile must equal its definition: head h's K index
+    k = _pv_k(row) holds P[row, h] at byte h * 128 + 16 ((k >> 4) ^ (h & 7)) + (k & 15), every byte written once."""
+    pytest.importorskip("cutlass")
+    from kernels.sparse_mla_decode import (P_PAIRS_PACK, P_WORD_EVEN, P_WORD_ODD, _p_word_addr, _pv_k)
+
+    heads_n, rows_n = 16, 128
+    value = {(row, h): (7 * row + 31 * h + 1) & 0xFF for row in range(rows_n) for h in range(heads_n)}
+    expected = bytearray(heads_n * 128)
+    for (row, h), v in value.items():
+        k = _pv_k(row)
+        expected[h * 128 + (((k >> 4) ^ (h & 7)) << 4) + (k & 15)] = v
+    tile = bytearray(heads_n * 128)
+    written = [0] * (heads_n * 128)
+    for warp in range(4):
+        for mt in range(2):
+            pairs, sends = {}, {}
+            for lane in range(32):
+                g, t4 = lane >> 2, lane & 3
+                rr = 64 * mt + 16 * warp + g
+                heads = [8 * (hs >> 1) + 2 * t4 + (hs & 1) for hs in range(4)]
+                pairs[lane] = [value[(rr, h)] | (value[(rr + 8, h)] << 8) for h in heads]
+                first, last = pairs[lane][:2], pairs[lane][2:]
+                sends[lane] = _prmt(*(first if g & 1 else last), P_PAIRS_PACK)
+            for lane in range(32):
+                g, t4 = lane >> 2, lane & 3
+                rr = 64 * mt + 16 * warp + g
+                odd = g & 1
+                heads = [8 * (hs >> 1) + 2 * t4 + (hs & 1) for hs in range(4)]
+                recv = sends[lane ^ 4]
+                for j in range(2):
+                    if odd:
+                        word, h = _prmt(pairs[lane][2 + j], recv, P_WORD_ODD[j]), heads[2 + j]
+                    else:
+                        word, h = _prmt(pairs[lane][j], recv, P_WORD_EVEN[j]), heads[j]
+                    addr = _p_word_addr(0, h, rr, g)
+                    assert addr % 4 == 0
+                    tile[addr:addr + 4] = word.to_bytes(4, "little")
+                    for i in range(4):
+                        written[addr + i] += 1
+    assert written == [1] * (heads_n * 128)
+    assert tile == expected
+
+
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_owner_weighted_chunk_merge(with_sinks):
     """The cluster kernel's merge, in torch: each chunk c stages O_c / l_c in FP16 (its own softmax sum only, base 2,
