@@ -543,8 +543,11 @@ class SparseMlaDecodeSm90:
         of its 16-byte chunk. Lanes g and g ^ 1 together hold the whole word of each head, so one shuffle a
         tile swaps half of the pairs and each lane stores two heads' words: the even lane heads[0, 1], the
         odd heads[2, 3]. Four 4-byte stores a thread instead of sixteen byte stores (H200, KV rotated past
-        the L2, three rounds in each of two device calls, sparse_mla_ab_h200_s33.json: width 128 T = 12
-        3.48-3.52 -> 3.44-3.48 us, width 640 T = 12 5.05 -> 5.00 median).
+        the L2, sparse_mla_ab_h200_s33.json). Width 128, where the first half's V^T fragments' ldmatrix
+        share the memory pipe with these stores: the timeline's softmax step 918 -> 870 cycles, T = 12
+        3.48-3.52 -> 3.44-3.48 us in two calls. Width 640 (fragments built during the gather): the step
+        746 -> 768 cycles (the shuffle's latency), the A/B rounds within their spread (T = 12 medians 5.05
+        -> 5.00 in one call, 5.035 -> 5.055 in another); kept for one definition of the P^T tile.
         """
         odd = (g & 1) == 1
         for mt in cutlass.range_constexpr(2):
