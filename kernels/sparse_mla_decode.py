@@ -187,7 +187,12 @@ assert SMEM_END + 1023 <= contract.SMEM_BYTES
 
 def _swz(row, chunk16):
     """Byte offset of 16-byte chunk ``chunk16`` of 128-byte row ``row`` in a 128B-swizzled tile."""
-    return row * 128 + ((chunk16 ^ (row & 7)) << 4)
+    return row * 128 + _swz_in_row(row, chunk16)
+
+
+def _swz_in_row(row, chunk16):
+    """_swz's offset within the row: the chunk XOR-swizzled by the row's low three bits."""
+    return (chunk16 ^ (row & 7)) << 4
 
 
 class SparseMlaDecodeSm90:
@@ -754,8 +759,9 @@ P_WORD_ODD = (0x1504, 0x1706)
 
 def _p_word_addr(s_p, h, rr, g):
     """Address in the P^T tile at s_p of the word holding head h's K indices _pv_k(rr) & ~3 .. + 3 (rr's lane group
-    g): the 16-byte chunk of K block rr >> 4, 128B-swizzled by h, and word (g >> 1) & 3 in it."""
-    return s_p + h * 128 + ((((rr >> 4) ^ (h & 7)) << 4) | (((g >> 1) & 3) << 2))
+    g): row h's 16-byte chunk rr >> 4 (_swz, written so that the cubins keep their instruction order), and word
+    (g >> 1) & 3 in it."""
+    return s_p + h * 128 + (_swz_in_row(h, rr >> 4) | (((g >> 1) & 3) << 2))
 
 
 def _stage_off(h, d):

@@ -302,16 +302,16 @@ def test_p_word_stores_build_the_p_tile():
     """The kernel stores P^T as words (_store_p): lanes g and g ^ 1 swap half of their byte pairs by one shuffle and
     each stores two heads' words, built with the prmt selectors P_PAIRS_PACK, P_WORD_EVEN and P_WORD_ODD at
     _p_word_addr. Emulated for every lane of every warp, the tile must equal its definition: head h's K index
-    k = _pv_k(row) holds P[row, h] at byte h * 128 + 16 ((k >> 4) ^ (h & 7)) + (k & 15), every byte written once."""
+    k = _pv_k(row) holds P[row, h] at byte (k & 15) of the swizzled chunk _swz(h, k >> 4), every byte written once."""
     pytest.importorskip("cutlass")
-    from kernels.sparse_mla_decode import (P_PAIRS_PACK, P_WORD_EVEN, P_WORD_ODD, _p_word_addr, _pv_k)
+    from kernels.sparse_mla_decode import (P_PAIRS_PACK, P_WORD_EVEN, P_WORD_ODD, _p_word_addr, _pv_k, _swz)
 
     heads_n, rows_n = 16, 128
     value = {(row, h): (7 * row + 31 * h + 1) & 0xFF for row in range(rows_n) for h in range(heads_n)}
     expected = bytearray(heads_n * 128)
     for (row, h), v in value.items():
         k = _pv_k(row)
-        expected[h * 128 + (((k >> 4) ^ (h & 7)) << 4) + (k & 15)] = v
+        expected[_swz(h, k >> 4) + (k & 15)] = v
     tile = bytearray(heads_n * 128)
     written = [0] * (heads_n * 128)
     for warp in range(4):
