@@ -12,11 +12,4 @@ for c in "${caches[@]:1}"; do
   SPARSE_DECODE_AOT_CACHE=$c timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_sparse_mla_gpu.py \
     -k "not triton" 2>&1 | tail -2
 done
-for round in $(seq 1 "${ROUNDS:-3}"); do
-  order=("${caches[@]}"); [ $((round % 2)) -eq 0 ] && order=($(printf '%s\n' "${caches[@]}" | tac))
-  for c in "${order[@]}"; do
-    echo "== bench round $round: $c"
-    SPARSE_DECODE_AOT_CACHE=$c timeout 60 python3 benchmarks/bench_sparse_mla.py --no-triton --no-reference \
-      --out "/tmp/bench_$(basename "$c")_$round.json" ${MLA_BENCH_ARGS:---widths 640 128 --tokens 1 12 48} | grep "^w="
-  done
-done
+bash gpu/jobs/mla_bench_rounds.sh "${caches[@]}"

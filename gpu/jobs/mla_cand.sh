@@ -30,11 +30,5 @@ for c in "${tls[@]}"; do
 done
 # The benchmark's own timing (KV pools rotated, and all inputs cold), kernel only, every cache, twice.
 if [ -n "${CAND_BENCH:-}" ]; then
-  for round in 1 2; do
-    for c in "${caches[@]}"; do
-      echo "== bench round $round: $c"
-      SPARSE_DECODE_AOT_CACHE=$c timeout 60 python3 benchmarks/bench_sparse_mla.py --no-triton --no-reference \
-        --out "$JOB_OUT/bench_$(basename "$c")_$round.json" $CAND_BENCH | grep "^w="
-    done
-  done
+  ROUNDS=2 BENCH_OUT=$JOB_OUT MLA_BENCH_ARGS=$CAND_BENCH bash gpu/jobs/mla_bench_rounds.sh "${caches[@]}"
 fi
