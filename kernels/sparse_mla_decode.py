@@ -261,8 +261,7 @@ class SparseMlaDecodeSm90:
         s_stats = base + STATS_OFF
         s_mbar = base + MBAR_OFF
 
-        # Heads of this thread's accumulator columns: slot hs -> 8 (hs >> 1) + 2 t4 + (hs & 1).
-        heads = [8 * (hs >> 1) + 2 * t4 + (hs & 1) for hs in range(4)]
+        heads = _acc_heads(t4)
 
         # step 1: sinks (weights of the model, never written by the previous grid).
         tl = self._mark([], tid)
@@ -270,6 +269,8 @@ class SparseMlaDecodeSm90:
         owner_sink2 = Float32(NEG_BIG)
         if cutlass.const_expr(self.has_sinks):
             sinks_addr = sinks.toint()
+            # The sinks of this thread's four heads, used at n = 1 only (_factors): at n > 1 ptxas drops these loads
+            # (one LDG.E.CONSTANT in the SASS), and loading them at n = 1 only reorders the cubins' instructions.
             sink2 = [ptx.ld_global_nc_f32(sinks_addr + Int64(h) * 4) * LOG2E for h in heads]
             if cutlass.const_expr(n > 1):
                 # The sink of the head this thread reduces as a block owner (_reduce_store).
@@ -710,6 +711,12 @@ class SparseMlaDecodeSm90:
                 acc[8 * k + 2 * w] = acc[8 * k + 2 * w] + weight * pair[0]
                 acc[8 * k + 2 * w + 1] = acc[8 * k + 2 * w + 1] + weight * pair[1]
         return acc
+
+
+def _acc_heads(t4):
+    """The heads of an accumulator thread's four column slots (lane group t4 of an m64n16 WGMMA accumulator):
+    slot hs holds head 8 (hs >> 1) + 2 t4 + (hs & 1)."""
+    return [8 * (hs >> 1) + 2 * t4 + (hs & 1) for hs in range(4)]
 
 
 def _rotated(rank, k, n: int):

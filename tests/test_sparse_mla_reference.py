@@ -304,7 +304,8 @@ def test_p_word_stores_build_the_p_tile():
     _p_word_addr. Emulated for every lane of every warp, the tile must equal its definition: head h's K index
     k = _pv_k(row) holds P[row, h] at byte (k & 15) of the swizzled chunk _swz(h, k >> 4), every byte written once."""
     pytest.importorskip("cutlass")
-    from kernels.sparse_mla_decode import (P_PAIRS_PACK, P_WORD_EVEN, P_WORD_ODD, _p_word_addr, _pv_k, _swz)
+    from kernels.sparse_mla_decode import (P_PAIRS_PACK, P_WORD_EVEN, P_WORD_ODD, _acc_heads, _p_word_addr, _pv_k,
+                                           _swz)
 
     heads_n, rows_n = 16, 128
     value = {(row, h): (7 * row + 31 * h + 1) & 0xFF for row in range(rows_n) for h in range(heads_n)}
@@ -316,19 +317,12 @@ def test_p_word_stores_build_the_p_tile():
     written = [0] * (heads_n * 128)
     for warp in range(4):
         for mt in range(2):
-            pairs, sends = {}, {}
-            for lane in range(32):
-                g, t4 = lane >> 2, lane & 3
-                rr = 64 * mt + 16 * warp + g
-                heads = [8 * (hs >> 1) + 2 * t4 + (hs & 1) for hs in range(4)]
-                pairs[lane] = [value[(rr, h)] | (value[(rr + 8, h)] << 8) for h in heads]
-                first, last = pairs[lane][:2], pairs[lane][2:]
-                sends[lane] = _prmt(*(first if g & 1 else last), P_PAIRS_PACK)
-            for lane in range(32):
-                g, t4 = lane >> 2, lane & 3
-                rr = 64 * mt + 16 * warp + g
+            # Lane l: accumulator rows rr and rr + 8 (g = l >> 2) of the four heads of its column slots (t4 = l & 3).
+            lanes = [(lane >> 2, 64 * mt + 16 * warp + (lane >> 2), _acc_heads(lane & 3)) for lane in range(32)]
+            pairs = [[value[(rr, h)] | (value[(rr + 8, h)] << 8) for h in heads] for _, rr, heads in lanes]
+            sends = [_prmt(*(p[:2] if g & 1 else p[2:]), P_PAIRS_PACK) for (g, _, _), p in zip(lanes, pairs)]
+            for lane, (g, rr, heads) in enumerate(lanes):
                 odd = g & 1
-                heads = [8 * (hs >> 1) + 2 * t4 + (hs & 1) for hs in range(4)]
                 recv = sends[lane ^ 4]
                 for j in range(2):
                     if odd:
