@@ -27,7 +27,7 @@ from typing import Callable, Protocol
 import torch
 
 from . import reference
-from .scoring import Scorer, default_scorer
+from .scoring import Scorer, check_scoring_inputs, default_scorer
 
 # Below this many rows a step is launch-bound: a slice saves no time and the
 # gathers would add two collectives, so it stays replicated.
@@ -172,6 +172,9 @@ class DecodeRowsPlan:
     start: int
     end: int
     schedule: torch.Tensor | None  # the scorer's schedule of rows [start, end)
+    rank: int = 0  # the TP group the slice was planned for: finish checks it gets the same one
+    world_size: int = 1
+    buffer_rows: int = 0  # the planned state's top-k rows: finish checks it gets the same state's buffers
 
 
 # ---------------------------------------------------------------------------
@@ -220,7 +223,11 @@ def plan_decode_rows(state: IndexerState, metadata: DecodeMetadata | None, tp: T
     """The first part of ``decode_rows``: None when the caller's stock path should
     run (nothing issued); else reset the step's top-k rows to -1 and build the
     schedule of this rank's slice when it is not the whole step. Reads no query or key."""
-    if metadata is None or metadata.num_prefills > 0 or metadata.num_tokens <= 0:
+    if metadata is None or metadata.num_prefills > 0:
+        return None
+    if not isinstance(metadata.num_tokens, int) or metadata.num_tokens < 0:
+        raise ValueError(f"metadata.num_tokens: expected an int >= 0, got {metadata.num_tokens!r}")
+    if metadata.num_tokens == 0:
         return None
     num_rows = metadata.num_tokens
     _check_metadata(state, metadata)
@@ -238,9 +245,12 @@ def plan_decode_rows(state: IndexerState, metadata: DecodeMetadata | None, tp: T
 
     state.topk_indices[:num_rows] = -1
     schedule = metadata.schedule
-    if end > start and (end - start < num_rows or schedule is None):
+    # The caller's schedule spans all of seq_lens (which may hold more rows than the
+    # step's): reuse it only where the slice is exactly those rows.
+    if end > start and (end - start < metadata.seq_lens.shape[0] or schedule is None):
         schedule = state.scorer.schedule(metadata.seq_lens[start:end])
-    return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule)
+    return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, tp.rank,
+                          tp.world_size, state.topk_indices.shape[0])
 
 
 def finish_decode_rows(
@@ -257,7 +267,19 @@ def finish_decode_rows(
     (None, doing nothing, when ``plan`` is None)."""
     if plan is None:
         return None
+    if (plan.rank, plan.world_size) != (tp.rank, tp.world_size):
+        raise ValueError(f"tp: rank {tp.rank} of {tp.world_size}, but the plan is for rank {plan.rank} of "
+                         f"{plan.world_size}; pass the plan_decode_rows result of this rank's group")
+    if plan.buffer_rows != state.topk_indices.shape[0]:
+        raise ValueError(f"plan: made for a state of {plan.buffer_rows} top-k rows, this one has "
+                         f"{state.topk_indices.shape[0]}; pass the plan_decode_rows result of this state")
     _check_query(q, weights, plan.num_rows, state)
+    # Every rank checks the whole step's scoring inputs, not only its slice: a rank
+    # with an empty slice scores nothing and would otherwise enter the gathers while
+    # the others raise.
+    n, md = plan.num_rows, plan.metadata
+    getattr(state.scorer, "check_inputs", check_scoring_inputs)(
+        q[:n], weights[:n], state.index_k_cache, md.seq_lens[:n], md.block_table[:n], state.max_model_len)
     if plan.end > plan.start:
         _decode_rows(state, q, weights, plan)
     if plan.shard is not None:
@@ -395,10 +417,13 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
     rows, width = logits.shape
     k = out.shape[1]
     ends = row_ends.long()
-    x = logits
+    # Candidates scoring -inf or NaN rank below every finite value but above the
+    # columns past the row's end (-inf), as in the reference.
+    lowest = torch.finfo(logits.dtype).min
+    x = torch.where(torch.arange(width, device=logits.device)[None, :] < ends[:, None],
+                    logits.nan_to_num(nan=lowest, posinf=float("inf"), neginf=lowest),
+                    torch.full_like(logits, float("-inf")))
     if block_mode:
-        x = torch.where(torch.arange(width, device=x.device)[None, :] < ends[:, None], x,
-                        torch.full_like(x, float("-inf")))
         blocks = -(-width // CANDIDATE_BLOCK_SIZE)
         padded = torch.full((rows, blocks * CANDIDATE_BLOCK_SIZE), float("-inf"), device=x.device)
         padded[:, :width] = x
@@ -407,7 +432,7 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
         width = blocks
     cols = torch.arange(width, device=x.device)
     valid = cols[None, :] < ends[:, None]
-    masked = torch.where(valid, x.nan_to_num(nan=float("-inf")), torch.full_like(x, float("-inf")))
+    masked = torch.where(valid, x, torch.full_like(x, float("-inf")))
     take = min(k, width)
     idx = torch.topk(masked, take, dim=1).indices
     keep = torch.arange(take, device=x.device)[None, :] < ends[:, None]
@@ -438,15 +463,18 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
         raise ValueError(f"metadata.num_tokens: {rows} rows exceed candidate_blocks' {state.candidate_blocks.shape[0]}")
     if md.num_requests < 0:
         raise ValueError(f"metadata.num_requests: {md.num_requests} is negative")
-    for name, t in (("seq_lens", md.seq_lens), ("block_table", md.block_table)):
+    for name, t, dims in (("seq_lens", md.seq_lens, 1), ("block_table", md.block_table, 2)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
             raise TypeError(f"metadata.{name}: expected an int32 tensor")
         if t.device != dev:
             raise ValueError(f"metadata.{name}: on {t.device}, expected {dev}")
+        if t.dim() != dims or t.stride(-1) != 1:
+            raise ValueError(f"metadata.{name}: expected {dims}-D with unit last stride, got {tuple(t.shape)}")
         if t.shape[0] < rows:
             raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
-    if md.seq_lens.dim() != 1 or md.block_table.dim() != 2:
-        raise ValueError("metadata: seq_lens must be [rows] and block_table [rows, pages]")
+    if md.block_table.shape[1] * reference.INDEX_BLOCK_KV < state.max_model_len:
+        raise ValueError(f"metadata.block_table: {md.block_table.shape[1]} pages of {reference.INDEX_BLOCK_KV} "
+                         f"do not cover max_model_len {state.max_model_len}")
     if md.max_seq_len > state.max_model_len:
         raise ValueError(f"metadata.max_seq_len: {md.max_seq_len} exceeds max_model_len {state.max_model_len}")
 

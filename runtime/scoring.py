@@ -168,13 +168,18 @@ class DeepGemmScorer:
         # 2-D context lengths: DeepGEMM 2.x asserts context_lens.dim() == 2.
         return self._dg.get_paged_mqa_logits_metadata(seq_lens.contiguous().view(-1, 1), BLOCK_KV, self.num_sms)
 
-    def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len):
+    def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len) -> None:
+        """``check_scoring_inputs`` plus DeepGEMM's own limits (no launch)."""
         check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
-        rows, heads, dim = q.shape
+        _, heads, dim = q.shape
         if self.arch_major == 9 and heads not in HOPPER_HEADS:
             raise ValueError(f"q: DeepGEMM on sm_90 takes {HOPPER_HEADS} index heads, got {heads}")
         if dim > MAX_HEAD_DIM or dim not in (64, 128):
             raise ValueError(f"q: head_dim {dim} must be 64 or 128 for DeepGEMM")
+
+    def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len):
+        self.check_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
+        rows, heads, dim = q.shape
         if schedule is None or schedule.shape != (self.num_sms + 1, 2):
             raise ValueError(f"schedule: expected [{self.num_sms + 1}, 2] from DeepGemmScorer.schedule")
         return self._dg.fp8_paged_mqa_logits(

@@ -321,3 +321,95 @@ def test_gloo_sharded_equals_replicated(world):
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         mp.spawn(_gloo_worker, args=(world, os.path.join(tmp, "init")), nprocs=world, join=True)
+
+
+# ---------------------------------------------------------------------------
+# Review regressions
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["block_table", "q"])
+def test_invalid_inputs_raise_on_every_rank_before_gathering(bad):
+    """World 4, 18 rows: rank 3's slice is empty. Invalid inputs must raise on it
+    too, not send it into the gathers while ranks 0-2 raise (a hang on a real group)."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    md, q = step.metadata, step.q
+    if bad == "block_table":  # 2 pages of 64 cannot cover max_model_len 256
+        md = DecodeMetadata(md.seq_lens, md.block_table[:, :2], md.num_requests, md.num_tokens, md.max_seq_len)
+    else:  # a strided query: the scorer takes contiguous ones only
+        q = q.transpose(0, 1).contiguous().transpose(0, 1)
+    for rank in range(4):
+        state = make_state(step, scorer=TorchScorer())
+        state.topk_indices.fill_(5)
+        with pytest.raises(ValueError, match=bad):
+            plan = plan_decode_rows(state, md, _Fixed(rank=rank, world_size=4))
+            finish_decode_rows(state, q, step.weights, plan, _Fixed(rank=rank, world_size=4))
+        if bad == "block_table":
+            assert (state.topk_indices == 5).all()  # rejected before anything was issued
+
+
+class _ScheduleRowsScorer(TorchScorer):
+    """A scorer whose schedule records the rows it was built for."""
+
+    def schedule(self, seq_lens):
+        return torch.tensor([seq_lens.shape[0]])
+
+    def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len):
+        assert schedule is not None and int(schedule[0]) == q.shape[0], "schedule of other rows"
+        return super().logits(q, weights, cache, seq_lens, block_table, schedule, max_model_len)
+
+
+def test_replicated_step_does_not_reuse_schedule_of_padded_rows():
+    """seq_lens may hold more rows than the step (padding); the caller's schedule spans
+    all of them, so a replicated step of fewer rows needs its own (the seed's rule)."""
+    step = make_step(24, k=16, max_rows=24)
+    scorer = _ScheduleRowsScorer()
+    md = step.metadata
+    padded = DecodeMetadata(md.seq_lens, md.block_table, 20, 20, md.max_seq_len, schedule=scorer.schedule(md.seq_lens))
+    state = make_state(step, scorer=scorer)
+    out = decode_rows(state, padded, step.q, step.weights, SingleRank())
+    want = make_state(step, scorer=TorchScorer())
+    decode_rows(want, DecodeMetadata(md.seq_lens[:20], md.block_table[:20], 20, 20, md.max_seq_len),
+                step.q[:20], step.weights[:20], SingleRank())
+    assert torch.equal(out[:20], want.topk_indices[:20])
+
+
+def test_negative_num_tokens_is_rejected():
+    step = make_step(4, k=8)
+    md = step.metadata
+    with pytest.raises(ValueError, match="num_tokens"):
+        plan_decode_rows(make_state(step, scorer=TorchScorer()),
+                         DecodeMetadata(md.seq_lens, md.block_table, 4, -1, md.max_seq_len), SingleRank())
+
+
+@pytest.mark.parametrize("block_mode", [False, True])
+def test_torch_topk_select_keeps_minus_inf_candidates_inside_the_row(block_mode):
+    from runtime.indexer import _torch_topk_select
+
+    logits = torch.full((2, 64), float("-inf"))
+    logits[:, 0] = 1.0
+    logits[0, 1] = float("nan")
+    ends = torch.tensor([3, 20], dtype=torch.int32)
+    k = 4
+    out = torch.empty(2, k, dtype=torch.int32)
+    _torch_topk_select(logits, ends, out, block_mode)
+    ref = reference.decode_topk_reference(logits, ends, k, block_mode=block_mode)
+    # Row 0 has fewer candidates than k (no ties to break): the reference's set exactly.
+    assert torch.equal(out[0].sort().values, ref[0].sort().values), (out, ref)
+    if block_mode:  # 3 blocks, fewer than k: the reference's set
+        assert sorted(out[1].tolist()) == sorted(ref[1].tolist()), out
+    else:  # ties at the threshold (torch's tie order): the best, then columns inside the row
+        assert 0 in out[1].tolist() and ((out[1] >= 0) & (out[1] < 20)).all(), out
+
+
+def test_finish_rejects_a_plan_of_another_rank_or_state():
+    """A plan carries the group and buffers it was made for: another rank's plan would gather slices of
+    the wrong rows, another state's (fewer rows) could gather past its buffers."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    state = make_state(step, scorer=TorchScorer())
+    plan = plan_decode_rows(state, step.metadata, _Fixed(rank=1, world_size=4))
+    with pytest.raises(ValueError, match="tp: rank 2 of 4"):
+        finish_decode_rows(state, step.q, step.weights, plan, _Fixed(rank=2, world_size=4))
+    other = make_state(make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=40),
+                       scorer=TorchScorer())
+    with pytest.raises(ValueError, match="plan: made for a state of 64"):
+        finish_decode_rows(other, step.q, step.weights, plan, _Fixed(rank=1, world_size=4))
