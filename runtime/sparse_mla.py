@@ -17,6 +17,7 @@ import torch
 
 from .contract import sparse_mla_decode as contract
 from .loader import launch_on
+from .overlap import overlaps
 from .reference import sparse_mla_decode_reference
 
 FP8 = torch.float8_e4m3fn
@@ -24,6 +25,7 @@ HEADS = contract.HEADS
 HEAD_DIM = contract.HEAD_DIM
 WIDTHS = contract.WIDTHS
 _ALIGN = 16  # bytes: the kernel moves 16-byte vectors
+_FLOAT32_MAX = 3.4028234663852886e38  # the kernel takes the scales as float32
 
 
 def _check_tensor(name, t, dtype, ndim):
@@ -55,8 +57,12 @@ def _check_vector(name, t, dtype, length, length_text, device):
 def _check_scale(name, v):
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
-    if not math.isfinite(float(v)):
-        raise ValueError(f"{name} must be finite, got {v}")
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f) or abs(f) > _FLOAT32_MAX:
+        raise ValueError(f"{name} must be finite as a float32 (|{name}| <= {_FLOAT32_MAX:.4g}), got {v}")
 
 
 def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out):
@@ -97,6 +103,11 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
         if out.device != device:
             raise ValueError(f"out is on {out.device}, q on {device}")
         _check_aligned("out", out)
+        for name, t in (("q", q), ("swa_kv", swa_kv), ("compressed_kv", compressed_kv), ("indices", indices),
+                        ("lens", lens), ("sinks", sinks)):
+            if t is not None and overlaps(out, t):
+                raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
+                                 f"pass an out of its own")
     return T, width
 
 

@@ -27,11 +27,13 @@ import torch
 
 from .contract import decode_topk as contract
 from .loader import launch_on
+from .overlap import overlaps
 from .reference import decode_topk_reference
 
 SUPPORTED_K = contract.SUPPORTED_K
 MAX_WIDTH = (1 << 21) - 1  # int32 index math in the kernel, 21-bit indices in the reference
 _ALIGN = 16  # bytes: the kernel reads 16-byte vectors
+INT32_MAX = (1 << 31) - 1  # the kernel takes the row strides as int32 and offsets out by row * out_stride in int32
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # Columns a CTA should own at least, by cluster size, before a row is split further:
 # below this the cluster's barriers cost more than the extra CTAs save. Measured on the
@@ -90,11 +92,17 @@ def _check_args(logits, row_ends, out, block_mode):
         raise ValueError(f"out: k = out.shape[1] = {k} is not supported; expected one of {SUPPORTED_K}")
     if out.stride(1) != 1:
         raise ValueError(f"out must have unit column stride, got strides {out.stride()}")
+    if rows > 1 and out.stride(0) < k:
+        raise ValueError(f"out's rows overlap (row stride {out.stride(0)} < k = {k}): give each row k slots of its own")
     if not isinstance(block_mode, bool):
         raise TypeError(f"block_mode must be a bool, got {type(block_mode).__name__}")
     if row_ends.device != logits.device or out.device != logits.device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
                          f"{row_ends.device} and {out.device}")
+    for name, t in (("logits", logits), ("row_ends", row_ends)):
+        if overlaps(out, t):
+            raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
+                             f"pass an out of its own")
     return rows, width, k
 
 
@@ -186,8 +194,15 @@ def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
     width = logits.shape[1]
     if not logits.is_cuda or rows < 1 or width < 1:
         return None
-    if logits.data_ptr() % _ALIGN or (logits.stride(0) * logits.element_size()) % _ALIGN:
+    es = logits.element_size()
+    if logits.data_ptr() % _ALIGN or (logits.stride(0) * es) % _ALIGN or logits.stride(0) > INT32_MAX:
         return None
+    if (width * es) % _ALIGN:
+        # The kernel's bulk reads of a row round its end up to 16 bytes (within the row's stride): the last
+        # row's padding must be allocated too.
+        last_end = (logits.storage_offset() + (rows - 1) * logits.stride(0)) * es + -(-width * es // _ALIGN) * _ALIGN
+        if last_end > logits.untyped_storage().nbytes():
+            return None
     plan = _plan_for(logits.device, _DTYPES[logits.dtype], block_mode)
     if plan is None:
         return None
@@ -220,7 +235,7 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
     if rows == 0:
         return
     chosen = _kernel_for(logits, rows, k, block_mode)
-    if chosen is None:
+    if chosen is None or (rows - 1) * out.stride(0) + k > INT32_MAX:
         out.copy_(decode_topk_reference(logits, row_ends, k, block_mode=block_mode))
         return
     kernel, cluster = chosen

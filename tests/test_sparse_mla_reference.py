@@ -376,3 +376,37 @@ def test_owner_weighted_chunk_merge(with_sinks):
     # FP16 keeps 11 bits of each staged block, |O_c / l_c| <= max |kv|, and the weights sum to at most bmm2_scale.
     kv_max = max(float(swa.float().abs().max()), float(comp.float().abs().max()))
     torch.testing.assert_close(got, want, rtol=0, atol=2.0 ** -11 * kv_max * bmm2_scale)
+
+
+def test_host_op_rejects_out_overlapping_an_input():
+    """The kernel reads q, the pools, indices, lens and sinks while other CTAs write out: an out sharing any byte
+    with them (fully or partly) is refused; disjoint parts of one buffer are fine."""
+    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    args, kw = _valid_call(T=3)
+    q = args[0]
+    raw = torch.zeros(3 * H * D * 2 + 3 * H * D, dtype=torch.uint8)
+    out = raw[:3 * H * D * 2].view(torch.bfloat16).view(3, H, D)
+    for name, view in (("q", raw[H * D * 2:H * D * 2 + q.numel()]),  # q starts in out's second token
+                       ("q", raw[:q.numel()])):  # the same start
+        args[0] = view.view(FP8).view(q.shape).copy_(q)
+        for fn in (sparse_mla.sparse_mla_decode, sparse_mla.supports_sparse_mla):
+            with pytest.raises(ValueError, match=rf"out overlaps {name}\b"):
+                fn(*args, **{**kw, "out": out})
+    lens_in_out = out.view(-1).view(torch.int32)[5:8]
+    lens_in_out.copy_(args[4])
+    with pytest.raises(ValueError, match=r"out overlaps lens\b"):
+        sparse_mla.sparse_mla_decode(q, *args[1:4], lens_in_out, **{**kw, "out": out})
+    args[0] = raw[3 * H * D * 2:].view(FP8).view(q.shape).copy_(q)  # right behind out: disjoint
+    sparse_mla.sparse_mla_decode(*args, **{**kw, "out": out})
+    want = sparse_mla_decode_reference(*args, sinks=kw["sinks"], bmm1_scale=0.04, bmm2_scale=1.0)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, 10 ** 400], ids=("1e39", "-1e39", "10**400"))
+def test_host_op_rejects_scales_past_float32(value):
+    """The kernel takes the scales as float32: a finite double past its range would become inf there (NaN outputs),
+    and an int past a double's range must not escape as OverflowError."""
+    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    for name in ("bmm1_scale", "bmm2_scale"):
+        with pytest.raises(ValueError, match=rf"\b{name}\b"):
+            _call_with(sparse_mla.sparse_mla_decode, name, lambda v: value)

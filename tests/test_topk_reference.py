@@ -319,3 +319,59 @@ def test_which_calls_the_kernel_takes(monkeypatch):
     assert not topk.supports_decode_topk(torch.zeros(1024).as_subclass(CudaLooking), 1, 512, False)  # 1-D
     assert not topk.supports_decode_topk(base[:, :0].as_subclass(CudaLooking), 4, 512, False)  # no columns
     assert not topk.supports_decode_topk(base[:, :1024], 4, 512, False)  # CPU
+
+
+def test_host_op_rejects_out_overlapping_its_inputs_or_itself():
+    """Other CTAs write out while a row's CTAs (re-)read its logits and row end: out may share no byte with them, and
+    its rows none with each other; disjoint parts of one buffer are fine."""
+    from runtime.topk import decode_topk
+
+    logits = torch.randn(3, 1024)
+    ends = torch.tensor([1024, 700, 0], dtype=torch.int32)
+    with pytest.raises(ValueError, match="out overlaps logits"):
+        decode_topk(logits, ends, logits.view(torch.int32)[:, :512])  # "in place" over the logits
+    ws = torch.zeros(3, 1024, dtype=torch.int32)
+    with pytest.raises(ValueError, match="out overlaps row_ends"):
+        decode_topk(logits, ws[1, 500:503].copy_(ends), ws[:, :512])
+    with pytest.raises(ValueError, match="out's rows overlap"):
+        decode_topk(logits, ends, torch.empty(1, 512, dtype=torch.int32).expand(3, 512))
+    with pytest.raises(ValueError, match="out's rows overlap"):
+        decode_topk(logits, ends, ws.view(-1)[:1536].as_strided((3, 512), (256, 1)))
+    gap = ws[0, 600:603].copy_(ends)  # in the gap after out's first row: no overlap
+    decode_topk(logits, gap, ws[:, :512])
+    ref = decode_topk_reference(logits, ends, 512)
+    assert torch.equal(torch.sort(ws[:, :512], 1).values, torch.sort(ref, 1).values)
+
+
+def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeypatch):
+    """The kernel takes the row strides as int32 (ctypes wraps a larger one silently), offsets out's rows in int32,
+    and reads each row's end rounded up to 16 bytes: such calls go to the fallback instead."""
+    from runtime import topk
+
+    class CudaLooking(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+    class Plan:
+        def choose(self, rows, width):
+            return types.SimpleNamespace(name="decode_topk_f32_token_c1", in_stream_order=lambda: None), 1
+
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: Plan())
+    launched = []
+    monkeypatch.setattr(topk, "launch_on", lambda *a: launched.append(a))
+    wide = torch.empty_strided((2, 1024), (1 << 31, 1), device="meta").as_subclass(CudaLooking)
+    assert not topk.supports_decode_topk(wide, 2, 512, False)
+    assert topk.supports_decode_topk(torch.empty(2, 1024, device="meta").as_subclass(CudaLooking), 2, 512, False)
+    # Rows of 1001 floats at a 16-byte stride, the storage ending at the last row's 1001st float.
+    tight = torch.zeros(1004 + 1001).as_strided((2, 1001), (1004, 1)).as_subclass(CudaLooking)
+    assert not topk.supports_decode_topk(tight, 2, 512, False)
+    padded = torch.zeros(2 * 1004).as_strided((2, 1001), (1004, 1)).as_subclass(CudaLooking)
+    assert topk.supports_decode_topk(padded, 2, 512, False)
+    # out's last row starting past int32 elements: the fallback writes it.
+    logits = torch.empty(2, 1024, device="meta").as_subclass(CudaLooking)
+    ends = torch.empty(2, dtype=torch.int32, device="meta")
+    topk.decode_topk(logits, ends, torch.empty_strided((2, 512), (1 << 31, 1), dtype=torch.int32, device="meta"))
+    assert not launched
+    topk.decode_topk(logits, ends, torch.empty(2, 512, dtype=torch.int32, device="meta"))
+    assert len(launched) == 1

@@ -1,0 +1,51 @@
+"""Whether two tensors' bytes overlap (the host ops refuse an output that shares memory with an input).
+
+A kernel reads its inputs while other CTAs write the output, so an ``out`` that overlaps an input
+(fully or partly) changes what is read mid-launch: wrong results, and where a kernel re-reads its
+input and relies on the counts of an earlier pass (decode_topk), writes past its slots. The
+tensors here are laid out as rows of contiguous bytes (contiguous, or 2-D with unit column
+stride), so the check is exact: no false alarm for disjoint rows of one buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _runs(t: torch.Tensor):
+    """(first byte, runs, bytes between runs, bytes a run) of a contiguous tensor or a 2-D one with
+    unit column stride; None when it holds no element."""
+    if t.numel() == 0:
+        return None
+    es = t.element_size()
+    if t.is_contiguous():
+        return t.data_ptr(), 1, 0, t.numel() * es
+    rows, cols = t.shape  # the callers pass nothing else
+    return t.data_ptr(), rows, t.stride(0) * es, cols * es
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether any byte of ``a`` is a byte of ``b`` (tensors on one device)."""
+    if a.device.type == "meta":  # no memory (every data_ptr is 0)
+        return False
+    ra, rb = _runs(a), _runs(b)
+    if ra is None or rb is None:
+        return False
+    if ra[1] > rb[1]:
+        ra, rb = rb, ra
+    a0, na, sa, la = ra
+    b0, nb, sb, lb = rb
+    if a0 + (na - 1) * sa + la <= b0 or b0 + (nb - 1) * sb + lb <= a0:
+        return False  # the spans are apart: the common case, one comparison
+    if na == 1 or sa == 0:
+        na, sa = 1, 0
+    if nb == 1 or sb == 0:
+        nb, sb = 1, 1
+    for i in range(na):
+        x = a0 + i * sa
+        # runs j of b with b0 + j sb < x + la and b0 + j sb + lb > x
+        lo = max(0, (x - lb - b0) // sb + 1)
+        hi = min(nb - 1, -((b0 - x - la) // sb) - 1)
+        if lo <= hi:
+            return True
+    return False
