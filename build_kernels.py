@@ -191,12 +191,19 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
                 problems.append(f"{arch} {e['name']}: missing from the committed manifest")
             elif o.get("sha256") != e["sha256"]:
                 problems.append(f"{arch} {e['name']}: cubin sha256 differs from the committed one")
+            elif o != e:  # what the loader trusts at launch (smem, cluster, pdl, threads, params...)
+                fields = sorted(k for k in e.keys() | o.keys() if o.get(k) != e.get(k))
+                problems.append(f"{arch} {e['name']}: committed manifest entry differs in {', '.join(fields)}")
             else:
                 try:
                     if sha256_of((committed / o["cubin"]).read_bytes()) != o["sha256"]:
                         problems.append(f"{arch} {e['name']}: committed cubin does not match its manifest")
                 except OSError:
                     problems.append(f"{arch} {e['name']}: committed cubin missing")
+        built = {e["name"] for e in new["kernels"]}
+        for name, o in old_by_name.items():
+            if name not in built and (o.get("family") in families or o.get("family") not in FAMILIES):
+                problems.append(f"{arch} {name}: in the committed manifest but not built from the sources")
     return problems
 
 

@@ -16,6 +16,7 @@ EM_CUDA = 190
 _EIATTR_KPARAM_INFO = 0x17
 _EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
 _EF_CUDA_ACCELERATORS_V1 = 0x800  # the "a" of sm_90a in the ABI-v1 flag layout
+_EF_CUDA_ACCELERATORS_V2 = 0x8  # the "a" of sm_100a in the ABI-v2 flag layout
 _SHDR = struct.Struct("<IIQQQQIIQQ")  # an ELF64 section header
 
 
@@ -63,11 +64,22 @@ def read_header(data: bytes) -> CubinInfo:
     return CubinInfo(sm, specific, {})
 
 
+def check_section_table(data: bytes) -> None:
+    """The section headers and every section lie inside the file (CubinFormatError if not).
+
+    Cheap (no section is parsed); the loader runs it before handing the bytes to the driver,
+    which does not bounds-check a crafted section table (seen: a hang, a segfault).
+    """
+    _section_heads(data)
+
+
 def _section_heads(data: bytes) -> tuple[list, int]:
     """Every section header (name, type, flags, addr, offset, size, ...), bounds-checked."""
     _check_elf(data)
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if shentsize < _SHDR.size:
+        raise CubinFormatError(f"section header size {shentsize} is not ELF64's {_SHDR.size}")
     if shoff + shnum * shentsize > len(data) or shstrndx >= shnum:
         raise CubinFormatError("section headers run past the end of the file (truncated?)")
     if shentsize == _SHDR.size:
@@ -86,8 +98,11 @@ def _sections(data: bytes):
     strtab = heads[shstrndx][4]
 
     def name(off: int) -> str:
-        end = data.index(b"\0", strtab + off)
-        return data[strtab + off : end].decode()
+        try:
+            end = data.index(b"\0", strtab + off)
+            return data[strtab + off : end].decode()
+        except ValueError:  # no terminating NUL, or not UTF-8
+            raise CubinFormatError("a section name is unreadable (truncated?)") from None
 
     return {name(h[0]): data[h[4] : h[4] + h[5]] for h in heads}
 
@@ -97,8 +112,8 @@ def _sm_of(data: bytes) -> tuple[int, bool | None]:
     (flags,) = struct.unpack_from("<I", data, 0x30)
     if abi_version == 7:  # layout v1: SM in the low byte, "a" as a flag bit
         return flags & 0xFF, bool(flags & _EF_CUDA_ACCELERATORS_V1)
-    if abi_version == 8:  # layout v2: SM in bits 8..15; the "a" is not read here
-        return (flags >> 8) & 0xFF, None
+    if abi_version == 8:  # layout v2: SM in bits 8..15, "a" as a flag bit
+        return (flags >> 8) & 0xFF, bool(flags & _EF_CUDA_ACCELERATORS_V2)
     raise CubinFormatError(f"unknown CUDA ELF ABI version {abi_version}")
 
 

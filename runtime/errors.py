@@ -45,6 +45,10 @@ class CubinArchError(CacheError):
     """The cubin's ELF header names another SM than the manifest's arch."""
 
 
+class DriverRefusedError(CacheError):
+    """The driver refused to load or configure a cubin (e.g. a driver older than the build's toolchain)."""
+
+
 class DeviceArchError(CacheError):
     """The manifest's arch cannot run on this device."""
 

@@ -28,11 +28,12 @@ from pathlib import Path
 import torch
 
 from .contract import ARCH_CAPABILITY
-from .driver import check, driver
+from .driver import CudaCallError, check, driver
 from .errors import (
     REBUILD,
     ClusterShapeError,
     DeviceArchError,
+    DriverRefusedError,
     NoDriverError,
     SharedMemoryError,
     SymbolError,
@@ -65,9 +66,12 @@ def arch_for_capability(capability: tuple[int, int]) -> str | None:
 class Kernel:
     """One loaded kernel: its manifest entry and a prepared launch."""
 
-    def __init__(self, entry: KernelEntry, cu_kernel, max_active_clusters: int, config):
+    def __init__(self, entry: KernelEntry, cu_kernel, max_active_clusters: int, config, device: int | None = None):
         drv = driver()
         self.entry = entry
+        # The device it was loaded and configured for (its shared-memory and cluster attributes are that
+        # device's): launch_on refuses it on another. None: not tied to one (stand-ins in tests).
+        self.device = device
         self.name = entry.name
         self.max_active_clusters = max_active_clusters
         # The CUkernel, not a context's CUfunction: launches work from any context.
@@ -126,7 +130,7 @@ class Kernel:
                 drv = driver()
                 entry = self.entry._replace(pdl=False)
                 config = Kernel._make_config(drv, entry, _LaunchAttributes(drv))
-                self._plain = Kernel(entry, self._function, self.max_active_clusters, config)
+                self._plain = Kernel(entry, self._function, self.max_active_clusters, config, self.device)
             return self._plain
 
     def launch(self, grid, *args, stream=None) -> None:
@@ -201,7 +205,13 @@ def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:
     GPU than the current one switches devices around the launch (the common case, the
     current device, costs one comparison).
     """
-    if device.index is None or device.index == (_current_device or torch.cuda.current_device)():
+    current = (_current_device or torch.cuda.current_device)()
+    index = current if device.index is None else device.index
+    owner = getattr(kernel, "device", None)
+    if owner is not None and owner != index:
+        raise ValueError(f"{kernel.name}: loaded for cuda:{owner}, the tensors are on cuda:{index}; "
+                         f"launch the kernel of runtime.load(device={index})")
+    if index == current:
         kernel.launch(grid, *args)
     else:
         with torch.cuda.device(device):
@@ -333,11 +343,15 @@ def load_manifest(manifest: Manifest, device: int, *, tick=no_tick, capability=N
         smem_optin = check(drv.cuDeviceGetAttribute(
             drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device),
             "cuDeviceGetAttribute")
-        loader = _KernelLoader(drv, manifest, cu_device, smem_optin, sms, tick)
+        loader = _KernelLoader(drv, manifest, cu_device, smem_optin, sms, tick, device)
         tick("device_attributes")
 
         # One thread: measured on the H200, eight loader threads were slower (GIL-bound checks).
-        kernels = {name: loader.load(entry) for name, entry in manifest.kernels.items()}
+        try:
+            kernels = {name: loader.load(entry) for name, entry in manifest.kernels.items()}
+        except BaseException:
+            loader.unload_all()  # a refused cache keeps no library (callers may retry load())
+            raise
     return KernelCache(manifest, device, kernels)
 
 
@@ -349,8 +363,10 @@ def _make_primary_context_current(device: int) -> None:
 class _KernelLoader:
     """Loads and checks one manifest's kernels; what the kernels share is looked up once."""
 
-    def __init__(self, drv, manifest: Manifest, cu_device, smem_optin: int, sms: int, tick=no_tick):
+    def __init__(self, drv, manifest: Manifest, cu_device, smem_optin: int, sms: int, tick=no_tick,
+                 device: int | None = None):
         self.drv, self.manifest, self.cu_device, self.smem_optin, self.sms = drv, manifest, cu_device, smem_optin, sms
+        self.device = device
         self.tick = tick
         self.fix = REBUILD.format(arch=manifest.arch)
         self.attributes = _LaunchAttributes(drv)
@@ -358,6 +374,11 @@ class _KernelLoader:
         self.static_smem = attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
         self.max_dynamic_smem = attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         self.non_portable = attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        self.libraries = []  # every CUlibrary loaded so far, unloaded again if the cache is refused
+
+    def unload_all(self) -> None:
+        while self.libraries:
+            self.drv.cuLibraryUnload(self.libraries.pop())
 
     def load(self, entry: KernelEntry) -> Kernel:
         drv, tick, manifest = self.drv, self.tick, self.manifest
@@ -365,8 +386,22 @@ class _KernelLoader:
         # parameter layout are the driver's checks below.
         data = read_checked_cubin(manifest, entry, sections=False, tick=tick)
         path = manifest.root / entry.cubin  # for messages
-        library = check(drv.cuLibraryLoadData(data, None, None, 0, None, None, 0), f"cuLibraryLoadData({path})")
+        err, library = drv.cuLibraryLoadData(data, None, None, 0, None, None, 0)
+        if err:
+            tools = manifest.toolchain.get("cuda_compiler", "?") if isinstance(manifest.toolchain, dict) else "?"
+            raise DriverRefusedError(
+                f"the driver cannot load the cubin ({err.name}).", file=path, kernel=entry.name,
+                fix=f"use a driver that supports the build's toolchain ({tools}), or {self.fix} with this driver's",
+            )
+        self.libraries.append(library)
         tick("cuLibraryLoadData")
+        try:
+            return self._check(entry, data, path, library)
+        except CudaCallError as e:  # the driver refused to configure it: a CacheError like the other refusals
+            raise DriverRefusedError(str(e), file=path, kernel=entry.name, fix=self.fix) from None
+
+    def _check(self, entry: KernelEntry, data: bytes, path: Path, library) -> Kernel:
+        drv, tick, manifest = self.drv, self.tick, self.manifest
         err, cu_kernel = drv.cuLibraryGetKernel(library, entry.symbol.encode())
         if err:
             raise SymbolError(f"the driver finds no symbol {entry.symbol!r} ({err.name}).", file=path,
@@ -406,7 +441,7 @@ class _KernelLoader:
                 fix="use a smaller cluster variant or a device that supports this shape",
             )
         tick("occupancy")
-        kernel = Kernel(entry, cu_kernel, clusters, config)
+        kernel = Kernel(entry, cu_kernel, clusters, config, self.device)
         tick("kernel_object")
         return kernel
 

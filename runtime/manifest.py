@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION
-from .cubin import CubinFormatError, kernel_param_count, read_cubin, read_header
+from .cubin import CubinFormatError, check_section_table, kernel_param_count, read_cubin, read_header
 from .errors import (
     REBUILD,
     CubinArchError,
@@ -116,8 +116,10 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         )
     if data.get("arch") != arch:
         raise SchemaError(f"manifest is for arch {data.get('arch')!r}, expected {arch!r}.", file=path, fix=fix)
+    if type(data.get("kernels")) is not list:
+        raise SchemaError("manifest has no list of kernels.", file=path, fix=fix)
     kernels = {}
-    for raw in data.get("kernels", []):
+    for raw in data["kernels"]:
         entry = _entry(raw, path, fix)
         if entry.name in kernels:
             raise DuplicateKernelError("kernel name appears twice in the manifest.", file=path, kernel=entry.name,
@@ -135,20 +137,33 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
     if not_text:
         raise SchemaError(f"manifest entry fields {', '.join(not_text)} must be strings.", file=path, kernel=name,
                           fix=fix)
-    try:
-        params = tuple([ParamEntry(p["name"], p["ctype"], int(p["offset"]), int(p["size"])) for p in raw["params"]])
-        entry = KernelEntry(
-            name=raw["name"], family=raw["family"], config=dict(raw["config"]), symbol=raw["symbol"],
-            cubin=raw["cubin"], sha256=raw["sha256"], size=int(raw["size"]), threads=int(raw["threads"]),
-            cluster=tuple(int(c) for c in raw["cluster"]), non_portable_cluster=bool(raw["non_portable_cluster"]),
-            smem_bytes=int(raw["smem_bytes"]), pdl=bool(raw["pdl"]), params=params,
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise SchemaError(f"malformed manifest entry ({e}).", file=path, kernel=name, fix=fix) from None
-    bad = [p.ctype for p in params if C_TYPE_SIZES.get(p.ctype) != p.size]
-    if len(entry.cluster) != 3 or bad:
-        raise SchemaError(f"malformed cluster or parameter C types {bad}.", file=path, kernel=name, fix=fix)
-    return entry
+    # Exact JSON types and ranges (no coercion: "false" is not False, 5816.9 is not 5816): these
+    # values become the launch configuration, which nothing else checks against the cubin.
+    params, cluster = raw["params"], raw["cluster"]
+    bad = [f for f in ("size", "threads", "smem_bytes") if type(raw[f]) is not int]
+    bad += [f for f in ("pdl", "non_portable_cluster") if type(raw[f]) is not bool]
+    bad += [] if type(raw["config"]) is dict else ["config"]
+    if type(cluster) is not list or len(cluster) != 3 or any(type(c) is not int or c < 1 for c in cluster):
+        bad.append("cluster")
+    if type(params) is not list or not all(
+            type(p) is dict and type(p.get("name")) is str and type(p.get("ctype")) is str
+            and type(p.get("offset")) is int and p["offset"] >= 0 and C_TYPE_SIZES.get(p["ctype"]) == p.get("size")
+            and type(p["size"]) is int for p in params):
+        bad.append("params")
+    if not bad:
+        bad += [f for f, ok in (("size", raw["size"] > 0), ("threads", 0 < raw["threads"] <= 1024),
+                                ("smem_bytes", raw["smem_bytes"] >= 0),
+                                ("non_portable_cluster", raw["non_portable_cluster"] == (
+                                    cluster[0] * cluster[1] * cluster[2] > 8))) if not ok]
+    if bad:
+        raise SchemaError(f"manifest entry fields {', '.join(bad)} have the wrong type or value.", file=path,
+                          kernel=name, fix=fix)
+    return KernelEntry(
+        name=raw["name"], family=raw["family"], config=dict(raw["config"]), symbol=raw["symbol"],
+        cubin=raw["cubin"], sha256=raw["sha256"], size=raw["size"], threads=raw["threads"], cluster=tuple(cluster),
+        non_portable_cluster=raw["non_portable_cluster"], smem_bytes=raw["smem_bytes"], pdl=raw["pdl"],
+        params=tuple([ParamEntry(p["name"], p["ctype"], p["offset"], p["size"]) for p in params]),
+    )
 
 
 def _cubin_path(manifest: Manifest, entry: KernelEntry) -> str:
@@ -188,14 +203,18 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
     path = _cubin_path(manifest, entry)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(entry.size + 1)  # bounded: a path naming /dev/zero or a huge file is refused below
     except FileNotFoundError:
         raise MissingCubinError("cubin is missing.", file=Path(path), kernel=entry.name,
                                 fix=REBUILD.format(arch=manifest.arch)) from None
+    except (OSError, ValueError) as e:  # a directory, no permission, a NUL in the path
+        raise CubinIntegrityError(f"cubin is not a readable file ({e}).", file=Path(path), kernel=entry.name,
+                                  fix=REBUILD.format(arch=manifest.arch)) from None
     tick("cubin_read")
     if len(data) != entry.size:
+        got = f"more than {entry.size}" if len(data) > entry.size else len(data)
         raise CubinIntegrityError(
-            f"cubin has {len(data)} bytes, the manifest says {entry.size} (truncated or replaced).",
+            f"cubin has {got} bytes, the manifest says {entry.size} (truncated or replaced).",
             file=Path(path), kernel=entry.name, fix=REBUILD.format(arch=manifest.arch),
         )
     if hashlib.sha256(data).hexdigest() != entry.sha256:
@@ -211,7 +230,7 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
 
 
 def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str):
-    """The ELF header's SM must be the manifest's arch; returns the parsed header."""
+    """The ELF header's SM must be the manifest's arch and the section table inside the file; returns the header."""
     try:
         info = read_header(data)
     except CubinFormatError as e:
@@ -222,6 +241,11 @@ def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str):
             f"cubin targets {info.arch}, the manifest says {arch}.", file=Path(path), kernel=entry.name,
             fix=f"use the cubin built for {arch}: {REBUILD.format(arch=arch)}",
         )
+    try:
+        check_section_table(data)
+    except CubinFormatError as e:
+        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=Path(path), kernel=entry.name,
+                                  fix=REBUILD.format(arch=arch)) from None
     return info
 
 

@@ -113,3 +113,23 @@ def test_committed_cache_is_current():
     """The committed cubins and manifests are what the committed sources build (all families)."""
     proc = subprocess.run(BUILD + ["--check", "--jobs", "2"], capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["kernels"][1].update(smem_bytes=64), "probe_cluster8: committed manifest entry differs in smem"),
+    (lambda d: d["kernels"][1].update(cluster=[4, 1, 1]), "probe_cluster8: committed manifest entry differs in clu"),
+    (lambda d: d["kernels"][0].update(pdl=False), "probe_cluster2: committed manifest entry differs in pdl"),
+    (lambda d: d["kernels"].append(dict(d["kernels"][0], name="probe_gone")),
+     "probe_gone: in the committed manifest but not built"),
+])
+def test_check_compares_every_manifest_field(tmp_path, edit, match):
+    """--check holds each committed entry (not only its sha256) against the fresh build's."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    assert build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",)) == []
+    edit_manifest(committed, "sm_90a", edit)
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert len(problems) == 1 and match in problems[0], problems

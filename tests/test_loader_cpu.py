@@ -25,8 +25,10 @@ OK = real.CUresult.CUDA_SUCCESS
 class StandInDriver:
     """The driver calls of load(), answered from each cubin's ELF; everything else is cuda-python's."""
 
-    def __init__(self, smem_optin=232448, clusters=14, static_smem=0):
+    def __init__(self, smem_optin=232448, clusters=14, static_smem=0, load_error=None, occupancy_error=None):
         self.smem_optin, self.clusters, self.static_smem = smem_optin, clusters, static_smem
+        self.load_error, self.occupancy_error = load_error, occupancy_error
+        self.loaded, self.unloaded = [], []  # libraries, by id
         self.param_queries = []  # (symbol, index, parameter count)
         self.configs = 0
         self.occupancy_configs = []
@@ -45,7 +47,15 @@ class StandInDriver:
         return OK, self.smem_optin
 
     def cuLibraryLoadData(self, data, *options):  # noqa: N802
-        return OK, read_cubin(bytes(data)).kernels
+        if self.load_error is not None and len(self.loaded) == 1:  # the second cubin
+            return self.load_error, None
+        library = read_cubin(bytes(data)).kernels
+        self.loaded.append(id(library))
+        return OK, library
+
+    def cuLibraryUnload(self, library):  # noqa: N802
+        self.unloaded.append(id(library))
+        return (OK,)
 
     def cuLibraryGetKernel(self, library, symbol):  # noqa: N802
         symbol = symbol.decode()
@@ -71,6 +81,8 @@ class StandInDriver:
 
     def cuOccupancyMaxActiveClusters(self, function, config):  # noqa: N802
         self.occupancy_configs.append(config)
+        if self.occupancy_error is not None:
+            return self.occupancy_error, 0
         return OK, self.clusters
 
     def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, threads, smem):  # noqa: N802
@@ -274,3 +286,42 @@ def test_launch_on_switches_to_the_tensors_device(monkeypatch):
     loader.launch_on(torch.device("cuda"), kernel, 2)
     assert calls == [(0, 4, (1, 2)), (1, 8, (3,)), (0, 2, ())]
     assert current["index"] == 0  # restored after the launch on device 1
+    # A kernel loaded for device 0 (its shared-memory and cluster attributes are device 0's) is refused on 1.
+    kernel.device, kernel.name = 0, "probe_cluster2"
+    with pytest.raises(ValueError, match="probe_cluster2: loaded for cuda:0, the tensors are on cuda:1"):
+        loader.launch_on(torch.device("cuda", 1), kernel, 8, 3)
+    loader.launch_on(torch.device("cuda"), kernel, 2)
+    assert calls[-1] == (0, 2, ()) and len(calls) == 4
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"load_error": real.CUresult.CUDA_ERROR_UNSUPPORTED_PTX_VERSION}, errors.DriverRefusedError,
+     "probe_cluster8.*cannot load the cubin"),
+    ({"occupancy_error": real.CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE}, errors.DriverRefusedError,
+     "probe_cluster2.*cuOccupancyMaxActiveClusters"),
+    ({"clusters": 0}, errors.ClusterShapeError, "probe_cluster2"),
+])
+def test_refused_load_is_a_cache_error_and_unloads_its_libraries(cache, stand_in, kwargs, error, match):
+    """A driver that refuses a cubin (e.g. older than the toolchain) is a CacheError, which the ops'
+    fallbacks catch, and a refused load leaves no CUlibrary behind (the ops retry load())."""
+    drv = stand_in(**kwargs)
+    with pytest.raises(error, match=match):
+        loader.load(cache)
+    assert drv.loaded and sorted(drv.unloaded) == sorted(drv.loaded)
+
+
+def test_malformed_section_table_never_reaches_the_driver(cache, stand_in):
+    """A cubin whose sha256 matches but whose section table runs past the end: refused on the CPU
+    (the real driver hung or crashed on this one on the H200)."""
+    import hashlib
+    import struct
+
+    f = first_cubin(cache)
+    data = bytearray(f.read_bytes())
+    struct.pack_into("<Q", data, 0x28, len(data) - 8)  # e_shoff: the headers run past the end
+    f.write_bytes(bytes(data))
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(sha256=hashlib.sha256(data).hexdigest()))
+    drv = stand_in()
+    with pytest.raises(errors.CubinIntegrityError, match="probe_cluster2.*not a readable CUDA ELF"):
+        loader.load(cache)
+    assert drv.loaded == []

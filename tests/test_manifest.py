@@ -150,3 +150,75 @@ def test_no_driver_is_a_clear_error():
 
     with pytest.raises(errors.NoDriverError, match="Fix:"):
         runtime.load()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("pdl", "false"), ("non_portable_cluster", True), ("size", 5816.5), ("threads", True), ("threads", -128),
+    ("smem_bytes", -1), ("cluster", [0, 1, 1]), ("cluster", [2, 1]), ("config", [["cluster", 2]]),
+    ("params", [{"name": "out", "ctype": ["void*"], "offset": 0, "size": 8}]),
+])
+def test_entry_field_of_the_wrong_type_or_value(cache, field, value):
+    """Manifest values become the launch configuration: no coercion ("false" -> True), no 0-CTA cluster."""
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update({field: value}))
+    with pytest.raises(errors.SchemaError, match=f"probe_cluster2.*{field}"):
+        check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("kernels", [None, 5, {}])
+def test_manifest_without_a_list_of_kernels(cache, kernels):
+    """Not an empty cache that silently sends every call to the fallbacks."""
+    edit_manifest(cache, "sm_90a", lambda d: d.pop("kernels") if kernels is None else d.update(kernels=kernels))
+    with pytest.raises(errors.SchemaError, match="list of kernels"):
+        check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("path", ["cubins/sm_90a", "cubins/sm_90a/probe_cluster2.cubin/", "cubins/a\0b.cubin"])
+def test_cubin_path_that_is_not_a_readable_file(cache, path):
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(cubin=path))
+    with pytest.raises(errors.CubinIntegrityError, match="not a readable file"):
+        check_cache(cache, "sm_90a")
+
+
+def _rewrite_first_cubin(root, arch, fn):
+    """Edit the first cubin's bytes and rewrite its manifest size and sha256 to match."""
+    import hashlib
+
+    f = first_cubin(root, arch)
+    data = bytearray(f.read_bytes())
+    fn(data)
+    f.write_bytes(bytes(data))
+    edit_manifest(root, arch, lambda d: d["kernels"][0].update(size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+
+
+def _bad_section_name(data):
+    import struct
+
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    data[shoff + 64 : shoff + 68] = struct.pack("<I", len(data))  # section 1's name past the end
+
+
+def _tiny_section_headers(data):
+    """e_shentsize 1 and the headers in the last e_shnum bytes: each 64-byte read runs past the end."""
+    import struct
+
+    shnum, = struct.unpack_from("<H", data, 0x3C)
+    struct.pack_into("<Q", data, 0x28, len(data) - shnum)
+    struct.pack_into("<H", data, 0x3A, 1)
+
+
+@pytest.mark.parametrize("craft", [
+    _tiny_section_headers,
+    _bad_section_name,
+])
+def test_crafted_elf_is_a_typed_error(cache, craft):
+    """A cubin with a matching sha256 but unreadable ELF is a CubinIntegrityError, not struct.error/ValueError."""
+    _rewrite_first_cubin(cache, "sm_90a", craft)
+    with pytest.raises(errors.CubinIntegrityError, match="not a readable CUDA ELF"):
+        check_cache(cache, "sm_90a")
+
+
+def test_abi_v2_cubin_without_the_a_flag(cache):
+    """An sm_100 (not sm_100a) cubin: ABI v2 keeps the "a" in e_flags bit 3."""
+    _rewrite_first_cubin(cache, "sm_100a", lambda d: d.__setitem__(0x30, d[0x30] & ~0x8))
+    with pytest.raises(errors.CubinArchError, match="targets sm_100, the manifest says sm_100a"):
+        check_cache(cache, "sm_100a")
