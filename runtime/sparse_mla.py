@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import torch
 
@@ -125,10 +126,14 @@ def _kernel(width: int, has_sinks: bool, device):
 
         try:
             cache = runtime.load(device=index)
-        except runtime.CacheError:
-            return None  # not memoized: a cache built later is picked up
+        except runtime.CacheError as e:
+            # Memoized: a refused load costs tens of milliseconds, which every call would pay again. Said once,
+            # since every call then takes the torch reference.
+            warnings.warn(f"sparse_mla_decode: the AOT cache cannot serve cuda:{index}, the torch reference "
+                          f"runs instead: {e}", RuntimeWarning, stacklevel=3)
+            cache = None
         name = contract.variant_name(width, has_sinks)
-        _kernels[key] = cache.kernel(name) if name in cache else None
+        _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
     return _kernels[key]
 
 

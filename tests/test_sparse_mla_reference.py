@@ -410,3 +410,24 @@ def test_host_op_rejects_scales_past_float32(value):
     for name in ("bmm1_scale", "bmm2_scale"):
         with pytest.raises(ValueError, match=rf"\b{name}\b"):
             _call_with(sparse_mla.sparse_mla_decode, name, lambda v: value)
+
+
+def test_refused_cache_is_loaded_once(monkeypatch):
+    """A device the cache cannot serve is asked once: every later call goes straight to the reference instead of
+    paying the refused load again, and the refusal is said once."""
+    import runtime
+    from runtime import sparse_mla
+
+    calls = []
+
+    def refuse(device=None, root=None):
+        calls.append(device)
+        raise runtime.CacheError("no manifest for this device's arch")
+
+    monkeypatch.setattr(runtime, "load", refuse)
+    monkeypatch.setattr(sparse_mla, "_kernels", {})
+    device = torch.device("cuda", 0)
+    with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*no manifest"):
+        assert sparse_mla._kernel(640, True, device) is None
+    assert sparse_mla._kernel(640, True, device) is None
+    assert calls == [0]
