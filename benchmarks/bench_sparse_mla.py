@@ -27,6 +27,8 @@ rotations, both on record:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import time
 import traceback
 
@@ -47,6 +49,7 @@ BMM2_SCALE = 1.0
 MAX_SETS = 4096  # input sets per graph for the fast ops
 REFERENCE_SETS = 32  # the reference launches dozens of kernels per call: fewer sets in its graph
 SWEEP_SETS = 256  # sets used while sweeping the Triton configs
+CHECK_REL = 0.1  # in-run sanity bound: max |out - reference| over max |reference| (the GPU tests hold the exact one)
 TARGET = {"T": 12, "width": 640, "kernel_us_max": 5.0, "speedup_vs_best_peer_min": 3.0, "over_floor_max": 2.0}
 
 
@@ -129,6 +132,18 @@ def time_op(fn, inp, sets: int) -> dict:
     return r
 
 
+def check_output(fn, inp) -> float:
+    """``fn`` on set 0 against the torch reference: the max error over the reference's max (raises past CHECK_REL)."""
+    kw = dict(sinks=inp.sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    out = torch.full_like(inp.out, float("nan"))
+    fn(*inp.args(0), out=out, **kw)
+    ref = sparse_mla_decode_reference(*inp.args(0), **kw).float()
+    err = float((out.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
+    if not err <= CHECK_REL:  # NaN fails too
+        raise RuntimeError(f"output differs from the reference: relative max error {err:.3g}")
+    return err
+
+
 def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(), with_reference=True) -> dict:
     sets = sets_for(T, width)
     inp = PoolSlices(T, width, sets, swa, comp, sinks, gen)  # the targets' rotation (kv)
@@ -137,6 +152,7 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
             "rotation": "kv", "all_cold": {"input_sets": sets}}
     n = width // 128
 
+    best = None
     if tsm is not None:
         sweep = []
         for cfg in configs:
@@ -148,13 +164,26 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
                 log(f"  triton {cfg}: {type(e).__name__}: {str(e)[:200]}")
         if sweep:
             sweep.sort(key=lambda x: x[0])
-            best_cfg = sweep[0][1]
-            best = tsm.TritonSparseMla(T, width, DEVICE, best_cfg)
+            best_cfg = best = check = None
+            for _, cfg in sweep:  # the fastest config whose output is right
+                op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
+                try:
+                    check = check_output(op, inp)
+                except RuntimeError as e:
+                    log(f"  triton {cfg}: {e}")
+                    continue
+                best_cfg, best = cfg, op
+                break
+        if best is not None:
             r = time_op(best, inp, inp.sets)
+            r["check_rel_err"] = check
             r["config"] = vars(best_cfg) if hasattr(best_cfg, "__dict__") else str(best_cfg)
             r["sweep_us"] = {str(c): round(t, 3) for t, c in sweep}
             case["triton"] = r
             case["all_cold"]["triton"] = time_op(best, cold, sets)
+            # The same config without programmatic dependent launch (no overlap with the call before).
+            plain = tsm.TritonSparseMla(T, width, DEVICE, dataclasses.replace(best_cfg, pdl=False))
+            case["triton_in_stream_order"] = time_op(plain, inp, inp.sets)
 
     def reference(q, s, c, i, l, *, out, **kw):
         out.copy_(sparse_mla_decode_reference(q, s, c, i, l, tokens_per_chunk=max(T, 1), **kw))
@@ -175,7 +204,11 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
 
             if not supports_sparse_mla(*inp.args(0), sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE):
                 raise RuntimeError("the cache has no kernel for this call (the host op would run the reference)")
+            case["kernel_check_rel_err"] = check_output(kernel_fn, inp)
             case["kernel"] = time_op(kernel_fn, inp, inp.sets)
+            # Back to back, PDL overlaps each launch with the previous call's tail (~0.9 us at T = 12,
+            # sparse_mla_pdl_s27_h200.json); the floor's empty kernel has no PDL: time stream order too.
+            case["kernel_in_stream_order"] = time_op(functools.partial(kernel_fn, pdl=False), inp, inp.sets)
             case["all_cold"]["kernel"] = time_op(kernel_fn, cold, sets)
         except Exception as e:  # report, keep measuring the other cases
             case["kernel"] = {"error": f"{type(e).__name__}: {e}"}
@@ -194,6 +227,13 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
         case["kernel_over_floor"] = k / case["floor"]["floor_us"]
     if "triton" in peers:
         case["triton_over_floor"] = peers["triton"] / case["floor"]["floor_us"]
+    k_plain = case.get("kernel_in_stream_order", {}).get("median_us")
+    if k_plain:
+        case["kernel_in_stream_order_over_floor"] = k_plain / case["floor"]["floor_us"]
+        plain_peers = {p: case[p]["median_us"] for p in ("triton_in_stream_order", "reference")
+                       if "median_us" in case.get(p, {})}
+        if plain_peers:
+            case["speedup_vs_best_peer_in_stream_order"] = min(plain_peers.values()) / k_plain
     del inp, cold
     return case
 
@@ -227,7 +267,9 @@ def table(result) -> str:
     if t:
         lines += ["", f"Target at T=12, width 640: kernel {t['kernel_us']} us (<= 5: {t['kernel_us_ok']}), "
                   f"{t['speedup_vs_best_peer']} x the best peer (>= 3: {t['speedup_ok']}), "
-                  f"{t['over_floor']} x the floor (<= 2: {t['over_floor_ok']})."]
+                  f"{t['over_floor']} x the floor (<= 2: {t['over_floor_ok']}); in stream order "
+                  f"{t.get('kernel_us_in_stream_order')} us, {t.get('speedup_vs_best_peer_in_stream_order')} x, "
+                  f"{t.get('over_floor_in_stream_order')} x the floor."]
     return "\n".join(lines) + "\n"
 
 
@@ -287,12 +329,20 @@ def finish(result, out) -> None:
     for case in result["cases"]:
         if case["T"] == TARGET["T"] and case["width"] == TARGET["width"]:
             k = case.get("kernel", {}).get("median_us")
+            k_plain = case.get("kernel_in_stream_order", {}).get("median_us")
+            # Met only if met both as launched (PDL chain) and in stream order, as bench_topk judges.
             result["target_check"] = {
-                "kernel_us": k, "kernel_us_ok": k is not None and k <= TARGET["kernel_us_max"],
+                "kernel_us": k, "kernel_us_in_stream_order": k_plain,
+                "kernel_us_ok": k is not None and k_plain is not None
+                and max(k, k_plain) <= TARGET["kernel_us_max"],
                 "speedup_vs_best_peer": case.get("speedup_vs_best_peer"),
-                "speedup_ok": case.get("speedup_vs_best_peer", 0) >= TARGET["speedup_vs_best_peer_min"],
+                "speedup_vs_best_peer_in_stream_order": case.get("speedup_vs_best_peer_in_stream_order"),
+                "speedup_ok": min(case.get("speedup_vs_best_peer", 0),
+                                  case.get("speedup_vs_best_peer_in_stream_order", 0))
+                >= TARGET["speedup_vs_best_peer_min"],
                 "over_floor": case.get("kernel_over_floor"),
-                "over_floor_ok": case.get("kernel_over_floor", 1e9) <= TARGET["over_floor_max"],
+                "over_floor_in_stream_order": case.get("kernel_in_stream_order_over_floor"),
+                "over_floor_ok": case.get("kernel_in_stream_order_over_floor", 1e9) <= TARGET["over_floor_max"],
             }
     common.write_json(out, result)
     with open(str(out).rsplit(".", 1)[0] + ".md", "w") as f:
