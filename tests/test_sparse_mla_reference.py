@@ -431,3 +431,93 @@ def test_refused_cache_is_loaded_once(monkeypatch):
         assert sparse_mla._kernel(640, True, device) is None
     assert sparse_mla._kernel(640, True, device) is None
     assert calls == [0]
+
+
+# --- review additions: lens outside [0, width], -inf sinks, and the GPU tests' tolerance on the CPU ---------------
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("width", [128, 640])
+def test_lens_outside_zero_width_and_minus_inf_sink(width, with_sinks):
+    """lens past the width count as full, negative lens as empty (zeros, with sinks too); a -inf sink
+    weighs nothing. The host op cannot check device-side lens, so the reference must define them."""
+    q, swa, comp, idx, lens = make_inputs(6, width, seed=12)
+    lens[:] = torch.tensor([width + 1, 2 ** 31 - 1, -1, -(2 ** 31), 1, width], dtype=torch.int32)
+    sinks = torch.randn(H) * 2 if with_sinks else None
+    if with_sinks:
+        sinks[3] = float("-inf")
+    got = check(q, swa, comp, idx, lens, sinks)
+    assert (got[2:4] == 0).all()
+    full = sparse_mla_decode_reference(q, swa, comp, idx, torch.full_like(lens, width), sinks=sinks,
+                                       bmm1_scale=0.04, bmm2_scale=1.0)
+    torch.testing.assert_close(got[:2], full[:2], rtol=0, atol=0)
+    assert torch.isfinite(got.float()).all()
+
+
+def _gpu_helpers():
+    import test_sparse_mla_gpu as gpu_tests  # the GPU module's helpers are plain torch
+
+    return gpu_tests
+
+
+@pytest.mark.parametrize("pools", ["both", "empty_compressed", "empty_swa"])
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("width", [128, 640])
+def test_gpu_edge_case_reference_matches_loop(width, with_sinks, pools):
+    """The inputs of test_sparse_mla_gpu.test_kernel_edge_inputs: the reference against the loop, and the
+    GPU test's own budget machinery (emulate, rounding_bounds) runs on them, the emulation within it."""
+    G = _gpu_helpers()
+    rows = dict(both=(64, 700), empty_compressed=(64, 0), empty_swa=(0, 700))[pools]
+    args, sinks = G.make_edge_case(width, device="cpu", swa_rows=rows[0], comp_rows=rows[1], seed=width)
+    sinks = sinks if with_sinks else None
+    got = check(*args, sinks, bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE)
+    assert torch.isfinite(got.float()).all()
+    emu = G.emulate(*args, sinks=sinks, bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE)
+    G.assert_kernel_matches(emu, args, sinks)
+
+
+def _mutations(G, args, sinks):
+    """Plausible kernel bugs, as outputs: each must fail the GPU tests' check."""
+    q, swa, comp, idx, lens = args
+    width = idx.shape[1]
+    kw = dict(bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE)
+    rows = torch.where(torch.arange(width) < 128, swa.shape[0], comp.shape[0]).to(torch.int32)
+    at_end = torch.where(idx == rows[None], rows[None] - 1, idx)  # "< rows" written "<= rows" (clamped read)
+    out = {
+        "bmm2_scale x1.01": sparse_mla_decode_reference(*args, sinks=sinks, bmm1_scale=G.BMM1_SCALE,
+                                                        bmm2_scale=G.BMM2_SCALE * 1.01),
+        "bmm1_scale x1.02": sparse_mla_decode_reference(*args, sinks=sinks, bmm1_scale=G.BMM1_SCALE * 1.02,
+                                                        bmm2_scale=G.BMM2_SCALE),
+        "lens + 1": sparse_mla_decode_reference(q, swa, comp, idx, (lens + 1).clamp(max=width), sinks=sinks, **kw),
+        "index == rows read": sparse_mla_decode_reference(q, swa, comp, at_end, lens, sinks=sinks, **kw),
+        "phantom sink 0" if sinks is None else "sink ignored":
+            sparse_mla_decode_reference(*args, sinks=torch.zeros(H) if sinks is None else None, **kw),
+    }
+    return out
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("width", [128, 640])
+def test_gpu_tolerance_rejects_plausible_bugs(width, with_sinks):
+    """The GPU tests' check (assert_kernel_matches) on the CPU: a same-precision emulation passes it, and
+    outputs with a plausible kernel bug fail it. Before the bias check, a 1 % scale error passed (the
+    elementwise budget is ~25 % of the median |out|: 3 x the token's largest FP8-P emulation error), and
+    so did a phantom sink at width 640 on make_case's tokens (make_edge_case's 1- and 2-column tokens catch it)."""
+    G = _gpu_helpers()
+    passed = []
+    for args, sinks in (G.make_case(48, width, seed=31 + width, device="cpu"),
+                        G.make_edge_case(width, device="cpu", swa_rows=64, comp_rows=700, seed=width)):
+        sinks = sinks if with_sinks else None
+        G.assert_kernel_matches(G.emulate(*args, sinks=sinks, bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE),
+                                args, sinks)
+        caught = set()
+        for name, got in _mutations(G, args, sinks).items():
+            try:
+                G.assert_kernel_matches(got, args, sinks)
+            except AssertionError:
+                caught.add(name)
+            else:
+                passed.append((int(args[0].shape[0]), name))
+        if args[0].shape[0] == 10:  # make_edge_case: every mutation must be caught there
+            assert caught == set(_mutations(G, args, sinks)), passed
+    # make_case alone (the existing matrix): the scale errors at least.
+    assert not [p for p in passed if p[0] == 48 and p[1].startswith("bmm")], passed

@@ -115,7 +115,7 @@ def test_grid(dtype, block_mode, k):
 
 
 ADVERSARIAL = ("all_equal", "two_values", "neg_inf_run", "nan", "ties_at_threshold", "sorted_up", "zeros_signed",
-               "zeros_denormals")
+               "zeros_denormals", "nan_signs_inf")
 
 
 def _adversarial(kind, rows, width, dtype, seed=0):
@@ -148,6 +148,18 @@ def _adversarial(kind, rows, width, dtype, seed=0):
         x[:, ::max(1, width // 100)] = 1e-40
     padded = torch.full((rows, stride), float("nan"), device="cuda", dtype=dtype)
     padded[:, :width] = x.to(dtype)
+    if kind == "nan_signs_inf":
+        # NaNs with the sign bit set and other payloads (a negated NaN; CUDA's canonical 0x7FFFFFFF), set as bits
+        # after the conversion (which canonicalises a NaN), and +inf: all -inf but the +inf, in every fast path's
+        # NaN test. Written by the review, not run (no GPU).
+        f32 = dtype == torch.float32
+        ibits = padded.view(torch.int32 if f32 else torch.int16)
+        nans = ([0xFFC00000, 0x7FFFFFFF, 0xFFFFFFFF, 0xFF800001] if f32 else [0xFFC0, 0x7FFF, 0xFFFF, 0xFF81])
+        half = 1 << (31 if f32 else 15)
+        u = torch.rand(rows, width, device="cuda", generator=g)
+        for i, b in enumerate(nans):
+            ibits[:, :width][(u >= 0.1 * i) & (u < 0.1 * (i + 1))] = b - 2 * half if b >= half else b
+        padded[:, :width][u >= 0.995] = float("inf")
     return padded[:, :width]
 
 

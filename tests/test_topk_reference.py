@@ -375,3 +375,32 @@ def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeyp
     assert not launched
     topk.decode_topk(logits, ends, torch.empty(2, 512, dtype=torch.int32, device="meta"))
     assert len(launched) == 1
+
+
+# Review addition: NaNs of either sign and any payload, and +inf. CUDA's canonical NaN is 0x7FFFFFFF and a negated
+# NaN has the sign bit set: the kernel's key_of and its fast paths (whole_group_keys' probe, the packed BF16 test,
+# raw_group_bins' setp.equ) must each treat every one as -inf; the reference too.
+_F32_SPECIAL_BITS = (0x7FC00000, 0xFFC00000, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0xFF800001, 0x7F800000, 0xFF800000,
+                     0x00000000, 0x80000000, 0x3F800000, 0xBF800000, 0x00000001, 0x80000001)
+_BF16_SPECIAL_BITS = (0x7FC0, 0xFFC0, 0x7FFF, 0xFFFF, 0x7F81, 0xFF81, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x3F80, 0xBF80,
+                      0x0001, 0x8001)
+
+
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("f32", "bf16"))
+def test_reference_nan_of_any_sign_or_payload_is_neg_inf(dtype, block_mode):
+    bits = _F32_SPECIAL_BITS if dtype == torch.float32 else _BF16_SPECIAL_BITS
+    itype = torch.int32 if dtype == torch.float32 else torch.int16
+    rnd = random.Random(7)
+    rows, width = 5, 77
+    raw = [[rnd.choice(bits) for _ in range(width)] for _ in range(rows)]
+    half = 1 << (31 if dtype == torch.float32 else 15)
+    logits = torch.tensor([[b - 2 * half if b >= half else b for b in row] for row in raw], dtype=itype).view(dtype)
+    values = logits.float().tolist()  # NaN stays NaN whatever its sign: _brute makes it -inf
+    ends = torch.tensor([width, 40, 9, 1, 0], dtype=torch.int32)
+    for k in (1, 8, 64):
+        got = decode_topk_reference(logits, ends, k, block_mode=block_mode)
+        for r in range(rows):
+            assert got[r].tolist() == _brute(values[r], int(ends[r]), k, block_mode), (r, k)
+    nan_keys = decode_topk_keys(logits)[torch.isnan(logits)]
+    assert (nan_keys == decode_topk_keys(torch.tensor([float("-inf")]).to(dtype))[0]).all()

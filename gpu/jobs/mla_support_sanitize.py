@@ -11,7 +11,8 @@ import torch
 
 sys.path.insert(0, ".")
 from runtime.sparse_mla import sparse_mla_decode, supports_sparse_mla  # noqa: E402
-from tests.test_sparse_mla_gpu import BMM1_SCALE, BMM2_SCALE, make_case  # noqa: E402
+from tests.test_sparse_mla_gpu import (BMM1_SCALE, BMM2_SCALE, COMP_ROWS, SWA_ROWS, make_case,  # noqa: E402
+                                      make_edge_case)
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 7
 for width in (128, 640):
@@ -22,3 +23,16 @@ for width in (128, 640):
         out = sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
         torch.cuda.synchronize()
         print(f"width {width} sinks {with_sinks}: T={T} finite={bool(torch.isfinite(out.float()).all())}", flush=True)
+
+# make_edge_case: lens past the width and negative, indices -2 / INT32_MIN / INT32_MAX / exactly a pool's end, and
+# empty pools (a zero-row pool's pointer may be anything): no input may make the kernel read outside a pool.
+for width in (128, 640):
+    for with_sinks in (True, False):
+        for rows in ((SWA_ROWS, COMP_ROWS), (SWA_ROWS, 0), (0, COMP_ROWS)):
+            args, sinks = make_edge_case(width, swa_rows=rows[0], comp_rows=rows[1], seed=width)
+            sinks = sinks if with_sinks else None
+            assert supports_sparse_mla(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE), "no kernel"
+            out = sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+            torch.cuda.synchronize()
+            finite = bool(torch.isfinite(out.float()).all())
+            print(f"edge width {width} sinks {with_sinks} pools {rows}: finite={finite}", flush=True)
