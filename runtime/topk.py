@@ -22,6 +22,7 @@ reference computes the same set.
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 
@@ -175,7 +176,10 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
                     cache = runtime.load()
                 plan = _Plan(cache, dtype, block_mode)
                 _plans[key] = plan if plan.kernels else None
-            except Exception:  # no cache for this device: the fallback serves it
+            except Exception as e:  # no cache for this device: the fallback serves it (said once a key)
+                warnings.warn(f"decode_topk: the AOT cache cannot serve {device} ({dtype}, block_mode={block_mode}), "
+                              f"the exact torch fallback runs instead: {type(e).__name__}: {e}", RuntimeWarning,
+                              stacklevel=2)
                 _plans[key] = None
         return _plans[key]
 

@@ -404,3 +404,21 @@ def test_reference_nan_of_any_sign_or_payload_is_neg_inf(dtype, block_mode):
             assert got[r].tolist() == _brute(values[r], int(ends[r]), k, block_mode), (r, k)
     nan_keys = decode_topk_keys(logits)[torch.isnan(logits)]
     assert (nan_keys == decode_topk_keys(torch.tensor([float("-inf")]).to(dtype))[0]).all()
+
+
+def test_refused_cache_is_said_once(monkeypatch):
+    """A device the cache cannot serve sends decode_topk to the exact fallback: said once a (device, dtype, mode),
+    not silently (a GPU test would otherwise compare the fallback with the reference)."""
+    import runtime
+    from runtime import topk
+
+    def refuse(*a, **k):
+        raise runtime.CacheError("no manifest for this device's arch")
+
+    monkeypatch.setattr(runtime, "load", refuse)
+    monkeypatch.setattr(topk, "_plans", {})
+    monkeypatch.setattr(topk.torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
+    device = torch.device("cuda", 0)
+    with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*no manifest"):
+        assert topk._plan_for(device, "f32", False) is None
+    assert topk._plan_for(device, "f32", False) is None  # memoized: no second warning (pytest -W error would raise)
