@@ -413,7 +413,8 @@ def _reference_select(logits, row_ends, out, block_mode) -> None:
 
 def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
     """The peer the AOT top-k is measured against: mask past each row's end,
-    ``torch.topk``, -1 where a row has fewer candidates. (Tie order is torch's.)"""
+    ``torch.topk`` (unsorted: the rows are sets), -1 where a row has fewer candidates.
+    (Tie order is torch's.)"""
     rows, width = logits.shape
     k = out.shape[1]
     ends = row_ends.long()
@@ -424,19 +425,15 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
                     logits.nan_to_num(nan=lowest, posinf=float("inf"), neginf=lowest),
                     torch.full_like(logits, float("-inf")))
     if block_mode:
+        # A block past the row's end holds only -inf columns, so its max is -inf too.
         blocks = -(-width // CANDIDATE_BLOCK_SIZE)
         padded = torch.full((rows, blocks * CANDIDATE_BLOCK_SIZE), float("-inf"), device=x.device)
         padded[:, :width] = x
         x = padded.view(rows, blocks, CANDIDATE_BLOCK_SIZE).amax(dim=2)
-        ends = -(-ends // CANDIDATE_BLOCK_SIZE)
         width = blocks
-    cols = torch.arange(width, device=x.device)
-    valid = cols[None, :] < ends[:, None]
-    masked = torch.where(valid, x, torch.full_like(x, float("-inf")))
     take = min(k, width)
-    idx = torch.topk(masked, take, dim=1).indices
-    keep = torch.arange(take, device=x.device)[None, :] < ends[:, None]
-    out[:, :take] = torch.where(keep, idx, torch.full_like(idx, -1)).to(torch.int32)
+    vals, idx = torch.topk(x, take, dim=1, sorted=False)
+    out[:, :take] = torch.where(vals > float("-inf"), idx, torch.full_like(idx, -1)).to(torch.int32)
     if take < k:
         out[:, take:] = -1
 
