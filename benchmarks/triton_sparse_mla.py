@@ -38,6 +38,9 @@ class Config:
     fp8_pv: bool = False  # second product in FP8 (P scaled by 256 into E4M3) instead of FP16
     kv_major: bool = False  # products as S^T = KV Q^T, O^T = V^T P^T (tile rows as the MMA's M)
     pdl: bool = True  # programmatic dependent launch between the two kernels (and the previous op)
+    # Partials stored as FP16 O / l (|O / l| <= max |kv| <= 448) instead of FP32 O: half the bytes written and read
+    # back, as the CuTe kernel's cluster partials; the combine weighs them by l 2^(m - M).
+    fp16_partials: bool = False
 
     def splits(self, width: int) -> int:
         return triton.cdiv(width, self.block_n * self.tiles)
@@ -61,6 +64,11 @@ CONFIGS = tuple(
     for (b, t, s, w) in shapes
     for f in (False, True)
     if b >= 32 or not f  # an FP8 dot needs K >= 32: block_n 16 keeps P in FP16 (Triton 3.6 refuses to compile it)
+) + tuple(
+    # FP16 partials (thirty-fifth session's review: the FP32 ones double the bytes) on the shapes that won a case.
+    Config(block_n=b, tiles=t, num_stages=s, num_warps=w, kv_major=k, fp16_partials=True)
+    for k in (False, True)
+    for (b, t, s, w) in ((16, 1, 2, 4), (32, 1, 2, 4), (32, 1, 2, 8), (32, 4, 3, 4) if k else (32, 4, 3, 8))
 )
 DEFAULT = Config(block_n=32, tiles=1, num_warps=8, kv_major=True)
 # A short sweep for rounds with little device time.
@@ -73,7 +81,7 @@ def _split_kernel(q_ptr, swa_ptr, comp_ptr, idx_ptr, lens_ptr, part_o_ptr, part_
                   swa_rows, comp_rows, width, qk_scale,
                   HEADS: tl.constexpr, D: tl.constexpr, SWA: tl.constexpr,
                   BLOCK_N: tl.constexpr, TILES: tl.constexpr, FP8_PV: tl.constexpr, KV_MAJOR: tl.constexpr,
-                  PDL: tl.constexpr, STAGES: tl.constexpr):
+                  PDL: tl.constexpr, STAGES: tl.constexpr, PARTIAL_F16: tl.constexpr):
     t = tl.program_id(0)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -135,6 +143,13 @@ def _split_kernel(q_ptr, swa_ptr, comp_ptr, idx_ptr, lens_ptr, part_o_ptr, part_
         m = m_new
 
     part = t64 * splits + split
+    if PARTIAL_F16:
+        # O / l: bounded by max |kv| (an all-masked split has O = 0 and stays 0).
+        inv_l = 1.0 / tl.maximum(l, 1e-30)
+        if KV_MAJOR:
+            acc = (acc * inv_l[None, :]).to(tl.float16)
+        else:
+            acc = (acc * inv_l[:, None]).to(tl.float16)
     if KV_MAJOR:
         tl.store(part_o_ptr + part * HEADS * D + rh[None, :] * D + rd[:, None], acc)
     else:
@@ -146,7 +161,7 @@ def _split_kernel(q_ptr, swa_ptr, comp_ptr, idx_ptr, lens_ptr, part_o_ptr, part_
 @triton.jit
 def _combine_kernel(part_o_ptr, part_ml_ptr, sinks_ptr, out_ptr, splits, bmm2_scale,
                     HEADS: tl.constexpr, D: tl.constexpr, SPLITS_P2: tl.constexpr,
-                    HAS_SINKS: tl.constexpr, PDL: tl.constexpr):
+                    HAS_SINKS: tl.constexpr, PDL: tl.constexpr, PARTIAL_F16: tl.constexpr):
     t = tl.program_id(0)
     h = tl.program_id(1)
     t64 = t.to(tl.int64)
@@ -170,7 +185,10 @@ def _combine_kernel(part_o_ptr, part_ml_ptr, sinks_ptr, out_ptr, splits, bmm2_sc
     if HAS_SINKS:
         denom += tl.exp2(sink - m_use)
     o = tl.load(part_o_ptr + (base[:, None] * HEADS + h) * D + rd[None, :], mask=ok[:, None], other=0.0)
-    o = tl.sum(o * w[:, None], axis=0)
+    if PARTIAL_F16:  # the partials are O / l
+        o = tl.sum(o.to(tl.float32) * (w * l)[:, None], axis=0)
+    else:
+        o = tl.sum(o * w[:, None], axis=0)
     scale = tl.where(any_active & (denom > 0), bmm2_scale / denom, 0.0)
     tl.store(out_ptr + (t64 * HEADS + h) * D + rd, (o * scale).to(tl.bfloat16))
 
@@ -183,7 +201,8 @@ class TritonSparseMla:
         self.splits = config.splits(width)
         # The interpreter (TRITON_INTERPRET=1, CPU checks) has no grid-dependency control.
         self.pdl = config.pdl and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-        self.part_o = torch.empty(max(T, 1) * self.splits * HEADS * HEAD_DIM, dtype=torch.float32, device=device)
+        self.part_o = torch.empty(max(T, 1) * self.splits * HEADS * HEAD_DIM, device=device,
+                                  dtype=torch.float16 if config.fp16_partials else torch.float32)
         self.part_ml = torch.empty(max(T, 1) * self.splits * 2 * HEADS, dtype=torch.float32, device=device)
 
     def __call__(self, q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale, bmm2_scale, out=None):
@@ -202,13 +221,14 @@ class TritonSparseMla:
             q, swa_kv, compressed_kv, indices, lens, self.part_o, self.part_ml,
             swa_kv.shape[0], compressed_kv.shape[0], width, float(bmm1_scale) * LOG2E,
             HEADS=HEADS, D=HEAD_DIM, SWA=SWA_COLUMNS, BLOCK_N=c.block_n, TILES=c.tiles, FP8_PV=c.fp8_pv,
-            KV_MAJOR=c.kv_major, PDL=self.pdl, STAGES=c.num_stages, num_warps=c.num_warps, num_stages=c.num_stages,
-            launch_pdl=self.pdl)
+            KV_MAJOR=c.kv_major, PDL=self.pdl, STAGES=c.num_stages, PARTIAL_F16=c.fp16_partials,
+            num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=self.pdl)
         _combine_kernel[(T, HEADS)](
             self.part_o, self.part_ml, sinks if sinks is not None else self.part_ml, out,
             self.splits, float(bmm2_scale),
             HEADS=HEADS, D=HEAD_DIM, SPLITS_P2=triton.next_power_of_2(self.splits),
-            HAS_SINKS=sinks is not None, PDL=self.pdl, num_warps=4, launch_pdl=self.pdl)
+            HAS_SINKS=sinks is not None, PDL=self.pdl, PARTIAL_F16=c.fp16_partials, num_warps=4,
+            launch_pdl=self.pdl)
         return out
 
 
