@@ -34,7 +34,7 @@ class KernelParam(NamedTuple):
 
 class CubinInfo(NamedTuple):
     sm: int  # e.g. 90, 100
-    arch_specific: bool | None  # the "a" suffix where the flag layout records it, else None
+    arch_specific: bool  # the "a" suffix (a flag bit in both ELF flag layouts)
     kernels: dict  # symbol -> tuple[KernelParam, ...] ordered by ordinal
 
     def arch_matches(self, arch: str) -> bool:
@@ -42,7 +42,7 @@ class CubinInfo(NamedTuple):
         want_sm = int(arch[3:].rstrip("af"))
         if self.sm != want_sm:
             return False
-        return self.arch_specific is None or self.arch_specific == arch.endswith("a")
+        return self.arch_specific == arch.endswith("a")
 
     @property
     def arch(self) -> str:
@@ -107,7 +107,7 @@ def _sections(data: bytes):
     return {name(h[0]): data[h[4] : h[4] + h[5]] for h in heads}
 
 
-def _sm_of(data: bytes) -> tuple[int, bool | None]:
+def _sm_of(data: bytes) -> tuple[int, bool]:
     abi_version = data[8]
     (flags,) = struct.unpack_from("<I", data, 0x30)
     if abi_version == 7:  # layout v1: SM in the low byte, "a" as a flag bit

@@ -225,27 +225,32 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
         check_cubin_against_entry(data, entry, Path(path), manifest.arch)
     else:
         check_cubin_arch(data, entry, path, manifest.arch)
+        # The loader hands these bytes to the driver next, which does not bounds-check a crafted section
+        # table (seen: a hang, a segfault); the full check above parses the table anyway.
+        try:
+            check_section_table(data)
+        except CubinFormatError as e:
+            raise _unreadable_elf(e, entry, path, manifest.arch) from None
     tick("cubin_elf")
     return data
 
 
+def _unreadable_elf(e: CubinFormatError, entry: KernelEntry, path, arch: str) -> CubinIntegrityError:
+    return CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=Path(path), kernel=entry.name,
+                               fix=REBUILD.format(arch=arch))
+
+
 def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str):
-    """The ELF header's SM must be the manifest's arch and the section table inside the file; returns the header."""
+    """The ELF header's SM must be the manifest's arch; returns the parsed header."""
     try:
         info = read_header(data)
     except CubinFormatError as e:
-        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=Path(path), kernel=entry.name,
-                                  fix=REBUILD.format(arch=arch)) from None
+        raise _unreadable_elf(e, entry, path, arch) from None
     if not info.arch_matches(arch):
         raise CubinArchError(
             f"cubin targets {info.arch}, the manifest says {arch}.", file=Path(path), kernel=entry.name,
             fix=f"use the cubin built for {arch}: {REBUILD.format(arch=arch)}",
         )
-    try:
-        check_section_table(data)
-    except CubinFormatError as e:
-        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=Path(path), kernel=entry.name,
-                                  fix=REBUILD.format(arch=arch)) from None
     return info
 
 
@@ -258,8 +263,7 @@ def check_param_count(data: bytes, entry: KernelEntry, path, arch: str) -> None:
     try:
         count = kernel_param_count(data, entry.symbol)
     except CubinFormatError as e:
-        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=Path(path), kernel=entry.name,
-                                  fix=REBUILD.format(arch=arch)) from None
+        raise _unreadable_elf(e, entry, path, arch) from None
     if count is None:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=Path(path), kernel=entry.name,
                           fix=REBUILD.format(arch=arch))
@@ -277,8 +281,7 @@ def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) 
     try:
         info = read_cubin(data)
     except CubinFormatError as e:
-        raise CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=path, kernel=entry.name,
-                                  fix=fix) from None
+        raise _unreadable_elf(e, entry, path, arch) from None
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
     check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF")
