@@ -207,9 +207,8 @@ def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:
     """
     current = (_current_device or torch.cuda.current_device)()
     index = current if device.index is None else device.index
-    owner = getattr(kernel, "device", None)
-    if owner is not None and owner != index:
-        raise ValueError(f"{kernel.name}: loaded for cuda:{owner}, the tensors are on cuda:{index}; "
+    if kernel.device is not None and kernel.device != index:
+        raise ValueError(f"{kernel.name}: loaded for cuda:{kernel.device}, the tensors are on cuda:{index}; "
                          f"launch the kernel of runtime.load(device={index})")
     if index == current:
         kernel.launch(grid, *args)

@@ -275,6 +275,8 @@ def test_launch_on_switches_to_the_tensors_device(monkeypatch):
             current["index"] = before
 
     class FakeKernel:
+        device = None  # not tied to a device, as Kernel's stand-ins
+
         def launch(self, grid, *args):
             calls.append((current["index"], grid, args))
 
