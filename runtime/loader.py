@@ -203,7 +203,8 @@ def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:
 
     A launch goes to the current device's stream, so a call whose tensors live on another
     GPU than the current one switches devices around the launch (the common case, the
-    current device, costs one comparison).
+    current device, costs one comparison). A kernel loaded for another device than the
+    tensors' is refused: its shared-memory and cluster attributes are that device's.
     """
     current = (_current_device or torch.cuda.current_device)()
     index = current if device.index is None else device.index
