@@ -23,6 +23,7 @@ import ctypes
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -196,6 +197,13 @@ class _LaunchAttributes:
             a.value.programmaticStreamSerializationAllowed = 1
             self._pdl = a
         return self._pdl
+
+
+def warn_fallback(op: str, device: str, error: BaseException) -> None:
+    """Say that ``op`` runs its exact torch fallback on ``device`` because the cache cannot serve it. The ops
+    remember the refusal and call this once: every later call takes the fallback without asking again."""
+    warnings.warn(f"{op}: the AOT cache cannot serve {device}, the exact torch fallback runs instead: "
+                  f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=4)
 
 
 def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 
 import torch
 
 from .contract import sparse_mla_decode as contract
-from .loader import launch_on
+from .loader import launch_on, warn_fallback
 from .overlap import overlaps
 from .reference import sparse_mla_decode_reference
 
@@ -129,8 +128,7 @@ def _kernel(width: int, has_sinks: bool, device):
         except runtime.CacheError as e:
             # Memoized: a refused load costs tens of milliseconds, which every call would pay again. Said once,
             # since every call then takes the torch reference.
-            warnings.warn(f"sparse_mla_decode: the AOT cache cannot serve cuda:{index}, the torch reference "
-                          f"runs instead: {e}", RuntimeWarning, stacklevel=3)
+            warn_fallback("sparse_mla_decode", f"cuda:{index}", e)
             cache = None
         name = contract.variant_name(width, has_sinks)
         _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None

@@ -22,12 +22,11 @@ reference computes the same set.
 from __future__ import annotations
 
 import threading
-import warnings
 
 import torch
 
 from .contract import decode_topk as contract
-from .loader import launch_on
+from .loader import launch_on, warn_fallback
 from .overlap import overlaps
 from .reference import decode_topk_reference
 
@@ -177,9 +176,7 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
                 plan = _Plan(cache, dtype, block_mode)
                 _plans[key] = plan if plan.kernels else None
             except Exception as e:  # no cache for this device: the fallback serves it (said once a key)
-                warnings.warn(f"decode_topk: the AOT cache cannot serve {device} ({dtype}, block_mode={block_mode}), "
-                              f"the exact torch fallback runs instead: {type(e).__name__}: {e}", RuntimeWarning,
-                              stacklevel=2)
+                warn_fallback(f"decode_topk ({dtype}, block_mode={block_mode})", str(device), e)
                 _plans[key] = None
         return _plans[key]
 
