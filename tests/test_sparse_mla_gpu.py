@@ -231,7 +231,7 @@ def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0):
     # reference near 0 (the emulation: <= 1e-4 of |ref|^2 on these cases), while a wrong scale or
     # normalisation shifts it by its own size. The elementwise budget above (3 x the token's largest
     # emulation error) lets such errors of a few percent through; this does not (2^-9: half a BF16 unit).
-    bias = float(((got - ref) * ref).sum() / (ref * ref).sum().clamp(min=1e-30))
+    bias = _bias(got, ref)
     assert abs(bias) <= BIAS_REL, f"systematic relative error {bias:.3g} (emulation {_bias(emu, ref):.3g})"
 
 
@@ -239,6 +239,7 @@ BIAS_REL = 2.0 ** -9
 
 
 def _bias(got, ref):
+    """The error's projection on the reference, relative to |ref|^2: the output's systematic relative error."""
     return float(((got - ref) * ref).sum() / (ref * ref).sum().clamp(min=1e-30))
 
 
