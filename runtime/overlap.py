@@ -14,21 +14,34 @@ import torch
 
 def _runs(t: torch.Tensor):
     """(first byte, runs, bytes between runs, bytes a run) of a contiguous tensor or a 2-D one with
-    unit column stride; None when it holds no element."""
-    if t.numel() == 0:
+    unit column stride; None when it holds no element or no memory (meta: every data_ptr is 0)."""
+    nbytes = t.nbytes
+    if nbytes == 0 or t.is_meta:
         return None
-    es = t.element_size()
     if t.is_contiguous():
-        return t.data_ptr(), 1, 0, t.numel() * es
+        return t.data_ptr(), 1, 0, nbytes
     rows, cols = t.shape  # the callers pass nothing else
+    es = t.element_size()
     return t.data_ptr(), rows, t.stride(0) * es, cols * es
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether any byte of ``a`` is a byte of ``b`` (tensors on one device)."""
-    if a.device.type == "meta":  # no memory (every data_ptr is 0)
-        return False
-    ra, rb = _runs(a), _runs(b)
+    return _runs_overlap(_runs(a), _runs(b))
+
+
+def first_overlap(out: torch.Tensor, named) -> str | None:
+    """The name of the first (name, tensor or None) in ``named`` that shares a byte with ``out``, else None
+    (out's layout is read once: the host ops check every input of a call)."""
+    ro = _runs(out)
+    for name, t in named:
+        if t is not None and _runs_overlap(ro, _runs(t)):
+            return name
+    return None
+
+
+def _runs_overlap(ra, rb) -> bool:
+    """Whether two _runs layouts share a byte (None: no bytes)."""
     if ra is None or rb is None:
         return False
     if ra[1] > rb[1]:

@@ -17,7 +17,7 @@ import torch
 
 from .contract import sparse_mla_decode as contract
 from .loader import launch_on, warn_fallback
-from .overlap import overlaps
+from .overlap import first_overlap
 from .reference import sparse_mla_decode_reference
 
 FP8 = torch.float8_e4m3fn
@@ -103,11 +103,11 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
         if out.device != device:
             raise ValueError(f"out is on {out.device}, q on {device}")
         _check_aligned("out", out)
-        for name, t in (("q", q), ("swa_kv", swa_kv), ("compressed_kv", compressed_kv), ("indices", indices),
-                        ("lens", lens), ("sinks", sinks)):
-            if t is not None and overlaps(out, t):
-                raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
-                                 f"pass an out of its own")
+        name = first_overlap(out, (("q", q), ("swa_kv", swa_kv), ("compressed_kv", compressed_kv),
+                                   ("indices", indices), ("lens", lens), ("sinks", sinks)))
+        if name is not None:
+            raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
+                             f"pass an out of its own")
     return T, width
 
 

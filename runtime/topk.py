@@ -27,7 +27,7 @@ import torch
 
 from .contract import decode_topk as contract
 from .loader import launch_on, warn_fallback
-from .overlap import overlaps
+from .overlap import first_overlap
 from .reference import decode_topk_reference
 
 SUPPORTED_K = contract.SUPPORTED_K
@@ -99,10 +99,10 @@ def _check_args(logits, row_ends, out, block_mode):
     if row_ends.device != logits.device or out.device != logits.device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
                          f"{row_ends.device} and {out.device}")
-    for name, t in (("logits", logits), ("row_ends", row_ends)):
-        if overlaps(out, t):
-            raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
-                             f"pass an out of its own")
+    name = first_overlap(out, (("logits", logits), ("row_ends", row_ends)))
+    if name is not None:
+        raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
+                         f"pass an out of its own")
     return rows, width, k
 
 
