@@ -1,6 +1,6 @@
 """decode_topk under compute-sanitizer: a few small launches of every path, checked against the reference.
 
-    compute-sanitizer --tool {memcheck,racecheck,synccheck} python3 gpu/jobs/topk_sanitize.py
+    compute-sanitizer --tool {memcheck,racecheck,synccheck} python3 gpu/jobs/topk_sanitize.py [--quick] [--shard=I/N]
 
 Covers cluster sizes 1, 2 and 16, the 2-CTA one-CTA-an-SM twin ("twin2": step 1's table on a pair) and the
 short-row kernel, FP32/BF16, token/block mode, both step-1 loops (a
@@ -41,38 +41,40 @@ def main() -> int:
                   # every recorded sanitizer run so far (all --quick) left them out.
                   ("f32", torch.float32, False, 16, 110003), ("bf16", torch.bfloat16, False, 8, 40003),
                   ("bf16", torch.bfloat16, True, 16, 40003)]
-    for dtype, tdtype, block_mode, cluster, width in combos:
-        if True:
-            if True:
-                if cluster == "row":
-                    kernel = cache.kernel(contract.row_name_for(dtype, block_mode))
-                    cluster = 1
-                elif cluster in ("twin2", "twin4"):
-                    cluster = int(cluster[-1])
-                    kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster, full_sm=True))
-                else:
-                    kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
-                k = 512
-                stride = width + 5
-                for kind in (("randn", "equal") if quick else ("randn", "equal", "ties")):
-                    x = torch.randn(3, stride, device="cuda")
-                    if kind == "equal":
-                        x[:] = 1.5
-                    elif kind == "ties":
-                        x = torch.randint(0, 7, (3, stride), device="cuda").float()
-                    x = x.to(tdtype)
-                    # Row ends: full, short of k, clipped past the width, and (ties) none or negative.
-                    last = {"randn": width - 5, "equal": width + 7, "ties": -3}[kind]
-                    ends = torch.tensor([width, 300 if kind != "ties" else 0, last], dtype=torch.int32, device="cuda")
-                    out = torch.full((3, k), -7, dtype=torch.int32, device="cuda")
-                    kernel.launch(3 * cluster, x.data_ptr(), ends.data_ptr(), out.data_ptr(), width, stride,
-                                  out.stride(0), k)
-                    torch.cuda.synchronize()
-                    ref = decode_topk_reference(x[:, :width], ends, k, block_mode=block_mode)
-                    cases += 1
-                    if not torch.equal(torch.sort(out, 1).values, torch.sort(ref, 1).values):
-                        bad += 1
-                        print(f"MISMATCH {kernel.name} {kind}", flush=True)
+    # --shard I/N: the I-th of N interleaved parts of the cases, so that racecheck's full mode (slow) can run as
+    # N processes side by side.
+    shard = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--shard=")), "0/1")
+    part, parts = (int(v) for v in shard.split("/"))
+    for dtype, tdtype, block_mode, cluster, width in combos[part::parts]:
+        if cluster == "row":
+            kernel = cache.kernel(contract.row_name_for(dtype, block_mode))
+            cluster = 1
+        elif cluster in ("twin2", "twin4"):
+            cluster = int(cluster[-1])
+            kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster, full_sm=True))
+        else:
+            kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
+        k = 512
+        stride = width + 5
+        for kind in (("randn", "equal") if quick else ("randn", "equal", "ties")):
+            x = torch.randn(3, stride, device="cuda")
+            if kind == "equal":
+                x[:] = 1.5
+            elif kind == "ties":
+                x = torch.randint(0, 7, (3, stride), device="cuda").float()
+            x = x.to(tdtype)
+            # Row ends: full, short of k, clipped past the width, and (ties) none or negative.
+            last = {"randn": width - 5, "equal": width + 7, "ties": -3}[kind]
+            ends = torch.tensor([width, 300 if kind != "ties" else 0, last], dtype=torch.int32, device="cuda")
+            out = torch.full((3, k), -7, dtype=torch.int32, device="cuda")
+            kernel.launch(3 * cluster, x.data_ptr(), ends.data_ptr(), out.data_ptr(), width, stride,
+                          out.stride(0), k)
+            torch.cuda.synchronize()
+            ref = decode_topk_reference(x[:, :width], ends, k, block_mode=block_mode)
+            cases += 1
+            if not torch.equal(torch.sort(out, 1).values, torch.sort(ref, 1).values):
+                bad += 1
+                print(f"MISMATCH {kernel.name} {kind}", flush=True)
     print(f"{cases - bad}/{cases} cases match", flush=True)
     return 1 if bad else 0
 
