@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # limit: 560
 # One whole verification pass on the committed tree (carry .whl): every GPU test (DeepGEMM installed from the
-# carried wheel), then the sanitizers of both kernel families side by side (sparse MLA's small launches with the
-# edge inputs; decode_topk's full mode: every cluster size, the twins and the short-row kernel), then the indexer
+# carried wheel), then the sanitizers of both kernel families (sparse MLA's small launches with the edge inputs;
+# decode_topk's full mode: every cluster size, the twins and the short-row kernel; its racecheck in shards), then the indexer
 # job (tests, benchmark, zero-JIT probes, memcheck of one step). Reports under $JOB_OUT.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
@@ -10,17 +10,18 @@ echo "=== 1. all GPU tests"
 bash gpu/jobs/all_gpu_tests.sh 2>&1 | tee "$JOB_OUT/all_gpu_tests.log" | tail -25
 echo "=== 2. sanitizers (sparse MLA 3 tools + decode_topk full mode 3 tools, in parallel)"
 S=/usr/local/cuda/bin/compute-sanitizer
-for tool in memcheck racecheck synccheck; do
-  extra=; [ $tool = racecheck ] && extra="--racecheck-report all"
-  ( timeout 230 $S --tool $tool $extra --report-api-errors no --error-exitcode 3 --print-limit 10 \
+for tool in memcheck synccheck; do
+  ( timeout 230 $S --tool $tool --report-api-errors no --error-exitcode 3 --print-limit 10 \
       python3 gpu/jobs/topk_sanitize.py > "$JOB_OUT/topk_sanitizer_$tool.txt" 2>&1
     echo "rc=$?" >> "$JOB_OUT/topk_sanitizer_$tool.txt" ) &
 done
 bash gpu/tools/mla_sanitize.sh 120
 wait
-for tool in memcheck racecheck synccheck; do
+for tool in memcheck synccheck; do
   echo "-- topk $tool rc/tail"; tail -n 5 "$JOB_OUT/topk_sanitizer_$tool.txt"
 done
+echo "-- topk racecheck (full mode, sharded)"
+bash gpu/jobs/topk_racecheck_full.sh
 echo "=== 3. indexer job (took ${SECONDS}s so far)"
 mkdir -p "$JOB_OUT/indexer"
 JOB_OUT="$JOB_OUT/indexer" bash gpu/jobs/indexer.sh 2>&1 | tee "$JOB_OUT/indexer/indexer.log" | tail -40
