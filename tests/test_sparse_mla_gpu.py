@@ -442,7 +442,8 @@ def make_edge_case(width: int, *, device="cuda", swa_rows=SWA_ROWS, comp_rows=CO
 @pytest.mark.parametrize("with_sinks", [True, False])
 @pytest.mark.parametrize("width", [128, 640])
 def test_kernel_edge_inputs(width, with_sinks, pools):
-    """Not run by the reviewer (no GPU): written against the reference's definition."""
+    """The kernel on make_edge_case's inputs (lens past the width and negative, extreme and boundary indices, empty
+    pools, one or two active columns, a -inf sink) equals the reference."""
     from runtime.sparse_mla import sparse_mla_decode
 
     rows = dict(both=(SWA_ROWS, COMP_ROWS), empty_compressed=(SWA_ROWS, 0), empty_swa=(0, COMP_ROWS))[pools]

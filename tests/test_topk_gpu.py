@@ -151,7 +151,7 @@ def _adversarial(kind, rows, width, dtype, seed=0):
     if kind == "nan_signs_inf":
         # NaNs with the sign bit set and other payloads (a negated NaN; CUDA's canonical 0x7FFFFFFF), set as bits
         # after the conversion (which canonicalises a NaN), and +inf: all -inf but the +inf, in every fast path's
-        # NaN test. Written by the review, not run (no GPU).
+        # NaN test.
         f32 = dtype == torch.float32
         ibits = padded.view(torch.int32 if f32 else torch.int16)
         nans = ([0xFFC00000, 0x7FFFFFFF, 0xFFFFFFFF, 0xFF800001] if f32 else [0xFFC0, 0x7FFF, 0xFFFF, 0xFF81])
