@@ -7,9 +7,11 @@ parameter layout) live here so that the build, the loader, CI tests and
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -93,6 +95,9 @@ def default_root() -> Path:
     return Path(sys.prefix) / "share" / "sparse_decode_aot"
 
 
+MANIFEST_MAX_BYTES = 16 << 20  # a real one is tens of KiB; the bound keeps a crafted one from filling memory
+
+
 def manifest_path(root: Path, arch: str) -> Path:
     return Path(root) / "manifests" / f"{arch}.json"
 
@@ -103,7 +108,10 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     path = manifest_path(root, arch)
     fix = REBUILD.format(arch=arch)
     try:
-        data = json.loads(path.read_text())
+        text = _read_regular_file(str(path), MANIFEST_MAX_BYTES + 1)
+        if len(text) > MANIFEST_MAX_BYTES:
+            raise ValueError(f"over {MANIFEST_MAX_BYTES} bytes")
+        data = json.loads(text)
     except FileNotFoundError:
         raise SchemaError("manifest not found.", file=path, fix=fix) from None
     except (OSError, ValueError) as e:
@@ -202,12 +210,11 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
     """
     path = _cubin_path(manifest, entry)
     try:
-        with open(path, "rb") as f:
-            data = f.read(entry.size + 1)  # bounded: a path naming /dev/zero or a huge file is refused below
+        data = _read_regular_file(path, entry.size + 1)  # bounded: a huge file is refused below
     except FileNotFoundError:
         raise MissingCubinError("cubin is missing.", file=Path(path), kernel=entry.name,
                                 fix=REBUILD.format(arch=manifest.arch)) from None
-    except (OSError, ValueError) as e:  # a directory, no permission, a NUL in the path
+    except (OSError, ValueError) as e:  # a directory, a FIFO or device, no permission, a NUL in the path
         raise CubinIntegrityError(f"cubin is not a readable file ({e}).", file=Path(path), kernel=entry.name,
                                   fix=REBUILD.format(arch=manifest.arch)) from None
     tick("cubin_read")
@@ -233,6 +240,23 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
             raise _unreadable_elf(e, entry, path, manifest.arch) from None
     tick("cubin_elf")
     return data
+
+
+def _read_regular_file(path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of the regular file at ``path`` (a symlink is followed).
+
+    Opened non-blocking and checked with fstat before any read: the path (or a symlink's target, which the
+    lexical root check does not follow) naming a FIFO, a socket or a device would otherwise block the load
+    or read an endless stream. O_NONBLOCK changes nothing for a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)
 
 
 def _unreadable_elf(e: CubinFormatError, entry: KernelEntry, path, arch: str) -> CubinIntegrityError:

@@ -86,10 +86,49 @@ def test_cubin_path_refused(cache, path, error, match):
         check_cache(cache, "sm_90a")
 
 
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero", "/dev/null"])
+def test_cubin_symlink_to_a_special_file(cache, target):
+    """A cubin path inside the root whose symlink names a FIFO or a device (the lexical root check does not
+    follow links): refused as not a regular file, without blocking on the FIFO or reading the device."""
+    import os
+
+    cubin = first_cubin(cache)
+    if target == "fifo":
+        target = str(cubin.parent / "writer_never_comes")
+        os.mkfifo(target)
+    cubin.unlink()
+    cubin.symlink_to(target)
+    with pytest.raises(errors.CubinIntegrityError, match="not a readable file.*not a regular file"):
+        check_cache(cache, "sm_90a")
+
+
 @pytest.mark.parametrize("schema", [0, 2, "1", None])
 def test_unknown_schema(cache, schema):
     edit_manifest(cache, "sm_90a", lambda d: d.update(schema=schema))
     with pytest.raises(errors.SchemaError, match="schema"):
+        check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
+def test_manifest_symlink_to_a_special_file(cache, target):
+    """A manifest that is a FIFO or a device: refused, without blocking on the FIFO or reading the device."""
+    import os
+
+    path = manifest_path(cache, "sm_90a")
+    path.unlink()
+    if target == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(target)
+    with pytest.raises(errors.SchemaError, match="not readable JSON.*not a regular file"):
+        check_cache(cache, "sm_90a")
+
+
+def test_oversized_manifest(cache, monkeypatch):
+    import runtime.manifest as manifest
+
+    monkeypatch.setattr(manifest, "MANIFEST_MAX_BYTES", 100)
+    with pytest.raises(errors.SchemaError, match="over 100 bytes"):
         check_cache(cache, "sm_90a")
 
 
