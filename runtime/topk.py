@@ -168,16 +168,15 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
         return plan
     with _plans_lock:
         if key not in _plans:
-            try:
-                import runtime
+            import runtime  # the package: load() is memoized per device
 
-                with torch.cuda.device(device):
-                    cache = runtime.load()
-                plan = _Plan(cache, dtype, block_mode)
-                _plans[key] = plan if plan.kernels else None
-            except Exception as e:  # no cache for this device: the fallback serves it (said once a key)
+            try:
+                cache = runtime.load(device=device.index)
+            except runtime.CacheError as e:  # no cache for this device: the fallback serves it (said once a key)
                 warn_fallback(f"decode_topk ({dtype}, block_mode={block_mode})", str(device), e)
-                _plans[key] = None
+                cache = None
+            plan = _Plan(cache, dtype, block_mode) if cache is not None else None
+            _plans[key] = plan if plan is not None and plan.kernels else None
         return _plans[key]
 
 

@@ -74,8 +74,8 @@ def test_flow_deepgemm_aot_topk_equals_reference(candidates):
         assert torch.equal(_sets(state.candidate_blocks[:16]), _sets(want_blocks))
     from runtime.topk import supports_decode_topk
 
-    # decode_topk falls back to decode_topk_reference without a word (runtime/topk.py _plan_for): without this the
-    # test compares the reference with itself.
+    # decode_topk falls back to decode_topk_reference where the cache refuses the device (one RuntimeWarning):
+    # without this the test compares the reference with itself.
     assert supports_decode_topk(logits, 16, a["k"], False), "the AOT top-k must take the 16 rows"
     if candidates:
         assert supports_decode_topk(logits, 16, candidates, True), "the AOT top-k must take the candidate blocks"

@@ -417,8 +417,23 @@ def test_refused_cache_is_said_once(monkeypatch):
 
     monkeypatch.setattr(runtime, "load", refuse)
     monkeypatch.setattr(topk, "_plans", {})
-    monkeypatch.setattr(topk.torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
     device = torch.device("cuda", 0)
     with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*no manifest"):
         assert topk._plan_for(device, "f32", False) is None
     assert topk._plan_for(device, "f32", False) is None  # memoized: no second warning (pytest -W error would raise)
+
+
+def test_plan_error_other_than_a_refusal_is_raised(monkeypatch):
+    """Only the cache's refusals (CacheError) send decode_topk to the fallback; any other error (a bug) is raised,
+    not turned into a silent slow path."""
+    import runtime
+    from runtime import topk
+
+    def broken(*a, **k):
+        raise AttributeError("a bug in the loader")
+
+    monkeypatch.setattr(runtime, "load", broken)
+    monkeypatch.setattr(topk, "_plans", {})
+    with pytest.raises(AttributeError, match="a bug in the loader"):
+        topk._plan_for(torch.device("cuda", 0), "f32", False)
+    assert topk._plans == {}  # nothing memoized: the next call asks again
