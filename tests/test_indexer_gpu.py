@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import REQUIRE_GPU
 from indexer_cases import Loopback, make_state, make_step
 from runtime import reference
 from runtime.indexer import SingleRank, decode_rows
@@ -26,6 +27,8 @@ HEADS, HEAD_DIM = 64, 128  # DeepSeek's indexer: 64 heads of 128
 def _deepgemm():
     ok, why = deepgemm_status()
     if not ok:
+        if REQUIRE_GPU:
+            pytest.fail(f"DeepGEMM cannot score here: {why}")
         pytest.skip(f"DeepGEMM cannot score here: {why}")
     from runtime.scoring import DeepGemmScorer
 

@@ -244,7 +244,7 @@ def _call_with(fn, name, mutate):
 
 @pytest.mark.parametrize("name,mutate,exc", BAD, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(BAD)])
 def test_host_op_rejects_bad_arguments(name, mutate, exc):
-    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    from runtime import sparse_mla
     for fn in (sparse_mla.sparse_mla_decode, sparse_mla.supports_sparse_mla):
         with pytest.raises(exc, match=rf"\b{name}\b"):
             _call_with(fn, name, mutate)
@@ -252,7 +252,7 @@ def test_host_op_rejects_bad_arguments(name, mutate, exc):
 
 def test_host_op_accepts_valid_arguments_on_cpu():
     # On a machine without the cache's GPU the op computes with the reference, exactly.
-    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    from runtime import sparse_mla
     args, kw = _valid_call()
     out = kw["out"].fill_(float("nan"))
     assert sparse_mla.sparse_mla_decode(*args, **kw) is out
@@ -265,7 +265,7 @@ def test_host_op_accepts_valid_arguments_on_cpu():
 
 
 def test_host_op_width_check():
-    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    from runtime import sparse_mla
     for width in (0, 64, 256, 512, 768):
         with pytest.raises(ValueError, match="width"):
             sparse_mla.max_tokens(width)
@@ -381,7 +381,7 @@ def test_owner_weighted_chunk_merge(with_sinks):
 def test_host_op_rejects_out_overlapping_an_input():
     """The kernel reads q, the pools, indices, lens and sinks while other CTAs write out: an out sharing any byte
     with them (fully or partly) is refused; disjoint parts of one buffer are fine."""
-    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    from runtime import sparse_mla
     args, kw = _valid_call(T=3)
     q = args[0]
     raw = torch.zeros(3 * H * D * 2 + 3 * H * D, dtype=torch.uint8)
@@ -406,7 +406,7 @@ def test_host_op_rejects_out_overlapping_an_input():
 def test_host_op_rejects_scales_past_float32(value):
     """The kernel takes the scales as float32: a finite double past its range would become inf there (NaN outputs),
     and an int past a double's range must not escape as OverflowError."""
-    sparse_mla = pytest.importorskip("runtime.sparse_mla")
+    from runtime import sparse_mla
     for name in ("bmm1_scale", "bmm2_scale"):
         with pytest.raises(ValueError, match=rf"\b{name}\b"):
             _call_with(sparse_mla.sparse_mla_decode, name, lambda v: value)

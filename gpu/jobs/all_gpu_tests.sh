@@ -2,7 +2,8 @@
 # limit: 240
 # Every GPU test of the repository on the committed tree (runtime, sparse MLA, decode_topk, indexer with DeepGEMM
 # from the carried .whl), after the loader's own verification of the cache against the device.
-set -u
+set -uo pipefail
+export SPARSE_DECODE_AOT_REQUIRE_GPU=1  # a GPU test that would skip fails here
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
 python3 -m runtime verify 2>&1 | tail -3
