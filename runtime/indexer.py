@@ -21,12 +21,14 @@ branch and issue the same collectives.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 
-from . import reference
+from . import reference, topk
 from .scoring import Scorer, check_scoring_inputs, default_scorer
 
 # Below this many rows a step is launch-bound: a slice saves no time and the
@@ -80,7 +82,8 @@ class IndexerState:
         if self.topk_backend not in ("auto", "torch"):
             raise ValueError(f"topk_backend: expected 'auto' or 'torch', got {self.topk_backend!r}")
         if self.scorer is None:
-            self.scorer = default_scorer(self.topk_indices.device)
+            with _on_device(self.topk_indices.device):  # DeepGemmScorer reads the current device's SMs and arch
+                self.scorer = default_scorer(self.topk_indices.device)
 
     @property
     def max_rows(self) -> int:
@@ -219,6 +222,23 @@ def row_shard_bounds(num_rows: int, num_requests: int, world_size: int, rank: in
 # Plan and finish
 # ---------------------------------------------------------------------------
 
+def _on_device(device: torch.device):
+    """``device`` made current for a block (nothing on a CPU state): DeepGEMM's kernels and torch's fills and
+    copies go to the current device's stream, so a state on cuda:1 while cuda:0 is current must switch first,
+    as the host ops' launch_on does."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _on_state_device(step):
+    """``step(state, ...)`` run with the state's GPU current."""
+    @functools.wraps(step)
+    def on_state_device(state, *args, **kwargs):
+        with _on_device(state.topk_indices.device):
+            return step(state, *args, **kwargs)
+    return on_state_device
+
+
+@_on_state_device
 def plan_decode_rows(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup) -> DecodeRowsPlan | None:
     """The first part of ``decode_rows``: None when the caller's stock path should
     run (nothing issued); else reset the step's top-k rows to -1 and build the
@@ -253,6 +273,7 @@ def plan_decode_rows(state: IndexerState, metadata: DecodeMetadata | None, tp: T
                           tp.world_size, state.topk_indices.shape[0])
 
 
+@_on_state_device
 def finish_decode_rows(
     state: IndexerState,
     q: torch.Tensor,
@@ -369,42 +390,20 @@ def _selector(state: IndexerState, logits: torch.Tensor) -> Select:
     backend (the AOT kernel where ``supports_decode_topk`` allows, its exact
     fallback elsewhere), else the exact torch selection."""
     if state.topk_backend == "auto" and logits.is_cuda:
-        topk = _import_topk()
-        if topk is not None:
-            decode_topk, widths = topk.decode_topk, topk.SUPPORTED_K
-
-            def select(lg, ends, out, block_mode):
-                if out.shape[1] not in widths:  # a k the AOT op does not take
-                    _reference_select(lg, ends, out, block_mode)
-                else:
-                    # Right behind DeepGEMM's scoring, which does not trigger its dependents early:
-                    # plain stream order (decode_topk's pdl).
-                    _into(out, lambda dst: decode_topk(lg, ends, dst, block_mode=block_mode, pdl=False))
-
-            return select
+        return _aot_select
     if state.topk_backend == "torch" and logits.is_cuda:
         return _torch_topk_select
     return _reference_select
 
 
-def _import_topk():
-    """``runtime.topk`` (the AOT top-k host op), or None where it does not exist yet."""
-    try:
-        from . import topk  # noqa: PLC0415 - lazy: a teammate's module, loads the AOT cache
-    except ImportError:
-        return None
-    return topk
-
-
-def _into(out: torch.Tensor, write: Callable[[torch.Tensor], None]) -> None:
-    """Run ``write`` on ``out``, through a contiguous temporary where ``out`` is a
-    strided view (the top-k columns of a wider buffer)."""
-    if out.is_contiguous():
-        write(out)
-        return
-    tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-    write(tmp)
-    out.copy_(tmp)
+def _aot_select(logits, row_ends, out, block_mode) -> None:
+    """``decode_topk`` (the AOT kernel, or its exact fallback), straight into ``out`` (a column slice of a wider
+    buffer is a row stride to it, not a temporary and a copy); a k it does not take goes to the reference."""
+    if out.shape[1] not in topk.SUPPORTED_K:
+        _reference_select(logits, row_ends, out, block_mode)
+    else:
+        # Right behind DeepGEMM's scoring, which does not trigger its dependents early: plain stream order.
+        topk.decode_topk(logits, row_ends, out, block_mode=block_mode, pdl=False)
 
 
 def _reference_select(logits, row_ends, out, block_mode) -> None:

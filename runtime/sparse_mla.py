@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 
 import torch
 
@@ -112,6 +113,7 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
 
 
 _kernels: dict = {}
+_kernels_lock = threading.Lock()
 
 
 def _kernel(width: int, has_sinks: bool, device):
@@ -120,19 +122,23 @@ def _kernel(width: int, has_sinks: bool, device):
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, width, has_sinks)
-    if key not in _kernels:
-        import runtime  # the package: load() is memoized per device
+    kernel = _kernels.get(key)
+    if kernel is not None or key in _kernels:
+        return kernel
+    with _kernels_lock:  # concurrent first calls: one load and, where it is refused, one warning
+        if key not in _kernels:
+            import runtime  # the package: load() is memoized per device
 
-        try:
-            cache = runtime.load(device=index)
-        except runtime.CacheError as e:
-            # Memoized: a refused load costs tens of milliseconds, which every call would pay again. Said once,
-            # since every call then takes the torch reference.
-            warn_fallback("sparse_mla_decode", f"cuda:{index}", e)
-            cache = None
-        name = contract.variant_name(width, has_sinks)
-        _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
-    return _kernels[key]
+            try:
+                cache = runtime.load(device=index)
+            except runtime.CacheError as e:
+                # Memoized: a refused load costs tens of milliseconds, which every call would pay again. Said
+                # once, since every call then takes the torch reference.
+                warn_fallback("sparse_mla_decode", f"cuda:{index}", e)
+                cache = None
+            name = contract.variant_name(width, has_sinks)
+            _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
+        return _kernels[key]
 
 
 def supports_sparse_mla(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale=1.0,
@@ -150,11 +156,16 @@ def max_tokens(width: int, device=None) -> int:
     """Tokens that run in one wave on ``device``: resident clusters of ``width / 128`` CTAs.
 
     The kernel's occupancy (two CTAs an SM) is in ``cuOccupancyMaxActiveClusters``, which the
-    loader measures per kernel. 0 where the cache has no kernel for the device.
+    loader measures per kernel. 0 where the cache has no kernel for the device, and without
+    ``device`` on a machine where torch sees no CUDA device.
     """
     if width not in WIDTHS:
         raise ValueError(f"width {width} is not supported; widths: {WIDTHS}")
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if device is None:
+        if not torch.cuda.is_available():
+            return 0
+        device = torch.cuda.current_device()
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     k = _kernel(width, True, device)
     return 0 if k is None else int(k.max_active_clusters)
 
@@ -171,7 +182,10 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
 
     ``pdl``: launch with programmatic dependent launch (the kernel reads the sinks and sets up its
     barriers while the previous kernel finishes; the next may be scheduled once the scores are
-    issued). False launches in plain stream order, as decode_topk(pdl=False) does.
+    issued). False launches in plain stream order, as decode_topk(pdl=False) does. With PDL the
+    sinks are read before the kernel waits for the previous grid (they are weights): keep them in
+    a buffer that no kernel of the step writes (filled at model load, not ``sinks=param.float()``
+    each step), or pass ``pdl=False``.
     """
     T, width = _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out)
     if out is None:

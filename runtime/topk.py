@@ -15,8 +15,9 @@ fallback's is best first); compare rows as sets.
 
 The cached kernel takes the call where ``supports_decode_topk`` says so (one wave
 on this device, aligned FP32/BF16 logits): the short-row kernel (one CTA a row) on
-short rows (``_Plan.choose``), else a cluster kernel; otherwise the exact torch
-reference computes the same set.
+short rows (``_Plan.choose``), else a cluster kernel. More rows than one wave of any
+cached kernel holds go as several launches of even size, each one wave (``decode_topk``);
+otherwise the exact torch reference computes the same set.
 """
 
 from __future__ import annotations
@@ -209,12 +210,23 @@ def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
     return plan.choose(rows, width)
 
 
+def _one_wave_rows(logits: torch.Tensor, block_mode: bool) -> int:
+    """The most rows that one wave of any cached kernel of these logits' (device, dtype, mode) takes; 0 where
+    the cache has none."""
+    plan = _plan_for(logits.device, _DTYPES[logits.dtype], block_mode)
+    if plan is None:
+        return 0
+    most = [m for _, m in plan.kernels.values()] + ([plan.row[1]] if plan.row is not None else [])
+    return max(most, default=0)
+
+
 def supports_decode_topk(logits: torch.Tensor, rows: int, k: int, block_mode: bool) -> bool:
     """Whether the cluster kernel takes ``rows`` rows of ``logits`` with this ``k`` in one wave on this device.
 
     False for CPU tensors, unaligned logits (16-byte start and row stride), a ``k``
-    outside ``SUPPORTED_K``, a GPU without a cache, or more rows than one wave of the
-    smallest fitting cluster holds; ``decode_topk`` then uses the exact torch fallback.
+    outside ``SUPPORTED_K`` or a GPU without a cache, where ``decode_topk`` uses the exact
+    torch fallback; and for more rows than one wave of any cached kernel holds, which
+    ``decode_topk`` launches a wave at a time.
     """
     if not _shape_supported(logits, int(k)):
         return False
@@ -230,11 +242,24 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
     not trigger its dependents early, such as DeepGEMM's scoring, pass False: measured on the H200
     (decode_topk_ab_h200.json: pdl_ab) scoring + selection was 0.1-0.4 us slower with PDL there,
     while a chain of selections was 3-7 % faster.
+
+    More rows than one wave of any cached kernel holds (264 on the H200) run as the fewest launches of
+    even size that each fit one wave, rather than through the torch reference (milliseconds, and int64
+    temporaries of several times the logits' size).
     """
     rows, width, k = _check_args(logits, row_ends, out, block_mode)
     if rows == 0:
         return
     chosen = _kernel_for(logits, rows, k, block_mode)
+    if chosen is None and rows > 1 and _kernel_for(logits, 1, k, block_mode) is not None:
+        wave = _one_wave_rows(logits, block_mode)
+        if 0 < wave < rows:
+            launches = -(-rows // wave)
+            step = -(-rows // launches)
+            for r0 in range(0, rows, step):
+                decode_topk(logits[r0:r0 + step], row_ends[r0:r0 + step], out[r0:r0 + step], block_mode=block_mode,
+                            pdl=pdl)
+            return
     if chosen is None or (rows - 1) * out.stride(0) + k > INT32_MAX:
         out.copy_(decode_topk_reference(logits, row_ends, k, block_mode=block_mode))
         return

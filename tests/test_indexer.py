@@ -153,6 +153,27 @@ def test_flow_single_rank_matches_reference(candidates):
         assert torch.equal(state.candidate_blocks[:20], _expected(step, block_mode=True))
 
 
+def test_plan_and_finish_run_on_the_state_device(monkeypatch):
+    """plan_decode_rows and finish_decode_rows make the state's device current while they issue work (DeepGEMM
+    and torch's fills and copies go to the current device's stream): each enters _on_device with it."""
+    from runtime import indexer
+
+    entered = []
+    real = indexer._on_device
+
+    def recording(device):
+        entered.append(device)
+        return real(device)
+
+    monkeypatch.setattr(indexer, "_on_device", recording)
+    step = make_step(20, k=16, max_rows=24)
+    state = make_state(step, scorer=TorchScorer())
+    plan = plan_decode_rows(state, step.metadata, SingleRank())
+    finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert entered == [state.topk_indices.device] * 2
+    assert torch.equal(state.topk_indices[:20], _expected(step))
+
+
 def test_flow_torch_topk_backend_same_sets():
     step = make_step(8, k=16)
     auto = decode_rows(make_state(step, scorer=TorchScorer()), step.metadata, step.q, step.weights, SingleRank())

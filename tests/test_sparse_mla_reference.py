@@ -433,6 +433,47 @@ def test_refused_cache_is_loaded_once(monkeypatch):
     assert calls == [0]
 
 
+def test_concurrent_first_calls_load_once(monkeypatch):
+    """Eight threads' first calls on a device the cache refuses: one load, one warning (the memo is locked)."""
+    import threading
+    import time
+
+    import runtime
+    from runtime import sparse_mla
+
+    loads, warned = [], []
+
+    def slow_refusal(device=None, root=None):
+        loads.append(device)
+        time.sleep(0.05)  # every thread reaches the memo while the first load is under way
+        raise runtime.CacheError("no manifest")
+
+    monkeypatch.setattr(runtime, "load", slow_refusal)
+    monkeypatch.setattr(sparse_mla, "warn_fallback", lambda *a: warned.append(a))
+    monkeypatch.setattr(sparse_mla, "_kernels", {})
+    start = threading.Barrier(8)
+
+    def first_call():
+        start.wait()
+        sparse_mla._kernel(640, True, torch.device("cuda", 0))
+
+    threads = [threading.Thread(target=first_call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(loads) == 1 and len(warned) == 1
+
+
+def test_max_tokens_without_a_cuda_device(monkeypatch):
+    """max_tokens(width) says 0 on a machine where torch sees no CUDA device, as its docstring promises."""
+    from runtime import sparse_mla
+
+    monkeypatch.setattr(sparse_mla.torch.cuda, "is_available", lambda: False)
+    assert sparse_mla.max_tokens(640) == 0
+    assert sparse_mla.max_tokens(128, "cpu") == 0
+
+
 # --- review additions: lens outside [0, width], -inf sinks, and the GPU tests' tolerance on the CPU ---------------
 
 @pytest.mark.parametrize("with_sinks", [False, True])

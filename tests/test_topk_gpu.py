@@ -202,6 +202,33 @@ def test_out_row_stride_and_exact_tail():
     _check(logits, ends, buf[:, k: 2 * k], k, False)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+@pytest.mark.parametrize("width", (8192, 65536))
+def test_rows_past_one_wave(monkeypatch, dtype, block_mode, width):
+    """More rows than one wave of any cached kernel holds go as several one-wave launches of the kernel (the
+    torch reference must not run), written into a column slice of a wider out, row ends mixed."""
+    from runtime import topk
+
+    k = 512
+    wave = topk._one_wave_rows(_logits(1, width, dtype), block_mode)
+    assert wave > 0, "the cache should serve this device"
+    rows = 2 * wave + 3
+    logits = _logits(rows, width, dtype, seed=width + rows)
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    ends = torch.randint(0, width + 50, (rows,), device="cuda", generator=g, dtype=torch.int32)
+    ends[::7] = width
+    buf = torch.full((rows, 2 * k), -9, dtype=torch.int32, device="cuda")
+    calls = []
+    reference = topk.decode_topk_reference
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **kw: calls.append(1) or reference(*a, **kw))
+    assert not topk.supports_decode_topk(logits, rows, k, block_mode)  # not one wave
+    topk.decode_topk(logits, ends, buf[:, k:], block_mode=block_mode)
+    assert not calls, "the torch reference ran"
+    assert (buf[:, :k] == -9).all()
+    _check(logits, ends, buf[:, k:], k, block_mode)
+
+
 def test_fallback_matches_for_unaligned_logits():
     """An unaligned view is not the kernel's: the fallback gives the same exact set."""
     from runtime.topk import supports_decode_topk

@@ -202,6 +202,14 @@ class _FakeKernel:
         self.name, self.max_active_clusters = name, most
 
 
+class _CudaLooking(torch.Tensor):
+    """CPU memory that the host op's routing takes for a CUDA tensor (with _plan_for and launch_on stood in)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
 class _FakeCache:
     """Stands in for a loaded cache on the H200: every decode_topk kernel name (the short-row ones only with
     rows), each with its one-wave row limit."""
@@ -291,11 +299,6 @@ def test_which_calls_the_kernel_takes(monkeypatch):
     takes aligned FP32/BF16 rows with unit column stride and a supported k; anything else goes to the fallback."""
     from runtime import topk
 
-    class CudaLooking(torch.Tensor):
-        @property
-        def is_cuda(self):
-            return True
-
     class Plan:
         kernels = {2: (types.SimpleNamespace(name="decode_topk_f32_token_c2"), 132)}
 
@@ -304,20 +307,20 @@ def test_which_calls_the_kernel_takes(monkeypatch):
 
     monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: Plan())
     base = torch.zeros(4, 1032)
-    ok = base[:, :1024].as_subclass(CudaLooking)  # row stride 1032 floats: 16-byte multiple
+    ok = base[:, :1024].as_subclass(_CudaLooking)  # row stride 1032 floats: 16-byte multiple
     assert topk.supports_decode_topk(ok, 4, 512, False)
     assert topk.decode_topk_plan(ok, 4, 512, False) == ("decode_topk_f32_token_c2", 2, 8)
-    assert topk.supports_decode_topk(ok.bfloat16().as_subclass(CudaLooking), 4, 2048, True)
+    assert topk.supports_decode_topk(ok.bfloat16().as_subclass(_CudaLooking), 4, 2048, True)
     assert not topk.supports_decode_topk(ok, 4, 256, False)  # k not supported
     assert not topk.supports_decode_topk(ok, 0, 512, False)  # no rows
     assert not topk.supports_decode_topk(ok, 200, 512, False)  # more rows than one wave
-    assert not topk.supports_decode_topk(ok.half().as_subclass(CudaLooking), 4, 512, False)  # dtype
-    assert not topk.supports_decode_topk(base[:, 1:1025].as_subclass(CudaLooking), 4, 512, False)  # 4-byte start
-    strided_rows = torch.zeros(4, 1030)[:, :1024].as_subclass(CudaLooking)
+    assert not topk.supports_decode_topk(ok.half().as_subclass(_CudaLooking), 4, 512, False)  # dtype
+    assert not topk.supports_decode_topk(base[:, 1:1025].as_subclass(_CudaLooking), 4, 512, False)  # 4-byte start
+    strided_rows = torch.zeros(4, 1030)[:, :1024].as_subclass(_CudaLooking)
     assert not topk.supports_decode_topk(strided_rows, 4, 512, False)  # row stride
-    assert not topk.supports_decode_topk(base[:, ::2].as_subclass(CudaLooking), 4, 512, False)  # column stride 2
-    assert not topk.supports_decode_topk(torch.zeros(1024).as_subclass(CudaLooking), 1, 512, False)  # 1-D
-    assert not topk.supports_decode_topk(base[:, :0].as_subclass(CudaLooking), 4, 512, False)  # no columns
+    assert not topk.supports_decode_topk(base[:, ::2].as_subclass(_CudaLooking), 4, 512, False)  # column stride 2
+    assert not topk.supports_decode_topk(torch.zeros(1024).as_subclass(_CudaLooking), 1, 512, False)  # 1-D
+    assert not topk.supports_decode_topk(base[:, :0].as_subclass(_CudaLooking), 4, 512, False)  # no columns
     assert not topk.supports_decode_topk(base[:, :1024], 4, 512, False)  # CPU
 
 
@@ -343,15 +346,52 @@ def test_host_op_rejects_out_overlapping_its_inputs_or_itself():
     assert torch.equal(torch.sort(ws[:, :512], 1).values, torch.sort(ref, 1).values)
 
 
+@pytest.mark.parametrize("rows,grids", [(264, [264]), (265, [133, 132]), (600, [200, 200, 200])])
+def test_rows_past_one_wave_launch_a_wave_at_a_time(monkeypatch, rows, grids):
+    """More rows than one wave of any cached kernel holds (264: the H200's 1-CTA clusters) go as the fewest launches
+    of even size, each with its rows' logits, ends and out, instead of the torch reference."""
+    from runtime import topk
+
+    plan = topk._Plan(_FakeCache(rows=True), "f32", False)
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: plan)
+    launched = []
+    monkeypatch.setattr(topk, "launch_on", lambda device, kernel, grid, *a: launched.append((grid, a)))
+
+    def no_fallback(*a, **k):
+        raise AssertionError("the torch reference ran")
+
+    monkeypatch.setattr(topk, "decode_topk_reference", no_fallback)
+    width, k = 8192, 512
+    logits = torch.zeros(rows, width).as_subclass(_CudaLooking)
+    ends = torch.full((rows,), width, dtype=torch.int32)
+    out = torch.empty(rows, k, dtype=torch.int32)
+    topk.decode_topk(logits, ends, out)
+    assert [grid for grid, _ in launched] == grids  # one CTA a row (c1)
+    starts = [sum(grids[:i]) for i in range(len(grids))]
+    assert [a[0] - logits.data_ptr() for _, a in launched] == [r * width * 4 for r in starts]
+    assert [a[1] - ends.data_ptr() for _, a in launched] == [r * 4 for r in starts]
+    assert [a[2] - out.data_ptr() for _, a in launched] == [r * k * 4 for r in starts]
+
+
+def test_rows_past_one_wave_that_no_kernel_takes_go_to_the_reference(monkeypatch):
+    """Logits the kernel cannot read (a 4-byte start) are not split into waves: one reference call writes them."""
+    from runtime import topk
+
+    plan = topk._Plan(_FakeCache(rows=True), "f32", False)
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: plan)
+    monkeypatch.setattr(topk, "launch_on", lambda *a: pytest.fail("launched"))
+    calls = []
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda lg, e, k, block_mode: calls.append(lg.shape[0]) or
+                        torch.zeros(lg.shape[0], k, dtype=torch.int32))
+    logits = torch.zeros(600, 8192 + 4)[:, 1:8193].as_subclass(_CudaLooking)
+    topk.decode_topk(logits, torch.full((600,), 8192, dtype=torch.int32), torch.empty(600, 512, dtype=torch.int32))
+    assert calls == [600]
+
+
 def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeypatch):
     """The kernel takes the row strides as int32 (ctypes wraps a larger one silently), offsets out's rows in int32,
     and reads each row's end rounded up to 16 bytes: such calls go to the fallback instead."""
     from runtime import topk
-
-    class CudaLooking(torch.Tensor):
-        @property
-        def is_cuda(self):
-            return True
 
     class Plan:
         def choose(self, rows, width):
@@ -360,16 +400,16 @@ def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeyp
     monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: Plan())
     launched = []
     monkeypatch.setattr(topk, "launch_on", lambda *a: launched.append(a))
-    wide = torch.empty_strided((2, 1024), (1 << 31, 1), device="meta").as_subclass(CudaLooking)
+    wide = torch.empty_strided((2, 1024), (1 << 31, 1), device="meta").as_subclass(_CudaLooking)
     assert not topk.supports_decode_topk(wide, 2, 512, False)
-    assert topk.supports_decode_topk(torch.empty(2, 1024, device="meta").as_subclass(CudaLooking), 2, 512, False)
+    assert topk.supports_decode_topk(torch.empty(2, 1024, device="meta").as_subclass(_CudaLooking), 2, 512, False)
     # Rows of 1001 floats at a 16-byte stride, the storage ending at the last row's 1001st float.
-    tight = torch.zeros(1004 + 1001).as_strided((2, 1001), (1004, 1)).as_subclass(CudaLooking)
+    tight = torch.zeros(1004 + 1001).as_strided((2, 1001), (1004, 1)).as_subclass(_CudaLooking)
     assert not topk.supports_decode_topk(tight, 2, 512, False)
-    padded = torch.zeros(2 * 1004).as_strided((2, 1001), (1004, 1)).as_subclass(CudaLooking)
+    padded = torch.zeros(2 * 1004).as_strided((2, 1001), (1004, 1)).as_subclass(_CudaLooking)
     assert topk.supports_decode_topk(padded, 2, 512, False)
     # out's last row starting past int32 elements: the fallback writes it.
-    logits = torch.empty(2, 1024, device="meta").as_subclass(CudaLooking)
+    logits = torch.empty(2, 1024, device="meta").as_subclass(_CudaLooking)
     ends = torch.empty(2, dtype=torch.int32, device="meta")
     topk.decode_topk(logits, ends, torch.empty_strided((2, 512), (1 << 31, 1), dtype=torch.int32, device="meta"))
     assert not launched
