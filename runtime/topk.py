@@ -142,6 +142,14 @@ class _Plan:
             return twin[0], c  # long slices: one CTA an SM where a wave of it holds the rows
         return self.kernels[c][0], c
 
+    def most_rows(self, width: int) -> int:
+        """The most rows of this width that ``choose`` takes in one wave (the short-row kernel only up to its
+        width limit, as in ``choose``)."""
+        most = [m for _, m in self.kernels.values()]
+        if self.row is not None and width <= contract.ROW_MAX_WIDTH:
+            most.append(self.row[1])
+        return max(most, default=0)
+
     def cluster_for(self, rows: int, width: int):
         """The largest cluster that fits one wave and leaves each CTA enough columns.
 
@@ -211,13 +219,10 @@ def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
 
 
 def _one_wave_rows(logits: torch.Tensor, block_mode: bool) -> int:
-    """The most rows that one wave of any cached kernel of these logits' (device, dtype, mode) takes; 0 where
-    the cache has none."""
+    """The most rows of these logits' width that one wave of a cached kernel of their (device, dtype, mode)
+    takes; 0 where the cache has none."""
     plan = _plan_for(logits.device, _DTYPES[logits.dtype], block_mode)
-    if plan is None:
-        return 0
-    most = [m for _, m in plan.kernels.values()] + ([plan.row[1]] if plan.row is not None else [])
-    return max(most, default=0)
+    return 0 if plan is None else plan.most_rows(logits.shape[1])
 
 
 def supports_decode_topk(logits: torch.Tensor, rows: int, k: int, block_mode: bool) -> bool:

@@ -346,13 +346,22 @@ def test_host_op_rejects_out_overlapping_its_inputs_or_itself():
     assert torch.equal(torch.sort(ws[:, :512], 1).values, torch.sort(ref, 1).values)
 
 
-@pytest.mark.parametrize("rows,grids", [(264, [264]), (265, [133, 132]), (600, [200, 200, 200])])
-def test_rows_past_one_wave_launch_a_wave_at_a_time(monkeypatch, rows, grids):
+@pytest.mark.parametrize("rows,grids,row_wave", [(264, [264], 132), (265, [133, 132], 132),
+                                                  (600, [200, 200, 200], 132),
+                                                  # a short-row kernel with the larger wave, past its width limit
+                                                  (300, [150, 150], 396)])
+def test_rows_past_one_wave_launch_a_wave_at_a_time(monkeypatch, rows, grids, row_wave):
     """More rows than one wave of any cached kernel holds (264: the H200's 1-CTA clusters) go as the fewest launches
-    of even size, each with its rows' logits, ends and out, instead of the torch reference."""
+    of even size, each with its rows' logits, ends and out, instead of the torch reference. The short-row kernel's
+    wave (BF16 block mode: 396 on the H200) counts only for rows it takes (at most ROW_MAX_WIDTH columns)."""
     from runtime import topk
 
-    plan = topk._Plan(_FakeCache(rows=True), "f32", False)
+    cache = _FakeCache(rows=True)
+    monkeypatch.setattr(cache, "kernel", lambda name, kernel=cache.kernel: (
+        _FakeKernel(name, row_wave) if name.endswith("_row") else kernel(name)))
+    plan = topk._Plan(cache, "f32", False)
+    assert plan.most_rows(8192) == max(264, row_wave)
+    assert plan.most_rows(topk.contract.ROW_MAX_WIDTH + 1) == 264
     monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: plan)
     launched = []
     monkeypatch.setattr(topk, "launch_on", lambda device, kernel, grid, *a: launched.append((grid, a)))
@@ -361,7 +370,7 @@ def test_rows_past_one_wave_launch_a_wave_at_a_time(monkeypatch, rows, grids):
         raise AssertionError("the torch reference ran")
 
     monkeypatch.setattr(topk, "decode_topk_reference", no_fallback)
-    width, k = 8192, 512
+    width, k = (8192 if row_wave < 264 else topk.contract.ROW_MAX_WIDTH + 8), 512
     logits = torch.zeros(rows, width).as_subclass(_CudaLooking)
     ends = torch.full((rows,), width, dtype=torch.int32)
     out = torch.empty(rows, k, dtype=torch.int32)
