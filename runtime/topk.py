@@ -23,6 +23,7 @@ otherwise the exact torch reference computes the same set.
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
 
@@ -197,21 +198,36 @@ def _shape_supported(logits, k: int) -> bool:
     return k in SUPPORTED_K and width <= MAX_WIDTH and (width <= 1 or logits.stride(1) == 1)
 
 
-def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
-    """(kernel, cluster) that takes this call, or None; for arguments ``_check_args`` accepts
-    (or ``_shape_supported`` says it would): the dtype, k, width limit and column stride are not re-checked."""
-    width = logits.shape[1]
-    if not logits.is_cuda or rows < 1 or width < 1:
-        return None
+def _layout_refusal(logits: torch.Tensor, rows: int) -> str | None:
+    """Why the kernel cannot read ``rows`` rows of these logits (words for the slow-path warning), or None."""
     es = logits.element_size()
-    if logits.data_ptr() % _ALIGN or (logits.stride(0) * es) % _ALIGN or logits.stride(0) > INT32_MAX:
-        return None
+    if logits.data_ptr() % _ALIGN or (logits.stride(0) * es) % _ALIGN:
+        return f"the logits' start or row stride is not a multiple of {_ALIGN} bytes"
+    if logits.stride(0) > INT32_MAX:
+        return "the logits' row stride is past int32"
+    width = logits.shape[1]
     if (width * es) % _ALIGN:
         # The kernel's bulk reads of a row round its end up to 16 bytes (within the row's stride): the last
         # row's padding must be allocated too.
         last_end = (logits.storage_offset() + (rows - 1) * logits.stride(0)) * es + -(-width * es // _ALIGN) * _ALIGN
         if last_end > logits.untyped_storage().nbytes():
-            return None
+            return f"the logits' last row, rounded up to {_ALIGN} bytes, ends past their storage"
+    return None
+
+
+def _warn_slow_path(reason: str) -> None:
+    """Say that a call the cache's kernels could serve runs the exact torch reference because of its layout: Python's
+    default filter shows it once per reason and calling line, so a step that hits it every time says so once."""
+    warnings.warn(f"decode_topk: {reason}, so the exact torch reference runs instead of the cached kernel "
+                  f"(milliseconds, not microseconds); pass tensors the kernel can read", RuntimeWarning, stacklevel=3)
+
+
+def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
+    """(kernel, cluster) that takes this call, or None; for arguments ``_check_args`` accepts
+    (or ``_shape_supported`` says it would): the dtype, k, width limit and column stride are not re-checked."""
+    width = logits.shape[1]
+    if not logits.is_cuda or rows < 1 or width < 1 or _layout_refusal(logits, rows) is not None:
+        return None
     plan = _plan_for(logits.device, _DTYPES[logits.dtype], block_mode)
     if plan is None:
         return None
@@ -266,6 +282,9 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
                             pdl=pdl)
             return
     if chosen is None or (rows - 1) * out.stride(0) + k > INT32_MAX:
+        if logits.is_cuda and width > 0 and _plan_for(logits.device, _DTYPES[logits.dtype], block_mode) is not None:
+            # The cache serves this device (a refusal was said by warn_fallback): the layout sent the call here.
+            _warn_slow_path(_layout_refusal(logits, rows) or "out's row offsets are past int32")
         out.copy_(decode_topk_reference(logits, row_ends, k, block_mode=block_mode))
         return
     kernel, cluster = chosen

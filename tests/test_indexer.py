@@ -174,6 +174,18 @@ def test_plan_and_finish_run_on_the_state_device(monkeypatch):
     assert torch.equal(state.topk_indices[:20], _expected(step))
 
 
+def test_aot_selection_of_an_unsupported_k_is_said():
+    """A k the AOT top-k does not take goes to the exact reference with a RuntimeWarning naming it."""
+    from runtime import indexer
+
+    logits = torch.randn(3, 100)
+    ends = torch.tensor([100, 5, 0], dtype=torch.int32)
+    out = torch.empty(3, 16, dtype=torch.int32)
+    with pytest.warns(RuntimeWarning, match="k = 16 is not one of decode_topk's"):
+        indexer._aot_select(logits, ends, out, False)
+    assert torch.equal(out, reference.decode_topk_reference(logits, ends, 16))
+
+
 def test_flow_torch_topk_backend_same_sets():
     step = make_step(8, k=16)
     auto = decode_rows(make_state(step, scorer=TorchScorer()), step.metadata, step.q, step.weights, SingleRank())

@@ -393,8 +393,42 @@ def test_rows_past_one_wave_that_no_kernel_takes_go_to_the_reference(monkeypatch
     monkeypatch.setattr(topk, "decode_topk_reference", lambda lg, e, k, block_mode: calls.append(lg.shape[0]) or
                         torch.zeros(lg.shape[0], k, dtype=torch.int32))
     logits = torch.zeros(600, 8192 + 4)[:, 1:8193].as_subclass(_CudaLooking)
-    topk.decode_topk(logits, torch.full((600,), 8192, dtype=torch.int32), torch.empty(600, 512, dtype=torch.int32))
+    with pytest.warns(RuntimeWarning, match="not a multiple of 16 bytes"):
+        topk.decode_topk(logits, torch.full((600,), 8192, dtype=torch.int32), torch.empty(600, 512, dtype=torch.int32))
     assert calls == [600]
+
+
+def test_layout_fallbacks_are_said(monkeypatch):
+    """A call the cache could serve but whose layout the kernel cannot read runs the reference and says why (a
+    RuntimeWarning naming the cause); CPU tensors and a device the cache refuses take the reference without it."""
+    import warnings as w
+
+    from runtime import topk
+
+    plan = topk._Plan(_FakeCache(rows=True), "f32", False)
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: plan)
+    monkeypatch.setattr(topk, "launch_on", lambda *a: pytest.fail("launched"))
+    monkeypatch.setattr(topk, "decode_topk_reference",
+                        lambda lg, e, k, block_mode: torch.zeros(lg.shape[0], k, dtype=torch.int32))
+    ends = torch.full((2,), 1000, dtype=torch.int32)
+    out = torch.empty(2, 512, dtype=torch.int32)
+    cases = [
+        (torch.zeros(2, 1025)[:, 1:].as_subclass(_CudaLooking), "start or row stride is not a multiple of 16"),
+        (torch.zeros(2 * 1004).as_strided((2, 1001), (1002, 1)).as_subclass(_CudaLooking), "row stride is not"),
+        (torch.zeros(1004 + 1001).as_strided((2, 1001), (1004, 1)).as_subclass(_CudaLooking), "ends past"),
+    ]
+    for logits, cause in cases:
+        with pytest.warns(RuntimeWarning, match=f"decode_topk: .*{cause}.*exact torch reference"):
+            topk.decode_topk(logits, ends, out)
+    aligned = torch.zeros(2, 1024, device="meta").as_subclass(_CudaLooking)
+    wide_out = torch.empty_strided((2, 512), (1 << 31, 1), dtype=torch.int32, device="meta")
+    with pytest.warns(RuntimeWarning, match="out's row offsets are past int32"):
+        topk.decode_topk(aligned, ends.to("meta"), wide_out)
+    with w.catch_warnings():
+        w.simplefilter("error")
+        topk.decode_topk(torch.zeros(2, 1025)[:, 1:], ends, out)  # CPU: the reference is the op, nothing to say
+        monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: None)  # refused: said once already
+        topk.decode_topk(cases[0][0], ends, out)
 
 
 def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeypatch):
@@ -420,7 +454,8 @@ def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeyp
     # out's last row starting past int32 elements: the fallback writes it.
     logits = torch.empty(2, 1024, device="meta").as_subclass(_CudaLooking)
     ends = torch.empty(2, dtype=torch.int32, device="meta")
-    topk.decode_topk(logits, ends, torch.empty_strided((2, 512), (1 << 31, 1), dtype=torch.int32, device="meta"))
+    with pytest.warns(RuntimeWarning, match="out's row offsets are past int32"):
+        topk.decode_topk(logits, ends, torch.empty_strided((2, 512), (1 << 31, 1), dtype=torch.int32, device="meta"))
     assert not launched
     topk.decode_topk(logits, ends, torch.empty(2, 512, dtype=torch.int32, device="meta"))
     assert len(launched) == 1
