@@ -148,6 +148,13 @@ class Kernel:
         if stream is None:
             stream = _current_raw_stream()
         elif type(stream) is not int:
+            # A torch stream says its device (a raw handle cannot): refuse another GPU's, as launch_on does,
+            # since this kernel's shared-memory and cluster attributes were set for its own device.
+            index = getattr(stream, "device_index", None)
+            if self.device is not None and index is not None and index != self.device:
+                raise ValueError(f"{self.name}: stream is on cuda:{index}, the kernel was loaded for "
+                                 f"cuda:{self.device}; launch it on its device's stream or load the cache there "
+                                 f"(runtime.load(device=i))")
             stream = stream.cuda_stream
         with self._lock:
             config = self._config

@@ -149,6 +149,22 @@ def test_in_stream_order_drops_only_the_pdl_attribute(cache, stand_in):
     assert kernel.in_stream_order() is plain, "built once"
 
 
+def test_launch_refuses_a_stream_of_another_device(cache, stand_in):
+    """A kernel loaded for cuda:0 given a torch stream of cuda:1: refused before the driver sees it (its shared-memory
+    and cluster attributes are cuda:0's); its own device's stream and a raw handle go through."""
+    stand_in()
+    kernel = loader.load(cache).kernel("probe_cluster2")
+    launched = []
+    kernel._launch = lambda config, function, params, extra: launched.append(int(config.hStream)) or (0,)
+    args = [0] * len(kernel.entry.params)
+    with pytest.raises(ValueError, match="stream is on cuda:1, the kernel was loaded for cuda:0"):
+        kernel.launch(2, *args, stream=types.SimpleNamespace(device_index=1, cuda_stream=77))
+    assert not launched
+    kernel.launch(2, *args, stream=types.SimpleNamespace(device_index=0, cuda_stream=77))
+    kernel.launch(2, *args, stream=78)
+    assert launched == [77, 78]
+
+
 def test_load_reads_only_the_elf_header(cache, stand_in, monkeypatch):
     import runtime.manifest
 
