@@ -11,7 +11,7 @@ bash gpu/jobs/all_gpu_tests.sh 2>&1 | tee "$JOB_OUT/all_gpu_tests.log" | tail -2
 echo "=== 2. sanitizers (sparse MLA 3 tools + decode_topk full mode: memcheck, synccheck, racecheck in 6 shards; in parallel)"
 S=/usr/local/cuda/bin/compute-sanitizer
 for tool in memcheck synccheck; do
-  ( timeout 230 $S --tool $tool --report-api-errors no --error-exitcode 3 --print-limit 10 \
+  ( timeout 320 $S --tool $tool --report-api-errors no --error-exitcode 3 --print-limit 10 \
       python3 gpu/jobs/topk_sanitize.py > "$JOB_OUT/topk_sanitizer_$tool.txt" 2>&1
     echo "rc=$?" >> "$JOB_OUT/topk_sanitizer_$tool.txt" ) &
 done
