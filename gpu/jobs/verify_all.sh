@@ -18,7 +18,7 @@ done
 # decode_topk's racecheck (full mode, six shards; 223 s alone on the H200) side by side with the rest, so that the
 # whole job stays inside one call's 600 s
 SECONDS_EACH=320 bash gpu/jobs/topk_racecheck_full.sh > "$JOB_OUT/topk_racecheck_summary.txt" 2>&1 &
-bash gpu/tools/mla_sanitize.sh 120
+bash gpu/tools/mla_sanitize.sh 200
 wait
 for tool in memcheck synccheck; do
   echo "-- topk $tool rc/tail"; tail -n 5 "$JOB_OUT/topk_sanitizer_$tool.txt"
