@@ -32,6 +32,7 @@ from .contract import ARCH_CAPABILITY
 from .driver import CudaCallError, check, driver
 from .errors import (
     REBUILD,
+    CacheError,
     ClusterShapeError,
     DeviceArchError,
     DriverRefusedError,
@@ -206,11 +207,38 @@ class _LaunchAttributes:
         return self._pdl
 
 
+_refusals: dict = {}  # device index -> the CacheError that runtime.load raised for it
+_refusals_said: set = set()  # (op, device index) whose fallback was said
+_refusals_lock = threading.Lock()
+
+
+def cache_or_fallback(op: str, device: int):
+    """The host ops' first question for a device: ``runtime.load(device=device)``, or None where the cache refuses
+    it, so that ``op`` runs its exact torch fallback there.
+
+    A refusal is remembered (a refused load costs tens of milliseconds, which every call would pay again) and said
+    once an op and device (RuntimeWarning naming it); concurrent first calls make one load. Only a CacheError is a
+    refusal: any other error is raised. (Through the package's ``load``, which a caller or test may replace.)
+    """
+    with _refusals_lock:
+        refusal = _refusals.get(device)
+        if refusal is None:
+            import runtime  # noqa: PLC0415 - the package: load() is memoized per device
+
+            try:
+                return runtime.load(device=device)
+            except CacheError as e:
+                refusal = _refusals[device] = e
+        if (op, device) not in _refusals_said:
+            _refusals_said.add((op, device))
+            warn_fallback(op, f"cuda:{device}", refusal)
+        return None
+
+
 def warn_fallback(op: str, device: str, error: BaseException) -> None:
-    """Say that ``op`` runs its exact torch fallback on ``device`` because the cache cannot serve it. The ops
-    remember the refusal and call this once: every later call takes the fallback without asking again."""
+    """Say that ``op`` runs its exact torch fallback on ``device`` because the cache cannot serve it."""
     warnings.warn(f"{op}: the AOT cache cannot serve {device}, the exact torch fallback runs instead: "
-                  f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=4)
+                  f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=5)
 
 
 def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import threading
 
 import torch
 
 from .contract import sparse_mla_decode as contract
-from .loader import launch_on, warn_fallback
+from .loader import cache_or_fallback, launch_on
 from .overlap import first_overlap
 from .reference import sparse_mla_decode_reference
 
@@ -113,7 +112,6 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
 
 
 _kernels: dict = {}
-_kernels_lock = threading.Lock()
 
 
 def _kernel(width: int, has_sinks: bool, device):
@@ -122,23 +120,11 @@ def _kernel(width: int, has_sinks: bool, device):
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, width, has_sinks)
-    kernel = _kernels.get(key)
-    if kernel is not None or key in _kernels:
-        return kernel
-    with _kernels_lock:  # concurrent first calls: one load and, where it is refused, one warning
-        if key not in _kernels:
-            import runtime  # the package: load() is memoized per device
-
-            try:
-                cache = runtime.load(device=index)
-            except runtime.CacheError as e:
-                # Memoized: a refused load costs tens of milliseconds, which every call would pay again. Said
-                # once, since every call then takes the torch reference.
-                warn_fallback("sparse_mla_decode", f"cuda:{index}", e)
-                cache = None
-            name = contract.variant_name(width, has_sinks)
-            _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
-        return _kernels[key]
+    if key not in _kernels:  # (concurrent first calls may both fill it, with the same kernel)
+        cache = cache_or_fallback("sparse_mla_decode", index)
+        name = contract.variant_name(width, has_sinks)
+        _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
+    return _kernels[key]
 
 
 def supports_sparse_mla(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale=1.0,

@@ -22,13 +22,12 @@ otherwise the exact torch reference computes the same set.
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import torch
 
 from .contract import decode_topk as contract
-from .loader import launch_on, warn_fallback
+from .loader import cache_or_fallback, launch_on
 from .overlap import first_overlap
 from .reference import decode_topk_reference
 
@@ -168,26 +167,15 @@ class _Plan:
 
 
 _plans: dict = {}
-_plans_lock = threading.Lock()
 
 
 def _plan_for(device: torch.device, dtype: str, block_mode: bool):
     key = (device.index, dtype, block_mode)
-    plan = _plans.get(key)
-    if plan is not None or key in _plans:
-        return plan
-    with _plans_lock:
-        if key not in _plans:
-            import runtime  # the package: load() is memoized per device
-
-            try:
-                cache = runtime.load(device=device.index)
-            except runtime.CacheError as e:  # no cache for this device: the fallback serves it (said once a key)
-                warn_fallback(f"decode_topk ({dtype}, block_mode={block_mode})", str(device), e)
-                cache = None
-            plan = _Plan(cache, dtype, block_mode) if cache is not None else None
-            _plans[key] = plan if plan is not None and plan.kernels else None
-        return _plans[key]
+    if key not in _plans:  # (concurrent first calls may both fill it, with equal plans)
+        cache = cache_or_fallback("decode_topk", device.index)
+        plan = _Plan(cache, dtype, block_mode) if cache is not None else None
+        _plans[key] = plan if plan is not None and plan.kernels else None
+    return _plans[key]
 
 
 def _shape_supported(logits, k: int) -> bool:
@@ -283,7 +271,7 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
             return
     if chosen is None or (rows - 1) * out.stride(0) + k > INT32_MAX:
         if logits.is_cuda and width > 0 and _plan_for(logits.device, _DTYPES[logits.dtype], block_mode) is not None:
-            # The cache serves this device (a refusal was said by warn_fallback): the layout sent the call here.
+            # The cache serves this device (a refusal was said by cache_or_fallback): the layout sent the call here.
             _warn_slow_path(_layout_refusal(logits, rows) or "out's row offsets are past int32")
         out.copy_(decode_topk_reference(logits, row_ends, k, block_mode=block_mode))
         return

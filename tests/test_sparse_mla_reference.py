@@ -412,6 +412,14 @@ def test_host_op_rejects_scales_past_float32(value):
             _call_with(sparse_mla.sparse_mla_decode, name, lambda v: value)
 
 
+def _forget_refusals(monkeypatch):
+    """A fresh memo of the devices the cache refused (runtime.loader.cache_or_fallback) for this test."""
+    from runtime import loader
+
+    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+
+
 def test_refused_cache_is_loaded_once(monkeypatch):
     """A device the cache cannot serve is asked once: every later call goes straight to the reference instead of
     paying the refused load again, and the refusal is said once."""
@@ -426,6 +434,7 @@ def test_refused_cache_is_loaded_once(monkeypatch):
 
     monkeypatch.setattr(runtime, "load", refuse)
     monkeypatch.setattr(sparse_mla, "_kernels", {})
+    _forget_refusals(monkeypatch)
     device = torch.device("cuda", 0)
     with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*no manifest"):
         assert sparse_mla._kernel(640, True, device) is None
@@ -449,8 +458,9 @@ def test_concurrent_first_calls_load_once(monkeypatch):
         raise runtime.CacheError("no manifest")
 
     monkeypatch.setattr(runtime, "load", slow_refusal)
-    monkeypatch.setattr(sparse_mla, "warn_fallback", lambda *a: warned.append(a))
+    monkeypatch.setattr(runtime.loader, "warn_fallback", lambda *a: warned.append(a))
     monkeypatch.setattr(sparse_mla, "_kernels", {})
+    _forget_refusals(monkeypatch)
     start = threading.Barrier(8)
 
     def first_call():

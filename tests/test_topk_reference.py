@@ -212,19 +212,19 @@ class _CudaLooking(torch.Tensor):
 
 class _FakeCache:
     """Stands in for a loaded cache on the H200: every decode_topk kernel name (the short-row ones only with
-    rows), each with its one-wave row limit."""
+    rows), each with its one-wave row limit (the short-row kernel's: ``row_most``)."""
 
     most = {1: 264, 2: 132, 4: 60, 8: 15, 16: 7}  # the H200's one-wave clusters (8 and 16: one CTA an SM)
 
-    def __init__(self, rows: bool):
-        self.rows = rows
+    def __init__(self, rows: bool, row_most: int = 132):
+        self.rows, self.row_most = rows, row_most
 
     def __contains__(self, name):
         return self.rows or not name.endswith("_row")
 
     def kernel(self, name):
         if name.endswith("_row"):
-            return _FakeKernel(name, 132)
+            return _FakeKernel(name, self.row_most)
         twin = name.endswith("_full_sm")  # one CTA an SM: half the clusters in a wave
         most = self.most[int(name.removesuffix("_full_sm").rsplit("_c", 1)[1])]
         return _FakeKernel(name, most // 2 if twin else most)
@@ -356,10 +356,7 @@ def test_rows_past_one_wave_launch_a_wave_at_a_time(monkeypatch, rows, grids, ro
     wave (BF16 block mode: 396 on the H200) counts only for rows it takes (at most ROW_MAX_WIDTH columns)."""
     from runtime import topk
 
-    cache = _FakeCache(rows=True)
-    monkeypatch.setattr(cache, "kernel", lambda name, kernel=cache.kernel: (
-        _FakeKernel(name, row_wave) if name.endswith("_row") else kernel(name)))
-    plan = topk._Plan(cache, "f32", False)
+    plan = topk._Plan(_FakeCache(rows=True, row_most=row_wave), "f32", False)
     assert plan.most_rows(8192) == max(264, row_wave)
     assert plan.most_rows(topk.contract.ROW_MAX_WIDTH + 1) == 264
     monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: plan)
@@ -501,6 +498,8 @@ def test_refused_cache_is_said_once(monkeypatch):
 
     monkeypatch.setattr(runtime, "load", refuse)
     monkeypatch.setattr(topk, "_plans", {})
+    monkeypatch.setattr(runtime.loader, "_refusals", {})  # a fresh memo of refused devices
+    monkeypatch.setattr(runtime.loader, "_refusals_said", set())
     device = torch.device("cuda", 0)
     with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*no manifest"):
         assert topk._plan_for(device, "f32", False) is None
@@ -518,6 +517,8 @@ def test_plan_error_other_than_a_refusal_is_raised(monkeypatch):
 
     monkeypatch.setattr(runtime, "load", broken)
     monkeypatch.setattr(topk, "_plans", {})
+    monkeypatch.setattr(runtime.loader, "_refusals", {})  # a fresh memo of refused devices
+    monkeypatch.setattr(runtime.loader, "_refusals_said", set())
     with pytest.raises(AttributeError, match="a bug in the loader"):
         topk._plan_for(torch.device("cuda", 0), "f32", False)
     assert topk._plans == {}  # nothing memoized: the next call asks again
