@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# limit: 420
+# decode_topk under one compute-sanitizer tool (TOOL: racecheck by default) in full mode (every cluster size, the
+# twins, the short-row kernel; randn, equal and tied rows), as SHARDS interleaved processes side by side
+# (racecheck in one process took over 230 s on the H200). Reports: $JOB_OUT/topk_<tool>_<shard>.txt.
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+tool=${TOOL:-racecheck}
+n=${SHARDS:-6}
+extra=; [ "$tool" = racecheck ] && extra="--racecheck-report all"
+for ((i = 0; i < n; i++)); do
+  ( timeout ${SECONDS_EACH:-400} /usr/local/cuda/bin/compute-sanitizer --tool "$tool" $extra \
+      --report-api-errors no --error-exitcode 3 --print-limit 4 python3 gpu/jobs/topk_sanitize.py --shard=$i/$n \
+      > "$JOB_OUT/topk_${tool}_$i.txt" 2>&1; echo "rc=$?" >> "$JOB_OUT/topk_${tool}_$i.txt" ) &
+done
+wait
+for ((i = 0; i < n; i++)); do
+  echo "-- $tool shard $i/$n"; grep -E "cases match|SUMMARY|rc=|MISMATCH" "$JOB_OUT/topk_${tool}_$i.txt"
+done
+echo "took ${SECONDS}s"
