@@ -58,9 +58,12 @@ class CountingScorer:
     def schedule(self, seq_lens):
         return self.inner.schedule(seq_lens)
 
-    def logits(self, q, *args):
+    def check_inputs(self, *args):
+        self.inner.check_inputs(*args)
+
+    def logits(self, q, *args, **kwargs):
         self.rows += q.shape[0]
-        return self.inner.logits(q, *args)
+        return self.inner.logits(q, *args, **kwargs)
 
 
 def make_inputs(rows: int, ctx: int, seed: int, device: str):

@@ -30,7 +30,7 @@ from typing import Callable, Protocol
 import torch
 
 from . import reference, topk
-from .scoring import Scorer, check_scoring_inputs, default_scorer
+from .scoring import Scorer, default_scorer
 
 # Below this many rows a step is launch-bound: a slice saves no time and the
 # gathers would add two collectives, so it stays replicated.
@@ -85,6 +85,10 @@ class IndexerState:
         if self.scorer is None:
             with _on_device(self.topk_indices.device):  # DeepGemmScorer reads the current device's SMs and arch
                 self.scorer = default_scorer(self.topk_indices.device)
+        missing = [m for m in ("schedule", "check_inputs", "logits") if not callable(getattr(self.scorer, m, None))]
+        if missing:
+            raise TypeError(f"scorer: {type(self.scorer).__name__} lacks {', '.join(missing)}; implement "
+                            f"runtime.scoring.Scorer")
 
     @property
     def max_rows(self) -> int:
@@ -300,7 +304,7 @@ def finish_decode_rows(
     # with an empty slice scores nothing and would otherwise enter the gathers while
     # the others raise.
     n, md = plan.num_rows, plan.metadata
-    getattr(state.scorer, "check_inputs", check_scoring_inputs)(
+    state.scorer.check_inputs(
         q[:n], weights[:n], state.index_k_cache, md.seq_lens[:n], md.block_table[:n], state.max_model_len)
     if plan.end > plan.start:
         _decode_rows(state, q, weights, plan)
@@ -356,8 +360,8 @@ def _decode_rows(state: IndexerState, q: torch.Tensor, weights: torch.Tensor, pl
     seq_lens = md.seq_lens[start:end]
     logits = state.scorer.logits(
         q[start:end], weights[start:end], state.index_k_cache, seq_lens,
-        md.block_table[start:end], plan.schedule, state.max_model_len,
-    )
+        md.block_table[start:end], plan.schedule, state.max_model_len, checked=True,
+    )  # finish_decode_rows checked the whole step's rows
     select = _selector(state, logits)
     if state.candidate_blocks is not None:
         select(logits, seq_lens, state.candidate_blocks[start:end], True)
