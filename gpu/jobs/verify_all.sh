@@ -3,7 +3,7 @@
 # One whole verification pass on the committed tree (carry .whl): every GPU test (DeepGEMM installed from the
 # carried wheel), then the sanitizers of both kernel families (sparse MLA's small launches with the edge inputs;
 # decode_topk's full mode: every cluster size, the twins and the short-row kernel; its racecheck in shards), then the indexer
-# job (tests, benchmark, zero-JIT probes, memcheck of one step). Reports under $JOB_OUT.
+# job (tests, benchmark, zero-JIT probes, memcheck of one step). Reports in $JOB_OUT/verify_all.tgz.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 echo "=== 1. all GPU tests"
@@ -24,3 +24,5 @@ echo "=== 3. indexer job (took ${SECONDS}s so far)"
 mkdir -p "$JOB_OUT/indexer"
 JOB_OUT="$JOB_OUT/indexer" bash gpu/jobs/indexer.sh 2>&1 | tee "$JOB_OUT/indexer/indexer.log" | tail -40
 echo "=== verify_all took ${SECONDS}s"
+# A call brings back at most 8 files: everything goes back as one archive beside this log's tail.
+tar czf /tmp/verify_all.tgz -C "$JOB_OUT" . && rm -rf "${JOB_OUT:?}"/* && mv /tmp/verify_all.tgz "$JOB_OUT/"
