@@ -40,9 +40,45 @@ def gpu_info() -> dict:
         "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
         "commit": commit or os.environ.get("GIT_COMMIT", ""), "host": platform.node(),
         # A lent GPU machine's copy of the checkout may carry older git metadata than its files:
-        # the manifests' digests name the cubins that were measured whatever HEAD says.
+        # the manifests' digests name the cubins that were measured whatever HEAD says, and the
+        # source digest names the host code (`python -m benchmarks.common --source-digest REV`
+        # gives a commit's digest to compare).
         "manifest_sha256": manifest_digests(),
+        "source_sha256": source_digest(),
     }
+
+
+SOURCE_FOLDERS = ("runtime", "benchmarks")  # the host code a measurement ran
+
+
+def source_digest(read=None) -> str:
+    """First 16 hex digits of sha256 over the host code's .py files (path and bytes, sorted by
+    path). ``read(path) -> bytes | None`` lists nothing itself: None reads the working tree."""
+    root = Path(__file__).resolve().parent.parent
+    if read is None:
+        paths = sorted(str(p.relative_to(root)) for f in SOURCE_FOLDERS for p in (root / f).rglob("*.py"))
+        files = [(p, (root / p).read_bytes()) for p in paths]
+    else:
+        files = read()
+    h = hashlib.sha256()
+    for path, data in files:
+        h.update(path.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()[:16]
+
+
+def source_digest_of_commit(rev: str) -> str:
+    """``source_digest`` of a commit's tree (git show), to match a result's ``source_sha256``."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args) -> bytes:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, check=True).stdout
+
+    def read():
+        names = git("ls-tree", "-r", "--name-only", rev, "--", *SOURCE_FOLDERS).decode().split("\n")
+        paths = sorted(n for n in names if n.endswith(".py"))
+        return [(p, git("show", f"{rev}:{p}")) for p in paths]
+
+    return source_digest(read)
 
 
 def manifest_digests() -> dict:
@@ -154,3 +190,14 @@ def write_json(path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Which host code a result's source_sha256 names.")
+    parser.add_argument("--source-digest", nargs="?", const="", metavar="REV",
+                        help="print the digest of commit REV (default: the working tree)")
+    args = parser.parse_args()
+    if args.source_digest is not None:
+        print(source_digest_of_commit(args.source_digest) if args.source_digest else source_digest())

@@ -1,0 +1,34 @@
+"""A result's ``source_sha256`` names the host code it ran, even where the GPU machine's copy of
+the checkout carries stale git metadata (its ``commit`` field then names an older HEAD)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import SOURCE_FOLDERS, source_digest, source_digest_of_commit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_digest_names_paths_and_bytes():
+    base = [("runtime/a.py", b"x = 1\n"), ("runtime/b.py", b"")]
+    assert source_digest(lambda: base) == source_digest(lambda: list(base))
+    assert source_digest(lambda: base) != source_digest(lambda: [("runtime/a.py", b"x = 2\n"), base[1]])
+    assert source_digest(lambda: base) != source_digest(lambda: [("runtime/c.py", b"x = 1\n"), base[1]])
+    # Length-prefixed: moving bytes between files changes the digest.
+    assert source_digest(lambda: [("a", b"xy"), ("b", b"")]) != source_digest(lambda: [("a", b"x"), ("b", b"y")])
+
+
+def test_working_tree_digest_equals_its_commit_where_clean():
+    """CI runs on a clean clone, where the working tree's digest must equal HEAD's."""
+    try:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *SOURCE_FOLDERS],
+                               cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    if any(line.endswith(".py") for line in dirty.splitlines()):
+        pytest.skip("host code has uncommitted changes here")
+    assert source_digest() == source_digest_of_commit("HEAD")
