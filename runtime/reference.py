@@ -39,7 +39,9 @@ def _gather_rows(pool, idx, active):
         return torch.zeros(*idx.shape, pool.shape[1], dtype=torch.float32, device=pool.device)
     safe = torch.where(active, idx, torch.zeros_like(idx))
     rows = pool.view(torch.uint8)[safe].view(pool.dtype).float()
-    return rows * active[..., None]
+    # where, not a product: row 0 stands in for masked columns, and a NaN byte there
+    # (a pool's padding slot, uninitialized memory) would survive a multiply by zero.
+    return torch.where(active[..., None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
 
 def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sinks=None,
@@ -85,7 +87,7 @@ def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sink
         if sink is not None:
             denom = denom + torch.exp(sink - m)
         o = torch.matmul(p, kv) * (float(bmm2_scale) / torch.where(denom > 0, denom, torch.ones_like(denom)))[..., None]
-        o = o * active.any(dim=1)[:, None, None]  # no active column: zeros, with sinks too
+        o = torch.where(active.any(dim=1)[:, None, None], o, 0.0)  # no active column: zeros, with sinks too
         out[t0:t1] = o.to(torch.bfloat16)
     return out
 

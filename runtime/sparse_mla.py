@@ -54,15 +54,15 @@ def _check_vector(name, t, dtype, length, length_text, device):
     _check_aligned(name, t, 4)
 
 
-def _check_scale(name, v):
+def _check_scale(name, v, limit=_FLOAT32_MAX):
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
     try:
         f = float(v)
     except OverflowError:
         f = math.inf
-    if not math.isfinite(f) or abs(f) > _FLOAT32_MAX:
-        raise ValueError(f"{name} must be finite as a float32 (|{name}| <= {_FLOAT32_MAX:.4g}), got {v}")
+    if not math.isfinite(f) or abs(f) > limit:
+        raise ValueError(f"{name} must be finite as a float32 (|{name}| <= {limit:.4g}), got {v}")
 
 
 def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out):
@@ -94,7 +94,8 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
     _check_vector("lens", lens, torch.int32, T, f"T = {T}", device)
     if sinks is not None:
         _check_vector("sinks", sinks, torch.float32, HEADS, f"{HEADS}", device)
-    _check_scale("bmm1_scale", bmm1_scale)
+    # The kernel folds log2(e) into bmm1_scale (base-2 softmax): the product must stay finite too.
+    _check_scale("bmm1_scale", bmm1_scale, _FLOAT32_MAX / math.log2(math.e))
     _check_scale("bmm2_scale", bmm2_scale)
     if out is not None:
         _check_tensor("out", out, torch.bfloat16, 3)

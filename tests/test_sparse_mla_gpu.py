@@ -454,3 +454,26 @@ def test_kernel_edge_inputs(width, with_sinks, pools):
     sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE, out=out)
     torch.cuda.synchronize()
     assert_kernel_matches(out, args, sinks)
+
+
+@pytest.mark.parametrize("with_sinks", [True, False])
+@pytest.mark.parametrize("width", [128, 640])
+def test_kernel_never_reads_masked_rows(width, with_sinks):
+    """Row 0 of each pool holds NaN bytes and only masked columns (past lens, and the -1 / past-the-pool ones
+    make_case draws) name it: the kernel and the reference read no masked row, so the output equals the
+    reference's and is finite (an empty token's zeros included)."""
+    from runtime.sparse_mla import sparse_mla_decode
+
+    (q, swa, comp, idx, lens), sinks = make_case(14, width, seed=width + 31 * with_sinks)
+    idx = torch.where(idx == 0, 1, idx)  # no active column names row 0 ...
+    past = torch.arange(width, device=idx.device)[None, :] >= lens[:, None]
+    idx = torch.where(past, 0, idx)  # ... while every column past lens does
+    for pool in (swa, comp):
+        pool.view(torch.uint8)[0] = 0xFF  # E4M3 NaN
+    sinks = sinks if with_sinks else None
+    args = (q, swa, comp, idx.contiguous(), lens)
+    out = poisoned(q.shape[0])
+    sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE, out=out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+    assert_kernel_matches(out, args, sinks)

@@ -412,6 +412,44 @@ def test_host_op_rejects_scales_past_float32(value):
             _call_with(sparse_mla.sparse_mla_decode, name, lambda v: value)
 
 
+def test_bmm1_scale_bound_keeps_the_kernels_base2_scale_finite():
+    """The kernel computes bmm1_scale * log2(e) in float32: a scale inside float32 but past FLT_MAX / log2(e)
+    would make it inf (0 * inf = NaN scores for a zero query), so the host op refuses it; the bound itself passes."""
+    import numpy as np
+
+    from runtime import sparse_mla
+    flt_max = float(np.finfo(np.float32).max)
+    limit = flt_max / math.log2(math.e)
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float32(3e38) * np.float32(math.log2(math.e)))
+    with pytest.raises(ValueError, match=r"\bbmm1_scale\b"):
+        _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v: 3e38)
+    assert np.isfinite(np.float32(limit * 0.999) * np.float32(math.log2(math.e)))
+    _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v: limit * 0.999)  # checks pass (CPU: reference)
+    _call_with(sparse_mla.sparse_mla_decode, "bmm2_scale", lambda v: 3e38)  # bmm2_scale is not multiplied by log2(e)
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_masked_columns_are_never_read(with_sinks):
+    """Masked columns (past lens, -1, past the pool) and tokens without active columns read no pool row:
+    NaN bytes in rows the active columns do not name change nothing, and an empty token stays zero."""
+    T, width = 4, 640
+    q, swa, comp, idx, lens = make_inputs(T, width, seed=7)
+    idx[:, :128] = torch.where(idx[:, :128] == 0, 1, idx[:, :128])  # row 0 of each pool is never named
+    idx[:, 128:] = torch.where(idx[:, 128:] == 0, 1, idx[:, 128:])
+    lens[0] = 0  # an empty token
+    idx[1, 5:40] = -1
+    idx[2, 200:260] = 10_000
+    lens[3] = 300
+    sinks = torch.randn(H) if with_sinks else None
+    want = check(q, swa, comp, idx, lens, sinks)
+    for pool in (swa, comp):
+        pool.view(torch.uint8)[0] = 0xFF  # E4M3 NaN in every byte of row 0
+    got = check(q, swa, comp, idx, lens, sinks)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert (got[0] == 0).all() and torch.isfinite(got.float()).all()
+
+
 def _forget_refusals(monkeypatch):
     """A fresh memo of the devices the cache refused (runtime.loader.cache_or_fallback) for this test."""
     from runtime import loader
