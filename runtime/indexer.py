@@ -52,7 +52,8 @@ class IndexerState:
     step's top-k); ``candidate_blocks`` (optional) is ``[max_rows, blocks]`` int32,
     written in block mode; ``index_k_cache`` is DeepGEMM's fused paged FP8 layout
     ``uint8 [pages, 64, 1, head_dim + 4]`` (see ``reference.pack_index_k_cache``);
-    ``max_model_len`` is the logits width in compressed tokens.
+    ``max_model_len`` is the logits width in compressed tokens, at most
+    ``runtime.topk.MAX_WIDTH``.
     """
 
     topk_indices: torch.Tensor
@@ -80,6 +81,11 @@ class IndexerState:
             raise ValueError("index_k_cache: must be on topk_indices' device")
         if not isinstance(self.max_model_len, int) or self.max_model_len <= 0:
             raise ValueError(f"max_model_len: expected a positive int, got {self.max_model_len!r}")
+        # The logits are max_model_len wide and every selection refuses wider ones, but only ranks with rows
+        # select: refused here, no rank raises while an empty-slice rank waits in the all-gather.
+        if self.max_model_len > topk.MAX_WIDTH:
+            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the top-k selection's "
+                             f"{topk.MAX_WIDTH} columns (runtime.topk.MAX_WIDTH); serve a shorter context")
         if self.topk_backend not in ("auto", "torch"):
             raise ValueError(f"topk_backend: expected 'auto' or 'torch', got {self.topk_backend!r}")
         if self.scorer is None:

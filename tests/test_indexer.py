@@ -491,3 +491,25 @@ def test_state_refuses_a_scorer_without_the_interface():
     step = make_step(4, k=8)
     with pytest.raises(TypeError, match="scorer: _NoCheck lacks check_inputs"):
         make_state(step, scorer=_NoCheck())
+
+
+# ---------------------------------------------------------------------------
+# Second review's regressions
+# ---------------------------------------------------------------------------
+
+def _tiny_cache(head_dim=32):
+    return torch.zeros(1, reference.INDEX_BLOCK_KV, 1, head_dim + reference.INDEX_SCALE_BYTES, dtype=torch.uint8)
+
+
+def test_state_refuses_logits_wider_than_the_selection_takes():
+    """max_model_len past runtime.topk.MAX_WIDTH: only ranks with rows would select (and raise) while an
+    empty-slice rank enters the all-gather, so the state refuses it on every rank, before any step."""
+    from runtime import topk
+    from runtime.indexer import IndexerState
+
+    def state(width):
+        return IndexerState(torch.zeros(32, 16, dtype=torch.int32), 16, _tiny_cache(), width, scorer=TorchScorer())
+
+    with pytest.raises(ValueError, match=r"max_model_len: 2097152 exceeds .* 2097151 columns"):
+        state(1 << 21)
+    assert state(topk.MAX_WIDTH).max_model_len == topk.MAX_WIDTH
