@@ -198,6 +198,11 @@ class DeepGemmScorer:
             raise ValueError(f"q: DeepGEMM on sm_90 takes {HOPPER_HEADS} index heads, got {heads}")
         if dim > MAX_HEAD_DIM or dim not in (64, 128):
             raise ValueError(f"q: head_dim {dim} must be 64 or 128 for DeepGEMM")
+        # DeepGEMM's host code asserts it (a padded row stride, e.g. a split of a fused projection, would stop
+        # the process there instead of raising).
+        if not weights.is_contiguous():
+            raise ValueError(f"weights: DeepGEMM takes contiguous weights, got strides {weights.stride()}; "
+                             f"pass weights.contiguous()")
 
     def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len, *, checked=False):
         if not checked:

@@ -513,3 +513,20 @@ def test_state_refuses_logits_wider_than_the_selection_takes():
     with pytest.raises(ValueError, match=r"max_model_len: 2097152 exceeds .* 2097151 columns"):
         state(1 << 21)
     assert state(topk.MAX_WIDTH).max_model_len == topk.MAX_WIDTH
+
+
+def test_deepgemm_scorer_refuses_weights_with_a_padded_row_stride():
+    """DeepGEMM's host code asserts weights.is_contiguous(); its scorer's check says so first (built without
+    __init__, which needs a GPU, as on an H200)."""
+    from runtime.scoring import DeepGemmScorer
+
+    scorer = object.__new__(DeepGemmScorer)
+    scorer.arch_major = 9
+    rows, heads, dim = 4, 64, 128
+    q = torch.zeros(rows, heads, dim).to(torch.float8_e4m3fn)
+    cache = _tiny_cache(dim).expand(2, -1, -1, -1).contiguous()
+    seq_lens, table = torch.ones(rows, dtype=torch.int32), torch.zeros(rows, 2, dtype=torch.int32)
+    split = torch.zeros(rows, heads + 8)[:, :heads]  # e.g. a split of a fused projection
+    with pytest.raises(ValueError, match=r"weights: DeepGEMM takes contiguous weights.*weights.contiguous\(\)"):
+        scorer.check_inputs(q, split, cache, seq_lens, table, 128)
+    scorer.check_inputs(q, split.contiguous(), cache, seq_lens, table, 128)
