@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -206,9 +207,9 @@ def row_shard_rows(num_rows: int, num_requests: int, world_size: int) -> int | N
     ranks' slices may then be short or empty. Rows are
     independent, so a slice may split a request's rows.
     """
-    for name, value in (("num_rows", num_rows), ("num_requests", num_requests), ("world_size", world_size)):
-        if not isinstance(value, int) or value < (1 if name == "world_size" else 0):
-            raise ValueError(f"{name}: expected an int >= {1 if name == 'world_size' else 0}, got {value!r}")
+    num_rows = _whole_count("num_rows", num_rows, 0)
+    num_requests = _whole_count("num_requests", num_requests, 0)
+    world_size = _whole_count("world_size", world_size, 1)
     if world_size < 2 or not num_requests or num_rows % num_requests:
         return None
     if num_rows < ROW_SHARD_MIN_ROWS:
@@ -221,10 +222,12 @@ def row_shard_bounds(num_rows: int, num_requests: int, world_size: int, rank: in
     """Rows ``[start, end)`` that ``rank`` scores (empty for a rank past the last row),
     or None when the step stays replicated."""
     rows = row_shard_rows(num_rows, num_requests, world_size)
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank!r}")
+    rank = _whole_count("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank}")
     if rows is None:
         return None
+    num_rows = operator.index(num_rows)  # checked by row_shard_rows; a Python int keeps the bounds Python ints
     start = min(rank * rows, num_rows)
     return start, min(start + rows, num_rows)
 
@@ -454,6 +457,22 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
 # ---------------------------------------------------------------------------
 # Input checks
 # ---------------------------------------------------------------------------
+
+def _whole_count(name: str, value, minimum: int) -> int:
+    """``value`` as a Python int of at least ``minimum``. Any integer type is taken (counts often arrive as
+    numpy or tensor-derived integers); a bool is not, though Python counts it as one: it is a flag passed in
+    the wrong place."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an integer, got the bool {value}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}; pass a whole "
+                        f"count") from None
+    if number < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {number}")
+    return number
+
 
 def _check_int32_rows(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):

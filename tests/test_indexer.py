@@ -530,3 +530,20 @@ def test_deepgemm_scorer_refuses_weights_with_a_padded_row_stride():
     with pytest.raises(ValueError, match=r"weights: DeepGEMM takes contiguous weights.*weights.contiguous\(\)"):
         scorer.check_inputs(q, split, cache, seq_lens, table, 128)
     scorer.check_inputs(q, split.contiguous(), cache, seq_lens, table, 128)
+
+
+def test_shard_math_takes_any_integer_and_refuses_bools_and_floats():
+    """Counts often arrive as numpy integers; bools and floats are refused naming the argument."""
+    np = pytest.importorskip("numpy")
+    assert row_shard_rows(np.int64(32), np.int32(32), np.int64(4)) == row_shard_rows(32, 32, 4) == 8
+    bounds = row_shard_bounds(np.int64(32), 32, 4, np.int64(3))
+    assert bounds == (24, 32) and all(type(b) is int for b in bounds)
+    for args, name in (((True, 16, 2), "num_rows"), ((16, 16.0, 2), "num_requests"), ((16, 16, 2.0), "world_size")):
+        with pytest.raises(TypeError, match=name):
+            row_shard_rows(*args)
+    with pytest.raises(TypeError, match="rank"):
+        row_shard_bounds(16, 16, 2, False)
+    with pytest.raises(TypeError, match="rank"):
+        row_shard_bounds(16, 16, 2, 1.0)
+    with pytest.raises(ValueError, match="world_size"):
+        row_shard_rows(16, 16, np.int64(0))
