@@ -253,10 +253,16 @@ def _on_state_device(step):
 
 
 @_on_state_device
-def plan_decode_rows(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup) -> DecodeRowsPlan | None:
+def plan_decode_rows(
+    state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, *, padded_tokens: int | None = None
+) -> DecodeRowsPlan | None:
     """The first part of ``decode_rows``: None when the caller's stock path should
     run (nothing issued); else reset the step's top-k rows to -1 and build the
-    schedule of this rank's slice when it is not the whole step. Reads no query or key."""
+    schedule of this rank's slice when it is not the whole step. Reads no query or key.
+
+    ``padded_tokens``: the step's tokens including a CUDA graph's padding (default
+    ``metadata.num_tokens``), in ``[metadata.num_tokens, state.max_rows]``. The reset
+    spans them all, so padded rows hold -1, not an earlier step's indices."""
     if metadata is None or metadata.num_prefills > 0:
         return None
     if not isinstance(metadata.num_tokens, int) or metadata.num_tokens < 0:
@@ -265,6 +271,11 @@ def plan_decode_rows(state: IndexerState, metadata: DecodeMetadata | None, tp: T
         return None
     num_rows = metadata.num_tokens
     _check_metadata(state, metadata)
+    reset_rows = num_rows if padded_tokens is None else _whole_count("padded_tokens", padded_tokens, 0)
+    if not num_rows <= reset_rows <= state.max_rows:
+        raise ValueError(f"padded_tokens: {reset_rows} must be in [{num_rows}, {state.max_rows}] (metadata.num_tokens "
+                         f"to topk_indices' rows); pass the step's token count with its padding (decode_rows "
+                         f"passes q's rows) and size the buffer for it")
     if not 0 <= tp.rank < tp.world_size:
         raise ValueError(f"tp: rank {tp.rank} outside world size {tp.world_size}")
 
@@ -277,7 +288,7 @@ def plan_decode_rows(state: IndexerState, metadata: DecodeMetadata | None, tp: T
     bounds = None if shard is None else row_shard_bounds(num_rows, metadata.num_requests, tp.world_size, tp.rank)
     start, end = bounds or (0, num_rows)
 
-    state.topk_indices[:num_rows] = -1
+    state.topk_indices[:reset_rows] = -1
     schedule = metadata.schedule
     # The caller's schedule spans all of seq_lens (which may hold more rows than the
     # step's): reuse it only where the slice is exactly those rows.
@@ -333,9 +344,20 @@ def decode_rows(
     all_gather: RowGather | None = None,
 ) -> torch.Tensor | None:
     """``plan_decode_rows`` then ``finish_decode_rows``: the step's top-k buffer, or
-    None when the caller's stock path should run."""
-    plan = plan_decode_rows(state, metadata, tp)
+    None when the caller's stock path should run. Rows of ``q`` past
+    ``metadata.num_tokens`` are a CUDA graph's padding: their top-k rows are reset too."""
+    plan = plan_decode_rows(state, metadata, tp, padded_tokens=_padded_tokens(metadata, q))
     return finish_decode_rows(state, q, weights, plan, tp, all_gather)
+
+
+def _padded_tokens(metadata: DecodeMetadata | None, q) -> int | None:
+    """``q``'s rows where they pad the step past ``metadata.num_tokens``, else None (the plan's default).
+    Anything malformed is left to the plan's and the finish's checks, which name it."""
+    if metadata is None or not isinstance(q, torch.Tensor) or q.dim() == 0:
+        return None
+    if not isinstance(metadata.num_tokens, int) or q.shape[0] <= metadata.num_tokens:
+        return None
+    return q.shape[0]
 
 
 def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads: int = 64) -> None:

@@ -547,3 +547,36 @@ def test_shard_math_takes_any_integer_and_refuses_bools_and_floats():
         row_shard_bounds(16, 16, 2, 1.0)
     with pytest.raises(ValueError, match="world_size"):
         row_shard_rows(16, 16, np.int64(0))
+
+
+def test_padded_rows_of_the_step_are_reset():
+    """A CUDA graph padded to 24 rows with 20 real ones: rows 20-23 of the top-k buffer are reset to -1 (the
+    seed resets every token of the step), not left with the previous step's indices."""
+    step = make_step(24, k=16, max_rows=24)
+    state = make_state(step, scorer=TorchScorer())
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())  # the previous step: 24 rows
+    assert (state.topk_indices[20:24] >= 0).any()
+    md = step.metadata
+    padded = DecodeMetadata(md.seq_lens, md.block_table, 20, 20, md.max_seq_len)
+    decode_rows(state, padded, step.q, step.weights, SingleRank())  # q has the padded step's 24 rows
+    assert (state.topk_indices[20:24] == -1).all()
+    assert torch.equal(state.topk_indices[:20], _expected(step)[:20])
+
+
+def test_plan_resets_padded_tokens_and_checks_them():
+    step = make_step(20, k=16, max_rows=24)
+    state = make_state(step, scorer=TorchScorer())
+    md = step.metadata
+    state.topk_indices.fill_(5)
+    plan_decode_rows(state, md, SingleRank())
+    assert (state.topk_indices[:20] == -1).all() and (state.topk_indices[20:] == 5).all()  # default: num_tokens
+    plan_decode_rows(state, md, SingleRank(), padded_tokens=22)
+    assert (state.topk_indices[:22] == -1).all() and (state.topk_indices[22:] == 5).all()
+    state.topk_indices.fill_(5)
+    for bad, error in ((19, ValueError), (25, ValueError), (22.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="padded_tokens"):
+            plan_decode_rows(state, md, SingleRank(), padded_tokens=bad)
+    assert (state.topk_indices == 5).all()  # refused before anything was issued
+    with pytest.raises(ValueError, match="padded_tokens: 30 must be in"):  # decode_rows passes q's rows
+        decode_rows(state, md, torch.cat([step.q, step.q[:10]]), torch.cat([step.weights, step.weights[:10]]),
+                    SingleRank())
