@@ -37,6 +37,10 @@ from .scoring import Scorer, default_scorer
 # gathers would add two collectives, so it stays replicated.
 ROW_SHARD_MIN_ROWS = 16
 CANDIDATE_BLOCK_SIZE = 8  # the only block size decode_topk's block mode scores
+# Where every rank's gathered slice starts: torch's CUDA allocations are 512-byte aligned, so a slice of a
+# buffer whose rows are a 256-byte multiple (the top-k and candidate buffers' 512+ int32 columns) needs no
+# copy, and a custom gather's vector loads of any width line up.
+GATHER_ALIGN_BYTES = 256
 
 TopkBackend = str  # "auto": decode_topk (AOT kernel, exact fallback); "torch": torch.topk
 
@@ -133,7 +137,14 @@ class TPGroup(Protocol):
 
 
 class RowGather(Protocol):
-    """A custom all-gather (e.g. a one-shot kernel) that takes some tensors."""
+    """A custom all-gather (e.g. a one-shot kernel) that takes some tensors.
+
+    Every rank asks ``accepts`` and the ranks must agree: one taking the custom gather
+    while another takes ``torch.distributed`` deadlocks. So ``accepts`` may depend only
+    on what is equal on every rank: the shape, dtype, device, contiguity, and that the
+    start is ``GATHER_ALIGN_BYTES``-aligned. ``local`` is always contiguous and aligned
+    so (the flow copies a view that is not), but its address differs between ranks, so
+    a finer alignment of it is not such a property."""
 
     def accepts(self, local: torch.Tensor) -> bool: ...
 
@@ -404,14 +415,31 @@ def _all_gather_rows(
 ) -> None:
     """Gather every rank's ``rows``-row slice of ``buffer`` into its first ``num_rows``
     rows; rows past ``num_rows`` (a short or empty last slice) are dropped."""
-    local = buffer[tp.rank * rows: (tp.rank + 1) * rows]
-    if not local.is_contiguous():
-        local = local.contiguous()
+    local = _same_layout_on_every_rank(buffer[tp.rank * rows: (tp.rank + 1) * rows])
     if all_gather is not None and all_gather.accepts(local):
         gathered = all_gather(local)
     else:
         gathered = tp.all_gather(local)
     buffer[:num_rows].copy_(gathered[:num_rows])
+
+
+def _same_layout_on_every_rank(local: torch.Tensor) -> torch.Tensor:
+    """``local``, or a copy of it, contiguous and starting ``GATHER_ALIGN_BYTES``-aligned. A rank's slice
+    starts ``rank x rows`` rows into the buffer, so whether the view is aligned can depend on the rank (a
+    3-column int32 buffer); a copy makes it so on every rank. A column slice of a wider buffer is copied too,
+    as it was before (a gather takes contiguous rows)."""
+    if local.is_contiguous() and local.data_ptr() % GATHER_ALIGN_BYTES == 0:
+        return local
+    return _aligned_empty(local.shape, local.dtype, local.device).copy_(local)
+
+
+def _aligned_empty(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised contiguous tensor starting ``GATHER_ALIGN_BYTES``-aligned: a fresh allocation alone
+    is not (torch's CPU allocator aligns to 64 bytes), so it is cut from a larger byte buffer."""
+    nbytes = shape.numel() * dtype.itemsize
+    raw = torch.empty(nbytes + GATHER_ALIGN_BYTES - 1, dtype=torch.uint8, device=device)
+    skip = -raw.data_ptr() % GATHER_ALIGN_BYTES
+    return raw[skip: skip + nbytes].view(dtype).view(shape)
 
 
 # ---------------------------------------------------------------------------

@@ -349,11 +349,16 @@ def _gloo_worker(rank, world, init_file):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_gloo_sharded_equals_replicated(world):
+def _spawn_gloo(worker, world):
+    """Run ``worker(rank, world, init_file)`` in ``world`` processes that share a gloo rendezvous file."""
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_gloo_worker, args=(world, os.path.join(tmp, "init")), nprocs=world, join=True)
+        mp.spawn(worker, args=(world, os.path.join(tmp, "init")), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_gloo_sharded_equals_replicated(world):
+    _spawn_gloo(_gloo_worker, world)
 
 
 # ---------------------------------------------------------------------------
@@ -580,3 +585,48 @@ def test_plan_resets_padded_tokens_and_checks_them():
     with pytest.raises(ValueError, match="padded_tokens: 30 must be in"):  # decode_rows passes q's rows
         decode_rows(state, md, torch.cat([step.q, step.q[:10]]), torch.cat([step.weights, step.weights[:10]]),
                     SingleRank())
+
+
+class _AlignedOnlyGather:
+    """A custom gather that, like a one-shot kernel needing 16-byte aligned inputs, takes only aligned ones,
+    recording what it was asked about and what it chose."""
+
+    def __init__(self, group):
+        self.group, self.asked, self.choices = group, [], []
+
+    def accepts(self, local):
+        self.asked.append((local.is_contiguous(), local.data_ptr() % 256))
+        self.choices.append(local.data_ptr() % 16 == 0)
+        return self.choices[-1]
+
+    def __call__(self, local):
+        return self.group.all_gather(local)
+
+
+def _gloo_alignment_worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        group = DistGroup()
+        # 18 rows in slices of 10: rank 1's candidate rows start 10 x 12 bytes into the 3-column buffer.
+        step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, candidates=3, max_rows=64)
+        want = make_state(step, scorer=TorchScorer())
+        decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+        got = make_state(step, scorer=TorchScorer())
+        gather = _AlignedOnlyGather(group)
+        decode_rows(got, step.metadata, step.q, step.weights, group, gather)
+
+        assert gather.asked == [(True, 0), (True, 0)], gather.asked  # top-k rows, then the candidate blocks
+        every_rank = [None] * world
+        dist.all_gather_object(every_rank, gather.choices)
+        assert all(choices == every_rank[0] for choices in every_rank), every_rank
+        assert torch.equal(got.topk_indices[:18], want.topk_indices[:18])
+        assert torch.equal(got.candidate_blocks[:18], want.candidate_blocks[:18])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gloo_every_rank_picks_the_same_gather():
+    """A custom gather's accepts sees a tensor laid out alike on every rank (contiguous, 256-byte aligned), so
+    an alignment-checking accepts cannot take the custom gather on one rank and torch.distributed on another
+    (a deadlock on a real group)."""
+    _spawn_gloo(_gloo_alignment_worker, 2)
