@@ -58,6 +58,11 @@ _CTYPES = {"void*": ctypes.c_uint64, "int32_t": ctypes.c_int32, "uint32_t": ctyp
            "float": ctypes.c_float, "int64_t": ctypes.c_int64}
 
 
+def env_flag(name: str) -> bool:
+    """Whether the environment variable ``name`` switches its option on: set, non-empty and not "0"."""
+    return os.environ.get(name, "") not in ("", "0")
+
+
 def arch_for_capability(capability: tuple[int, int]) -> str | None:
     for arch, cc in ARCH_CAPABILITY.items():
         if tuple(capability) == cc:
@@ -329,7 +334,7 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
 
     Memoized per (root, device): call it once before CUDA graph capture.
     """
-    clock = _PhaseClock() if os.environ.get(PROFILE_ENV, "") not in ("", "0") else None
+    clock = _PhaseClock() if env_flag(PROFILE_ENV) else None
     tick = clock or no_tick
     if not torch.cuda.is_available():
         driver()  # raises NoDriverError with the driver's own reason where there is none
