@@ -31,7 +31,13 @@ from typing import Callable, Protocol
 import torch
 
 from . import reference, topk
+from .loader import env_flag
 from .scoring import Scorer, default_scorer
+
+# Checking the metadata's device values costs a device sync a step, which a serving step cannot pay: a
+# debugging run opts in. Read once, at import, to keep the plan's host time.
+CHECK_METADATA_ENV = "SPARSE_DECODE_AOT_CHECK_METADATA"
+CHECK_METADATA_VALUES = env_flag(CHECK_METADATA_ENV)
 
 # Below this many rows a step is launch-bound: a slice saves no time and the
 # gathers would add two collectives, so it stays replicated.
@@ -115,6 +121,16 @@ class DecodeMetadata:
     cache (a request's rows repeat its table); ``schedule``: the scorer's schedule
     of all the rows, if the caller built one; ``num_prefills`` > 0 sends the step
     down the caller's stock path.
+
+    The device values are trusted, as the seed trusts its metadata: checking them
+    would cost a device sync a step. For each row ``r < num_tokens`` the caller
+    guarantees ``0 <= seq_lens[r] <= max_model_len`` (DeepGEMM writes logits for the
+    positions below it into a ``[rows, max_model_len]`` buffer) and that the ids of
+    the row's first ``ceil(seq_lens[r] / 64)`` pages in ``block_table`` index the
+    index-key cache's pages (DeepGEMM reads them). Breaking it reads and writes
+    outside those buffers. ``check_decode_metadata_values`` checks it, and
+    ``plan_decode_rows`` runs that check where ``SPARSE_DECODE_AOT_CHECK_METADATA``
+    is set (to anything but "" or "0") when the process imports this module.
     """
 
     seq_lens: torch.Tensor
@@ -276,12 +292,14 @@ def plan_decode_rows(
     spans them all, so padded rows hold -1, not an earlier step's indices."""
     if metadata is None or metadata.num_prefills > 0:
         return None
-    if not isinstance(metadata.num_tokens, int) or metadata.num_tokens < 0:
-        raise ValueError(f"metadata.num_tokens: expected an int >= 0, got {metadata.num_tokens!r}")
+    _check_num_tokens(metadata)
     if metadata.num_tokens == 0:
         return None
     num_rows = metadata.num_tokens
-    _check_metadata(state, metadata)
+    if CHECK_METADATA_VALUES:
+        check_decode_metadata_values(state, metadata)
+    else:
+        _check_metadata(state, metadata)
     reset_rows = num_rows if padded_tokens is None else _whole_count("padded_tokens", padded_tokens, 0)
     if not num_rows <= reset_rows <= state.max_rows:
         raise ValueError(f"padded_tokens: {reset_rows} must be in [{num_rows}, {state.max_rows}] (metadata.num_tokens "
@@ -383,7 +401,7 @@ def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads:
         raise ValueError(f"max_rows: {max_rows} must be in [1, {state.max_rows}]")
     dev = state.topk_indices.device
     dim = state.index_k_cache.shape[-1] - reference.INDEX_SCALE_BYTES
-    pages = -(-state.max_model_len // reference.INDEX_BLOCK_KV)
+    pages = _pages_for(state.max_model_len)
     seq_lens = torch.ones(max_rows, dtype=torch.int32, device=dev)
     table = torch.zeros(max_rows, pages, dtype=torch.int32, device=dev)
     q = torch.zeros(max_rows, heads, dim, device=dev).to(torch.float8_e4m3fn)
@@ -531,6 +549,49 @@ def _check_int32_rows(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
+
+
+def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) -> None:
+    """Check the step's metadata, its device values included, against ``DecodeMetadata``'s contract: every
+    row ``r < num_tokens`` has ``0 <= seq_lens[r] <= state.max_model_len``, and the block-table ids of its
+    first ``ceil(seq_lens[r] / 64)`` pages index ``state.index_k_cache``'s pages. Raises ValueError naming
+    the field and the first offending row. Synchronizes with the device (it reads the values back), so a
+    serving step does not call it; a test or a debugging run does, or sets ``SPARSE_DECODE_AOT_CHECK_METADATA``
+    for ``plan_decode_rows`` to."""
+    _check_num_tokens(metadata)
+    _check_metadata(state, metadata)
+    rows = metadata.num_tokens
+    lens = metadata.seq_lens[:rows].long()
+    row = _first_true((lens < 0) | (lens > state.max_model_len))
+    if row is not None:
+        raise ValueError(f"metadata.seq_lens: row {row} holds {int(lens[row])}, outside [0, {state.max_model_len}] "
+                         f"(0 to max_model_len); fix the metadata builder, or build the state for a longer context")
+    table = metadata.block_table[:rows].long()
+    pages = state.index_k_cache.shape[0]
+    read = torch.arange(table.shape[1], device=table.device)[None, :] < _pages_for(lens)[:, None]
+    outside = read & ((table < 0) | (table >= pages))
+    row = _first_true(outside.any(dim=1))
+    if row is not None:
+        page = _first_true(outside[row])
+        raise ValueError(f"metadata.block_table: row {row} reads page {page} as id {int(table[row, page])}, outside "
+                         f"index_k_cache's {pages} pages; a row's first ceil(seq_lens / "
+                         f"{reference.INDEX_BLOCK_KV}) ids must index the cache: fix the metadata builder")
+
+
+def _pages_for(tokens):
+    """Pages of the index-key cache that ``tokens`` compressed tokens span (an int, or a tensor of them)."""
+    return -(-tokens // reference.INDEX_BLOCK_KV)
+
+
+def _first_true(mask: torch.Tensor) -> int | None:
+    """The first index where the 1-D ``mask`` holds, or None (reads it back: a device sync)."""
+    hits = mask.nonzero()
+    return int(hits[0, 0]) if hits.numel() else None
+
+
+def _check_num_tokens(md: DecodeMetadata) -> None:
+    if not isinstance(md.num_tokens, int) or md.num_tokens < 0:
+        raise ValueError(f"metadata.num_tokens: expected an int >= 0, got {md.num_tokens!r}")
 
 
 def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:

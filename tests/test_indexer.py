@@ -630,3 +630,69 @@ def test_gloo_every_rank_picks_the_same_gather():
     an alignment-checking accepts cannot take the custom gather on one rank and torch.distributed on another
     (a deadlock on a real group)."""
     _spawn_gloo(_gloo_alignment_worker, 2)
+
+
+def _with(md, *, seq_lens=None, block_table=None):
+    return DecodeMetadata(md.seq_lens if seq_lens is None else seq_lens,
+                          md.block_table if block_table is None else block_table,
+                          md.num_requests, md.num_tokens, md.max_seq_len)
+
+
+def test_metadata_value_check_catches_each_bad_value():
+    """seq_lens in [0, max_model_len]; the ids of a row's first ceil(seq_lens / 64) pages index the cache.
+    Ids past the pages a row reads (padding) are not read, so they are not checked."""
+    from runtime.indexer import check_decode_metadata_values
+
+    step = make_step(6, heads=8, head_dim=32, max_model_len=256, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    md, pages = step.metadata, state.index_k_cache.shape[0]
+    check_decode_metadata_values(state, md)
+    lens = md.seq_lens.clone()
+    lens[2] = 130  # reads pages 0-2 of its row
+    table = md.block_table.clone()
+    table[2, 3] = -1  # a page it does not read
+    table[4:, :] = -7  # rows past the step
+    check_decode_metadata_values(state, DecodeMetadata(lens, table, 4, 4, 256))
+
+    for value, where in ((257, "row 3 holds 257"), (-1, "row 3 holds -1")):
+        bad = md.seq_lens.clone()
+        bad[3] = value
+        with pytest.raises(ValueError, match=f"metadata.seq_lens: {where}, outside \\[0, 256\\]"):
+            check_decode_metadata_values(state, _with(md, seq_lens=bad))
+    for value in (pages, -1):
+        bad = table.clone()
+        bad[2, 2] = value
+        with pytest.raises(ValueError, match=f"metadata.block_table: row 2 reads page 2 as id {value}, outside"):
+            check_decode_metadata_values(state, DecodeMetadata(lens, bad, 4, 4, 256))
+
+
+def test_metadata_value_check_runs_in_the_plan_when_asked(monkeypatch):
+    """SPARSE_DECODE_AOT_CHECK_METADATA (read at import into CHECK_METADATA_VALUES) makes plan_decode_rows
+    check the device values before it issues anything; unset, the plan trusts them (no device sync)."""
+    from runtime import indexer
+
+    step = make_step(6, heads=8, head_dim=32, max_model_len=256, k=8)
+    bad_lens = step.metadata.seq_lens.clone()
+    bad_lens[5] = 300
+    bad = _with(step.metadata, seq_lens=bad_lens)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    monkeypatch.setattr(indexer, "CHECK_METADATA_VALUES", True)
+    with pytest.raises(ValueError, match="metadata.seq_lens: row 5 holds 300"):
+        plan_decode_rows(state, bad, SingleRank())
+    assert (state.topk_indices == 5).all()  # refused before anything was issued
+    assert plan_decode_rows(state, step.metadata, SingleRank()) is not None
+    monkeypatch.setattr(indexer, "CHECK_METADATA_VALUES", False)
+    assert plan_decode_rows(state, bad, SingleRank()) is not None
+
+
+@pytest.mark.parametrize("value,enabled", [("1", True), ("0", False), ("", False)])
+def test_metadata_value_check_follows_the_environment(value, enabled):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SPARSE_DECODE_AOT_CHECK_METADATA=value)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", "import runtime.indexer as i; print(i.CHECK_METADATA_VALUES)"],
+                         env=env, cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(enabled)
