@@ -556,8 +556,8 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
     row ``r < num_tokens`` has ``0 <= seq_lens[r] <= state.max_model_len``, and the block-table ids of its
     first ``ceil(seq_lens[r] / 64)`` pages index ``state.index_k_cache``'s pages. Raises ValueError naming
     the field and the first offending row. Synchronizes with the device (it reads the values back), so a
-    serving step does not call it; a test or a debugging run does, or sets ``SPARSE_DECODE_AOT_CHECK_METADATA``
-    for ``plan_decode_rows`` to."""
+    serving step does not call it, and a CUDA graph capture cannot; a test or an eager debugging run does, or
+    sets ``SPARSE_DECODE_AOT_CHECK_METADATA`` for ``plan_decode_rows`` to."""
     _check_num_tokens(metadata)
     _check_metadata(state, metadata)
     rows = metadata.num_tokens
