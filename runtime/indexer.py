@@ -375,18 +375,19 @@ def decode_rows(
     """``plan_decode_rows`` then ``finish_decode_rows``: the step's top-k buffer, or
     None when the caller's stock path should run. Rows of ``q`` past
     ``metadata.num_tokens`` are a CUDA graph's padding: their top-k rows are reset too."""
-    plan = plan_decode_rows(state, metadata, tp, padded_tokens=_padded_tokens(metadata, q))
+    plan = plan_decode_rows(state, metadata, tp, padded_tokens=_padded_tokens(state, metadata, q))
     return finish_decode_rows(state, q, weights, plan, tp, all_gather)
 
 
-def _padded_tokens(metadata: DecodeMetadata | None, q) -> int | None:
-    """``q``'s rows where they pad the step past ``metadata.num_tokens``, else None (the plan's default).
-    Anything malformed is left to the plan's and the finish's checks, which name it."""
+def _padded_tokens(state: IndexerState, metadata: DecodeMetadata | None, q) -> int | None:
+    """``q``'s rows where they pad the step past ``metadata.num_tokens``, else None (the plan's default),
+    at most the buffer's rows (a q cut from a larger preallocated buffer pads no more rows than the top-k
+    buffer holds). Anything malformed is left to the plan's and the finish's checks, which name it."""
     if metadata is None or not isinstance(q, torch.Tensor) or q.dim() == 0:
         return None
     if not isinstance(metadata.num_tokens, int) or q.shape[0] <= metadata.num_tokens:
         return None
-    return q.shape[0]
+    return max(metadata.num_tokens, min(q.shape[0], state.max_rows))
 
 
 def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads: int = 64) -> None:

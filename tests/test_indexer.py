@@ -582,9 +582,11 @@ def test_plan_resets_padded_tokens_and_checks_them():
         with pytest.raises(error, match="padded_tokens"):
             plan_decode_rows(state, md, SingleRank(), padded_tokens=bad)
     assert (state.topk_indices == 5).all()  # refused before anything was issued
-    with pytest.raises(ValueError, match="padded_tokens: 30 must be in"):  # decode_rows passes q's rows
-        decode_rows(state, md, torch.cat([step.q, step.q[:10]]), torch.cat([step.weights, step.weights[:10]]),
-                    SingleRank())
+    # decode_rows passes q's rows, up to the buffer's: a q cut from a larger preallocated buffer is taken.
+    decode_rows(state, md, torch.cat([step.q, step.q[:10]]), torch.cat([step.weights, step.weights[:10]]),
+                SingleRank())
+    assert (state.topk_indices[20:24] == -1).all()
+    assert torch.equal(state.topk_indices[:20], _expected(step)[:20])
 
 
 class _AlignedOnlyGather:
