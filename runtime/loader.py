@@ -436,7 +436,7 @@ class _KernelLoader:
         path = manifest.root / entry.cubin  # for messages
         err, library = drv.cuLibraryLoadData(data, None, None, 0, None, None, 0)
         if err:
-            tools = manifest.toolchain.get("cuda_compiler", "?") if isinstance(manifest.toolchain, dict) else "?"
+            tools = manifest.toolchain.get("cuda_compiler", "?")
             raise DriverRefusedError(
                 f"the driver cannot load the cubin ({err.name}).", file=path, kernel=entry.name,
                 fix=f"use a driver that supports the build's toolchain ({tools}), or {self.fix} with this driver's",

@@ -126,6 +126,12 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         raise SchemaError(f"manifest is for arch {data.get('arch')!r}, expected {arch!r}.", file=path, fix=fix)
     if type(data.get("kernels")) is not list:
         raise SchemaError("manifest has no list of kernels.", file=path, fix=fix)
+    # Read as given by python -m runtime verify and the loader's messages: exact types here, not a crash there.
+    toolchain, source_hash = data.get("toolchain", {}), data.get("source_hash", "")
+    bad = [f for f, ok in (("toolchain", type(toolchain) is dict), ("source_hash", type(source_hash) is str)) if not ok]
+    if bad:
+        raise SchemaError(f"manifest fields {', '.join(bad)} have the wrong type (toolchain an object, source_hash "
+                          f"a string).", file=path, fix=fix)
     kernels = {}
     for raw in data["kernels"]:
         entry = _entry(raw, path, fix)
@@ -133,7 +139,7 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
             raise DuplicateKernelError("kernel name appears twice in the manifest.", file=path, kernel=entry.name,
                                        fix=fix)
         kernels[entry.name] = entry
-    return Manifest(path, root, arch, data.get("toolchain", {}), data.get("source_hash", ""), kernels)
+    return Manifest(path, root, arch, toolchain, source_hash, kernels)
 
 
 def _entry(raw, path: Path, fix: str) -> KernelEntry:

@@ -343,3 +343,16 @@ def test_malformed_section_table_never_reaches_the_driver(cache, stand_in):
     with pytest.raises(errors.CubinIntegrityError, match="probe_cluster2.*not a readable CUDA ELF"):
         loader.load(cache)
     assert drv.loaded == []
+
+
+def test_verify_reports_a_toolchain_that_is_not_an_object(cache, stand_in, monkeypatch, capsys):
+    """python -m runtime verify says FAIL with the SchemaError (it crashed with an AttributeError printing it)."""
+    import runtime.probe
+    from runtime import __main__ as cli
+
+    edit_manifest(cache, "sm_90a", lambda d: d.update(toolchain="12.9"))
+    stand_in()
+    monkeypatch.setattr(runtime.probe, "run_probe", lambda loaded: {})
+    assert cli.verify(cache) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL: ") and "fields toolchain have the wrong type" in out

@@ -210,6 +210,15 @@ def test_entry_field_of_the_wrong_type_or_value(cache, field, value):
         check_cache(cache, "sm_90a")
 
 
+@pytest.mark.parametrize("field, value", [("toolchain", "12.9"), ("toolchain", ["cutlass"]), ("source_hash", 5)])
+def test_manifest_header_field_of_the_wrong_type(cache, field, value):
+    """python -m runtime verify prints the toolchain and source hash: a wrong type is a SchemaError naming the field,
+    not an AttributeError there."""
+    edit_manifest(cache, "sm_90a", lambda d: d.update({field: value}))
+    with pytest.raises(errors.SchemaError, match=f"fields {field} have the wrong type.*build_kernels.py"):
+        check_cache(cache, "sm_90a")
+
+
 @pytest.mark.parametrize("kernels", [None, 5, {}])
 def test_manifest_without_a_list_of_kernels(cache, kernels):
     """Not an empty cache that silently sends every call to the fallbacks."""
