@@ -143,6 +143,9 @@ class Kernel:
     def launch(self, grid, *args, stream=None) -> None:
         """Launch on ``stream`` (default: torch's current stream) with ``args`` in contract order.
 
+        The stream must be on the device the kernel was loaded for (a torch stream or the default one of
+        another device is refused; ``launch_on`` makes the tensors' device current around the launch).
+
         ``grid`` counts CTAs (an int or an (x, y, z) tuple); x must be a multiple of the
         cluster's x. Pointers are ints (``tensor.data_ptr()``). The hot path only writes
         what changed since the last launch of this kernel.
@@ -151,16 +154,17 @@ class Kernel:
         if len(args) != self._nargs:
             raise TypeError(f"{self.name}: takes {self._nargs} arguments "
                             f"({', '.join(p.name for p in self.entry.params)}), got {len(args)}")
+        # This kernel's shared-memory and cluster attributes were set for its own device: refuse another GPU's
+        # stream, as launch_on does. A raw handle cannot say its device; a torch stream and the default can.
         if stream is None:
-            stream = _current_raw_stream()
+            current = _current_device()
+            if current != self.device and self.device is not None:  # the one comparison when they match
+                raise self._other_device(f"torch's current device is cuda:{current}")
+            stream = _raw_stream_of(current)
         elif type(stream) is not int:
-            # A torch stream says its device (a raw handle cannot): refuse another GPU's, as launch_on does,
-            # since this kernel's shared-memory and cluster attributes were set for its own device.
             index = getattr(stream, "device_index", None)
             if self.device is not None and index is not None and index != self.device:
-                raise ValueError(f"{self.name}: stream is on cuda:{index}, the kernel was loaded for "
-                                 f"cuda:{self.device}; launch it on its device's stream or load the cache there "
-                                 f"(runtime.load(device=i))")
+                raise self._other_device(f"stream is on cuda:{index}")
             stream = stream.cuda_stream
         with self._lock:
             config = self._config
@@ -174,6 +178,11 @@ class Kernel:
             (err,) = self._launch(config, self._function, self._params_address, 0)
         if err:
             check((err,), f"cuLaunchKernelEx({self.name}, grid={grid})")
+
+    def _other_device(self, where: str) -> ValueError:
+        return ValueError(f"{self.name}: {where}, the kernel was loaded for cuda:{self.device}; launch it on its "
+                          f"device's stream (launch_on, or torch.cuda.device({self.device}) around the launch) or "
+                          f"load the cache there (runtime.load(device=i))")
 
     def _set_grid(self, dims) -> None:
         gx, gy, gz = dims
@@ -254,7 +263,7 @@ def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:
     current device, costs one comparison). A kernel loaded for another device than the
     tensors' is refused: its shared-memory and cluster attributes are that device's.
     """
-    current = (_current_device or torch.cuda.current_device)()
+    current = _current_device()
     index = current if device.index is None else device.index
     if kernel.device is not None and kernel.device != index:
         raise ValueError(f"{kernel.name}: loaded for cuda:{kernel.device}, the tensors are on cuda:{index}; "
@@ -266,17 +275,16 @@ def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:
             kernel.launch(grid, *args)
 
 
-def _current_raw_stream() -> int:
-    """torch's current stream handle, without building a torch.cuda.Stream object
-    (a CPU-only torch build lacks the fast accessors; it cannot launch anyway)."""
-    return _raw_stream_of(_current_device())
-
-
-_raw_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# torch's current device and a device's current stream handle, without building a torch.cuda.Stream object.
+# A CPU-only torch build lacks these fast accessors (it cannot launch anyway): the public calls stand in.
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
-if _raw_stream_of is None or _current_device is None:  # pragma: no cover - CPU-only torch
-    def _current_raw_stream() -> int:  # noqa: F811
-        return torch.cuda.current_stream().cuda_stream
+_raw_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if _current_device is None:  # pragma: no cover - CPU-only torch
+    def _current_device() -> int:
+        return torch.cuda.current_device()
+if _raw_stream_of is None:  # pragma: no cover - CPU-only torch
+    def _raw_stream_of(device: int) -> int:
+        return torch.cuda.current_stream(device).cuda_stream
 
 
 class KernelCache:

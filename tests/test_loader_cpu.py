@@ -165,6 +165,51 @@ def test_launch_refuses_a_stream_of_another_device(cache, stand_in):
     assert launched == [77, 78]
 
 
+def _recording_launches(kernel) -> list:
+    """The stream of each launch of ``kernel`` (its cuLaunchKernelEx replaced)."""
+    launched = []
+    kernel._launch = lambda config, function, params, extra: launched.append(int(config.hStream)) or (0,)
+    return launched
+
+
+@contextlib.contextmanager
+def _switching_device(monkeypatch, current: int):
+    """torch's current device starts at ``current``; torch.cuda.device(d) makes d current inside the block.
+    Each device's current stream handle is 1000 + its index."""
+    state = {"index": current}
+
+    @contextlib.contextmanager
+    def device(d):
+        before, state["index"] = state["index"], d.index if isinstance(d, torch.device) else d
+        try:
+            yield
+        finally:
+            state["index"] = before
+
+    monkeypatch.setattr(loader, "_current_device", lambda: state["index"])
+    monkeypatch.setattr(loader, "_raw_stream_of", lambda index: 1000 + index)
+    monkeypatch.setattr(loader.torch.cuda, "device", device)
+    yield state
+
+
+def test_default_stream_of_another_device_is_refused(cache, stand_in, monkeypatch):
+    """kernel.launch(grid, *args) takes torch's current stream: where the current device is not the kernel's, it is
+    refused (the kernel's attributes are its device's); launch_on switches to the tensors' device and launches."""
+    stand_in()
+    kernel = loader.load(cache, device=0).kernel("probe_cluster2")
+    launched = _recording_launches(kernel)
+    with _switching_device(monkeypatch, current=1) as state:
+        with pytest.raises(ValueError, match="probe_cluster2: torch's current device is cuda:1, the kernel was loaded "
+                                             "for cuda:0.*runtime.load\\(device=i\\)"):
+            kernel.launch(2, 0, 0)
+        assert not launched
+        loader.launch_on(torch.device("cuda", 0), kernel, 2, 0, 0)
+        assert launched == [1000] and state["index"] == 1, "cuda:0's stream, then cuda:1 current again"
+        state["index"] = 0
+        kernel.launch(2, 0, 0)
+        assert launched == [1000, 1000]
+
+
 def test_load_reads_only_the_elf_header(cache, stand_in, monkeypatch):
     import runtime.manifest
 
@@ -278,17 +323,7 @@ def test_no_profile_by_default(cache, stand_in, monkeypatch):
 
 def test_launch_on_switches_to_the_tensors_device(monkeypatch):
     """A launch goes to the current device's stream: launch_on makes the tensors' device current around it."""
-    current = {"index": 0}
     calls = []
-
-    @contextlib.contextmanager
-    def device(d):
-        before = current["index"]
-        current["index"] = d.index
-        try:
-            yield
-        finally:
-            current["index"] = before
 
     class FakeKernel:
         device = None  # not tied to a device, as Kernel's stand-ins
@@ -296,20 +331,19 @@ def test_launch_on_switches_to_the_tensors_device(monkeypatch):
         def launch(self, grid, *args):
             calls.append((current["index"], grid, args))
 
-    monkeypatch.setattr(loader, "_current_device", lambda: current["index"])
-    monkeypatch.setattr(loader.torch.cuda, "device", device)
-    kernel = FakeKernel()
-    loader.launch_on(torch.device("cuda", 0), kernel, 4, 1, 2)
-    loader.launch_on(torch.device("cuda", 1), kernel, 8, 3)
-    loader.launch_on(torch.device("cuda"), kernel, 2)
-    assert calls == [(0, 4, (1, 2)), (1, 8, (3,)), (0, 2, ())]
-    assert current["index"] == 0  # restored after the launch on device 1
-    # A kernel loaded for device 0 (its shared-memory and cluster attributes are device 0's) is refused on 1.
-    kernel.device, kernel.name = 0, "probe_cluster2"
-    with pytest.raises(ValueError, match="probe_cluster2: loaded for cuda:0, the tensors are on cuda:1"):
+    with _switching_device(monkeypatch, current=0) as current:
+        kernel = FakeKernel()
+        loader.launch_on(torch.device("cuda", 0), kernel, 4, 1, 2)
         loader.launch_on(torch.device("cuda", 1), kernel, 8, 3)
-    loader.launch_on(torch.device("cuda"), kernel, 2)
-    assert calls[-1] == (0, 2, ()) and len(calls) == 4
+        loader.launch_on(torch.device("cuda"), kernel, 2)
+        assert calls == [(0, 4, (1, 2)), (1, 8, (3,)), (0, 2, ())]
+        assert current["index"] == 0  # restored after the launch on device 1
+        # A kernel loaded for device 0 (its shared-memory and cluster attributes are device 0's) is refused on 1.
+        kernel.device, kernel.name = 0, "probe_cluster2"
+        with pytest.raises(ValueError, match="probe_cluster2: loaded for cuda:0, the tensors are on cuda:1"):
+            loader.launch_on(torch.device("cuda", 1), kernel, 8, 3)
+        loader.launch_on(torch.device("cuda"), kernel, 2)
+        assert calls[-1] == (0, 2, ()) and len(calls) == 4
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
