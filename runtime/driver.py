@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from .errors import NoDriverError
 
 _driver = None
@@ -32,7 +34,27 @@ def driver():
 
 
 class CudaCallError(RuntimeError):
+    """A driver call returned an error; ``result`` is its CUresult."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class _NeverRaised(Exception):
     pass
+
+
+@functools.cache
+def missing_function_error() -> type:
+    """What cuda-bindings raises where the installed driver lacks a function it wraps (e.g. cuFuncGetParamInfo
+    before 12.4): FunctionNotFoundError, a RuntimeError, in cuda-bindings 13. Where it moves, a class nothing
+    raises, so that no other error passes for it."""
+    try:
+        from cuda.bindings._internal.utils import FunctionNotFoundError
+    except ImportError:  # pragma: no cover - depends on the install
+        return _NeverRaised
+    return FunctionNotFoundError
 
 
 def check(result, call: str):
@@ -41,7 +63,7 @@ def check(result, call: str):
     if err:
         drv = driver()
         _, text = drv.cuGetErrorString(err)
-        raise CudaCallError(f"{call} failed: {err.name} ({text.decode() if text else ''})")
+        raise CudaCallError(f"{call} failed: {err.name} ({text.decode() if text else ''})", err)
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else tuple(rest)

@@ -5,8 +5,8 @@ from __future__ import annotations
 REBUILD = "python build_kernels.py --arch {arch}"
 
 
-class CacheError(RuntimeError):
-    """Base of every refusal to load or launch from the kernel cache."""
+class _LocatedError(RuntimeError):
+    """An error whose message names the file, the kernel, the problem and the fix."""
 
     def __init__(self, problem: str, *, file=None, kernel=None, fix=None):
         self.problem, self.file, self.kernel, self.fix = problem, file, kernel, fix
@@ -15,6 +15,16 @@ class CacheError(RuntimeError):
         if fix:
             text += f" Fix: {fix}"
         super().__init__(text)
+
+
+class CacheError(_LocatedError):
+    """Base of every refusal to load or launch from the kernel cache."""
+
+
+class CacheLoadInterrupted(_LocatedError):
+    """A load stopped by the process's state at the time (out of GPU memory, CUDA graph stream capture), not by
+    the cache: not a CacheError, so the host ops raise it instead of remembering a refusal, and a later call loads
+    again."""
 
 
 class NoDriverError(CacheError):
@@ -46,7 +56,8 @@ class CubinArchError(CacheError):
 
 
 class DriverRefusedError(CacheError):
-    """The driver refused to load or configure a cubin (e.g. a driver older than the build's toolchain)."""
+    """The driver refused to load or configure a cubin (e.g. a driver older than the build's toolchain), or lacks a
+    function the loader calls."""
 
 
 class DeviceArchError(CacheError):

@@ -29,10 +29,11 @@ from pathlib import Path
 import torch
 
 from .contract import ARCH_CAPABILITY
-from .driver import CudaCallError, check, driver
+from .driver import CudaCallError, check, driver, missing_function_error
 from .errors import (
     REBUILD,
     CacheError,
+    CacheLoadInterrupted,
     ClusterShapeError,
     DeviceArchError,
     DriverRefusedError,
@@ -232,7 +233,8 @@ def cache_or_fallback(op: str, device: int):
 
     A refusal is remembered (a refused load costs tens of milliseconds, which every call would pay again) and said
     once an op and device (RuntimeWarning naming it); concurrent first calls make one load. Only a CacheError is a
-    refusal: any other error is raised. (Through the package's ``load``, which a caller or test may replace.)
+    refusal: any other error is raised, CacheLoadInterrupted among them (out of GPU memory or a stream capture at
+    the load: the next call loads again). (Through the package's ``load``, which a caller or test may replace.)
     """
     with _refusals_lock:
         refusal = _refusals.get(device)
@@ -395,10 +397,7 @@ def load_manifest(manifest: Manifest, device: int, *, tick=no_tick, capability=N
             )
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         tick("torch_context")
-        cu_device = check(drv.cuCtxGetDevice(), "cuCtxGetDevice")
-        smem_optin = check(drv.cuDeviceGetAttribute(
-            drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device),
-            "cuDeviceGetAttribute")
+        cu_device, smem_optin = _device_limits(drv, manifest.path)
         loader = _KernelLoader(drv, manifest, cu_device, smem_optin, sms, tick, device)
         tick("device_attributes")
 
@@ -414,6 +413,51 @@ def load_manifest(manifest: Manifest, device: int, *, tick=no_tick, capability=N
 def _make_primary_context_current(device: int) -> None:
     torch.cuda.init()
     torch.zeros(1, device=f"cuda:{device}")  # the primary context is current from here on
+
+
+def _device_limits(drv, path: Path) -> tuple:
+    """The current context's CUdevice and its opt-in shared memory per block."""
+    try:
+        cu_device = check(drv.cuCtxGetDevice(), "cuCtxGetDevice")
+        smem_optin = check(drv.cuDeviceGetAttribute(
+            drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device),
+            "cuDeviceGetAttribute")
+    except (CudaCallError, missing_function_error()) as e:
+        raise _driver_failure(e, path, None, "check the GPU and its driver (nvidia-smi)") from None
+    return cu_device, smem_optin
+
+
+# The loader's newest driver call, cuFuncGetParamInfo, came with CUDA 12.4 (cuLibrary*/cuKernel* with 12.0).
+_NEEDED_DRIVER = "update the NVIDIA driver to one of CUDA 12.4 or newer"
+
+
+def _load_interrupted(err) -> bool:
+    """Whether a driver error is about the process's state at the time, not about the cubin: out of GPU memory,
+    or a CUDA graph stream capture under way (a later load, at start-up, succeeds)."""
+    name = getattr(err, "name", "")
+    return (name == "CUDA_ERROR_OUT_OF_MEMORY" or name == "CUDA_ERROR_CAPTURED_EVENT"
+            or name.startswith("CUDA_ERROR_STREAM_CAPTURE_"))
+
+
+def _interrupted(what: str, path, kernel) -> CacheLoadInterrupted:
+    return CacheLoadInterrupted(
+        f"{what}: out of GPU memory or inside a CUDA graph stream capture, not a fault of the cache (nothing is "
+        f"remembered: the next call loads again).", file=path, kernel=kernel,
+        fix="load the cache at start-up with runtime.load(device=i), before the engine reserves GPU memory and "
+            "before any CUDA graph capture",
+    )
+
+
+def _driver_failure(error: Exception, path, kernel, fix: str) -> Exception:
+    """A driver call of the load that failed, as the error the host ops act on: CacheLoadInterrupted where the
+    process's state stopped it (raised to the caller, not remembered), else DriverRefusedError (a refusal: the ops
+    remember it and run their fallback). ``error`` is a CudaCallError or cuda-bindings' missing-function error."""
+    if not isinstance(error, CudaCallError):  # the driver lacks the function: older than the loader needs
+        return DriverRefusedError(f"the CUDA driver lacks a function the loader calls ({error}).", file=path,
+                                  kernel=kernel, fix=_NEEDED_DRIVER)
+    if _load_interrupted(error.result):
+        return _interrupted(str(error), path, kernel)
+    return DriverRefusedError(str(error), file=path, kernel=kernel, fix=fix)
 
 
 class _KernelLoader:
@@ -442,19 +486,26 @@ class _KernelLoader:
         # parameter layout are the driver's checks below.
         data = read_checked_cubin(manifest, entry, sections=False, tick=tick)
         path = manifest.root / entry.cubin  # for messages
-        err, library = drv.cuLibraryLoadData(data, None, None, 0, None, None, 0)
-        if err:
-            tools = manifest.toolchain.get("cuda_compiler", "?")
-            raise DriverRefusedError(
-                f"the driver cannot load the cubin ({err.name}).", file=path, kernel=entry.name,
-                fix=f"use a driver that supports the build's toolchain ({tools}), or {self.fix} with this driver's",
-            )
-        self.libraries.append(library)
-        tick("cuLibraryLoadData")
         try:
+            err, library = drv.cuLibraryLoadData(data, None, None, 0, None, None, 0)
+            if err:
+                raise self._load_failure(err, entry, path)
+            self.libraries.append(library)
+            tick("cuLibraryLoadData")
             return self._check(entry, data, path, library)
-        except CudaCallError as e:  # the driver refused to configure it: a CacheError like the other refusals
-            raise DriverRefusedError(str(e), file=path, kernel=entry.name, fix=self.fix) from None
+        except (CudaCallError, missing_function_error()) as e:  # the driver refused to configure it, or lacks a call
+            raise _driver_failure(e, path, entry.name, self.fix) from None
+
+    def _load_failure(self, err, entry: KernelEntry, path: Path) -> Exception:
+        """cuLibraryLoadData's error: the process's state (CacheLoadInterrupted), or the driver refusing the cubin."""
+        what = f"the driver cannot load the cubin ({err.name})"
+        if _load_interrupted(err):
+            return _interrupted(what, path, entry.name)
+        tools = self.manifest.toolchain.get("cuda_compiler", "?")
+        return DriverRefusedError(
+            f"{what}.", file=path, kernel=entry.name,
+            fix=f"use a driver that supports the build's toolchain ({tools}), or {self.fix} with this driver's",
+        )
 
     def _check(self, entry: KernelEntry, data: bytes, path: Path, library) -> Kernel:
         drv, tick, manifest = self.drv, self.tick, self.manifest

@@ -362,6 +362,86 @@ def test_refused_load_is_a_cache_error_and_unloads_its_libraries(cache, stand_in
     assert drv.loaded and sorted(drv.unloaded) == sorted(drv.loaded)
 
 
+@pytest.fixture
+def ops_cache(cache, stand_in, monkeypatch):
+    """The host ops' load (cache_or_fallback: runtime.load(device=i)) reads the crafted cache, with a fresh memo of
+    refused devices; returns the stand-in driver."""
+    import runtime
+
+    drv = stand_in()
+    monkeypatch.setattr(runtime, "load", lambda device=None: loader.load(cache, device=device))
+    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    return drv
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"load_error": real.CUresult.CUDA_ERROR_OUT_OF_MEMORY}, "probe_cluster8.*cannot load the cubin "
+                                                              "\\(CUDA_ERROR_OUT_OF_MEMORY\\)"),
+    ({"load_error": real.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED}, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"),
+    ({"occupancy_error": real.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED},
+     "probe_cluster2.*cuOccupancyMaxActiveClusters failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"),
+])
+def test_load_stopped_by_memory_or_capture_is_raised_not_remembered(ops_cache, kwargs, match):
+    """Out of GPU memory or a stream capture under way at the first call is the process's state, not the cache's
+    fault: CacheLoadInterrupted (not a CacheError) reaches the caller with the fix, nothing is remembered, and once
+    the state has passed the op's next call loads the cache (it ran its millisecond fallback for good before)."""
+    drv = ops_cache
+    for key, value in kwargs.items():
+        setattr(drv, key, value)
+    with pytest.raises(errors.CacheLoadInterrupted, match=match) as e:
+        loader.cache_or_fallback("decode_topk", 0)
+    assert not isinstance(e.value, errors.CacheError)
+    assert "toolchain" not in str(e.value) and "runtime.load(device=i)" in e.value.fix
+    assert "before any CUDA graph capture" in e.value.fix
+    assert drv.loaded and sorted(drv.unloaded) == sorted(drv.loaded), "the failed load keeps no library"
+    assert loader._refusals == {}
+    drv.load_error = drv.occupancy_error = None
+    assert set(loader.cache_or_fallback("decode_topk", 0).names()) == {"probe_cluster2", "probe_cluster8"}
+
+
+def _function_not_found(name):
+    from cuda.bindings._internal.utils import FunctionNotFoundError
+
+    def call(*args):
+        raise FunctionNotFoundError(f"function {name} is not found")  # as cuda-bindings 13 says it
+
+    return call
+
+
+@pytest.mark.parametrize("call", ["cuFuncGetParamInfo", "cuLibraryLoadData", "cuDeviceGetAttribute"])
+def test_driver_without_a_function_the_loader_calls_is_a_refusal(ops_cache, call):
+    """A driver older than a call the loader makes (cuFuncGetParamInfo: 12.4) is a lasting refusal: a
+    DriverRefusedError naming the driver needed, remembered, the op's fallback said once (it escaped as cuda-bindings'
+    RuntimeError before, on every call)."""
+    drv = ops_cache
+    setattr(drv, call, _function_not_found(call))
+    with pytest.warns(RuntimeWarning, match=f"DriverRefusedError.*function {call} is not found.*CUDA 12.4 or newer"):
+        assert loader.cache_or_fallback("decode_topk", 0) is None
+    assert isinstance(loader._refusals[0], errors.DriverRefusedError)
+    assert sorted(drv.unloaded) == sorted(drv.loaded)
+    assert loader.cache_or_fallback("decode_topk", 0) is None  # remembered: not loaded again, not said again
+
+
+def test_device_query_the_driver_refuses_is_a_cache_error(cache, ops_cache):
+    """load_manifest's own driver calls (the device's limits) fail as a DriverRefusedError, not a CudaCallError."""
+    ops_cache.cuDeviceGetAttribute = lambda attr, device: (real.CUresult.CUDA_ERROR_INVALID_CONTEXT, 0)
+    with pytest.raises(errors.DriverRefusedError, match="cuDeviceGetAttribute failed: CUDA_ERROR_INVALID_CONTEXT"
+                                                        ".*nvidia-smi"):
+        loader.load(cache, device=0)
+
+
+def test_a_bug_in_a_driver_call_is_not_a_refusal(ops_cache):
+    """Only the driver's errors become refusals: any other exception (a bug) is raised as it is."""
+    def broken(*args):
+        raise RuntimeError("a bug")
+
+    ops_cache.cuFuncGetParamInfo = broken
+    with pytest.raises(RuntimeError, match="^a bug$"):
+        loader.cache_or_fallback("decode_topk", 0)
+    assert loader._refusals == {}
+
+
 def test_malformed_section_table_never_reaches_the_driver(cache, stand_in):
     """A cubin whose sha256 matches but whose section table runs past the end: refused on the CPU
     (the real driver hung or crashed on this one on the H200)."""
