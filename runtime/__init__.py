@@ -3,7 +3,7 @@
 Imports torch and cuda-python only (never CuTe DSL or ``kernels/``).
 """
 
-from .errors import CacheError
+from .errors import CacheError, CacheLoadInterrupted
 from .loader import Kernel, KernelCache, load
 
-__all__ = ["CacheError", "Kernel", "KernelCache", "load"]
+__all__ = ["CacheError", "CacheLoadInterrupted", "Kernel", "KernelCache", "load"]

@@ -241,6 +241,8 @@ def cache_or_fallback(op: str, device: int):
         if refusal is None:
             import runtime  # noqa: PLC0415 - the package: load() is memoized per device
 
+            if not is_loaded(device):  # only a call that would load asks about capture
+                _refuse_a_load_in_capture(op, device)
             try:
                 return runtime.load(device=device)
             except CacheError as e:
@@ -249,6 +251,23 @@ def cache_or_fallback(op: str, device: int):
             _refusals_said.add((op, device))
             warn_fallback(op, f"cuda:{device}", refusal)
         return None
+
+
+def _refuse_a_load_in_capture(op: str, device: int) -> None:
+    """A first call inside CUDA graph stream capture would load the cache there: torch's context set-up and the
+    driver's module loading cannot be captured (the load would fail, or its work land in the graph)."""
+    if torch.cuda.is_initialized() and _capturing_on(device):  # no CUDA yet: nothing can be capturing
+        raise CacheLoadInterrupted(
+            f"{op}: the first call on cuda:{device} came during CUDA graph stream capture and would load the AOT "
+            f"cache there, which cannot be captured.",
+            fix=f"load the cache before capture: runtime.load(device={device}) at start-up, or call {op} once "
+                f"before capturing",
+        )
+
+
+def _capturing_on(device: int) -> bool:
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def warn_fallback(op: str, device: str, error: BaseException) -> None:
@@ -350,7 +369,7 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
         driver()  # raises NoDriverError with the driver's own reason where there is none
         raise NoDriverError("torch sees no CUDA device.", fix="run on a GPU machine")
     device = torch.cuda.current_device() if device is None else int(device)
-    root = (Path(root) if root is not None else default_root()).resolve()
+    root = _resolved_root(root)
     key = (str(root), device)
     tick("torch_device_and_root")
     with _caches_lock:
@@ -364,6 +383,15 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
                 _caches[key].load_profile = profile
                 print(f"runtime.load profile: {json.dumps(profile)}", file=sys.stderr)
         return _caches[key]
+
+
+def _resolved_root(root) -> Path:
+    return (Path(root) if root is not None else default_root()).resolve()
+
+
+def is_loaded(device: int, root: str | Path | None = None) -> bool:
+    """Whether ``load(root, device)`` has loaded its cache already (it then returns it without a load)."""
+    return (str(_resolved_root(root)), int(device)) in _caches
 
 
 def _load(root: Path, device: int, tick=no_tick) -> KernelCache:

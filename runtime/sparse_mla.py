@@ -173,6 +173,10 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     sinks are read before the kernel waits for the previous grid (they are weights): keep them in
     a buffer that no kernel of the step writes (filled at model load, not ``sinks=param.float()``
     each step), or pass ``pdl=False``.
+
+    The first call on a device loads the AOT cache, which cannot happen inside CUDA graph stream capture:
+    load it first (``runtime.load(device=i)`` at start-up, or one call before capturing); a first call
+    during capture raises ``runtime.CacheLoadInterrupted``.
     """
     T, width = _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out)
     if out is None:

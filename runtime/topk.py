@@ -255,6 +255,10 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
     More rows than one wave of any cached kernel holds (264 on the H200) run as the fewest launches of
     even size that each fit one wave, rather than through the torch reference (milliseconds, and int64
     temporaries of several times the logits' size).
+
+    The first call on a device loads the AOT cache, which cannot happen inside CUDA graph stream capture:
+    load it first (``runtime.load(device=i)`` at start-up, or one call before capturing); a first call
+    during capture raises ``runtime.CacheLoadInterrupted``.
     """
     rows, width, k = _check_args(logits, row_ends, out, block_mode)
     if rows == 0:

@@ -400,6 +400,35 @@ def test_load_stopped_by_memory_or_capture_is_raised_not_remembered(ops_cache, k
     assert set(loader.cache_or_fallback("decode_topk", 0).names()) == {"probe_cluster2", "probe_cluster8"}
 
 
+def test_first_call_during_graph_capture_is_refused_with_the_fix(cache, stand_in, monkeypatch):
+    """The first call of an op on a device loads the cache: inside CUDA graph stream capture that is refused before
+    any load (a RuntimeError naming the op, the device and the fix, not a remembered CacheError). Once the cache is
+    loaded, capture is not even asked about."""
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    drv = stand_in()
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))  # runtime.load(device=i), as the ops call it, reads this cache
+    monkeypatch.setattr(loader, "_refusals", {})
+    capturing = {"now": True, "asked": 0}
+
+    def is_current_stream_capturing():
+        capturing["asked"] += 1
+        return capturing["now"]
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", is_current_stream_capturing)
+    with pytest.raises(errors.CacheLoadInterrupted, match="sparse_mla_decode: the first call on cuda:0 came during "
+                                                          "CUDA graph stream capture") as e:
+        loader.cache_or_fallback("sparse_mla_decode", 0)
+    assert not isinstance(e.value, errors.CacheError) and "runtime.load(device=0)" in e.value.fix
+    assert not drv.loaded and loader._refusals == {} and not loader.is_loaded(0)
+    capturing["now"] = False
+    loaded = loader.cache_or_fallback("sparse_mla_decode", 0)
+    assert loader.is_loaded(0) and "probe_cluster2" in loaded
+    capturing["now"], capturing["asked"] = True, 0
+    assert loader.cache_or_fallback("decode_topk", 0) is loaded and capturing["asked"] == 0
+
+
 def _function_not_found(name):
     from cuda.bindings._internal.utils import FunctionNotFoundError
 
