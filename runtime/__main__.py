@@ -23,7 +23,7 @@ def verify(root=None) -> int:
     m = cache.manifest
     try:
         # What load() leaves to the driver, checked on the ELF too: each kernel's symbol and its
-        # full parameter list in the cubin's .nv.info attributes.
+        # full parameter list in the cubin's .nv.info attributes (and the entries against the contract again).
         check_cache(m.root, m.arch)
     except CacheError as e:
         print(f"FAIL (ELF sections): {e}")
@@ -34,8 +34,8 @@ def verify(root=None) -> int:
         e = cache.kernel(name).entry
         print(f"  ok {name:40s} {e.family:18s} cluster {e.cluster} threads {e.threads} smem {e.smem_bytes} "
               f"pdl {e.pdl} resident clusters {cache.kernel(name).max_active_clusters}")
-    print(f"loaded and validated {len(cache.names())} kernels in {seconds * 1e3:.1f} ms; ELF symbols and "
-          f"parameter lists match the manifest")
+    print(f"loaded and validated {len(cache.names())} kernels in {seconds * 1e3:.1f} ms; every entry matches the "
+          f"runtime's contract; ELF symbols and parameter lists match the manifest")
     failed = 0
     for name, problem in run_probe(cache).items():
         print(f"  probe {name}: {'ok' if problem is None else 'FAIL ' + problem}")

@@ -55,6 +55,11 @@ class CubinArchError(CacheError):
     """The cubin's ELF header names another SM than the manifest's arch."""
 
 
+class ContractMismatchError(CacheError):
+    """A manifest entry differs from this runtime's contract (runtime/contract), from which the host ops pack the
+    arguments and compute the grids, or names a kernel the contract does not know."""
+
+
 class DriverRefusedError(CacheError):
     """The driver refused to load or configure a cubin (e.g. a driver older than the build's toolchain), or lacks a
     function the loader calls."""

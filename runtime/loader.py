@@ -1,7 +1,9 @@
 """Loading the cache onto a device and launching its kernels (no JIT at serving time).
 
-``load()`` reads the manifest for the current device's arch, checks every cubin
-on the CPU side (manifest.py: path, size, sha256, the ELF header's SM), loads it
+``load()`` reads the manifest for the current device's arch, checks every entry
+against the contract (manifest.py: ``check_against_contract``; the ops pack arguments
+and compute grids from it), checks every cubin on the CPU side (path, size, sha256,
+the ELF header's SM), loads it
 with ``cuLibraryLoadData`` (a library is context-independent, so every GPU of the
 process can use it) and checks it against the device: the symbol by
 ``cuLibraryGetKernel``, the parameter layout by ``cuFuncGetParamInfo`` (the count
@@ -45,6 +47,7 @@ from .errors import (
 from .manifest import (
     KernelEntry,
     Manifest,
+    check_against_contract,
     check_param_count,
     check_param_layout,
     default_root,
@@ -411,6 +414,8 @@ def _load(root: Path, device: int, tick=no_tick) -> KernelCache:
 
 def load_manifest(manifest: Manifest, device: int, *, tick=no_tick, capability=None) -> KernelCache:
     """Load the kernels of an already-read manifest onto ``device`` (validating each)."""
+    check_against_contract(manifest)  # before any cubin is read: the ops launch what the contract says
+    tick("contract")
     drv = driver()
     tick("driver_import_and_cuInit")
     with torch.cuda.device(device):

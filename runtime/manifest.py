@@ -15,10 +15,11 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION
+from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION, all_variants
 from .cubin import CubinFormatError, check_section_table, kernel_param_count, read_cubin, read_header
 from .errors import (
     REBUILD,
+    ContractMismatchError,
     CubinArchError,
     CubinIntegrityError,
     DuplicateKernelError,
@@ -178,6 +179,48 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
         non_portable_cluster=raw["non_portable_cluster"], smem_bytes=raw["smem_bytes"], pdl=raw["pdl"],
         params=tuple([ParamEntry(p["name"], p["ctype"], p["offset"], p["size"]) for p in params]),
     )
+
+
+# What the contract fixes of a kernel and the manifest repeats: the host ops pack arguments and compute grids from
+# the contract, the loader configures launches from the manifest, so the two must agree.
+CONTRACT_FIELDS = ("family", "config", "threads", "cluster", "non_portable_cluster", "smem_bytes", "pdl", "params")
+
+
+def _contract_view(kernel) -> tuple:
+    """CONTRACT_FIELDS of a contract Variant or a KernelEntry (the same names), comparable: config values with
+    their types (JSON's 1 is not true, 2.0 not 2), parameters as (name, C type)."""
+    return (kernel.family, {k: (type(v), v) for k, v in dict(kernel.config).items()}, kernel.threads,
+            tuple(kernel.cluster), kernel.non_portable_cluster, kernel.smem_bytes, kernel.pdl,
+            tuple([(p.name, p.ctype) for p in kernel.params]))
+
+
+def _shown(kernel, field: str):
+    if field == "config":
+        return dict(kernel.config)
+    if field == "params":
+        return [f"{p.ctype} {p.name}" for p in kernel.params]
+    return getattr(kernel, field)
+
+
+def check_against_contract(manifest: Manifest) -> None:
+    """Every entry equals the contract's variant of its name for the manifest's arch in CONTRACT_FIELDS.
+
+    A manifest may hold a subset of the contract's kernels; an entry the contract does not know is refused.
+    The contract is read once a call (the load path's cold start pays it once).
+    """
+    contract = {v.name: v for v in all_variants(manifest.arch)}
+    fix = f"the cache was built from another contract than this runtime's; {REBUILD.format(arch=manifest.arch)}"
+    for entry in manifest.kernels.values():
+        variant = contract.get(entry.name)
+        if variant is None:
+            raise ContractMismatchError(f"this runtime's contract has no kernel of this name for {manifest.arch}.",
+                                        file=manifest.path, kernel=entry.name, fix=fix)
+        got, want = _contract_view(entry), _contract_view(variant)
+        if got != want:
+            fields = [f for f, g, w in zip(CONTRACT_FIELDS, got, want) if g != w]
+            details = "; ".join(f"{f} {_shown(entry, f)!r}, contract {_shown(variant, f)!r}" for f in fields)
+            raise ContractMismatchError(f"the entry differs from this runtime's contract in {', '.join(fields)} "
+                                        f"({details}).", file=manifest.path, kernel=entry.name, fix=fix)
 
 
 def _cubin_path(manifest: Manifest, entry: KernelEntry) -> str:
@@ -344,8 +387,10 @@ def supported_arch(arch: str) -> str:
 
 
 def check_cache(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
-    """Every CPU-side check of a cache (no GPU needed): the manifest, then each cubin."""
+    """Every CPU-side check of a cache (no GPU needed): the manifest, its entries against the contract, then each
+    cubin."""
     manifest = read_manifest(root, arch)
+    check_against_contract(manifest)
     for entry in manifest.kernels.values():
         read_checked_cubin(manifest, entry)
     return manifest

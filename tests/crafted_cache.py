@@ -51,3 +51,23 @@ def shift_second_param(data) -> None:
 def add_param(data) -> None:
     """The first kernel's manifest entry lists a parameter its cubin lacks."""
     data["kernels"][0]["params"].append({"name": "x", "ctype": "int32_t", "offset": 12, "size": 4})
+
+
+def contract_follows_the_manifest(monkeypatch, root, arch="sm_90a") -> None:
+    """Make the runtime's contract list each probe kernel's parameters as the (crafted) manifest at ``root`` does: the
+    loader checks the manifest against the contract first, so a test of the binary's checks (a cubin whose parameters
+    differ from both) needs the two to agree."""
+    import dataclasses
+
+    import runtime.contract.probe as probe
+    from runtime.contract import Param
+
+    entries = {k["name"]: k for k in json.loads(manifest_path(root, arch).read_text())["kernels"]}
+
+    def following(variant):
+        if variant.name not in entries:
+            return variant
+        return dataclasses.replace(variant, params=tuple(Param(p["name"], p["ctype"])
+                                                         for p in entries[variant.name]["params"]))
+
+    monkeypatch.setattr(probe, "VARIANTS", tuple(following(v) for v in probe.VARIANTS))

@@ -12,7 +12,15 @@ import types
 
 import pytest
 import torch
-from crafted_cache import add_param, copy_probe_cache, drop_last_param, edit_manifest, first_cubin, shift_second_param
+from crafted_cache import (
+    add_param,
+    contract_follows_the_manifest,
+    copy_probe_cache,
+    drop_last_param,
+    edit_manifest,
+    first_cubin,
+    shift_second_param,
+)
 
 from runtime import errors, loader
 from runtime.cubin import read_cubin
@@ -222,6 +230,24 @@ def test_load_reads_only_the_elf_header(cache, stand_in, monkeypatch):
     assert "probe_cluster8" in loader.load(cache)
 
 
+def test_load_refuses_an_entry_contradicting_the_contract_before_reading_cubins(cache, stand_in):
+    """probe_cluster2 is compiled for clusters of 2 with (out, seed): a manifest saying clusters of 4 and other
+    parameter names is refused before any cubin is read (here the first one is even missing) or loaded."""
+    def edit(data):
+        kernel = data["kernels"][0]
+        kernel["cluster"] = [4, 1, 1]
+        for p in kernel["params"]:
+            p["name"] = "renamed"
+
+    edit_manifest(cache, "sm_90a", edit)
+    first_cubin(cache).unlink()
+    drv = stand_in()
+    with pytest.raises(errors.ContractMismatchError, match="probe_cluster2: the entry differs from this runtime's "
+                                                           "contract in cluster, params") as e:
+        loader.load(cache)
+    assert isinstance(e.value, errors.CacheError) and not drv.loaded
+
+
 def test_symbol_missing_is_a_typed_error_at_load(cache, stand_in):
     edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(symbol="kernel_that_is_not_there"))
     stand_in()
@@ -234,8 +260,9 @@ def test_symbol_missing_is_a_typed_error_at_load(cache, stand_in):
     (add_param, "contradict cuFuncGetParamInfo"),
     (drop_last_param, "lists 1 parameters, the cubin's ELF has 2"),
 ])
-def test_param_list_contradicting_the_binary_at_load(cache, stand_in, edit, match):
+def test_param_list_contradicting_the_binary_at_load(cache, stand_in, monkeypatch, edit, match):
     edit_manifest(cache, "sm_90a", edit)
+    contract_follows_the_manifest(monkeypatch, cache)  # the cubin, not the contract, disagrees
     stand_in()
     with pytest.raises(errors.ParamLayoutError, match=match) as e:
         loader.load(cache)
@@ -488,14 +515,30 @@ def test_malformed_section_table_never_reaches_the_driver(cache, stand_in):
     assert drv.loaded == []
 
 
-def test_verify_reports_a_toolchain_that_is_not_an_object(cache, stand_in, monkeypatch, capsys):
-    """python -m runtime verify says FAIL with the SchemaError (it crashed with an AttributeError printing it)."""
+@pytest.mark.parametrize("edit, said", [
+    # It crashed with an AttributeError printing the toolchain.
+    (lambda d: d.update(toolchain="12.9"), "fields toolchain have the wrong type"),
+    (lambda d: d["kernels"][1].update(smem_bytes=64), "probe_cluster8: the entry differs from this runtime's "
+                                                      "contract in smem_bytes"),
+])
+def test_verify_reports_the_manifests_refusal(cache, stand_in, monkeypatch, capsys, edit, said):
+    """python -m runtime verify says FAIL with the reason and exits 1."""
     import runtime.probe
     from runtime import __main__ as cli
 
-    edit_manifest(cache, "sm_90a", lambda d: d.update(toolchain="12.9"))
+    edit_manifest(cache, "sm_90a", edit)
     stand_in()
     monkeypatch.setattr(runtime.probe, "run_probe", lambda loaded: {})
     assert cli.verify(cache) == 1
     out = capsys.readouterr().out
-    assert out.startswith("FAIL: ") and "fields toolchain have the wrong type" in out
+    assert out.startswith("FAIL: ") and said in out
+
+
+def test_verify_passes_a_cache_matching_the_contract(cache, stand_in, monkeypatch, capsys):
+    import runtime.probe
+    from runtime import __main__ as cli
+
+    stand_in()
+    monkeypatch.setattr(runtime.probe, "run_probe", lambda loaded: {"probe_cluster2": None})
+    assert cli.verify(cache) == 0
+    assert "every entry matches the runtime's contract" in capsys.readouterr().out

@@ -6,6 +6,7 @@ import pytest
 from crafted_cache import (
     REPO,
     add_param,
+    contract_follows_the_manifest,
     copy_probe_cache,
     drop_last_param,
     edit_manifest,
@@ -32,6 +33,49 @@ def test_committed_cache_passes_every_cpu_check():
 
 def test_crafted_copy_passes(cache):
     assert set(check_cache(cache, "sm_90a").kernels) == {"probe_cluster2", "probe_cluster8"}
+
+
+def test_a_subset_of_the_contract_passes(cache):
+    """A manifest may hold some of the contract's kernels (a probe-only cache, a partial build)."""
+    edit_manifest(cache, "sm_90a", lambda d: d.update(kernels=d["kernels"][1:]))
+    assert set(check_cache(cache, "sm_90a").kernels) == {"probe_cluster8"}
+
+
+def _rename_params(kernel):
+    for p in kernel["params"]:
+        p["name"] = "renamed"
+
+
+@pytest.mark.parametrize("edit, fields", [
+    (lambda k: k.update(cluster=[4, 1, 1]), "cluster"),
+    (lambda k: k.update(cluster=[16, 1, 1], non_portable_cluster=True), "cluster, non_portable_cluster"),
+    (_rename_params, "params"),
+    (lambda k: k["params"][1].update(ctype="uint32_t"), "params"),
+    (lambda k: k.update(threads=256), "threads"),
+    (lambda k: k.update(smem_bytes=256), "smem_bytes"),
+    (lambda k: k.update(pdl=False), "pdl"),
+    (lambda k: k.update(family="empty"), "family"),
+    (lambda k: k.update(config={"cluster": 2.0}), "config"),  # equal in Python, not the contract's int
+    (lambda k: k.update(config={"cluster": 2, "extra": 1}), "config"),
+    (lambda k: k.update(threads=256, pdl=False), "threads, pdl"),
+])
+def test_entry_contradicting_the_contract(cache, edit, fields):
+    """The ops pack arguments and compute grids from the contract, the loader configures launches from the
+    manifest: an entry differing from the contract's variant of its name is refused, naming each field."""
+    edit_manifest(cache, "sm_90a", lambda d: edit(d["kernels"][0]))
+    with pytest.raises(errors.ContractMismatchError, match=f"kernel probe_cluster2: the entry differs from this "
+                                                           f"runtime's contract in {fields} \\(.*Fix: .*build_kernels"
+                                                           f".py --arch sm_90a"):
+        check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("arch, name", [("sm_90a", "probe_cluster4"), ("sm_100a", "sparse_mla_decode_w128_sinks")])
+def test_entry_the_contract_does_not_know(cache, arch, name):
+    """A kernel name the contract lacks for the manifest's arch (sparse MLA is sm_90a only) is refused."""
+    edit_manifest(cache, arch, lambda d: d["kernels"][0].update(name=name))
+    with pytest.raises(errors.ContractMismatchError, match=f"kernel {name}: this runtime's contract has no kernel "
+                                                           f"of this name for {arch}"):
+        check_cache(cache, arch)
 
 
 def test_missing_cubin(cache):
@@ -156,14 +200,16 @@ def test_param_list_contradicting_the_elf(cache):
         check_cache(cache, "sm_90a")
 
 
-def test_extra_param_contradicting_the_elf(cache):
+def test_extra_param_contradicting_the_elf(cache, monkeypatch):
     edit_manifest(cache, "sm_90a", add_param)
+    contract_follows_the_manifest(monkeypatch, cache)  # the cubin, not the contract, disagrees
     with pytest.raises(errors.ParamLayoutError):
         check_cache(cache, "sm_90a")
 
 
-def test_missing_param_contradicting_the_elf(cache):
+def test_missing_param_contradicting_the_elf(cache, monkeypatch):
     edit_manifest(cache, "sm_90a", drop_last_param)
+    contract_follows_the_manifest(monkeypatch, cache)
     with pytest.raises(errors.ParamLayoutError, match="contradict the cubin's ELF"):
         check_cache(cache, "sm_90a")
 

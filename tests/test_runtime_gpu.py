@@ -100,8 +100,9 @@ def test_python_m_runtime_verify_passes():
     ("add_param", "ParamLayoutError", "contradict cuFuncGetParamInfo"),
     ("drop_last_param", "ParamLayoutError", "the cubin's ELF has 2"),
 ])
-def test_crafted_cache_refused_by_the_driver_checks(tmp_path, edit, error, match):
-    """load() reads only the ELF header on the CPU; the driver's checks refuse these."""
+def test_crafted_cache_refused_by_the_driver_checks(tmp_path, monkeypatch, edit, error, match):
+    """load() reads only the ELF header on the CPU; the driver's checks refuse these (the contract made to agree
+    with the crafted manifest: the cubin is what disagrees)."""
     import crafted_cache
     import torch
 
@@ -115,6 +116,7 @@ def test_crafted_cache_refused_by_the_driver_checks(tmp_path, edit, error, match
         crafted_cache.edit_manifest(tmp_path, arch, lambda d: d["kernels"][0].update(symbol="kernel_not_there"))
     else:
         crafted_cache.edit_manifest(tmp_path, arch, getattr(crafted_cache, edit))
+    crafted_cache.contract_follows_the_manifest(monkeypatch, tmp_path, arch)
     with pytest.raises(getattr(errors, error), match=match) as e:
         runtime.load(tmp_path)
     assert e.value.kernel == "probe_cluster2"
