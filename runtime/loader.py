@@ -464,18 +464,21 @@ def _device_limits(drv, path: Path) -> tuple:
 _NEEDED_DRIVER = "update the NVIDIA driver to one of CUDA 12.4 or newer"
 
 
-def _load_interrupted(err) -> bool:
-    """Whether a driver error is about the process's state at the time, not about the cubin: out of GPU memory,
-    or a CUDA graph stream capture under way (a later load, at start-up, succeeds)."""
+def _interruption(err) -> str | None:
+    """The process's state at the time that a driver error says stopped the load (a later load, at start-up,
+    succeeds), or None where the error is about the cubin or the driver."""
     name = getattr(err, "name", "")
-    return (name == "CUDA_ERROR_OUT_OF_MEMORY" or name == "CUDA_ERROR_CAPTURED_EVENT"
-            or name.startswith("CUDA_ERROR_STREAM_CAPTURE_"))
+    if name == "CUDA_ERROR_OUT_OF_MEMORY":
+        return "the GPU is out of memory"
+    if name == "CUDA_ERROR_CAPTURED_EVENT" or name.startswith("CUDA_ERROR_STREAM_CAPTURE_"):
+        return "a CUDA graph stream capture is under way"
+    return None
 
 
-def _interrupted(what: str, path, kernel) -> CacheLoadInterrupted:
+def _interrupted(what: str, why: str, path, kernel) -> CacheLoadInterrupted:
     return CacheLoadInterrupted(
-        f"{what}: out of GPU memory or inside a CUDA graph stream capture, not a fault of the cache (nothing is "
-        f"remembered: the next call loads again).", file=path, kernel=kernel,
+        f"{what}: {why}, not a fault of the cache (nothing is remembered: the next call loads again).",
+        file=path, kernel=kernel,
         fix="load the cache at start-up with runtime.load(device=i), before the engine reserves GPU memory and "
             "before any CUDA graph capture",
     )
@@ -488,8 +491,9 @@ def _driver_failure(error: Exception, path, kernel, fix: str) -> Exception:
     if not isinstance(error, CudaCallError):  # the driver lacks the function: older than the loader needs
         return DriverRefusedError(f"the CUDA driver lacks a function the loader calls ({error}).", file=path,
                                   kernel=kernel, fix=_NEEDED_DRIVER)
-    if _load_interrupted(error.result):
-        return _interrupted(str(error), path, kernel)
+    why = _interruption(error.result)
+    if why is not None:
+        return _interrupted(str(error), why, path, kernel)
     return DriverRefusedError(str(error), file=path, kernel=kernel, fix=fix)
 
 
@@ -532,8 +536,9 @@ class _KernelLoader:
     def _load_failure(self, err, entry: KernelEntry, path: Path) -> Exception:
         """cuLibraryLoadData's error: the process's state (CacheLoadInterrupted), or the driver refusing the cubin."""
         what = f"the driver cannot load the cubin ({err.name})"
-        if _load_interrupted(err):
-            return _interrupted(what, path, entry.name)
+        why = _interruption(err)
+        if why is not None:
+            return _interrupted(what, why, path, entry.name)
         tools = self.manifest.toolchain.get("cuda_compiler", "?")
         return DriverRefusedError(
             f"{what}.", file=path, kernel=entry.name,

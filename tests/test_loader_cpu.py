@@ -403,11 +403,12 @@ def ops_cache(cache, stand_in, monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"load_error": real.CUresult.CUDA_ERROR_OUT_OF_MEMORY}, "probe_cluster8.*cannot load the cubin "
-                                                              "\\(CUDA_ERROR_OUT_OF_MEMORY\\)"),
-    ({"load_error": real.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED}, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"),
+    ({"load_error": real.CUresult.CUDA_ERROR_OUT_OF_MEMORY},
+     "probe_cluster8.*cannot load the cubin \\(CUDA_ERROR_OUT_OF_MEMORY\\): the GPU is out of memory"),
+    ({"load_error": real.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED},
+     "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED\\): a CUDA graph stream capture is under way"),
     ({"occupancy_error": real.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED},
-     "probe_cluster2.*cuOccupancyMaxActiveClusters failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"),
+     "probe_cluster2.*cuOccupancyMaxActiveClusters failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.*capture is under"),
 ])
 def test_load_stopped_by_memory_or_capture_is_raised_not_remembered(ops_cache, kwargs, match):
     """Out of GPU memory or a stream capture under way at the first call is the process's state, not the cache's
