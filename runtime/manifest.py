@@ -127,7 +127,7 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         raise SchemaError(f"manifest is for arch {data.get('arch')!r}, expected {arch!r}.", file=path, fix=fix)
     if type(data.get("kernels")) is not list:
         raise SchemaError("manifest has no list of kernels.", file=path, fix=fix)
-    # Read as given by python -m runtime verify and the loader's messages: exact types here, not a crash there.
+    # Printed by python -m runtime verify and the loader's messages: exact types here, not a crash there.
     toolchain, source_hash = data.get("toolchain", {}), data.get("source_hash", "")
     bad = [f for f, ok in (("toolchain", type(toolchain) is dict), ("source_hash", type(source_hash) is str)) if not ok]
     if bad:
