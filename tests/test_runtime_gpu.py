@@ -133,3 +133,38 @@ def test_load_profile_on_request():
     print(profile)
     assert profile["phases_ms"]["cuLibraryLoadData"] > 0 and profile["kernels"] > 0
     assert "runtime.load profile:" in proc.stderr
+
+
+FIRST_CALL_IN_CAPTURE = """
+import warnings
+import torch
+import runtime
+from runtime.topk import decode_topk
+
+logits = torch.randn(2, 8192, device="cuda")
+ends = torch.full((2,), 8192, dtype=torch.int32, device="cuda")
+out = torch.empty(2, 512, dtype=torch.int32, device="cuda")
+graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no fallback warning: nothing may be remembered as a refusal
+    try:
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            decode_topk(logits, ends, out)
+        print("captured")
+    except runtime.CacheLoadInterrupted as e:
+        print("refused:", e)
+    decode_topk(logits, ends, out)  # after the capture the first call loads and runs the kernel
+    torch.cuda.synchronize()
+    ref = torch.topk(logits, 512, dim=1).indices.sort(dim=1).values.int()
+    print("kernel after capture:", torch.equal(out.sort(dim=1).values, ref))
+"""
+
+
+def test_first_call_during_capture_is_refused_then_loads():
+    """A fresh process whose first decode_topk call comes inside CUDA graph capture gets CacheLoadInterrupted (the
+    load cannot be captured) with nothing remembered: its next call, outside capture, loads and runs the kernel."""
+    proc = subprocess.run([sys.executable, "-c", FIRST_CALL_IN_CAPTURE], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused:" in proc.stdout and "runtime.load(device=0)" in proc.stdout, proc.stdout
+    assert "kernel after capture: True" in proc.stdout, proc.stdout
