@@ -95,7 +95,8 @@ def _gather(q, swa_kv, compressed_kv, indices, lens):
     is_swa = torch.arange(idx.shape[1], device=idx.device) < 128
     safe_s = torch.where(active & is_swa, idx, 0).clamp(max=max(swa_kv.shape[0] - 1, 0))
     safe_c = torch.where(active & ~is_swa, idx, 0).clamp(max=max(compressed_kv.shape[0] - 1, 0))
-    kv = torch.where(is_swa[None, :, None], _rows(swa_kv, safe_s), _rows(compressed_kv, safe_c)) * active[..., None]
+    kv = torch.where(is_swa[None, :, None], _rows(swa_kv, safe_s), _rows(compressed_kv, safe_c))
+    kv = torch.where(active[..., None], kv, 0.0)  # not a product: a masked stand-in row may hold NaN bytes
     return active, kv
 
 
@@ -127,7 +128,7 @@ def emulate(q, swa_kv, compressed_kv, indices, lens, *, sinks, bmm1_scale, bmm2_
     if sinks is not None:
         denom = denom + torch.exp(sinks.float().view(1, H) - m.squeeze(-1))
     o = (w[..., None] * o_c).sum(2) * (bmm2_scale / denom.clamp(min=1e-30))[..., None]
-    return (o * active.any(1)[:, None, None]).to(torch.bfloat16)
+    return torch.where(active.any(1)[:, None, None], o, 0.0).to(torch.bfloat16)
 
 
 def rounding_bounds(q, swa_kv, compressed_kv, indices, lens, *, sinks, bmm1_scale, bmm2_scale, p_dtype=FP8,
