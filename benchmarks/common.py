@@ -53,7 +53,9 @@ SOURCE_FOLDERS = ("runtime", "benchmarks")  # the host code a measurement ran
 
 def source_digest(read=None) -> str:
     """First 16 hex digits of sha256 over the host code's .py files (path and bytes, sorted by
-    path). ``read(path) -> bytes | None`` lists nothing itself: None reads the working tree."""
+    path). ``read() -> [(path, bytes), ...]`` gives the files; None reads every .py file of the
+    working tree's SOURCE_FOLDERS, untracked ones included (a stray script there makes the digest
+    match no commit: the GPU machine's copy carries untracked files that git does not ignore)."""
     root = Path(__file__).resolve().parent.parent
     if read is None:
         paths = sorted(str(p.relative_to(root)) for f in SOURCE_FOLDERS for p in (root / f).rglob("*.py"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import operator
 import warnings
 from dataclasses import dataclass
@@ -92,9 +93,10 @@ class IndexerState:
             raise ValueError("index_k_cache: must be on topk_indices' device")
         if not isinstance(self.max_model_len, int) or self.max_model_len <= 0:
             raise ValueError(f"max_model_len: expected a positive int, got {self.max_model_len!r}")
-        # The logits are max_model_len wide and every selection refuses wider ones, but only ranks with rows
-        # select: refused here, no rank raises while an empty-slice rank waits in the all-gather.
-        if self.max_model_len > topk.MAX_WIDTH:
+        # The logits are max_model_len wide and decode_topk (kernel and exact fallback) refuses wider ones, but
+        # only ranks with rows select: refused here, no rank raises while an empty-slice rank waits in the
+        # all-gather. torch.topk (topk_backend="torch") has no such limit.
+        if self.topk_backend == "auto" and self.max_model_len > topk.MAX_WIDTH:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the top-k selection's "
                              f"{topk.MAX_WIDTH} columns (runtime.topk.MAX_WIDTH); serve a shorter context")
         if self.topk_backend not in ("auto", "torch"):
@@ -106,6 +108,11 @@ class IndexerState:
         if missing:
             raise TypeError(f"scorer: {type(self.scorer).__name__} lacks {', '.join(missing)}; implement "
                             f"runtime.scoring.Scorer")
+        # The step calls logits(..., checked=True): a scorer without the keyword would raise only on ranks with
+        # rows, while an empty-slice rank waits in the all-gather. Asked once here, not per step.
+        if not _takes_keyword(self.scorer.logits, "checked"):
+            raise TypeError(f"scorer: {type(self.scorer).__name__}.logits takes no keyword 'checked'; implement "
+                            f"runtime.scoring.Scorer (logits(..., *, checked=False))")
 
     @property
     def max_rows(self) -> int:
@@ -541,6 +548,15 @@ def _whole_count(name: str, value, minimum: int) -> int:
     if number < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {number}")
     return number
+
+
+def _takes_keyword(fn, name: str) -> bool:
+    """Whether ``fn`` can be called with the keyword argument ``name`` (by name or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call say
+        return True
+    return any(p.kind == p.VAR_KEYWORD or (p.name == name and p.kind != p.POSITIONAL_ONLY) for p in params)
 
 
 def _check_int32_rows(name: str, t: torch.Tensor) -> None:

@@ -518,6 +518,9 @@ def test_state_refuses_logits_wider_than_the_selection_takes():
     with pytest.raises(ValueError, match=r"max_model_len: 2097152 exceeds .* 2097151 columns"):
         state(1 << 21)
     assert state(topk.MAX_WIDTH).max_model_len == topk.MAX_WIDTH
+    wide = IndexerState(torch.zeros(32, 16, dtype=torch.int32), 16, _tiny_cache(), 1 << 21, scorer=TorchScorer(),
+                        topk_backend="torch")  # torch.topk has no width limit
+    assert wide.max_model_len == 1 << 21
 
 
 def test_deepgemm_scorer_refuses_weights_with_a_padded_row_stride():
@@ -698,3 +701,25 @@ def test_metadata_value_check_follows_the_environment(value, enabled):
     out = subprocess.run([sys.executable, "-c", "import runtime.indexer as i; print(i.CHECK_METADATA_VALUES)"],
                          env=env, cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(enabled)
+
+
+def test_state_refuses_a_scorer_whose_logits_lacks_checked():
+    """The step calls logits(..., checked=True), on ranks with rows only: a scorer of the older interface would
+    raise there while an empty-slice rank waits in the all-gather, so the state refuses it when built."""
+
+    class _OldLogits(TorchScorer):
+        def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len):
+            raise AssertionError("never called")
+
+    class _Forwarding(TorchScorer):
+        def logits(self, *args, **kwargs):
+            return super().logits(*args, **kwargs)
+
+    step = make_step(4, k=8)
+    with pytest.raises(TypeError, match="scorer: _OldLogits.logits takes no keyword 'checked'"):
+        make_state(step, scorer=_OldLogits())
+    state = make_state(step, scorer=_Forwarding())  # **kwargs takes it
+    want = make_state(step, scorer=TorchScorer())
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+    assert torch.equal(state.topk_indices, want.topk_indices)
