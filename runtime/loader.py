@@ -548,6 +548,8 @@ class _KernelLoader:
     def _check(self, entry: KernelEntry, data: bytes, path: Path, library) -> Kernel:
         drv, tick, manifest = self.drv, self.tick, self.manifest
         err, cu_kernel = drv.cuLibraryGetKernel(library, entry.symbol.encode())
+        if err and _interruption(err) is not None:  # the process's state, not a missing symbol
+            check((err,), "cuLibraryGetKernel")
         if err:
             raise SymbolError(f"the driver finds no symbol {entry.symbol!r} ({err.name}).", file=path,
                               kernel=entry.name, fix=self.fix)
@@ -601,6 +603,8 @@ def _driver_param_layout(drv, function, count: int) -> list[tuple[int, int]]:
     get = drv.cuFuncGetParamInfo
     for index in range(count):
         err, offset, size = get(function, index)
+        if err and _interruption(err) is not None:  # the process's state, not a shorter parameter list
+            check((err,), "cuFuncGetParamInfo")
         if err:
             break
         layout.append((int(offset), int(size)))

@@ -26,6 +26,8 @@ HEAD_DIM = contract.HEAD_DIM
 WIDTHS = contract.WIDTHS
 _ALIGN = 16  # bytes: the kernel moves 16-byte vectors
 _FLOAT32_MAX = 3.4028234663852886e38  # the kernel takes the scales as float32
+# The kernel folds log2(e) into bmm1_scale (base-2 softmax) in float32: the product must stay finite too.
+_BMM1_SCALE_MAX = _FLOAT32_MAX / math.log2(math.e)
 
 
 def _check_tensor(name, t, dtype, ndim):
@@ -94,8 +96,7 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
     _check_vector("lens", lens, torch.int32, T, f"T = {T}", device)
     if sinks is not None:
         _check_vector("sinks", sinks, torch.float32, HEADS, f"{HEADS}", device)
-    # The kernel folds log2(e) into bmm1_scale (base-2 softmax): the product must stay finite too.
-    _check_scale("bmm1_scale", bmm1_scale, _FLOAT32_MAX / math.log2(math.e))
+    _check_scale("bmm1_scale", bmm1_scale, _BMM1_SCALE_MAX)
     _check_scale("bmm2_scale", bmm2_scale)
     if out is not None:
         _check_tensor("out", out, torch.bfloat16, 3)

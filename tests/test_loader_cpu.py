@@ -36,6 +36,7 @@ class StandInDriver:
     def __init__(self, smem_optin=232448, clusters=14, static_smem=0, load_error=None, occupancy_error=None):
         self.smem_optin, self.clusters, self.static_smem = smem_optin, clusters, static_smem
         self.load_error, self.occupancy_error = load_error, occupancy_error
+        self.symbol_error = self.param_error = None  # an error of that call for every kernel
         self.loaded, self.unloaded = [], []  # libraries, by id
         self.param_queries = []  # (symbol, index, parameter count)
         self.configs = 0
@@ -67,6 +68,8 @@ class StandInDriver:
 
     def cuLibraryGetKernel(self, library, symbol):  # noqa: N802
         symbol = symbol.decode()
+        if self.symbol_error is not None:
+            return self.symbol_error, None
         if symbol not in library:
             return real.CUresult.CUDA_ERROR_NOT_FOUND, None
         return OK, (symbol, library[symbol])
@@ -77,6 +80,8 @@ class StandInDriver:
     def cuFuncGetParamInfo(self, function, index):  # noqa: N802
         symbol, params = function
         self.param_queries.append((symbol, index, len(params)))
+        if self.param_error is not None:
+            return self.param_error, 0, 0
         if index >= len(params):
             return real.CUresult.CUDA_ERROR_INVALID_VALUE, 0, 0
         return OK, params[index].offset, params[index].size
@@ -409,6 +414,10 @@ def ops_cache(cache, stand_in, monkeypatch):
      "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED\\): a CUDA graph stream capture is under way"),
     ({"occupancy_error": real.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED},
      "probe_cluster2.*cuOccupancyMaxActiveClusters failed: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.*capture is under"),
+    ({"symbol_error": real.CUresult.CUDA_ERROR_OUT_OF_MEMORY},
+     "probe_cluster2.*cuLibraryGetKernel failed: CUDA_ERROR_OUT_OF_MEMORY.*the GPU is out of memory"),
+    ({"param_error": real.CUresult.CUDA_ERROR_OUT_OF_MEMORY},
+     "probe_cluster2.*cuFuncGetParamInfo failed: CUDA_ERROR_OUT_OF_MEMORY.*the GPU is out of memory"),
 ])
 def test_load_stopped_by_memory_or_capture_is_raised_not_remembered(ops_cache, kwargs, match):
     """Out of GPU memory or a stream capture under way at the first call is the process's state, not the cache's
@@ -424,7 +433,7 @@ def test_load_stopped_by_memory_or_capture_is_raised_not_remembered(ops_cache, k
     assert "before any CUDA graph capture" in e.value.fix
     assert drv.loaded and sorted(drv.unloaded) == sorted(drv.loaded), "the failed load keeps no library"
     assert loader._refusals == {}
-    drv.load_error = drv.occupancy_error = None
+    drv.load_error = drv.occupancy_error = drv.symbol_error = drv.param_error = None
     assert set(loader.cache_or_fallback("decode_topk", 0).names()) == {"probe_cluster2", "probe_cluster8"}
 
 
