@@ -475,6 +475,13 @@ def _interruption(err) -> str | None:
     return None
 
 
+def _raise_if_interrupted(err, call: str) -> None:
+    """Raise ``err`` as a CudaCallError where it is the process's state (``_driver_failure`` then makes it a
+    CacheLoadInterrupted), for a call whose other errors mean something about the cubin."""
+    if err and _interruption(err) is not None:
+        check((err,), call)
+
+
 def _interrupted(what: str, why: str, path, kernel) -> CacheLoadInterrupted:
     return CacheLoadInterrupted(
         f"{what}: {why}, not a fault of the cache (nothing is remembered: the next call loads again).",
@@ -548,8 +555,7 @@ class _KernelLoader:
     def _check(self, entry: KernelEntry, data: bytes, path: Path, library) -> Kernel:
         drv, tick, manifest = self.drv, self.tick, self.manifest
         err, cu_kernel = drv.cuLibraryGetKernel(library, entry.symbol.encode())
-        if err and _interruption(err) is not None:  # the process's state, not a missing symbol
-            check((err,), "cuLibraryGetKernel")
+        _raise_if_interrupted(err, "cuLibraryGetKernel")  # the process's state, not a missing symbol
         if err:
             raise SymbolError(f"the driver finds no symbol {entry.symbol!r} ({err.name}).", file=path,
                               kernel=entry.name, fix=self.fix)
@@ -603,8 +609,7 @@ def _driver_param_layout(drv, function, count: int) -> list[tuple[int, int]]:
     get = drv.cuFuncGetParamInfo
     for index in range(count):
         err, offset, size = get(function, index)
-        if err and _interruption(err) is not None:  # the process's state, not a shorter parameter list
-            check((err,), "cuFuncGetParamInfo")
+        _raise_if_interrupted(err, "cuFuncGetParamInfo")  # the process's state, not a shorter parameter list
         if err:
             break
         layout.append((int(offset), int(size)))

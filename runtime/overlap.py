@@ -40,6 +40,15 @@ def first_overlap(out: torch.Tensor, named) -> str | None:
     return None
 
 
+def check_out_apart(out: torch.Tensor, named) -> None:
+    """Raise ValueError where ``out`` shares a byte with an input of ``named`` (the host ops' check: a kernel
+    reading an input while it writes ``out`` would read its own output)."""
+    name = first_overlap(out, named)
+    if name is not None:
+        raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
+                         f"pass an out of its own")
+
+
 def _runs_overlap(ra, rb) -> bool:
     """Whether two _runs layouts share a byte (None: no bytes)."""
     if ra is None or rb is None:

@@ -52,31 +52,13 @@ class Scorer(Protocol):
         """The work schedule of these rows (None where the scorer needs none).
         Reads only ``seq_lens``: no query, no key."""
 
-    def check_inputs(
-        self,
-        q: torch.Tensor,
-        weights: torch.Tensor,
-        cache: torch.Tensor,
-        seq_lens: torch.Tensor,
-        block_table: torch.Tensor,
-        max_model_len: int,
-    ) -> None:
+    def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len: int) -> None:
         """Raise TypeError/ValueError naming the argument where ``logits`` could not
-        take these inputs; launches nothing. Inputs that pass may be sliced by rows
-        and still pass."""
+        take these inputs (the tensors of ``check_scoring_inputs``); launches nothing.
+        Inputs that pass may be sliced by rows and still pass."""
 
-    def logits(
-        self,
-        q: torch.Tensor,
-        weights: torch.Tensor,
-        cache: torch.Tensor,
-        seq_lens: torch.Tensor,
-        block_table: torch.Tensor,
-        schedule: torch.Tensor | None,
-        max_model_len: int,
-        *,
-        checked: bool = False,
-    ) -> torch.Tensor:
+    def logits(self, q, weights, cache, seq_lens, block_table, schedule: torch.Tensor | None,
+               max_model_len: int, *, checked: bool = False) -> torch.Tensor:
         """FP32 ``[rows, max_model_len]`` logits (row stride may be padded);
         columns at or past ``seq_lens[r]`` hold anything. ``checked=True``: the
         caller already ran ``check_inputs`` on these rows or on rows they were

@@ -17,7 +17,7 @@ import torch
 
 from .contract import sparse_mla_decode as contract
 from .loader import cache_or_fallback, launch_on
-from .overlap import first_overlap
+from .overlap import check_out_apart
 from .reference import sparse_mla_decode_reference
 
 FP8 = torch.float8_e4m3fn
@@ -105,11 +105,8 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
         if out.device != device:
             raise ValueError(f"out is on {out.device}, q on {device}")
         _check_aligned("out", out)
-        name = first_overlap(out, (("q", q), ("swa_kv", swa_kv), ("compressed_kv", compressed_kv),
-                                   ("indices", indices), ("lens", lens), ("sinks", sinks)))
-        if name is not None:
-            raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
-                             f"pass an out of its own")
+        check_out_apart(out, (("q", q), ("swa_kv", swa_kv), ("compressed_kv", compressed_kv), ("indices", indices),
+                              ("lens", lens), ("sinks", sinks)))
     return T, width
 
 

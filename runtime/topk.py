@@ -28,7 +28,7 @@ import torch
 
 from .contract import decode_topk as contract
 from .loader import cache_or_fallback, launch_on
-from .overlap import first_overlap
+from .overlap import check_out_apart
 from .reference import decode_topk_reference
 
 SUPPORTED_K = contract.SUPPORTED_K
@@ -100,10 +100,7 @@ def _check_args(logits, row_ends, out, block_mode):
     if row_ends.device != logits.device or out.device != logits.device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
                          f"{row_ends.device} and {out.device}")
-    name = first_overlap(out, (("logits", logits), ("row_ends", row_ends)))
-    if name is not None:
-        raise ValueError(f"out overlaps {name}'s memory: the kernel reads {name} while it writes out; "
-                         f"pass an out of its own")
+    check_out_apart(out, (("logits", logits), ("row_ends", row_ends)))
     return rows, width, k
 
 
