@@ -148,6 +148,11 @@ class DecodeMetadata:
     schedule: torch.Tensor | None = None
     num_prefills: int = 0
 
+    def __post_init__(self):
+        # Counts often arrive as numpy or tensor-derived integers: held as Python ints from here on.
+        for name in ("num_requests", "num_tokens", "max_seq_len", "num_prefills"):
+            setattr(self, name, _whole_count(f"metadata.{name}", getattr(self, name), 0))
+
 
 class TPGroup(Protocol):
     """A tensor-parallel group: this rank, the world size, and a dim-0 all-gather of

@@ -34,11 +34,12 @@ def sparse_mla_active(indices, lens, swa_rows: int, compressed_rows: int):
 
 
 def _gather_rows(pool, idx, active):
-    """FP8 rows ``pool[idx]`` as FP32, zeros where not active (gathered as bytes: no FP8 indexing)."""
+    """FP8 rows ``pool[idx]`` as FP64 (see _products), zeros where not active (gathered as bytes: no FP8
+    indexing)."""
     if pool.shape[0] == 0:
-        return torch.zeros(*idx.shape, pool.shape[1], dtype=torch.float32, device=pool.device)
+        return torch.zeros(*idx.shape, pool.shape[1], dtype=torch.float64, device=pool.device)
     safe = torch.where(active, idx, torch.zeros_like(idx))
-    rows = pool.view(torch.uint8)[safe].view(pool.dtype).float()
+    rows = pool.view(torch.uint8)[safe].view(pool.dtype).double()
     # where, not a product: row 0 stands in for masked columns, and a NaN byte there
     # (a pool's padding slot, uninitialized memory) would survive a multiply by zero.
     return torch.where(active[..., None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
@@ -46,7 +47,8 @@ def _gather_rows(pool, idx, active):
 
 def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sinks=None,
                                 bmm1_scale, bmm2_scale, tokens_per_chunk: int = 32):
-    """Sparse-MLA decode in FP32 on the dequantized FP8 inputs; BF16 ``[T, 16, 512]`` out.
+    """Sparse-MLA decode in FP32 on the dequantized FP8 inputs; BF16 ``[T, 16, 512]`` out. The two products
+    accumulate in FP64 (``_products``: no process-wide matmul setting lowers their precision).
 
     For token ``t``, head ``h`` and the token's active columns ``c`` (``sparse_mla_active``)::
 
@@ -75,8 +77,7 @@ def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sink
         active = sparse_mla_active(indices[t0:t1], lens[t0:t1], swa_kv.shape[0], compressed_kv.shape[0])
         kv = torch.cat([_gather_rows(swa_kv, idx[:, :n_swa], active[:, :n_swa]),
                         _gather_rows(compressed_kv, idx[:, n_swa:], active[:, n_swa:])], dim=1)
-        qf = q[t0:t1].float()
-        s = torch.matmul(qf, kv.transpose(1, 2)) * float(bmm1_scale)  # [t, H, width]
+        s = _products(q[t0:t1], kv.transpose(1, 2)) * float(bmm1_scale)  # [t, H, width]
         s = s.masked_fill(~active[:, None, :], float("-inf"))
         m = s.amax(dim=-1)  # [t, H]; -inf for a token without active columns
         if sink is not None:
@@ -86,10 +87,19 @@ def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sink
         denom = p.sum(dim=-1)
         if sink is not None:
             denom = denom + torch.exp(sink - m)
-        o = torch.matmul(p, kv) * (float(bmm2_scale) / torch.where(denom > 0, denom, torch.ones_like(denom)))[..., None]
+        o = _products(p, kv) * (float(bmm2_scale) / torch.where(denom > 0, denom, torch.ones_like(denom)))[..., None]
         o = torch.where(active.any(dim=1)[:, None, None], o, 0.0)  # no active column: zeros, with sinks too
         out[t0:t1] = o.to(torch.bfloat16)
     return out
+
+
+def _products(a, b):
+    """``a @ b`` as FP32, accumulated in FP64. A process may lower FP32 matmuls globally (TF32 through
+    ``torch.backends.cuda.matmul.allow_tf32``, BF16 through ``torch.set_float32_matmul_precision``), which
+    would make this reference, and so the op's exact fallback, round its inputs to 10 or 7 mantissa bits;
+    FP64 has no such mode, holds the FP8 inputs' products exactly, and its sums are at least as close as
+    FP32's. (On the H200, FP64 tensor-core matmuls run about as fast as FP32 without TF32.)"""
+    return torch.matmul(a.double(), b.double()).float()
 
 
 # ---------------------------------------------------------------------------

@@ -557,6 +557,26 @@ def test_shard_math_takes_any_integer_and_refuses_bools_and_floats():
         row_shard_rows(16, 16, np.int64(0))
 
 
+def test_metadata_counts_take_any_integer_and_refuse_bools_and_floats():
+    """The metadata's counts may be numpy integers (the step equals the one with Python ints); bools, floats and
+    negative counts are refused when the metadata is built, naming the field."""
+    np = pytest.importorskip("numpy")
+    step = make_step(12, k=8)
+    md = step.metadata
+    numpy_md = DecodeMetadata(md.seq_lens, md.block_table, np.int64(md.num_requests), np.int32(md.num_tokens),
+                              np.int64(md.max_seq_len), num_prefills=np.int64(0))
+    assert all(type(getattr(numpy_md, f)) is int for f in ("num_requests", "num_tokens", "max_seq_len", "num_prefills"))
+    state = make_state(step, scorer=TorchScorer())
+    decode_rows(state, numpy_md, step.q, step.weights, SingleRank())
+    assert torch.equal(state.topk_indices[:12], _expected(step)[:12])
+    for field, value, exc in (("num_tokens", True, TypeError), ("num_requests", 4.0, TypeError),
+                              ("max_seq_len", -1, ValueError), ("num_prefills", None, TypeError)):
+        kw = dict(num_requests=md.num_requests, num_tokens=md.num_tokens, max_seq_len=md.max_seq_len, num_prefills=0)
+        kw[field] = value
+        with pytest.raises(exc, match=f"metadata.{field}"):
+            DecodeMetadata(md.seq_lens, md.block_table, **kw)
+
+
 def test_padded_rows_of_the_step_are_reset():
     """A CUDA graph padded to 24 rows with 20 real ones: rows 20-23 of the top-k buffer are reset to -1 (the
     seed resets every token of the step), not left with the previous step's indices."""
