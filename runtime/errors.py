@@ -22,9 +22,9 @@ class CacheError(_LocatedError):
 
 
 class CacheLoadInterrupted(_LocatedError):
-    """A load stopped by the process's state at the time (out of GPU memory, CUDA graph stream capture), not by
-    the cache: not a CacheError, so the host ops raise it instead of remembering a refusal, and a later call loads
-    again."""
+    """A load stopped by the process's state at the time (out of GPU memory, CUDA graph stream capture, a sticky
+    error from an earlier kernel's fault), not by the cache: not a CacheError, so the host ops raise it instead of
+    remembering a refusal, and a later call loads again."""
 
 
 class NoDriverError(CacheError):

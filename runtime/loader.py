@@ -464,14 +464,30 @@ def _device_limits(drv, path: Path) -> tuple:
 _NEEDED_DRIVER = "update the NVIDIA driver to one of CUDA 12.4 or newer"
 
 
-def _interruption(err) -> str | None:
-    """The process's state at the time that a driver error says stopped the load (a later load, at start-up,
-    succeeds), or None where the error is about the cubin or the driver."""
+# Sticky errors: an earlier launch's fault left the CUDA context unusable, and every later driver call reports it.
+_STICKY_ERRORS = frozenset({
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+})
+_LOAD_EARLY = ("load the cache at start-up with runtime.load(device=i), before the engine reserves GPU memory and "
+               "before any CUDA graph capture")
+_RESTART = ("restart the process; find the faulting kernel with compute-sanitizer (or CUDA_LAUNCH_BLOCKING=1), "
+            "since the cache's kernels were not loaded")
+
+
+def _interruption(err) -> tuple[str, str] | None:
+    """Why, and the fix, where a driver error says that the process's state stopped the load (not a fault of the
+    cubin or the driver): out of memory or a capture, which pass (a later load, at start-up, succeeds), or a
+    sticky error from an earlier fault, which no load in this process gets past. Else None."""
     name = getattr(err, "name", "")
     if name == "CUDA_ERROR_OUT_OF_MEMORY":
-        return "the GPU is out of memory"
+        return "the GPU is out of memory", _LOAD_EARLY
     if name == "CUDA_ERROR_CAPTURED_EVENT" or name.startswith("CUDA_ERROR_STREAM_CAPTURE_"):
-        return "a CUDA graph stream capture is under way"
+        return "a CUDA graph stream capture is under way", _LOAD_EARLY
+    if name in _STICKY_ERRORS:
+        return "an earlier fault left this CUDA context unusable (a sticky error)", _RESTART
     return None
 
 
@@ -482,12 +498,11 @@ def _raise_if_interrupted(err, call: str) -> None:
         check((err,), call)
 
 
-def _interrupted(what: str, why: str, path, kernel) -> CacheLoadInterrupted:
+def _interrupted(what: str, interruption: tuple[str, str], path, kernel) -> CacheLoadInterrupted:
+    why, fix = interruption
     return CacheLoadInterrupted(
         f"{what}: {why}, not a fault of the cache (nothing is remembered: the next call loads again).",
-        file=path, kernel=kernel,
-        fix="load the cache at start-up with runtime.load(device=i), before the engine reserves GPU memory and "
-            "before any CUDA graph capture",
+        file=path, kernel=kernel, fix=fix,
     )
 
 
@@ -498,9 +513,9 @@ def _driver_failure(error: Exception, path, kernel, fix: str) -> Exception:
     if not isinstance(error, CudaCallError):  # the driver lacks the function: older than the loader needs
         return DriverRefusedError(f"the CUDA driver lacks a function the loader calls ({error}).", file=path,
                                   kernel=kernel, fix=_NEEDED_DRIVER)
-    why = _interruption(error.result)
-    if why is not None:
-        return _interrupted(str(error), why, path, kernel)
+    interruption = _interruption(error.result)
+    if interruption is not None:
+        return _interrupted(str(error), interruption, path, kernel)
     return DriverRefusedError(str(error), file=path, kernel=kernel, fix=fix)
 
 
@@ -543,9 +558,9 @@ class _KernelLoader:
     def _load_failure(self, err, entry: KernelEntry, path: Path) -> Exception:
         """cuLibraryLoadData's error: the process's state (CacheLoadInterrupted), or the driver refusing the cubin."""
         what = f"the driver cannot load the cubin ({err.name})"
-        why = _interruption(err)
-        if why is not None:
-            return _interrupted(what, why, path, entry.name)
+        interruption = _interruption(err)
+        if interruption is not None:
+            return _interrupted(what, interruption, path, entry.name)
         tools = self.manifest.toolchain.get("cuda_compiler", "?")
         return DriverRefusedError(
             f"{what}.", file=path, kernel=entry.name,
