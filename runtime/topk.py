@@ -204,7 +204,7 @@ def _warn_slow_path(reason: str) -> None:
     """Say that a call the cache's kernels could serve runs the exact torch reference because of its layout: Python's
     default filter shows it once per reason and calling line, so a step that hits it every time says so once."""
     warnings.warn(f"decode_topk: {reason}, so the exact torch reference runs instead of the cached kernel "
-                  f"(milliseconds, not microseconds); pass tensors the kernel can read", RuntimeWarning, stacklevel=3)
+                  f"(milliseconds, not microseconds); pass tensors the kernel can read", RuntimeWarning, stacklevel=4)
 
 
 def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
@@ -266,10 +266,18 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
         if 0 < wave < rows:
             launches = -(-rows // wave)
             step = -(-rows // launches)
-            for r0 in range(0, rows, step):
-                decode_topk(logits[r0:r0 + step], row_ends[r0:r0 + step], out[r0:r0 + step], block_mode=block_mode,
-                            pdl=pdl)
+            for r0 in range(0, rows, step):  # slices of checked arguments: not checked again
+                part = logits[r0:r0 + step]
+                _select(part, row_ends[r0:r0 + step], out[r0:r0 + step], k, block_mode, pdl,
+                        _kernel_for(part, part.shape[0], k, block_mode))
             return
+    _select(logits, row_ends, out, k, block_mode, pdl, chosen)
+
+
+def _select(logits, row_ends, out, k: int, block_mode: bool, pdl: bool, chosen) -> None:
+    """decode_topk of checked arguments: one launch of ``chosen`` (kernel, cluster), or the exact reference where
+    it is None or out's row offsets pass int32."""
+    rows, width = logits.shape
     if chosen is None or (rows - 1) * out.stride(0) + k > INT32_MAX:
         if logits.is_cuda and width > 0 and _plan_for(logits.device, _DTYPES[logits.dtype], block_mode) is not None:
             # The cache serves this device (a refusal was said by cache_or_fallback): the layout sent the call here.

@@ -371,8 +371,12 @@ def test_rows_past_one_wave_launch_a_wave_at_a_time(monkeypatch, rows, grids, ro
     logits = torch.zeros(rows, width).as_subclass(_CudaLooking)
     ends = torch.full((rows,), width, dtype=torch.int32)
     out = torch.empty(rows, k, dtype=torch.int32)
+    checks = []
+    check_args = topk._check_args
+    monkeypatch.setattr(topk, "_check_args", lambda *a: checks.append(a) or check_args(*a))
     topk.decode_topk(logits, ends, out)
     assert [grid for grid, _ in launched] == grids  # one CTA a row (c1)
+    assert len(checks) == 1, "the arguments are checked once, not again per launch"
     starts = [sum(grids[:i]) for i in range(len(grids))]
     assert [a[0] - logits.data_ptr() for _, a in launched] == [r * width * 4 for r in starts]
     assert [a[1] - ends.data_ptr() for _, a in launched] == [r * 4 for r in starts]
@@ -415,8 +419,9 @@ def test_layout_fallbacks_are_said(monkeypatch):
         (torch.zeros(1004 + 1001).as_strided((2, 1001), (1004, 1)).as_subclass(_CudaLooking), "ends past"),
     ]
     for logits, cause in cases:
-        with pytest.warns(RuntimeWarning, match=f"decode_topk: .*{cause}.*exact torch reference"):
+        with pytest.warns(RuntimeWarning, match=f"decode_topk: .*{cause}.*exact torch reference") as said:
             topk.decode_topk(logits, ends, out)
+        assert said[0].filename == __file__, "the warning names the caller's line"
     aligned = torch.zeros(2, 1024, device="meta").as_subclass(_CudaLooking)
     wide_out = torch.empty_strided((2, 512), (1 << 31, 1), dtype=torch.int32, device="meta")
     with pytest.warns(RuntimeWarning, match="out's row offsets are past int32"):
