@@ -33,7 +33,8 @@ import torch
 
 from . import reference, topk
 from .loader import env_flag
-from .scoring import Scorer, default_scorer
+from .overlap import first_overlap
+from .scoring import Scorer, check_index_k_cache, default_scorer
 
 # Checking the metadata's device values costs a device sync a step, which a serving step cannot pay: a
 # debugging run opts in. Read once, at import, to keep the plan's host time.
@@ -79,7 +80,8 @@ class IndexerState:
 
     def __post_init__(self) -> None:
         _check_int32_rows("topk_indices", self.topk_indices)
-        if not isinstance(self.k, int) or not 0 < self.k <= self.topk_indices.shape[1]:
+        self.k = _whole_count("k", self.k, 1)
+        if self.k > self.topk_indices.shape[1]:
             raise ValueError(f"k: {self.k} must be in [1, {self.topk_indices.shape[1]}] (topk_indices' width)")
         if self.candidate_blocks is not None:
             _check_int32_rows("candidate_blocks", self.candidate_blocks)
@@ -87,12 +89,11 @@ class IndexerState:
                 raise ValueError("candidate_blocks: must be on topk_indices' device")
         if self.candidate_block_size != CANDIDATE_BLOCK_SIZE:
             raise ValueError(f"candidate_block_size: only {CANDIDATE_BLOCK_SIZE} is supported")
-        if not isinstance(self.index_k_cache, torch.Tensor) or self.index_k_cache.dtype != torch.uint8:
-            raise TypeError("index_k_cache: expected a uint8 tensor [pages, 64, 1, head_dim + 4]")
+        check_index_k_cache(self.index_k_cache, "index_k_cache")
         if self.index_k_cache.device != self.topk_indices.device:
             raise ValueError("index_k_cache: must be on topk_indices' device")
-        if not isinstance(self.max_model_len, int) or self.max_model_len <= 0:
-            raise ValueError(f"max_model_len: expected a positive int, got {self.max_model_len!r}")
+        self._check_buffers_apart()
+        self.max_model_len = _whole_count("max_model_len", self.max_model_len, 1)
         # The logits are max_model_len wide and decode_topk (kernel and exact fallback) refuses wider ones, but
         # only ranks with rows select: refused here, no rank raises while an empty-slice rank waits in the
         # all-gather. torch.topk (topk_backend="torch") has no such limit.
@@ -117,6 +118,16 @@ class IndexerState:
     @property
     def max_rows(self) -> int:
         return self.topk_indices.shape[0]
+
+    def _check_buffers_apart(self) -> None:
+        """The step writes the top-k and candidate buffers while it reads the key cache: none may share memory."""
+        written = (("topk_indices", self.topk_indices), ("candidate_blocks", self.candidate_blocks))
+        for i, (name, buf) in enumerate(written):
+            read_or_written = written[i + 1:] + (("index_k_cache", self.index_k_cache),)
+            other = None if buf is None else first_overlap(buf, read_or_written)
+            if other is not None:
+                raise ValueError(f"{name} overlaps {other}'s memory: the step writes {name} while it reads or writes "
+                                 f"{other}; give each buffer memory of its own")
 
 
 @dataclass
@@ -317,16 +328,16 @@ def plan_decode_rows(
         raise ValueError(f"padded_tokens: {reset_rows} must be in [{num_rows}, {state.max_rows}] (metadata.num_tokens "
                          f"to topk_indices' rows); pass the step's token count with its padding (decode_rows "
                          f"passes q's rows) and size the buffer for it")
-    if not 0 <= tp.rank < tp.world_size:
-        raise ValueError(f"tp: rank {tp.rank} outside world size {tp.world_size}")
+    rank, world_size = _rank_and_world(tp)
+    _check_metadata_apart(state, metadata)
 
-    shard = row_shard_rows(num_rows, metadata.num_requests, tp.world_size)
+    shard = row_shard_rows(num_rows, metadata.num_requests, world_size)
     if shard is not None and any(
-        buf is not None and buf.shape[0] < tp.world_size * shard
+        buf is not None and buf.shape[0] < world_size * shard
         for buf in (state.topk_indices, state.candidate_blocks)
     ):
         shard = None  # the slices' rows past the step's do not fit the buffers
-    bounds = None if shard is None else row_shard_bounds(num_rows, metadata.num_requests, tp.world_size, tp.rank)
+    bounds = None if shard is None else row_shard_bounds(num_rows, metadata.num_requests, world_size, rank)
     start, end = bounds or (0, num_rows)
 
     state.topk_indices[:reset_rows] = -1
@@ -335,8 +346,8 @@ def plan_decode_rows(
     # step's): reuse it only where the slice is exactly those rows.
     if end > start and (end - start < metadata.seq_lens.shape[0] or schedule is None):
         schedule = state.scorer.schedule(metadata.seq_lens[start:end])
-    return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, tp.rank,
-                          tp.world_size, state.topk_indices.shape[0])
+    return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
+                          world_size, state.topk_indices.shape[0])
 
 
 @_on_state_device
@@ -352,15 +363,24 @@ def finish_decode_rows(
     head_dim]``) and ``weights`` (FP32 ``[rows, heads]``) are ready: score and select
     the planned rows, then gather every rank's slice. Returns the top-k buffer
     (None, doing nothing, when ``plan`` is None)."""
+    return _finish(state, q, weights, plan, tp, all_gather, query_checked=False)
+
+
+def _finish(state, q, weights, plan, tp, all_gather, *, query_checked: bool):
+    """finish_decode_rows; ``query_checked``: decode_rows checked q and weights before its plan."""
     if plan is None:
         return None
-    if (plan.rank, plan.world_size) != (tp.rank, tp.world_size):
-        raise ValueError(f"tp: rank {tp.rank} of {tp.world_size}, but the plan is for rank {plan.rank} of "
+    rank, world_size = _rank_and_world(tp)
+    if (plan.rank, plan.world_size) != (rank, world_size):
+        raise ValueError(f"tp: rank {rank} of {world_size}, but the plan is for rank {plan.rank} of "
                          f"{plan.world_size}; pass the plan_decode_rows result of this rank's group")
     if plan.buffer_rows != state.topk_indices.shape[0]:
         raise ValueError(f"plan: made for a state of {plan.buffer_rows} top-k rows, this one has "
                          f"{state.topk_indices.shape[0]}; pass the plan_decode_rows result of this state")
-    _check_query(q, weights, plan.num_rows, state)
+    if plan.shard is not None:
+        _check_gathers(tp, all_gather)
+    if not query_checked:
+        _check_query(q, weights, plan.num_rows, state)
     # Every rank checks the whole step's scoring inputs, not only its slice: a rank
     # with an empty slice scores nothing and would otherwise enter the gathers while
     # the others raise.
@@ -387,8 +407,12 @@ def decode_rows(
     """``plan_decode_rows`` then ``finish_decode_rows``: the step's top-k buffer, or
     None when the caller's stock path should run. Rows of ``q`` past
     ``metadata.num_tokens`` are a CUDA graph's padding: their top-k rows are reset too."""
+    has_rows = metadata is not None and metadata.num_prefills == 0 and _checked_num_tokens(metadata) > 0
+    if has_rows:  # every argument is here: the query is refused before the plan resets the buffers
+        _check_query(q, weights, metadata.num_tokens, state)
     plan = plan_decode_rows(state, metadata, tp, padded_tokens=_padded_tokens(state, metadata, q))
-    return finish_decode_rows(state, q, weights, plan, tp, all_gather)
+    with _on_device(state.topk_indices.device):
+        return _finish(state, q, weights, plan, tp, all_gather, query_checked=has_rows)
 
 
 def _padded_tokens(state: IndexerState, metadata: DecodeMetadata | None, q) -> int | None:
@@ -614,6 +638,44 @@ def _first_true(mask: torch.Tensor) -> int | None:
 def _check_num_tokens(md: DecodeMetadata) -> None:
     if not isinstance(md.num_tokens, int) or md.num_tokens < 0:
         raise ValueError(f"metadata.num_tokens: expected an int >= 0, got {md.num_tokens!r}")
+
+
+def _checked_num_tokens(md: DecodeMetadata) -> int:
+    _check_num_tokens(md)
+    return md.num_tokens
+
+
+def _rank_and_world(tp) -> tuple[int, int]:
+    """``tp``'s (rank, world size) as ints, checked: 0 <= rank < world size."""
+    if not hasattr(tp, "rank") or not hasattr(tp, "world_size"):
+        raise TypeError(f"tp: expected a TPGroup (rank, world_size, all_gather), got {type(tp).__name__}; pass "
+                        f"runtime.indexer.SingleRank() for one rank")
+    rank = _whole_count("tp.rank", tp.rank, 0)
+    world_size = _whole_count("tp.world_size", tp.world_size, 1)
+    if rank >= world_size:
+        raise ValueError(f"tp: rank {rank} outside world size {world_size}")
+    return rank, world_size
+
+
+def _check_gathers(tp, all_gather) -> None:
+    """A sharded step gathers the rows back: by ``all_gather`` where it accepts them, else by ``tp.all_gather``.
+    Checked before anything is scored, so no rank launches work and then raises."""
+    if all_gather is not None and not (callable(all_gather) and callable(getattr(all_gather, "accepts", None))):
+        raise TypeError(f"all_gather: expected None or a RowGather (callable, with accepts(local)), got "
+                        f"{type(all_gather).__name__}")
+    if not callable(getattr(tp, "all_gather", None)):
+        raise TypeError(f"tp: {type(tp).__name__} has no callable all_gather, which a sharded step needs; implement "
+                        f"runtime.indexer.TPGroup")
+
+
+def _check_metadata_apart(state: IndexerState, md: DecodeMetadata) -> None:
+    """The plan resets, and the finish writes, the state's buffers while the step reads the metadata's tensors."""
+    for name, buf in (("topk_indices", state.topk_indices), ("candidate_blocks", state.candidate_blocks)):
+        other = None if buf is None else first_overlap(buf, (("metadata.seq_lens", md.seq_lens),
+                                                              ("metadata.block_table", md.block_table)))
+        if other is not None:
+            raise ValueError(f"{other} overlaps {name}'s memory: the step writes {name} while it reads {other}; "
+                             f"give the metadata memory of its own")
 
 
 def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:

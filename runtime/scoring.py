@@ -66,6 +66,20 @@ class Scorer(Protocol):
         once, ~3.4 µs of host time)."""
 
 
+def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None) -> None:
+    """Raise TypeError/ValueError naming ``name`` unless ``cache`` is the fused paged index-key cache: contiguous
+    uint8 ``[pages, 64, 1, head_dim + 4]`` (``reference.pack_index_k_cache``; any head_dim where it is None)."""
+    row = "head_dim + 4" if head_dim is None else head_dim + reference.INDEX_SCALE_BYTES
+    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or cache.dim() != 4:
+        got = f"{cache.dtype} {tuple(cache.shape)}" if isinstance(cache, torch.Tensor) else type(cache).__name__
+        raise TypeError(f"{name}: expected uint8 [blocks, {BLOCK_KV}, 1, {row}], got {got}")
+    width_ok = cache.shape[3] > reference.INDEX_SCALE_BYTES if head_dim is None else cache.shape[3] == row
+    if cache.shape[1] != BLOCK_KV or cache.shape[2] != 1 or not width_ok:
+        raise ValueError(f"{name}: expected [blocks, {BLOCK_KV}, 1, {row}], got {tuple(cache.shape)}")
+    if not cache.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
 def check_scoring_inputs(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -92,14 +106,7 @@ def check_scoring_inputs(
         raise TypeError(f"weights: expected float32, got {weights.dtype}")
     if weights.shape != (rows, heads) or weights.stride(1) != 1:
         raise ValueError(f"weights: expected [{rows}, {heads}] with unit column stride, got {tuple(weights.shape)}")
-    if cache.dtype != torch.uint8 or cache.dim() != 4:
-        raise TypeError(f"cache: expected uint8 [blocks, {BLOCK_KV}, 1, head_dim + 4], got {cache.dtype} "
-                        f"{tuple(cache.shape)}")
-    if cache.shape[1] != BLOCK_KV or cache.shape[2] != 1 or cache.shape[3] != dim + reference.INDEX_SCALE_BYTES:
-        raise ValueError(f"cache: expected [blocks, {BLOCK_KV}, 1, {dim + reference.INDEX_SCALE_BYTES}], "
-                         f"got {tuple(cache.shape)}")
-    if not cache.is_contiguous():
-        raise ValueError("cache: must be contiguous")
+    check_index_k_cache(cache, "cache", dim)
     if seq_lens.dtype != torch.int32 or seq_lens.shape != (rows,):
         raise ValueError(f"seq_lens: expected int32 [{rows}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != rows:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
 import torch
 
@@ -144,6 +145,11 @@ def max_tokens(width: int, device=None) -> int:
     loader measures per kernel. 0 where the cache has no kernel for the device, and without
     ``device`` on a machine where torch sees no CUDA device.
     """
+    # An integer of any type; 128.0 == 128 would pass the membership test, name no variant, and leave a
+    # refusal memoized under (device, 128) for every later call of that width.
+    if isinstance(width, bool) or not hasattr(type(width), "__index__"):
+        raise TypeError(f"width: expected an integer, got {type(width).__name__} {width!r}")
+    width = operator.index(width)
     if width not in WIDTHS:
         raise ValueError(f"width {width} is not supported; widths: {WIDTHS}")
     if device is None:

@@ -96,7 +96,9 @@ def _check_args(logits, row_ends, out, block_mode):
     if rows > 1 and out.stride(0) < k:
         raise ValueError(f"out's rows overlap (row stride {out.stride(0)} < k = {k}): give each row k slots of its own")
     if not isinstance(block_mode, bool):
-        raise TypeError(f"block_mode must be a bool, got {type(block_mode).__name__}")
+        kind = type(block_mode)  # numpy's bool is also named "bool": say whose
+        raise TypeError(f"block_mode must be a Python bool, got {kind.__module__}.{kind.__qualname__} {block_mode!r}; "
+                        f"pass bool(block_mode)")
     if row_ends.device != logits.device or out.device != logits.device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
                          f"{row_ends.device} and {out.device}")

@@ -743,3 +743,111 @@ def test_state_refuses_a_scorer_whose_logits_lacks_checked():
     decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
     decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
     assert torch.equal(state.topk_indices, want.topk_indices)
+
+
+# ---------------------------------------------------------------------------
+# Thirty-eighth session's review: arguments refused before anything is issued
+# ---------------------------------------------------------------------------
+
+def test_state_scalars_take_any_integer_and_refuse_bools():
+    """k and max_model_len may be numpy integers (held as ints); a bool is refused, not read as 1."""
+    np = pytest.importorskip("numpy")
+    from runtime.indexer import IndexerState
+
+    def state(k, width):
+        return IndexerState(torch.zeros(32, 16, dtype=torch.int32), k, _tiny_cache(), width, scorer=TorchScorer())
+
+    made = state(np.int64(8), np.int64(512))
+    assert (made.k, made.max_model_len) == (8, 512) and type(made.k) is int and type(made.max_model_len) is int
+    for k, width, name in ((True, 512, "k"), (8, True, "max_model_len"), (8.0, 512, "k"), (8, 512.0, "max_model_len")):
+        with pytest.raises(TypeError, match=name):
+            state(k, width)
+    with pytest.raises(ValueError, match=r"k: 17 must be in \[1, 16\]"):
+        state(17, 512)
+
+
+@pytest.mark.parametrize("cache, exc", [
+    (torch.zeros(4, 64, 36, dtype=torch.uint8), TypeError),  # 3-D
+    (torch.zeros((), dtype=torch.uint8), TypeError),
+    (torch.zeros(4, 32, 1, 36, dtype=torch.uint8), ValueError),  # 32-token pages
+    (torch.zeros(4, 64, 2, 36, dtype=torch.uint8), ValueError),
+    (torch.zeros(4, 64, 1, 4, dtype=torch.uint8), ValueError),  # no head dims
+    (torch.zeros(4, 64, 1, 72, dtype=torch.uint8)[..., :36], ValueError),  # not contiguous
+    (torch.zeros(4, 64, 1, 36, dtype=torch.int8), TypeError),
+])
+def test_state_refuses_a_key_cache_of_another_layout(cache, exc):
+    """The key cache's layout is checked when the state is built, naming index_k_cache, not at the first finish
+    after a plan has reset the buffers."""
+    from runtime.indexer import IndexerState
+
+    with pytest.raises(exc, match="index_k_cache"):
+        IndexerState(torch.zeros(32, 16, dtype=torch.int32), 16, cache, 256, scorer=TorchScorer())
+
+
+def test_state_and_plan_refuse_buffers_sharing_memory():
+    """The step writes the top-k and candidate buffers while it reads the key cache and the metadata: a buffer
+    sharing memory with another is refused, naming both, and the plan resets nothing first."""
+    from runtime.indexer import IndexerState
+
+    step = make_step(6, k=8, candidates=12, max_rows=8)
+    a = step.state_args
+    topk = a["topk"].clone()
+    with pytest.raises(ValueError, match="topk_indices overlaps candidate_blocks"):
+        IndexerState(topk, a["k"], a["index_k_cache"], a["max_model_len"],
+                     candidate_blocks=topk.view(-1)[-4 * topk.shape[0]:].view(topk.shape[0], 4), scorer=TorchScorer())
+    cache_bytes = a["index_k_cache"].numel()
+    shared = torch.zeros(cache_bytes + 4096, dtype=torch.uint8)
+    cache = shared[:cache_bytes].view(a["index_k_cache"].shape)
+    with pytest.raises(ValueError, match="topk_indices overlaps index_k_cache"):  # the cache's last 512 bytes
+        IndexerState(shared[cache_bytes - 512:cache_bytes + 512].view(torch.int32).view(32, 8), a["k"], cache,
+                     a["max_model_len"], scorer=TorchScorer())
+    state = make_state(step, scorer=TorchScorer())
+    md = step.metadata
+    state.topk_indices.fill_(5)
+    lens_in_topk = state.topk_indices[7, :6].copy_(md.seq_lens[:6])
+    with pytest.raises(ValueError, match="metadata.seq_lens overlaps topk_indices"):
+        plan_decode_rows(state, DecodeMetadata(lens_in_topk, md.block_table, 6, 6, md.max_seq_len), SingleRank())
+    table_in_cand = state.candidate_blocks.view(-1)[-md.block_table.numel():].view(md.block_table.shape)
+    table_in_cand.copy_(md.block_table)
+    with pytest.raises(ValueError, match="metadata.block_table overlaps candidate_blocks"):
+        plan_decode_rows(state, DecodeMetadata(md.seq_lens, table_in_cand, 6, 6, md.max_seq_len), SingleRank())
+    assert (state.topk_indices[:6] == 5).all(), "refused before the reset"
+
+
+class _NoGather:
+    rank, world_size = 0, 4
+
+
+@pytest.mark.parametrize("tp, all_gather, exc, match", [
+    (None, None, TypeError, "tp: expected a TPGroup"),
+    (_Fixed(None, 4), None, TypeError, "tp.rank"),
+    (_Fixed(0.0, 4), None, TypeError, "tp.rank"),
+    (_Fixed(0, "4"), None, TypeError, "tp.world_size"),
+    (_Fixed(4, 4), None, ValueError, "rank 4 outside world size 4"),
+    (_NoGather(), None, TypeError, "tp: _NoGather has no callable all_gather"),
+    (Loopback(4), lambda local: local, TypeError, "all_gather: expected None or a RowGather"),
+    (Loopback(4), 42, TypeError, "all_gather"),
+])
+def test_group_and_gather_are_checked_before_scoring(tp, all_gather, exc, match):
+    """A sharded step (18 rows over 4 ranks) with a malformed group or gather raises naming it before the scorer
+    runs, on every path (the plan for the group's shape, the finish for the gathers)."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    scorer = _RecordingScorer()
+    state = make_state(step, scorer=scorer)
+    with pytest.raises(exc, match=match):
+        decode_rows(state, step.metadata, step.q, step.weights, tp, all_gather)
+    assert scorer.rows == 0
+
+
+@pytest.mark.parametrize("bad", ["q dtype", "weights dtype", "q rows"])
+def test_decode_rows_refuses_the_query_before_resetting(bad):
+    """decode_rows has every argument at once: a query the finish would refuse is refused before the plan resets
+    the top-k rows, so the buffers keep the previous step's rows."""
+    step = make_step(6, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    q, w = step.q, step.weights
+    q, w = {"q dtype": (q.float(), w), "weights dtype": (q, w.half()), "q rows": (q[:2], w)}[bad]
+    with pytest.raises((TypeError, ValueError), match=bad.split()[0]):
+        decode_rows(state, step.metadata, q, w, SingleRank())
+    assert (state.topk_indices == 5).all()

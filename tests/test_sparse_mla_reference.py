@@ -522,6 +522,25 @@ def test_max_tokens_without_a_cuda_device(monkeypatch):
     assert sparse_mla.max_tokens(128, "cpu") == 0
 
 
+def test_max_tokens_takes_integer_widths_only(monkeypatch):
+    """max_tokens(128.0) would pass the membership test (128.0 == 128), name no cached variant, and memoize a
+    refusal under the key of width 128: every later width-128 call on the device would run the reference. A float
+    or bool width is refused; a numpy integer is asked about as the int it is."""
+    np = pytest.importorskip("numpy")
+    from runtime import sparse_mla
+
+    asked = []
+    monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: asked.append(width))
+    for width in (128.0, np.float64(640), True, "128"):
+        with pytest.raises(TypeError, match="width: expected an integer"):
+            sparse_mla.max_tokens(width, "cuda:0")
+    assert asked == []
+    assert sparse_mla.max_tokens(np.int64(640), "cuda:0") == 0
+    assert asked == [640] and type(asked[0]) is int
+    with pytest.raises(ValueError, match="width 256 is not supported"):
+        sparse_mla.max_tokens(256, "cuda:0")
+
+
 # --- review additions: lens outside [0, width], -inf sinks, and the GPU tests' tolerance on the CPU ---------------
 
 @pytest.mark.parametrize("with_sinks", [False, True])

@@ -113,6 +113,9 @@ def test_host_op_cpu_fallback_and_checks():
         decode_topk(torch.randn(1000, 3).t(), ends, out)
     with pytest.raises(TypeError, match="block_mode"):
         decode_topk(logits, ends, out, block_mode=1)
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match=r"block_mode must be a Python bool, got numpy\.bool_? .*True_?; pass bool"):
+        decode_topk(logits, ends, out, block_mode=np.bool_(True))  # numpy names its type "bool" too
 
 
 def test_runtime_topk_imports_no_cutlass():
