@@ -30,15 +30,17 @@ def gpu_info() -> dict:
                                 capture_output=True, text=True, timeout=20).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         driver = ""
+    here = Path(__file__).parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
     except OSError:
         commit = ""
     return {
         "gpu": p.name, "sms": p.multi_processor_count, "l2_bytes": getattr(p, "L2_cache_size", None),
         "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
-        "commit": commit or os.environ.get("GIT_COMMIT", ""), "host": platform.node(),
+        "commit": commit or os.environ.get("GIT_COMMIT", ""),
+        "files_differ_from_commit": files_differ_from_head(here.parent),
+        "host": platform.node(),
         # A lent GPU machine's copy of the checkout may carry older git metadata than its files:
         # the manifests' digests name the cubins that were measured whatever HEAD says, and the
         # source digest names the host code (`python -m benchmarks.common --source-digest REV`
@@ -46,6 +48,17 @@ def gpu_info() -> dict:
         "manifest_sha256": manifest_digests(),
         "source_sha256": source_digest(),
     }
+
+
+def files_differ_from_head(root: Path) -> bool | None:
+    """Whether the tracked files under ``root`` differ from git's HEAD (None: no git). A lent GPU machine's copy
+    of the checkout can carry git metadata older than its files: its ``commit`` then does not name the code."""
+    try:
+        rc = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=root, capture_output=True,
+                            timeout=60).returncode
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: False, 1: True}.get(rc)
 
 
 SOURCE_FOLDERS = ("runtime", "benchmarks")  # the host code a measurement ran

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import SOURCE_FOLDERS, source_digest, source_digest_of_commit
+from benchmarks.common import SOURCE_FOLDERS, files_differ_from_head, source_digest, source_digest_of_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,3 +32,19 @@ def test_working_tree_digest_equals_its_commit_where_clean():
     if any(line.endswith(".py") for line in dirty.splitlines()):
         pytest.skip("host code has uncommitted changes here")
     assert source_digest() == source_digest_of_commit("HEAD")
+
+
+def test_files_differ_from_head_names_a_stale_commit(tmp_path):
+    """A result's ``files_differ_from_commit`` is True where the files are not its ``commit``'s."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    try:
+        subprocess.run(git + ["init", "-q", str(tmp_path)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run(git + ["add", "a.py"], cwd=tmp_path, check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "a"], cwd=tmp_path, check=True)
+    assert files_differ_from_head(tmp_path) is False
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert files_differ_from_head(tmp_path) is True
+    assert files_differ_from_head(tmp_path.parent / "no_such_folder") is None
