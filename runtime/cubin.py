@@ -50,8 +50,10 @@ class CubinInfo(NamedTuple):
 
 
 def _check_elf(data: bytes) -> None:
-    if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2:
-        raise CubinFormatError("not an ELF64 file")
+    # ELF64 (class 2), little-endian (data 1), version 1: the header and section table are read as such, and a
+    # crafted header of another encoding would otherwise reach the driver.
+    if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2 or data[5] != 1 or data[6] != 1:
+        raise CubinFormatError("not a little-endian ELF64 file")
     (machine,) = struct.unpack_from("<H", data, 0x12)
     if machine != EM_CUDA:
         raise CubinFormatError(f"ELF machine {machine} is not CUDA ({EM_CUDA})")

@@ -81,6 +81,9 @@ def default_root() -> Path:
     """The cache root: $SPARSE_DECODE_AOT_CACHE, the checkout, or the installed data."""
     env = os.environ.get(CACHE_ROOT_ENV)
     if env:
+        if not os.path.isabs(env):  # would be read against whatever the working directory is at each call
+            raise PathError(f"${CACHE_ROOT_ENV} is the relative path {env!r}.", file=env,
+                            fix=f"set {CACHE_ROOT_ENV} to an absolute path (the cache root holding manifests/)")
         return Path(env)
     here = Path(__file__).resolve().parent.parent
     if (here / "manifests").is_dir():
@@ -97,6 +100,23 @@ def default_root() -> Path:
 
 
 MANIFEST_MAX_BYTES = 16 << 20  # a real one is tens of KiB; the bound keeps a crafted one from filling memory
+CUBIN_MAX_BYTES = 64 << 20  # a real one is 10-300 KiB; an entry's size is the read's bound, so it is bounded too
+
+
+def _json_object(pairs: list) -> dict:
+    """A JSON object of the manifest: no key twice (json would keep the last silently), and no string with a lone
+    surrogate (a "\\ud800" escape decodes to one, which later fails to encode in a symbol or a message)."""
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        for text in (key, value) if isinstance(value, str) else (key,):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"a string holds a lone surrogate: {text!r}") from None
+        obj[key] = value
+    return obj
 
 
 def manifest_path(root: Path, arch: str) -> Path:
@@ -112,10 +132,11 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         text = _read_regular_file(str(path), MANIFEST_MAX_BYTES + 1)
         if len(text) > MANIFEST_MAX_BYTES:
             raise ValueError(f"over {MANIFEST_MAX_BYTES} bytes")
-        data = json.loads(text)
+        # Strict UTF-8 (json.loads of bytes would also take UTF-16/32 and a byte-order mark).
+        data = json.loads(text.decode("utf-8"), object_pairs_hook=_json_object)
     except FileNotFoundError:
         raise SchemaError("manifest not found.", file=path, fix=fix) from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
         raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
@@ -166,7 +187,7 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
             and type(p["size"]) is int for p in params):
         bad.append("params")
     if not bad:
-        bad += [f for f, ok in (("size", raw["size"] > 0), ("threads", 0 < raw["threads"] <= 1024),
+        bad += [f for f, ok in (("size", 0 < raw["size"] <= CUBIN_MAX_BYTES), ("threads", 0 < raw["threads"] <= 1024),
                                 ("smem_bytes", raw["smem_bytes"] >= 0),
                                 ("non_portable_cluster", raw["non_portable_cluster"] == (
                                     cluster[0] * cluster[1] * cluster[2] > 8))) if not ok]
@@ -277,6 +298,11 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
         raise CubinIntegrityError("cubin sha256 does not match the manifest (altered).", file=Path(path),
                                   kernel=entry.name, fix=REBUILD.format(arch=manifest.arch))
     tick("cubin_sha256")
+    if os.path.basename(path.rstrip("/")) != f"{entry.name}.cubin":
+        # Variants share symbols and parameter layouts (sinks on and off, cluster sizes): an entry naming another
+        # variant's cubin, with that file's size and sha256, would pass every other check and launch the wrong math.
+        raise PathError(f"cubin file is not the kernel's own ({entry.name}.cubin).", file=Path(path),
+                        kernel=entry.name, fix=REBUILD.format(arch=manifest.arch))
     if sections:
         check_cubin_against_entry(data, entry, Path(path), manifest.arch)
     else:

@@ -316,3 +316,81 @@ def test_abi_v2_cubin_without_the_a_flag(cache):
     _rewrite_first_cubin(cache, "sm_100a", lambda d: d.__setitem__(0x30, d[0x30] & ~0x8))
     with pytest.raises(errors.CubinArchError, match="targets sm_100, the manifest says sm_100a"):
         check_cache(cache, "sm_100a")
+
+
+# --- thirty-eighth session's review: manifests and cubins that crashed untyped or passed ------------------------
+
+def _write_manifest_text(root, text: bytes, arch="sm_90a"):
+    manifest_path(root, arch).write_bytes(text)
+
+
+def _manifest_bytes(root, arch="sm_90a") -> bytes:
+    return manifest_path(root, arch).read_bytes()
+
+
+@pytest.mark.parametrize("craft, match", [
+    (lambda b: b"[" * 100000 + b"]" * 100000, "not readable JSON"),  # RecursionError inside json
+    (lambda b: b"\xef\xbb\xbf" + b, "not readable JSON"),  # a UTF-8 byte-order mark
+    (lambda b: b.decode().encode("utf-16"), "not readable JSON"),
+    (lambda b: b.replace(b'"name": "probe_cluster2"', b'"name": "probe_cluster2", "name": "probe_cluster8"', 1),
+     "appears twice"),
+    (lambda b: b.replace(b'"symbol": "', b'"symbol": "\\ud800', 1), "lone surrogate"),
+    (lambda b: b.replace(b'"name": "probe_cluster2"', b'"name": "probe\\udfff"', 1), "lone surrogate"),
+])
+def test_malformed_manifest_text_is_a_schema_error(cache, craft, match):
+    """Nesting thousands deep, a byte-order mark or UTF-16, a key twice in one object and lone surrogates: each a
+    SchemaError naming the manifest, not a RecursionError, a silently kept last key or a UnicodeEncodeError later."""
+    text = _manifest_bytes(cache)
+    assert b'"name": "probe_cluster2"' in text and b'"symbol": "' in text
+    _write_manifest_text(cache, craft(text))
+    with pytest.raises(errors.SchemaError, match=match) as e:
+        check_cache(cache, "sm_90a")
+    assert e.value.file == manifest_path(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("size", [2 ** 63, 2 ** 45, (64 << 20) + 1])
+def test_cubin_size_past_the_bound_is_refused(cache, size):
+    """An entry's size bounds the cubin's read: past CUBIN_MAX_BYTES it is refused before any read (it was an
+    OverflowError or a MemoryError from os.read)."""
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(size=size))
+    with pytest.raises(errors.SchemaError, match="size"):
+        check_cache(cache, "sm_90a")
+
+
+def test_an_entry_naming_another_variants_cubin_is_refused(cache):
+    """probe_cluster8 pointed at probe_cluster2's cubin, with that file's size and sha256: both share the symbol and
+    the parameters, so only the file's name shows that the entry would launch another variant."""
+    def swap(d):
+        first, second = d["kernels"]
+        second.update(cubin=first["cubin"], size=first["size"], sha256=first["sha256"])
+
+    edit_manifest(cache, "sm_90a", swap)
+    with pytest.raises(errors.PathError, match=r"not the kernel's own \(probe_cluster8\.cubin\)"):
+        check_cache(cache, "sm_90a")
+
+
+def test_cubin_of_another_elf_encoding_is_refused(cache):
+    """A big-endian (or unknown-encoding) ELF header is refused before its bytes reach the driver."""
+    import hashlib
+
+    cubin = first_cubin(cache)
+    for encoding in (2, 0, 7):
+        data = bytearray(cubin.read_bytes())
+        data[5] = encoding
+        cubin.write_bytes(bytes(data))
+        digest = hashlib.sha256(bytes(data)).hexdigest()
+        edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(sha256=digest))
+        with pytest.raises(errors.CubinIntegrityError, match="not a little-endian ELF64"):
+            check_cache(cache, "sm_90a")
+
+
+def test_relative_cache_root_in_the_environment_is_refused(monkeypatch):
+    """$SPARSE_DECODE_AOT_CACHE as a relative path would be read against the working directory of each call (a
+    chdir later made a loaded cache's next lookup a remembered refusal): refused, naming the variable."""
+    from runtime.manifest import CACHE_ROOT_ENV, default_root
+
+    monkeypatch.setenv(CACHE_ROOT_ENV, "relative/cache")
+    with pytest.raises(errors.PathError, match=f"\\${CACHE_ROOT_ENV} is the relative path 'relative/cache'"):
+        default_root()
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(REPO))
+    assert default_root() == REPO
