@@ -505,13 +505,13 @@ Select = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None]
 
 
 def _selector(state: IndexerState, logits: torch.Tensor) -> Select:
-    """The selection for these logits: ``decode_topk`` on CUDA with the "auto"
-    backend (the AOT kernel where ``supports_decode_topk`` allows, its exact
-    fallback elsewhere), else the exact torch selection."""
-    if state.topk_backend == "auto" and logits.is_cuda:
-        return _aot_select
-    if state.topk_backend == "torch" and logits.is_cuda:
+    """The selection for these logits: the "torch" backend's ``torch.topk`` on any device; with
+    "auto", ``decode_topk`` on CUDA (the AOT kernel where ``supports_decode_topk`` allows, its
+    exact fallback elsewhere), else the exact torch selection."""
+    if state.topk_backend == "torch":
         return _torch_topk_select
+    if logits.is_cuda:
+        return _aot_select
     return _reference_select
 
 

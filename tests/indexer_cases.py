@@ -32,13 +32,15 @@ def make_step(
     device: str = "cpu",
     short_rows: bool = True,
     ties: bool = False,
+    signed_weights: bool = False,
 ) -> Step:
     """A decode step of ``rows`` rows over ``requests`` requests (rows of a request share
     its pages; row ``j`` of a request sees one more token than row ``j - 1``).
 
     Sequence lengths are random in [1, max_model_len], with some rows shorter than
     ``k`` (fewer candidates than k) when ``short_rows``; pages are shuffled across the
-    pool. ``ties`` rounds the keys so that many logits tie exactly.
+    pool. ``ties`` rounds the keys so that many logits tie exactly. The head weights are uniform in
+    [0, 1) / sqrt(heads), or with ``signed_weights`` normal / sqrt(heads), both signs, as a projection gives.
     """
     requests = requests or rows
     g = torch.Generator().manual_seed(seed)
@@ -69,7 +71,7 @@ def make_step(
     if ties:
         q_float = q_float.sign()
     q = q_float.to(torch.float8_e4m3fn)
-    weights = torch.rand(rows, heads, generator=g) * heads**-0.5
+    weights = (torch.randn if signed_weights else torch.rand)(rows, heads, generator=g) * heads**-0.5
     max_rows = max_rows if max_rows is not None else max(rows, 1)
 
     dev = torch.device(device)

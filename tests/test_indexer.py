@@ -89,16 +89,18 @@ def test_cache_pack_roundtrip():
 
 
 def test_logits_reference_matches_token_loop():
-    step = make_step(5, heads=4, head_dim=32, max_model_len=200, k=8)
+    step = make_step(5, heads=4, head_dim=32, max_model_len=200, k=8, signed_weights=True)
+    assert (step.weights < 0).any(), "negative head weights: relu before the weight, not after"
     a = step.state_args
     logits = reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], step.metadata.seq_lens,
                                                 step.metadata.block_table, a["max_model_len"])
     values, scales = reference.unpack_index_k_cache(a["index_k_cache"])
+    lens = step.metadata.seq_lens.tolist()
     for r in range(5):
-        n = int(step.metadata.seq_lens[r])
-        for t in range(0, 200, 7):
+        n = lens[r]
+        for t in range(200):  # every column: the row's last key (n - 1) and the first past it (n) included
             if t >= n:
-                assert logits[r, t] == float("-inf")
+                assert logits[r, t] == float("-inf"), (r, t, n)
                 continue
             page = int(step.metadata.block_table[r, t // 64])
             key = values[page, t % 64].float() * scales[page, t % 64]
@@ -190,10 +192,39 @@ def test_flow_torch_topk_backend_same_sets():
     step = make_step(8, k=16)
     auto = decode_rows(make_state(step, scorer=TorchScorer()), step.metadata, step.q, step.weights, SingleRank())
     peer = make_state(step, scorer=TorchScorer(), topk_backend="torch")
-    # On the CPU the torch backend takes the reference selection too; its torch.topk
-    # form is exercised on the GPU. Both give the same row sets.
-    got = decode_rows(peer, step.metadata, step.q, step.weights, SingleRank())
+    # The torch backend selects with torch.topk on the CPU too (the auto backend with the reference here): the
+    # same row sets (random logits: no tie at a row's k-th value).
+    calls = []
+    from runtime import indexer
+
+    select = indexer._torch_topk_select
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexer, "_torch_topk_select", lambda *a: calls.append(a[0].shape) or select(*a))
+        got = decode_rows(peer, step.metadata, step.q, step.weights, SingleRank())
+    assert calls, "the torch backend ran torch.topk"
     assert torch.equal(got.sort(dim=1).values, auto.sort(dim=1).values)
+
+
+@pytest.mark.parametrize("block_mode, k", [(False, 40), (True, 4)])
+def test_torch_topk_select_ranks_nan_and_infinities_as_the_reference(block_mode, k):
+    """NaN and -inf candidates rank below every finite value (the reference's NaN is -inf), +inf above: rows of
+    distinct finite values with NaN, +inf and -inf columns, and more candidates than k, so that the k-th value
+    lies among the finite negatives and a NaN read as 0 would be taken."""
+    from runtime.indexer import _torch_topk_select
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 64, generator=g)
+    logits[:, 1] = float("nan")
+    logits[:, 9] = float("-inf")
+    logits[0, 5] = float("inf")
+    logits[1, 40:48] = float("nan")  # a whole block of NaN (block mode: scores -inf)
+    ends = torch.tensor([64, 60, 50], dtype=torch.int32)
+    out = torch.empty(3, k, dtype=torch.int32)
+    _torch_topk_select(logits, ends, out, block_mode)
+    ref = reference.decode_topk_reference(logits, ends, k, block_mode=block_mode)
+    if not block_mode:  # the premise: k finite candidates in every row, so no NaN or -inf column is the reference's
+        assert (ref >= 0).all() and not ((ref == 1) | (ref == 9)).any()
+    assert torch.equal(out.sort(dim=1).values, ref.sort(dim=1).values), (out, ref)
 
 
 def test_torch_topk_select_same_sets_as_reference():

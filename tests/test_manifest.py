@@ -248,6 +248,9 @@ def test_no_driver_is_a_clear_error():
     ("pdl", "false"), ("non_portable_cluster", True), ("size", 5816.5), ("threads", True), ("threads", -128),
     ("smem_bytes", -1), ("cluster", [0, 1, 1]), ("cluster", [2, 1]), ("config", [["cluster", 2]]),
     ("params", [{"name": "out", "ctype": ["void*"], "offset": 0, "size": 8}]),
+    ("threads", 1025), ("threads", 0), ("size", 0),
+    ("params", [{"name": "out", "ctype": "void*", "offset": 0, "size": 4}]),  # a pointer is 8 bytes
+    ("params", [{"name": "out", "ctype": "void*", "offset": -8, "size": 8}]),
 ])
 def test_entry_field_of_the_wrong_type_or_value(cache, field, value):
     """Manifest values become the launch configuration: no coercion ("false" -> True), no 0-CTA cluster."""

@@ -107,10 +107,16 @@ def test_host_op_cpu_fallback_and_checks():
         decode_topk(logits, ends, torch.empty(3, 100, dtype=torch.int32))
     with pytest.raises(ValueError, match="out"):
         decode_topk(logits, ends, torch.empty(2, 512, dtype=torch.int32))
-    with pytest.raises(ValueError, match="out"):
+    with pytest.raises(ValueError, match="out must have unit column stride"):
         decode_topk(logits, ends, torch.empty(512, 3, dtype=torch.int32).t())
-    with pytest.raises(ValueError, match="logits"):
+    with pytest.raises(ValueError, match="out must have unit column stride"):  # one row: no overlap check to hit
+        decode_topk(logits[:1], ends[:1], torch.empty(1, 1024, dtype=torch.int32)[:, ::2])
+    with pytest.raises(ValueError, match="logits must have unit column stride"):
         decode_topk(torch.randn(1000, 3).t(), ends, out)
+    with pytest.raises(ValueError, match="row_ends must be contiguous"):
+        decode_topk(logits, torch.zeros(6, dtype=torch.int32)[::2], out)
+    with pytest.raises(ValueError, match="logits, row_ends and out must be on one device"):
+        decode_topk(logits, ends, torch.empty(3, 512, dtype=torch.int32, device="meta"))
     with pytest.raises(TypeError, match="block_mode"):
         decode_topk(logits, ends, out, block_mode=1)
     np = pytest.importorskip("numpy")
