@@ -158,14 +158,15 @@ def indexer_logits_reference(
     block_table: torch.Tensor,
     max_model_len: int,
     *,
-    rows_per_chunk: int = 8,
+    rows_per_chunk: int = 4,
 ) -> torch.Tensor:
     """FP32 paged MQA logits of each row over its own keys (what DeepGEMM computes).
 
     ``logits[r, t] = sum_h weights[r, h] * relu(scale_t * (q[r, h] . k_t))`` for
     ``t < seq_lens[r]``, where key ``t`` of row ``r`` sits in page
     ``block_table[r, t // 64]``; columns at or past ``seq_lens[r]`` are ``-inf``.
-    Rows are processed a few at a time to bound the gathered keys' memory.
+    The dot products accumulate in FP64 (``_products``). Rows are processed a few
+    at a time to bound the gathered keys' memory.
     """
     rows, _, dim = q.shape
     values, scales = unpack_index_k_cache(cache)
@@ -176,9 +177,9 @@ def indexer_logits_reference(
     for r0 in range(0, rows, rows_per_chunk):
         r1 = min(rows, r0 + rows_per_chunk)
         table = block_table[r0:r1, :pages].long().clamp(min=0, max=values.shape[0] - 1)
-        keys = values[table].float().reshape(r1 - r0, pages * block_kv, dim)
+        keys = values[table].double().reshape(r1 - r0, pages * block_kv, dim)
         key_scales = scales[table].reshape(r1 - r0, pages * block_kv)
-        dots = torch.einsum("rhd,rtd->rht", q[r0:r1].float(), keys) * key_scales[:, None, :]
+        dots = _products(q[r0:r1], keys.transpose(1, 2)) * key_scales[:, None, :]
         scores = (dots.relu() * weights[r0:r1].float()[:, :, None]).sum(dim=1)[:, :max_model_len]
         width = scores.shape[1]
         valid = cols[None, :width] < seq_lens[r0:r1, None].long()
