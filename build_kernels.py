@@ -107,7 +107,8 @@ def toolchain_info() -> dict:
 
     info = toolchain()
     info.update(compiler_versions(EmptyKernel(1, 32), Int32(0), null_stream()))
-    info["python"] = sys.version.split()[0]
+    # major.minor only: a patch release changes no cubin, and the manifest should not differ by it
+    info["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
     return info
 
 
@@ -133,9 +134,15 @@ def compile_all(variants_by_arch: dict, jobs: int):
 
 
 def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> None:
-    """Write cubins, then each arch's manifest, atomically under a lock on ``out``."""
+    """Write cubins, then each arch's manifest, each file atomically, under a lock on ``out``.
+
+    The cache as a whole is not swapped atomically: a process loading it while a build rewrites changed cubins
+    sees sha256 mismatches until the manifest lands, and refuses the arch (for good, in a serving process).
+    Build into another ``--out`` and point ``SPARSE_DECODE_AOT_CACHE`` at it, or rebuild with no loader running.
+    """
     out.mkdir(parents=True, exist_ok=True)
     tools, src = toolchain_info(), source_hash()
+    whole = set(families) == set(FAMILIES)
     with FileLock(str(out / ".build.lock")):
         for arch, variants in variants_by_arch.items():
             entries = []
@@ -144,30 +151,38 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> No
                 entry = manifest_entry(v, arch, cubin)
                 _atomic_write(out / entry["cubin"], cubin)
                 entries.append(entry)
-            kept = _kept_entries(manifest_path(out, arch), families)
+            previous = _previous_manifest(manifest_path(out, arch))
+            kept = [] if whole else _kept_entries(previous, families)
+            # The contract's order whatever was rebuilt, so that rebuilding some families reorders nothing.
+            by_name = {e["name"]: e for e in kept + entries}
             manifest = {
                 "schema": SCHEMA_VERSION,
                 "arch": arch,
                 "toolchain": tools,
-                "source_hash": src,
-                "kernels": kept + entries,
+                # The sources of the whole cache: a build of some families (--only) keeps the previous stamp, since
+                # the entries it kept were built from the sources that stamp names, not from today's.
+                "source_hash": src if whole or previous is None else previous.get("source_hash", ""),
+                "kernels": [by_name[v.name] for v in all_variants(arch) if v.name in by_name],
             }
             text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
             _atomic_write(manifest_path(out, arch), text.encode())
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
 
 
-def _kept_entries(path: Path, families) -> list:
-    """Entries of families not rebuilt now, kept from an existing manifest (``--only``)."""
-    if set(families) == set(FAMILIES) or not path.exists():
-        return []
+def _previous_manifest(path: Path) -> dict | None:
+    """The manifest a build replaces, where it is one of this schema."""
     try:
         old = json.loads(path.read_text())
-    except ValueError:
+    except (OSError, ValueError):
+        return None
+    return old if isinstance(old, dict) and old.get("schema") == SCHEMA_VERSION else None
+
+
+def _kept_entries(previous: dict | None, families) -> list:
+    """Entries of families not rebuilt now, kept from the previous manifest (``--only``)."""
+    if previous is None:
         return []
-    if old.get("schema") != SCHEMA_VERSION:
-        return []
-    return [e for e in old.get("kernels", []) if e.get("family") not in families and e.get("family") in FAMILIES]
+    return [e for e in previous.get("kernels", []) if e.get("family") not in families and e.get("family") in FAMILIES]
 
 
 def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
@@ -182,6 +197,11 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
         new = json.loads(manifest_path(fresh, arch).read_text())
         if old.get("source_hash") != new["source_hash"]:
             problems.append(f"{arch}: kernel sources changed since the committed build (source_hash)")
+        if old.get("toolchain") != new["toolchain"]:  # what a plain rebuild would rewrite too
+            tools = old.get("toolchain") if isinstance(old.get("toolchain"), dict) else {}
+            fresh_tools = new["toolchain"]
+            fields = sorted(k for k in tools.keys() | fresh_tools.keys() if tools.get(k) != fresh_tools.get(k))
+            problems.append(f"{arch}: toolchain differs from the committed build's ({', '.join(fields)})")
         old_by_name = {e["name"]: e for e in old.get("kernels", [])}
         for e in new["kernels"]:
             if e["family"] not in families:
@@ -218,6 +238,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warm-deepgemm", action="store_true",
                         help="on a GPU machine: fill DeepGEMM's JIT cache for the serving shapes, then exit")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: {args.jobs} must be at least 1")
 
     if args.warm_deepgemm:
         from runtime.scoring import warm_deepgemm
@@ -236,9 +258,18 @@ def main(argv=None) -> int:
         print("check passed" if not problems else f"check failed: {len(problems)} difference(s); "
               f"run: python build_kernels.py --arch {' '.join(args.arch)}")
         return 1 if problems else 0
+    _require_writable(parser, args.out)  # before minutes of compiling, not after
     cubins = compile_all(variants_by_arch, args.jobs)
     write_cache(args.out, variants_by_arch, cubins, families)
     return 0
+
+
+def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        parser.error(f"--out {out}: not a writable directory ({e.strerror or e})")
 
 
 if __name__ == "__main__":

@@ -123,6 +123,7 @@ def test_committed_cache_is_current():
     (lambda d: d["kernels"][0].update(pdl=False), "probe_cluster2: committed manifest entry differs in pdl"),
     (lambda d: d["kernels"].append(dict(d["kernels"][0], name="probe_gone")),
      "probe_gone: in the committed manifest but not built"),
+    (lambda d: d["toolchain"].update(python="3.10"), "sm_90a: toolchain differs from the committed build's (python)"),
 ])
 def test_check_compares_every_manifest_field(tmp_path, edit, match):
     """--check holds each committed entry (not only its sha256) against the fresh build's."""
@@ -135,3 +136,32 @@ def test_check_compares_every_manifest_field(tmp_path, edit, match):
     edit_manifest(committed, "sm_90a", edit)
     problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
     assert len(problems) == 1 and match in problems[0], problems
+
+
+def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
+    """--only rebuilds some families into a whole cache: the manifest keeps the contract's order (byte for byte the
+    committed one here, as nothing changed) and the previous source_hash, which names the sources of the entries it
+    kept (a stamp of today's sources would hide their change from --check)."""
+    import shutil
+
+    shutil.copytree(REPO / "cubins", tmp_path / "cubins")
+    shutil.copytree(REPO / "manifests", tmp_path / "manifests")
+    build(tmp_path, "--arch", "sm_90a")
+    assert manifest_path(tmp_path, "sm_90a").read_bytes() == manifest_path(REPO, "sm_90a").read_bytes()
+    path = manifest_path(tmp_path, "sm_90a")
+    path.write_text(path.read_text().replace(json.loads(path.read_text())["source_hash"], "f" * 64))
+    build(tmp_path, "--arch", "sm_90a")
+    data = json.loads(path.read_text())
+    assert data["source_hash"] == "f" * 64
+    assert [k["name"] for k in data["kernels"]] == [v.name for v in all_variants("sm_90a")]
+
+
+@pytest.mark.parametrize("args, match", [(["--jobs", "0"], "--jobs: 0 must be at least 1"),
+                                         (["--out", "FILE"], "not a writable directory")])
+def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    args = [str(afile) if a == "FILE" else a for a in args]
+    proc = subprocess.run(BUILD + ["--only", "probe", *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and match in proc.stderr, proc.stdout + proc.stderr
+    assert "compiled" not in proc.stdout
