@@ -98,7 +98,9 @@ def time_calls(calls) -> dict:
 
 def rotation_sets(rows: int, ctx: int) -> int:
     """Input sets of one size that take its keys and logits past the L2 several times (at most 256: 16 left
-    1 x 8K's 16 sets, 18 MB, inside the L2)."""
+    1 x 8K's 16 sets, 18 MB, inside the L2). The selections alone read only the logits, which these sets
+    rotate past the L2 only at 64 x 256K: elsewhere they read logits the L2 may hold, as the step's selection
+    does right after the scorer wrote them."""
     return rotation_count(rows * (ctx // BLOCK_KV) * BLOCK_KV * (HEAD_DIM + 4) + rows * ctx * 4, most=256)
 
 
