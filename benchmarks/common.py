@@ -114,6 +114,9 @@ def rotation_count(bytes_per_set: int, most: int = 64) -> int:
     return int(max(2, min(most, need)))
 
 
+LEAD_CYCLES = 2_000_000  # about 1 ms of GPU clock ahead of each timed replay (time_graph)
+
+
 def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup: int = 3) -> dict:
     """Median GPU microseconds per call of ``calls`` (zero-argument callables, one per input set).
 
@@ -149,9 +152,6 @@ def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup:
         times.append(start.elapsed_time(end) * 1e3 / launches)
     return {"median_us": statistics.median(times), "min_us": min(times), "max_us": max(times),
             "repeats": repeats, "launches_per_graph": launches, "input_sets": len(calls)}
-
-
-LEAD_CYCLES = 2_000_000  # about 1 ms of GPU clock ahead of each timed replay
 
 
 def time_eager(calls, *, repeats: int = 20, warmup: int = 3) -> dict:

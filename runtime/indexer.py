@@ -32,6 +32,7 @@ from typing import Callable, Protocol
 import torch
 
 from . import reference, topk
+from .arguments import whole_count
 from .loader import env_flag
 from .overlap import first_overlap
 from .scoring import Scorer, check_index_k_cache, default_scorer
@@ -80,7 +81,7 @@ class IndexerState:
 
     def __post_init__(self) -> None:
         _check_int32_rows("topk_indices", self.topk_indices)
-        self.k = _whole_count("k", self.k, 1)
+        self.k = whole_count("k", self.k, 1)
         if self.k > self.topk_indices.shape[1]:
             raise ValueError(f"k: {self.k} must be in [1, {self.topk_indices.shape[1]}] (topk_indices' width)")
         if self.candidate_blocks is not None:
@@ -93,7 +94,7 @@ class IndexerState:
         if self.index_k_cache.device != self.topk_indices.device:
             raise ValueError("index_k_cache: must be on topk_indices' device")
         self._check_buffers_apart()
-        self.max_model_len = _whole_count("max_model_len", self.max_model_len, 1)
+        self.max_model_len = whole_count("max_model_len", self.max_model_len, 1)
         # The logits are max_model_len wide and decode_topk (kernel and exact fallback) refuses wider ones, but
         # only ranks with rows select: refused here, no rank raises while an empty-slice rank waits in the
         # all-gather. torch.topk (topk_backend="torch") has no such limit.
@@ -162,7 +163,7 @@ class DecodeMetadata:
     def __post_init__(self):
         # Counts often arrive as numpy or tensor-derived integers: held as Python ints from here on.
         for name in ("num_requests", "num_tokens", "max_seq_len", "num_prefills"):
-            setattr(self, name, _whole_count(f"metadata.{name}", getattr(self, name), 0))
+            setattr(self, name, whole_count(f"metadata.{name}", getattr(self, name), 0))
 
 
 class TPGroup(Protocol):
@@ -257,9 +258,9 @@ def row_shard_rows(num_rows: int, num_requests: int, world_size: int) -> int | N
     ranks' slices may then be short or empty. Rows are
     independent, so a slice may split a request's rows.
     """
-    num_rows = _whole_count("num_rows", num_rows, 0)
-    num_requests = _whole_count("num_requests", num_requests, 0)
-    world_size = _whole_count("world_size", world_size, 1)
+    num_rows = whole_count("num_rows", num_rows, 0)
+    num_requests = whole_count("num_requests", num_requests, 0)
+    world_size = whole_count("world_size", world_size, 1)
     if world_size < 2 or not num_requests or num_rows % num_requests:
         return None
     if num_rows < ROW_SHARD_MIN_ROWS:
@@ -272,7 +273,7 @@ def row_shard_bounds(num_rows: int, num_requests: int, world_size: int, rank: in
     """Rows ``[start, end)`` that ``rank`` scores (empty for a rank past the last row),
     or None when the step stays replicated."""
     rows = row_shard_rows(num_rows, num_requests, world_size)
-    rank = _whole_count("rank", rank, 0)
+    rank = whole_count("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank}")
     if rows is None:
@@ -323,7 +324,7 @@ def plan_decode_rows(
         check_decode_metadata_values(state, metadata)
     else:
         _check_metadata(state, metadata)
-    reset_rows = num_rows if padded_tokens is None else _whole_count("padded_tokens", padded_tokens, 0)
+    reset_rows = num_rows if padded_tokens is None else whole_count("padded_tokens", padded_tokens, 0)
     if not num_rows <= reset_rows <= state.max_rows:
         raise ValueError(f"padded_tokens: {reset_rows} must be in [{num_rows}, {state.max_rows}] (metadata.num_tokens "
                          f"to topk_indices' rows); pass the step's token count with its padding (decode_rows "
@@ -407,7 +408,9 @@ def decode_rows(
     """``plan_decode_rows`` then ``finish_decode_rows``: the step's top-k buffer, or
     None when the caller's stock path should run. Rows of ``q`` past
     ``metadata.num_tokens`` are a CUDA graph's padding: their top-k rows are reset too."""
-    has_rows = metadata is not None and metadata.num_prefills == 0 and _checked_num_tokens(metadata) > 0
+    if metadata is not None and metadata.num_prefills == 0:
+        _check_num_tokens(metadata)
+    has_rows = metadata is not None and metadata.num_prefills == 0 and metadata.num_tokens > 0
     if has_rows:  # every argument is here: the query is refused before the plan resets the buffers
         _check_query(q, weights, metadata.num_tokens, state)
     plan = plan_decode_rows(state, metadata, tp, padded_tokens=_padded_tokens(state, metadata, q))
@@ -563,22 +566,6 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
 # Input checks
 # ---------------------------------------------------------------------------
 
-def _whole_count(name: str, value, minimum: int) -> int:
-    """``value`` as a Python int of at least ``minimum``. Any integer type is taken (counts often arrive as
-    numpy or tensor-derived integers); a bool is not, though Python counts it as one: it is a flag passed in
-    the wrong place."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name}: expected an integer, got the bool {value}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}; pass a whole "
-                        f"count") from None
-    if number < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {number}")
-    return number
-
-
 def _takes_keyword(fn, name: str) -> bool:
     """Whether ``fn`` can be called with the keyword argument ``name`` (by name or through ``**kwargs``)."""
     try:
@@ -640,18 +627,13 @@ def _check_num_tokens(md: DecodeMetadata) -> None:
         raise ValueError(f"metadata.num_tokens: expected an int >= 0, got {md.num_tokens!r}")
 
 
-def _checked_num_tokens(md: DecodeMetadata) -> int:
-    _check_num_tokens(md)
-    return md.num_tokens
-
-
 def _rank_and_world(tp) -> tuple[int, int]:
     """``tp``'s (rank, world size) as ints, checked: 0 <= rank < world size."""
     if not hasattr(tp, "rank") or not hasattr(tp, "world_size"):
         raise TypeError(f"tp: expected a TPGroup (rank, world_size, all_gather), got {type(tp).__name__}; pass "
                         f"runtime.indexer.SingleRank() for one rank")
-    rank = _whole_count("tp.rank", tp.rank, 0)
-    world_size = _whole_count("tp.world_size", tp.world_size, 1)
+    rank = whole_count("tp.rank", tp.rank, 0)
+    world_size = whole_count("tp.world_size", tp.world_size, 1)
     if rank >= world_size:
         raise ValueError(f"tp: rank {rank} outside world size {world_size}")
     return rank, world_size

@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import NamedTuple
@@ -104,19 +105,30 @@ CUBIN_MAX_BYTES = 64 << 20  # a real one is 10-300 KiB; an entry's size is the r
 
 
 def _json_object(pairs: list) -> dict:
-    """A JSON object of the manifest: no key twice (json would keep the last silently), and no string with a lone
-    surrogate (a "\\ud800" escape decodes to one, which later fails to encode in a symbol or a message)."""
-    obj = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"key {key!r} appears twice in one object")
-        for text in (key, value) if isinstance(value, str) else (key,):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError(f"a string holds a lone surrogate: {text!r}") from None
-        obj[key] = value
+    """A JSON object of the manifest, refusing a key that appears twice (json would keep the last silently)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"key {twice!r} appears twice in one object")
     return obj
+
+
+# A \uD800-\uDFFF escape is the only way to a lone surrogate in strictly decoded UTF-8 JSON (one would fail to
+# encode later, in a symbol or a message). A manifest holds none, so the whole data is re-encoded only then.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _parse_manifest(text: bytes):
+    """Strict UTF-8 JSON (json.loads of bytes would also take UTF-16/32 and a byte-order mark) with no key twice in
+    an object and no lone surrogate in a string; ValueError (or RecursionError) where it is not."""
+    data = json.loads(text.decode("utf-8"), object_pairs_hook=_json_object)
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"a string holds a lone surrogate ({e.object[e.start:e.end]!r})") from None
+    return data
 
 
 def manifest_path(root: Path, arch: str) -> Path:
@@ -132,8 +144,7 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         text = _read_regular_file(str(path), MANIFEST_MAX_BYTES + 1)
         if len(text) > MANIFEST_MAX_BYTES:
             raise ValueError(f"over {MANIFEST_MAX_BYTES} bytes")
-        # Strict UTF-8 (json.loads of bytes would also take UTF-16/32 and a byte-order mark).
-        data = json.loads(text.decode("utf-8"), object_pairs_hook=_json_object)
+        data = _parse_manifest(text)
     except FileNotFoundError:
         raise SchemaError("manifest not found.", file=path, fix=fix) from None
     except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 
 import torch
 
+from .arguments import whole_number
 from .contract import sparse_mla_decode as contract
 from .loader import cache_or_fallback, launch_on
 from .overlap import check_out_apart
@@ -147,9 +147,7 @@ def max_tokens(width: int, device=None) -> int:
     """
     # An integer of any type; 128.0 == 128 would pass the membership test, name no variant, and leave a
     # refusal memoized under (device, 128) for every later call of that width.
-    if isinstance(width, bool) or not hasattr(type(width), "__index__"):
-        raise TypeError(f"width: expected an integer, got {type(width).__name__} {width!r}")
-    width = operator.index(width)
+    width = whole_number("width", width)
     if width not in WIDTHS:
         raise ValueError(f"width {width} is not supported; widths: {WIDTHS}")
     if device is None:

@@ -26,3 +26,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fp32_matmul_precision():
+    """torch.set_float32_matmul_precision for a test ("highest", "high": TF32, "medium"): the process-wide setting is
+    restored afterwards."""
+    import torch
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(saved[1])
+    torch.backends.cuda.matmul.allow_tf32 = saved[0]

@@ -151,7 +151,7 @@ def test_warm_cache_first_step_compiles_nothing():
         assert run.returncode == 0, run.stderr[-3000:]
 
 
-def test_logits_reference_ignores_lowered_fp32_matmul_precision():
+def test_logits_reference_ignores_lowered_fp32_matmul_precision(fp32_matmul_precision):
     """The torch scorer's logits (indexer_logits_reference) do not change where a process turns on TF32 or BF16
     for FP32 matmuls: the dot products accumulate in FP64. Before, an FP32 einsum rounded q and the keys to TF32."""
     step = _step(4, max_model_len=1024, signed_weights=True)
@@ -161,13 +161,8 @@ def test_logits_reference_ignores_lowered_fp32_matmul_precision():
         return reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], md.seq_lens,
                                                   md.block_table, a["max_model_len"])
 
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("highest")
-        ieee = logits()
-        for precision in ("high", "medium"):
-            torch.set_float32_matmul_precision(precision)
-            assert torch.equal(logits(), ieee), precision
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved[0]
-        torch.set_float32_matmul_precision(saved[1])
+    fp32_matmul_precision("highest")
+    ieee = logits()
+    for precision in ("high", "medium"):
+        fp32_matmul_precision(precision)
+        assert torch.equal(logits(), ieee), precision

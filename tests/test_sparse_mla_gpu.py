@@ -480,7 +480,7 @@ def test_kernel_never_reads_masked_rows(width, with_sinks):
     assert_kernel_matches(out, args, sinks)
 
 
-def test_reference_ignores_lowered_fp32_matmul_precision():
+def test_reference_ignores_lowered_fp32_matmul_precision(fp32_matmul_precision):
     """A process that turns on TF32 (or BF16) for FP32 matmuls does not change the reference, the op's exact
     fallback: its products accumulate in FP64, which has no such mode. Before, both products ran as FP32
     matmuls and rounded their inputs to TF32 here."""
@@ -490,18 +490,11 @@ def test_reference_ignores_lowered_fp32_matmul_precision():
     kw = dict(sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
     a = torch.randn(64, 512, device="cuda")
     b = torch.randn(512, 640, device="cuda")
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
-        ieee = sparse_mla_decode_reference(q, swa, comp, idx, lens, **kw), reference._products(a, b)
-        fp32 = torch.matmul(a, b)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        for precision in ("high", "medium"):
-            torch.set_float32_matmul_precision(precision)
-            assert not torch.equal(torch.matmul(a, b), fp32), "the setting should lower FP32 matmuls"
-            lowered = sparse_mla_decode_reference(q, swa, comp, idx, lens, **kw), reference._products(a, b)
-            assert torch.equal(lowered[0], ieee[0]) and torch.equal(lowered[1], ieee[1]), precision
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved[0]
-        torch.set_float32_matmul_precision(saved[1])
+    fp32_matmul_precision("highest")
+    ieee = sparse_mla_decode_reference(q, swa, comp, idx, lens, **kw), reference._products(a, b)
+    fp32 = torch.matmul(a, b)
+    for precision in ("high", "medium"):
+        fp32_matmul_precision(precision)
+        assert not torch.equal(torch.matmul(a, b), fp32), "the setting should lower FP32 matmuls"
+        lowered = sparse_mla_decode_reference(q, swa, comp, idx, lens, **kw), reference._products(a, b)
+        assert torch.equal(lowered[0], ieee[0]) and torch.equal(lowered[1], ieee[1]), precision
