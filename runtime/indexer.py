@@ -34,7 +34,7 @@ import torch
 from . import reference, topk
 from .arguments import whole_count
 from .loader import env_flag
-from .overlap import first_overlap
+from .overlap import check_in_storage, first_overlap
 from .scoring import Scorer, check_index_k_cache, default_scorer
 
 # Checking the metadata's device values costs a device sync a step, which a serving step cannot pay: a
@@ -582,6 +582,7 @@ def _check_int32_rows(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
+    check_in_storage(name, t)
 
 
 def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) -> None:
@@ -678,6 +679,7 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
             raise ValueError(f"metadata.{name}: expected {dims}-D with unit last stride, got {tuple(t.shape)}")
         if t.shape[0] < rows:
             raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
+        check_in_storage(f"metadata.{name}", t)
     if md.block_table.shape[1] * reference.INDEX_BLOCK_KV < state.max_model_len:
         raise ValueError(f"metadata.block_table: {md.block_table.shape[1]} pages of {reference.INDEX_BLOCK_KV} "
                          f"do not cover max_model_len {state.max_model_len}")
@@ -699,3 +701,4 @@ def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: I
     for name, t in (("q", q), ("weights", weights)):
         if t.device != state.topk_indices.device:
             raise ValueError(f"{name}: on {t.device}, expected {state.topk_indices.device}")
+        check_in_storage(name, t)  # before the step slices them (torch refuses that with its own error)

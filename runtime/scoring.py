@@ -36,6 +36,7 @@ from typing import Protocol
 import torch
 
 from . import reference
+from .overlap import check_in_storage
 
 BLOCK_KV = reference.INDEX_BLOCK_KV
 HOPPER_HEADS = (32, 64)  # DeepGEMM's sm_90 paged MQA logits
@@ -78,6 +79,7 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
         raise ValueError(f"{name}: expected [blocks, {BLOCK_KV}, 1, {row}], got {tuple(cache.shape)}")
     if not cache.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
+    check_in_storage(name, cache)
 
 
 def check_scoring_inputs(
@@ -114,6 +116,8 @@ def check_scoring_inputs(
                          f"{tuple(block_table.shape)}")
     if block_table.stride(1) != 1:
         raise ValueError("block_table: needs unit column stride")
+    for name, t in (("q", q), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table)):
+        check_in_storage(name, t)
     if max_model_len <= 0 or block_table.shape[1] * BLOCK_KV < max_model_len:
         raise ValueError(f"max_model_len: {max_model_len} must be positive and fit the block table's "
                          f"{block_table.shape[1]} pages of {BLOCK_KV}")

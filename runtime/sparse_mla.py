@@ -18,7 +18,7 @@ import torch
 from .arguments import whole_number
 from .contract import sparse_mla_decode as contract
 from .loader import cache_or_fallback, launch_on
-from .overlap import check_out_apart
+from .overlap import check_in_storage, check_out_apart
 from .reference import sparse_mla_decode_reference
 
 FP8 = torch.float8_e4m3fn
@@ -40,6 +40,7 @@ def _check_tensor(name, t, dtype, ndim):
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
+    check_in_storage(name, t)
 
 
 def _check_aligned(name, t, align=_ALIGN):

@@ -28,7 +28,7 @@ import torch
 
 from .contract import decode_topk as contract
 from .loader import cache_or_fallback, launch_on
-from .overlap import check_out_apart
+from .overlap import check_in_storage, check_out_apart
 from .reference import decode_topk_reference
 
 SUPPORTED_K = contract.SUPPORTED_K
@@ -102,6 +102,8 @@ def _check_args(logits, row_ends, out, block_mode):
     if row_ends.device != logits.device or out.device != logits.device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
                          f"{row_ends.device} and {out.device}")
+    for name, t in (("logits", logits), ("row_ends", row_ends), ("out", out)):
+        check_in_storage(name, t)
     check_out_apart(out, (("logits", logits), ("row_ends", row_ends)))
     return rows, width, k
 

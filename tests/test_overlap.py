@@ -1,7 +1,9 @@
-"""runtime.overlap.overlaps against a brute-force byte-set definition on random views of one buffer."""
+"""runtime.overlap: overlaps against a brute-force byte-set definition on random views of one buffer, and the
+storage-extent check the host ops run on every tensor."""
 
 import random
 
+import pytest
 import torch
 
 from runtime.overlap import overlaps
@@ -39,3 +41,81 @@ def test_overlaps_matches_brute_force():
         want = bool(_bytes_of(a) & _bytes_of(b))
         assert overlaps(a, b) == want and overlaps(b, a) == want, (a.shape, a.stride(), a.storage_offset(),
                                                                     b.shape, b.stride(), b.storage_offset())
+
+
+def _shrunk(t: torch.Tensor, keep_bytes: int) -> torch.Tensor:
+    """A view of ``t``'s values whose own storage is then shrunk to ``keep_bytes`` (as FSDP frees a parameter's
+    memory with untyped_storage().resize_()): the view's metadata is unchanged, its bytes are gone."""
+    view = t.clone()
+    view.untyped_storage().resize_(keep_bytes)
+    return view
+
+
+def test_check_in_storage_against_the_view_extent():
+    """Exact at the boundary, for contiguous and row-strided views, and silent for empty views."""
+    from runtime.overlap import check_in_storage
+
+    base = torch.zeros(100)
+    rows = base.view(10, 10)[2:9, :5]  # ends at element 8 * 10 + 5 = 85
+    tail, empty = base[60:], base[90:90]
+    check_in_storage("rows", rows)
+    check_in_storage("tail", tail)
+    base.untyped_storage().resize_(85 * 4)
+    check_in_storage("rows", rows)  # still inside: its last element is the storage's last
+    check_in_storage("empty", empty)
+    with pytest.raises(ValueError, match=r"tail: its view ends at byte 400 of a storage of 340 bytes"):
+        check_in_storage("tail", tail)
+    base.untyped_storage().resize_(85 * 4 - 1)
+    with pytest.raises(ValueError, match=r"rows: its view ends at byte 340 of a storage of 339 bytes"):
+        check_in_storage("rows", rows)
+
+
+def test_host_ops_refuse_a_shrunk_storage():
+    """Every host op names a tensor whose storage no longer holds its view, before anything reads it (on the
+    CPU, torch itself would read freed memory)."""
+    from runtime.sparse_mla import sparse_mla_decode
+    from runtime.topk import decode_topk
+
+    fp8 = torch.float8_e4m3fn
+    q = torch.zeros(2, 16, 512).to(fp8)
+    pool = torch.zeros(64, 512).to(fp8)
+    indices = torch.zeros(2, 128, dtype=torch.int32)
+    lens = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="compressed_kv: its view ends at byte 32768 of a storage of 512 bytes"):
+        sparse_mla_decode(q, pool, _shrunk(pool, 512), indices, lens, bmm1_scale=1.0, bmm2_scale=1.0)
+    with pytest.raises(ValueError, match="out: its view ends"):
+        sparse_mla_decode(q, pool, pool, indices, lens, bmm1_scale=1.0, bmm2_scale=1.0,
+                          out=_shrunk(torch.zeros(2, 16, 512, dtype=torch.bfloat16), 0))
+
+    logits = torch.zeros(2, 4096)
+    ends = torch.full((2,), 4096, dtype=torch.int32)
+    out = torch.zeros(2, 512, dtype=torch.int32)
+    with pytest.raises(ValueError, match="logits: its view ends at byte 32768 of a storage of 16384 bytes"):
+        decode_topk(_shrunk(logits, 16384), ends, out)
+    with pytest.raises(ValueError, match="row_ends: its view ends"):
+        decode_topk(logits, _shrunk(ends, 4), out)
+    with pytest.raises(ValueError, match="out: its view ends"):
+        decode_topk(logits, ends, _shrunk(out, 0))
+
+
+def test_indexer_refuses_a_shrunk_storage():
+    """The indexer's state buffers, metadata tensors and query: each named where its storage is shrunk."""
+    import dataclasses
+
+    from indexer_cases import make_state, make_step
+    from runtime.indexer import SingleRank, decode_rows
+
+    step = make_step(4, k=16)
+    a = step.state_args
+    with pytest.raises(ValueError, match="topk_indices: its view ends"):
+        dataclasses.replace(make_state(step), topk_indices=_shrunk(a["topk"], 8))
+    with pytest.raises(ValueError, match="index_k_cache: its view ends"):
+        dataclasses.replace(make_state(step), index_k_cache=_shrunk(a["index_k_cache"], 64))
+    state = make_state(step)
+    md = dataclasses.replace(step.metadata, block_table=_shrunk(step.metadata.block_table, 4))
+    with pytest.raises(ValueError, match="metadata.block_table: its view ends"):
+        decode_rows(state, md, step.q, step.weights, SingleRank())
+    with pytest.raises(ValueError, match="q: its view ends"):
+        decode_rows(state, step.metadata, _shrunk(step.q, 16), step.weights, SingleRank())
+    with pytest.raises(ValueError, match="weights: its view ends"):
+        decode_rows(state, step.metadata, step.q, _shrunk(step.weights, 16), SingleRank())
