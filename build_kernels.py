@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from runtime.contract import ARCHS, FAMILIES, SCHEMA_VERSION, all_variants  # noqa: E402
 from runtime.cubin import read_cubin  # noqa: E402
-from runtime.manifest import manifest_path, sha256_of  # noqa: E402
+from runtime.manifest import BUILD_LOCK, manifest_path, sha256_of  # noqa: E402
 
 SOURCE_DIRS = ("kernels", "runtime/contract")
 
@@ -134,16 +134,16 @@ def compile_all(variants_by_arch: dict, jobs: int):
 
 
 def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> None:
-    """Write cubins, then each arch's manifest, each file atomically, under a lock on ``out``.
+    """Write cubins, then each arch's manifest, each file atomically, under an exclusive lock on ``out``.
 
-    The cache as a whole is not swapped atomically: a process loading it while a build rewrites changed cubins
-    sees sha256 mismatches until the manifest lands, and refuses the arch (for good, in a serving process).
-    Build into another ``--out`` and point ``SPARSE_DECODE_AOT_CACHE`` at it, or rebuild with no loader running.
+    The cache as a whole is not swapped atomically: a load holds the same lock shared while it reads
+    (``runtime.manifest.build_settled``), so it waits for these writes to end rather than seeing new cubins under
+    the old manifest. A process that had loaded before keeps its kernels (the driver holds their images).
     """
     out.mkdir(parents=True, exist_ok=True)
     tools, src = toolchain_info(), source_hash()
     whole = set(families) == set(FAMILIES)
-    with FileLock(str(out / ".build.lock")):
+    with FileLock(str(out / BUILD_LOCK)):
         for arch, variants in variants_by_arch.items():
             entries = []
             for v in variants:

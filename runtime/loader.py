@@ -47,6 +47,7 @@ from .errors import (
 from .manifest import (
     KernelEntry,
     Manifest,
+    build_settled,
     check_against_contract,
     check_param_count,
     check_param_layout,
@@ -407,9 +408,10 @@ def _load(root: Path, device: int, tick=no_tick) -> KernelCache:
             fix="use the torch fallbacks on this GPU",
         )
     tick("torch_device_and_root")
-    manifest = read_manifest(root, arch)
-    tick("read_manifest")
-    return load_manifest(manifest, device, tick=tick, capability=capability)
+    with build_settled(root):  # no build's writes between the manifest and the cubins it names
+        manifest = read_manifest(root, arch)
+        tick("read_manifest")
+        return load_manifest(manifest, device, tick=tick, capability=capability)
 
 
 def load_manifest(manifest: Manifest, device: int, *, tick=no_tick, capability=None) -> KernelCache:

@@ -7,12 +7,14 @@ parameter layout) live here so that the build, the loader, CI tests and
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
 import stat
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,6 +22,7 @@ from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION, all_variants
 from .cubin import CubinFormatError, check_section_table, kernel_param_count, read_cubin, read_header
 from .errors import (
     REBUILD,
+    CacheLoadInterrupted,
     ContractMismatchError,
     CubinArchError,
     CubinIntegrityError,
@@ -32,6 +35,10 @@ from .errors import (
 )
 
 CACHE_ROOT_ENV = "SPARSE_DECODE_AOT_CACHE"
+# The cache root's build lock: build_kernels.py holds it exclusively while it writes cubins and manifests, a load
+# holds it shared while it reads them (build_settled).
+BUILD_LOCK = ".build.lock"
+BUILD_WAIT_S = 30.0  # a build holds the lock for its writes only (milliseconds), not while it compiles
 
 _ENTRY_FIELDS = (
     "name", "family", "config", "symbol", "cubin", "sha256", "size", "threads",
@@ -255,8 +262,50 @@ def check_against_contract(manifest: Manifest) -> None:
                                         f"({details}).", file=manifest.path, kernel=entry.name, fix=fix)
 
 
+@contextlib.contextmanager
+def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
+    """Hold the cache root's build lock shared while the caller reads the manifest and its cubins.
+
+    A build rewrites changed cubins before the manifest that names them, each file atomically but not the cache as
+    a whole: a load in between would find sha256 mismatches and refuse the arch for good. The build holds the lock
+    exclusively while it writes (``build_kernels.write_cache``), so a load waits for the writes to end instead;
+    loads share it and do not wait for each other. A root without the lock file (never built in place, e.g. the
+    installed data files) or on a filesystem without flock has no build to wait for. A build still writing after
+    ``wait_s`` raises CacheLoadInterrupted (not a refusal: the next call loads again).
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on Linux
+        yield
+        return
+    try:
+        fd = os.open(os.path.join(str(root), BUILD_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise CacheLoadInterrupted(
+                        f"a build has been writing this cache for over {wait_s:.0f} s.",
+                        file=os.path.join(str(root), BUILD_LOCK),
+                        fix="load again once the build is done (build into another --out and point "
+                            f"{CACHE_ROOT_ENV} at it to serve during a build)") from None
+                time.sleep(0.005)
+            except OSError:  # no flock on this filesystem: nothing can hold it either
+                break
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _cubin_path(manifest: Manifest, entry: KernelEntry) -> str:
-    """The cubin's path as a string, refusing any that leaves the cache root.
+    """The cubin's path as a string, refusing any that leaves the cache root or names another kernel's file.
 
     A lexical check on the string (no filesystem walk, no pathlib objects on the load path);
     the sha256 pins the content. ``..`` anywhere, an absolute path, a backslash or an empty
@@ -269,6 +318,11 @@ def _cubin_path(manifest: Manifest, entry: KernelEntry) -> str:
             f"cubin path {rel!r} leaves the cache root {manifest.root}.", file=manifest.path, kernel=entry.name,
             fix=f"paths are relative to the cache root; {REBUILD.format(arch=manifest.arch)}",
         )
+    if parts[-1] != f"{entry.name}.cubin":
+        # Variants share symbols and parameter layouts (sinks on and off, cluster sizes): an entry naming another
+        # variant's cubin, with that file's size and sha256, would pass every other check and launch the wrong math.
+        raise PathError(f"cubin path {rel!r} is not the kernel's own file ({entry.name}.cubin).", file=manifest.path,
+                        kernel=entry.name, fix=REBUILD.format(arch=manifest.arch))
     return os.path.join(str(manifest.root), rel)  # root resolved by read_manifest
 
 
@@ -309,11 +363,6 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
         raise CubinIntegrityError("cubin sha256 does not match the manifest (altered).", file=Path(path),
                                   kernel=entry.name, fix=REBUILD.format(arch=manifest.arch))
     tick("cubin_sha256")
-    if os.path.basename(path.rstrip("/")) != f"{entry.name}.cubin":
-        # Variants share symbols and parameter layouts (sinks on and off, cluster sizes): an entry naming another
-        # variant's cubin, with that file's size and sha256, would pass every other check and launch the wrong math.
-        raise PathError(f"cubin file is not the kernel's own ({entry.name}.cubin).", file=Path(path),
-                        kernel=entry.name, fix=REBUILD.format(arch=manifest.arch))
     if sections:
         check_cubin_against_entry(data, entry, Path(path), manifest.arch)
     else:
@@ -425,9 +474,11 @@ def supported_arch(arch: str) -> str:
 
 def check_cache(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     """Every CPU-side check of a cache (no GPU needed): the manifest, its entries against the contract, then each
-    cubin."""
-    manifest = read_manifest(root, arch)
-    check_against_contract(manifest)
-    for entry in manifest.kernels.values():
-        read_checked_cubin(manifest, entry)
+    cubin, with no build's writes in between (``build_settled``)."""
+    root = (Path(root) if root is not None else default_root()).resolve()
+    with build_settled(root):
+        manifest = read_manifest(root, arch)
+        check_against_contract(manifest)
+        for entry in manifest.kernels.values():
+            read_checked_cubin(manifest, entry)
     return manifest

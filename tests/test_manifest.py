@@ -120,13 +120,23 @@ def test_cubin_of_the_other_arch(cache):
     *[(p, errors.PathError, "leaves the cache root") for p in ("../outside.cubin", "cubins/../../outside.cubin",
                                                               "/etc/passwd")],
     # Inside the root but not a readable file: a typed error, not OSError / ValueError.
-    *[(p, errors.CubinIntegrityError, "not a readable file") for p in ("cubins/sm_90a",
-                                                                      "cubins/sm_90a/probe_cluster2.cubin/",
-                                                                      "cubins/a\0b.cubin")],
+    *[(p, errors.CubinIntegrityError, "not a readable file") for p in ("cubins/sm_90a/probe_cluster2.cubin/",
+                                                                      "cubins/a\0b/probe_cluster2.cubin")],
+    # Named for another file than the kernel's own, refused before anything is read.
+    *[(p, errors.PathError, r"not the kernel's own file \(probe_cluster2\.cubin\)")
+      for p in ("cubins/sm_90a", "cubins/sm_90a/probe_cluster8.cubin", "cubins/sm_90a/probe_cluster2.cubin.bak")],
 ])
 def test_cubin_path_refused(cache, path, error, match):
     edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(cubin=path))
     with pytest.raises(error, match=match):
+        check_cache(cache, "sm_90a")
+
+
+def test_cubin_path_is_a_directory(cache):
+    """A directory inside the root named for the kernel's cubin: a typed error, not IsADirectoryError."""
+    (cache / "cubins" / "elsewhere" / "probe_cluster2.cubin").mkdir(parents=True)
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(cubin="cubins/elsewhere/probe_cluster2.cubin"))
+    with pytest.raises(errors.CubinIntegrityError, match="not a readable file"):
         check_cache(cache, "sm_90a")
 
 
@@ -368,7 +378,7 @@ def test_an_entry_naming_another_variants_cubin_is_refused(cache):
         second.update(cubin=first["cubin"], size=first["size"], sha256=first["sha256"])
 
     edit_manifest(cache, "sm_90a", swap)
-    with pytest.raises(errors.PathError, match=r"not the kernel's own \(probe_cluster8\.cubin\)"):
+    with pytest.raises(errors.PathError, match=r"not the kernel's own file \(probe_cluster8\.cubin\)"):
         check_cache(cache, "sm_90a")
 
 
@@ -390,3 +400,47 @@ def test_relative_cache_root_in_the_environment_is_refused(monkeypatch):
         default_root()
     monkeypatch.setenv(CACHE_ROOT_ENV, str(REPO))
     assert default_root() == REPO
+
+
+def test_a_read_waits_for_a_build_writing_the_cache(cache):
+    """A build holds the root's lock exclusively while it writes (build_kernels.write_cache); check_cache (and
+    runtime.load, through the same build_settled) reads under it shared: it waits for the writes to end, and
+    raises CacheLoadInterrupted, not a refusal, after its wait. Readers do not wait for each other."""
+    import threading
+    import time
+
+    from filelock import FileLock
+
+    from runtime.manifest import BUILD_LOCK, build_settled
+
+    lock_path = str(cache / BUILD_LOCK)
+    holding, done = threading.Event(), threading.Event()
+
+    def build(seconds):
+        with FileLock(lock_path):
+            holding.set()
+            done.wait(seconds)
+
+    writer = threading.Thread(target=build, args=(0.3,))
+    writer.start()
+    holding.wait()
+    with pytest.raises(errors.CacheLoadInterrupted, match="a build has been writing this cache"):
+        with build_settled(cache, wait_s=0.05):
+            pass
+    start = time.monotonic()
+    check_cache(cache, "sm_90a")  # waits for the build's release, then reads a whole cache
+    assert time.monotonic() - start >= 0.2
+    writer.join()
+    with build_settled(cache), build_settled(cache, wait_s=0.05):
+        with pytest.raises(TimeoutError):
+            FileLock(lock_path).acquire(timeout=0.05)  # the build waits for the readers in turn
+
+
+def test_a_root_without_a_build_lock_is_read_unguarded(cache):
+    """An installed cache (no lock file, maybe read-only) has no build to wait for."""
+    from runtime.manifest import BUILD_LOCK, build_settled
+
+    assert not (cache / BUILD_LOCK).exists()
+    with build_settled(cache, wait_s=0):
+        check_cache(cache, "sm_90a")
+    assert not (cache / BUILD_LOCK).exists()
