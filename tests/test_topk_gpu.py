@@ -230,15 +230,18 @@ def test_rows_past_one_wave(monkeypatch, dtype, block_mode, width):
 
 
 def test_fallback_matches_for_unaligned_logits():
-    """An unaligned view is not the kernel's: the fallback gives the same exact set."""
+    """An unaligned view is not the kernel's: the exact fallback selects, row by row, the set the kernel selects
+    from an aligned copy of the same values (a full row, a short one, one of fewer candidates than k)."""
     from runtime.topk import supports_decode_topk
 
-    k, rows, width = 512, 2, 9000
+    k, rows, width = 512, 3, 9000
     base = _logits(rows, width + 1, torch.float32, seed=3)
     logits = base[:, 1:]
     assert not supports_decode_topk(logits, rows, k, False)
-    ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    ends = torch.tensor([width, 5000, 300], dtype=torch.int32, device="cuda")
     out = _run(logits, ends, k, False, expect_kernel=False)
+    by_kernel = _run(logits.contiguous(), ends, k, False)
+    assert torch.equal(torch.sort(out, dim=1).values, torch.sort(by_kernel, dim=1).values)
     _check(logits, ends, out, k, False)
 
 
