@@ -1,6 +1,6 @@
 """Build-time kernel sources (CuTe DSL). Never imported by ``runtime/``.
 
-Each family module exposes ``compile_variant(variant, arch) -> bytes`` that
+Each family module (or package) exposes ``compile_variant(variant, arch) -> bytes`` that
 compiles one ``runtime.contract.Variant`` for one target arch and returns the
 cubin bytes taken from CuTe DSL's compile artifacts.
 """

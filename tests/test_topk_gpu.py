@@ -484,10 +484,10 @@ def test_refined_floor_with_ties_at_its_sub_bins(dtype):
 
 def test_refine_window_or_table_pass():
     """FP32 rows whose gathered finish takes the refined floor: 64 x 256K on the 2-CTA twin, a launch that counts the
-    groups' maxima in a window during step 1 (kernels/decode_topk.py: REFINE_WINDOW_MIN_CTAS), and 8 x 1M on 8 CTAs,
-    one too small for it (the table pass). Plain rows (every window holds the threshold bin), rows whose first CTA's
-    first tile is raised by 4 (its window lies above the bin: the table pass serves) and rows whose second CTA's first
-    tile is lowered by 4 (its window lies below), with a clipped row end. Exact."""
+    groups' maxima in a window during step 1 (kernels/decode_topk/common.py: REFINE_WINDOW_MIN_CTAS), and 8 x 1M on 8
+    CTAs, one too small for it (the table pass). Plain rows (every window holds the threshold bin), rows whose first
+    CTA's first tile is raised by 4 (its window lies above the bin: the table pass serves) and rows whose second CTA's
+    first tile is lowered by 4 (its window lies below), with a clipped row end. Exact."""
     from runtime import topk
 
     for rows, width in ((64, 262144), (8, 1 << 20)):

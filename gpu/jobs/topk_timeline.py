@@ -4,7 +4,7 @@ usage: topk_timeline.py ROOT OUT.json
 
 ROOT holds the timeline build (cubins/ + manifests/). Each case runs a few times on fresh
 logits (the build writes its marks over the row's first bytes); thread 0 of every CTA
-reports the clock at each phase's end (kernels/decode_topk.py, DecodeTopK.mark), and the
+reports the clock at each phase's end (kernels/decode_topk/kernel.py, DecodeTopK.mark), and the
 global timer at its start and end. Printed per case: each phase's cycles (mean, min, max
 over CTAs and runs) and the CTA and grid spans in ns.
 """

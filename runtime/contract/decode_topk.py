@@ -81,13 +81,14 @@ WARP_STEP1_MIN_GROUPS = {"token": 4096, "block": 2048}
 # The 2-CTA-an-SM variants keep the warp loop from 4096 groups and re-read whole slices: the table would
 # take the list's room for the threshold bin (at k 2048 the cluster-wide finish then ran, 3x slower).
 STEP1_TABLE_TILES = 32
-# With the table, 1 KiB of counts of the groups' maxima around the threshold bin (kernels/decode_topk.py:
+# With the table, 1 KiB of counts of the groups' maxima around the threshold bin (kernels/decode_topk/common.py:
 # REFINE_WINDOW_BINS, used by the FP32 variants of 2 to 8 CTAs).
 STEP1_TABLE_BYTES = STEP1_TABLE_TILES * THREADS * 2 + 1024
 # The table serves every launch size: the largest a wave holds is 64 MiB (64 x 256K FP32 on the 2-CTA twin, 32 x 512K
 # on the 4-CTA one). It was held to launches of at most 60 MiB while step 1 prefetched whole FP32 slices into L2 (then
 # the warp loop won at 64 MiB: full_sm_twin_ab); without that prefetch (since then a few tiles ahead instead, and FP32
-# tiles by bulk copies: kernels/decode_topk.py, STEP1_PREFETCH_AHEAD, STEP1_BULK_BYTES) the table is faster there
+# tiles by bulk copies: kernels/decode_topk/common.py, STEP1_PREFETCH_AHEAD, STEP1_BULK_BYTES) the table is faster
+# there
 # (decode_topk_ab_h200.json: table_gate_ab):
 # 64 x 256K FP32 k512 35.3 -> 29.2 us, k2048 39.4 -> 36.1 us, 32 x 512K k2048 on 4 CTAs 71.4 -> 50.5 us.
 
