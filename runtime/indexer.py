@@ -341,6 +341,11 @@ def plan_decode_rows(
     bounds = None if shard is None else row_shard_bounds(num_rows, metadata.num_requests, world_size, rank)
     start, end = bounds or (0, num_rows)
 
+    # The state's buffers were checked when it was built; a storage shrunk since (FSDP-style) would take the reset
+    # and the finish's writes into freed memory: torch's slice assignment does not check it.
+    check_in_storage("topk_indices", state.topk_indices)
+    if state.candidate_blocks is not None:
+        check_in_storage("candidate_blocks", state.candidate_blocks)
     state.topk_indices[:reset_rows] = -1
     schedule = metadata.schedule
     # The caller's schedule spans all of seq_lens (which may hold more rows than the

@@ -269,9 +269,11 @@ def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
     A build rewrites changed cubins before the manifest that names them, each file atomically but not the cache as
     a whole: a load in between would find sha256 mismatches and refuse the arch for good. The build holds the lock
     exclusively while it writes (``build_kernels.write_cache``), so a load waits for the writes to end instead;
-    loads share it and do not wait for each other. A root without the lock file (never built in place, e.g. the
-    installed data files) or on a filesystem without flock has no build to wait for. A build still writing after
-    ``wait_s`` raises CacheLoadInterrupted (not a refusal: the next call loads again).
+    loads share it and do not wait for each other. The lock file is created where it is missing (a checkout not yet
+    built in place), so a first build cannot start unseen; a root where it cannot be created (read-only installed
+    data files) is read unguarded, as it is without flock (Windows; a filesystem without it, where filelock falls
+    back to a marker file this does not see). A build still writing after ``wait_s`` raises CacheLoadInterrupted
+    (not a refusal: the next call loads again).
     """
     try:
         import fcntl
@@ -279,8 +281,8 @@ def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
         yield
         return
     try:
-        fd = os.open(os.path.join(str(root), BUILD_LOCK), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = os.open(os.path.join(str(root), BUILD_LOCK), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError:  # read-only root, no permission, no such directory (read_manifest names the latter)
         yield
         return
     try:
@@ -297,7 +299,7 @@ def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
                         fix="load again once the build is done (build into another --out and point "
                             f"{CACHE_ROOT_ENV} at it to serve during a build)") from None
                 time.sleep(0.005)
-            except OSError:  # no flock on this filesystem: nothing can hold it either
+            except OSError:  # no flock on this filesystem (filelock then uses a marker file): read unguarded
                 break
         yield
     finally:
@@ -327,7 +329,7 @@ def _cubin_path(manifest: Manifest, entry: KernelEntry) -> str:
 
 
 def cubin_file(manifest: Manifest, entry: KernelEntry) -> Path:
-    """The cubin's path, refusing any that leaves the cache root."""
+    """The cubin's path, refusing any that leaves the cache root or names another kernel's file."""
     return Path(_cubin_path(manifest, entry))
 
 

@@ -55,15 +55,19 @@ def check_in_storage(name: str, t: torch.Tensor) -> None:
 
     Torch checks a view against its storage when the view is made, not afterwards: a storage shrunk later
     (``untyped_storage().resize_()``, as FSDP frees a parameter's memory) leaves views whose data_ptr points at
-    freed or foreign memory, which a kernel would read or write. About 0.3 us of host time a tensor."""
-    if t.is_contiguous():
-        end = t.storage_offset() + t.numel()
-    elif t.numel():
-        end = t.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    else:
+    freed or foreign memory, which a kernel would read or write, and torch's own slice assignment and fill_ would
+    too. About 0.35 us of host time a contiguous tensor, 0.8 a strided one."""
+    count = t.numel()
+    if not count:
         return
+    if t.is_contiguous():
+        end = t.storage_offset() + count
+    else:
+        end = t.storage_offset() + 1
+        for size, stride in zip(t.shape, t.stride()):
+            end += (size - 1) * stride
     need, have = end * t.element_size(), t.untyped_storage().nbytes()
-    if need > have and t.numel():
+    if need > have:
         raise ValueError(f"{name}: its view ends at byte {need} of a storage of {have} bytes (the storage was shrunk "
                          f"after the view was made, e.g. by untyped_storage().resize_()); pass a tensor whose "
                          f"storage holds it")

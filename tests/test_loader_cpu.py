@@ -559,3 +559,21 @@ def test_verify_passes_a_cache_matching_the_contract(cache, stand_in, monkeypatc
     monkeypatch.setattr(runtime.probe, "run_probe", lambda loaded: {"probe_cluster2": None})
     assert cli.verify(cache) == 0
     assert "every entry matches the runtime's contract" in capsys.readouterr().out
+
+
+def test_load_waits_for_a_build_writing_the_cache(cache, stand_in, monkeypatch):
+    """runtime.load reads the manifest and the cubins under the build lock (shared): while a build holds it, the
+    load raises CacheLoadInterrupted after its wait (not a refusal), and loads once the build is done."""
+    import functools
+
+    from filelock import FileLock
+
+    from runtime import manifest
+    from runtime.errors import CacheLoadInterrupted
+
+    stand_in()
+    monkeypatch.setattr(loader, "build_settled", functools.partial(manifest.build_settled, wait_s=0.05))
+    with FileLock(str(cache / manifest.BUILD_LOCK)):
+        with pytest.raises(CacheLoadInterrupted, match="a build has been writing this cache"):
+            loader.load(cache)
+    assert set(loader.load(cache).names()) == {"probe_cluster2", "probe_cluster8"}

@@ -407,40 +407,61 @@ def test_a_read_waits_for_a_build_writing_the_cache(cache):
     runtime.load, through the same build_settled) reads under it shared: it waits for the writes to end, and
     raises CacheLoadInterrupted, not a refusal, after its wait. Readers do not wait for each other."""
     import threading
-    import time
 
     from filelock import FileLock
 
     from runtime.manifest import BUILD_LOCK, build_settled
 
     lock_path = str(cache / BUILD_LOCK)
-    holding, done = threading.Event(), threading.Event()
+    holding, released = threading.Event(), threading.Event()
 
-    def build(seconds):
+    def build():
         with FileLock(lock_path):
             holding.set()
-            done.wait(seconds)
+            released.wait(0.3)  # the build's writes
+            released.set()  # set before the lock is released: a read that returns must see it
 
-    writer = threading.Thread(target=build, args=(0.3,))
+    writer = threading.Thread(target=build)
     writer.start()
     holding.wait()
     with pytest.raises(errors.CacheLoadInterrupted, match="a build has been writing this cache"):
         with build_settled(cache, wait_s=0.05):
             pass
-    start = time.monotonic()
     check_cache(cache, "sm_90a")  # waits for the build's release, then reads a whole cache
-    assert time.monotonic() - start >= 0.2
+    assert released.is_set(), "check_cache read the cache while the build held its lock"
     writer.join()
     with build_settled(cache), build_settled(cache, wait_s=0.05):
         with pytest.raises(TimeoutError):
             FileLock(lock_path).acquire(timeout=0.05)  # the build waits for the readers in turn
 
 
-def test_a_root_without_a_build_lock_is_read_unguarded(cache):
-    """An installed cache (no lock file, maybe read-only) has no build to wait for."""
+def test_a_first_read_creates_the_build_lock(cache):
+    """A root never built in place (a fresh checkout) gets the lock file from its first read, so a first build
+    that starts during a load waits for it rather than writing unseen."""
+    from filelock import FileLock
+
     from runtime.manifest import BUILD_LOCK, build_settled
 
     assert not (cache / BUILD_LOCK).exists()
     with build_settled(cache, wait_s=0):
-        check_cache(cache, "sm_90a")
+        assert (cache / BUILD_LOCK).exists()
+        with pytest.raises(TimeoutError):
+            FileLock(str(cache / BUILD_LOCK)).acquire(timeout=0.05)
+
+
+def test_a_root_where_no_lock_file_can_be_made_is_read_unguarded(cache, monkeypatch):
+    """A read-only installed cache (the lock file cannot be created there) has no build to wait for."""
+    import os
+
+    from runtime.manifest import BUILD_LOCK
+
+    real_open = os.open
+
+    def read_only_root(path, flags, *args):
+        if str(path).endswith(BUILD_LOCK):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only_root)
+    check_cache(cache, "sm_90a")
     assert not (cache / BUILD_LOCK).exists()

@@ -119,3 +119,25 @@ def test_indexer_refuses_a_shrunk_storage():
         decode_rows(state, step.metadata, _shrunk(step.q, 16), step.weights, SingleRank())
     with pytest.raises(ValueError, match="weights: its view ends"):
         decode_rows(state, step.metadata, step.q, _shrunk(step.weights, 16), SingleRank())
+    # A buffer shrunk after the state was built: the plan refuses it before its reset writes there.
+    for name in ("topk", "candidates"):
+        step = make_step(4, k=16, candidates=8)
+        state = make_state(step)
+        buffer = state.topk_indices if name == "topk" else state.candidate_blocks
+        buffer.untyped_storage().resize_(0)
+        with pytest.raises(ValueError, match=f"{'topk_indices' if name == 'topk' else 'candidate_blocks'}: its view"):
+            decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+
+
+def test_scorer_check_refuses_a_shrunk_storage():
+    """The scorers' own input check (scorer.logits without checked=True) names a shrunk tensor too."""
+    from indexer_cases import make_step
+    from runtime.scoring import TorchScorer
+
+    step = make_step(4, k=16)
+    md, cache = step.metadata, step.state_args["index_k_cache"]
+    args = dict(q=step.q, weights=step.weights, cache=cache, seq_lens=md.seq_lens, block_table=md.block_table,
+                max_model_len=step.state_args["max_model_len"])
+    for name in ("q", "weights", "cache", "seq_lens", "block_table"):
+        with pytest.raises(ValueError, match=f"{name}: its view ends"):
+            TorchScorer().check_inputs(**{**args, name: _shrunk(args[name], 4)})

@@ -2,7 +2,9 @@
 
 The floor selection is a Triton kernel that does the least a top-k of the step must do: one launch in stream
 order behind DeepGEMM's scoring, with the AOT kernel's CTAs a row, reading every logit of each row (a max keeps
-the loads) and writing k indices a row. It selects nothing; no selection kernel can be faster. In one process,
+the loads) and writing k indices a row. It selects nothing: a selection laid out as the AOT kernel is (its CTAs a
+row) cannot be faster. One Triton configuration (8 warps, 2048-column blocks), not swept: a layout of more CTAs a
+row could read a short row sooner, and would then pay a cluster's exchange to select. In one process,
 for each size, with bench_indexer's inputs (DeepGEMM logits, schedule in the metadata, KV rotated):
 
 - ``step``: plan + logits + decode_topk in stream order (bench_indexer's step);
@@ -40,7 +42,8 @@ def _floor_select(logits, stride, out, out_stride, width, CHUNK: tl.constexpr, B
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, CHUNK, BLOCK):
         col = part * CHUNK + start + offs
-        x = tl.load(logits + row * stride + col, mask=col < width, other=float("-inf"))
+        inside = (col < width) & (start + offs < CHUNK)  # this part's columns only, where CHUNK is not whole blocks
+        x = tl.load(logits + row * stride + col, mask=inside, other=float("-inf"))
         best = tl.maximum(best, x)
     top = tl.max(best, axis=0)
     idx = part * K_PART + tl.arange(0, K_PART)
