@@ -36,7 +36,7 @@ def _radix_topk_row(logits, stride, out, out_stride, K: tl.constexpr, N: tl.cons
     prefix = tl.zeros([], dtype=tl.uint32)
     remaining = tl.full([], K, tl.int32)
     for p in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * p
+        shift = 24 - 8 * p
         if p == 0:
             digit = (key >> shift).to(tl.int32)
         else:
