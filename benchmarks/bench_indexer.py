@@ -120,12 +120,11 @@ def scoring_inputs(scorer: DeepGemmScorer, rows: int, ctx: int, sets: int, gen: 
     return inputs
 
 
-def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -> dict:
-    sets = rotation_sets(rows, ctx)
-    scored = scoring_inputs(scorer, rows, ctx, sets, gen)
-    cache = scored[0][2]  # one cache, each set its own pages
+def step_inputs(scorer: DeepGemmScorer, rows: int, ctx: int, gen: torch.Generator) -> list[StepInputs]:
+    """One StepInputs a rotation set (rotation_sets) of full rows of ``ctx`` tokens, their logits computed."""
+    scored = scoring_inputs(scorer, rows, ctx, rotation_sets(rows, ctx), gen)
     inputs = []
-    for q, weights, _, seq_lens, table, schedule, _ in scored:
+    for q, weights, cache, seq_lens, table, schedule, _ in scored:
         md_bare = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx)
         auto = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
                             scorer=scorer)
@@ -134,6 +133,13 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
         md = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx, schedule=schedule)
         logits = scorer.logits(q, weights, cache, seq_lens, table, schedule, ctx)
         inputs.append(StepInputs(md, q, weights, auto, peer, schedule, logits, md_bare))
+    return inputs
+
+
+def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -> dict:
+    inputs = step_inputs(scorer, rows, ctx, gen)
+    sets = len(inputs)
+    cache = inputs[0].auto.index_k_cache  # one cache, each set its own pages
 
     from runtime.topk import decode_topk, decode_topk_plan
 
@@ -178,7 +184,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
     res["select_torch_share_of_step_torch"] = m["select_torch"] / m["step_torch"]
     res["step_speedup_vs_torch_topk"] = m["step_torch"] / m["step"]
     res["meets_target"] = res["select_share_of_step"] <= TARGET_SELECT_SHARE
-    del inputs, scored
+    del inputs
     cache = None  # (the last reference to the key cache: freed before the next size)
     torch.cuda.empty_cache()
     return res

@@ -18,6 +18,11 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux: build_settled reads unguarded
+    fcntl = None
+
 from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION, all_variants
 from .cubin import CubinFormatError, check_section_table, kernel_param_count, read_cubin, read_header
 from .errors import (
@@ -275,14 +280,12 @@ def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
     back to a marker file this does not see). A build still writing after ``wait_s`` raises CacheLoadInterrupted
     (not a refusal: the next call loads again).
     """
+    lock = os.path.join(str(root), BUILD_LOCK)
     try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on Linux
-        yield
-        return
-    try:
-        fd = os.open(os.path.join(str(root), BUILD_LOCK), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = None if fcntl is None else os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
     except OSError:  # read-only root, no permission, no such directory (read_manifest names the latter)
+        fd = None
+    if fd is None:
         yield
         return
     try:
@@ -295,7 +298,7 @@ def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
                 if time.monotonic() >= deadline:
                     raise CacheLoadInterrupted(
                         f"a build has been writing this cache for over {wait_s:.0f} s.",
-                        file=os.path.join(str(root), BUILD_LOCK),
+                        file=lock,
                         fix="load again once the build is done (build into another --out and point "
                             f"{CACHE_ROOT_ENV} at it to serve during a build)") from None
                 time.sleep(0.005)

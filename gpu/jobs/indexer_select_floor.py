@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from benchmarks.bench_indexer import K, rotation_sets, scoring_inputs, time_calls
+from benchmarks.bench_indexer import K, step_inputs, time_calls
 from benchmarks.common import gpu_info, write_json
-from runtime.indexer import DecodeMetadata, IndexerState, SingleRank, finish_decode_rows, plan_decode_rows
+from runtime.indexer import SingleRank, finish_decode_rows, plan_decode_rows
 from runtime.scoring import DeepGemmScorer
 from runtime.topk import decode_topk, decode_topk_plan
 
@@ -59,14 +59,10 @@ def floor_select(logits: torch.Tensor, width: int, out: torch.Tensor, ctas_per_r
 
 
 def measure(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -> dict:
-    sets = rotation_sets(rows, ctx)
     tp = SingleRank()
-    steps = []
-    for q, weights, cache, seq_lens, table, schedule, _ in scoring_inputs(scorer, rows, ctx, sets, gen):
-        md = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx, schedule=schedule)
-        state = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx, scorer=scorer)
-        logits = scorer.logits(q, weights, cache, seq_lens, table, schedule, ctx)
-        steps.append((state, md, q, weights, logits, torch.empty(rows, K, dtype=torch.int32, device="cuda")))
+    steps = [(a.auto, a.md, a.q, a.weights, a.logits, torch.empty(rows, K, dtype=torch.int32, device="cuda"))
+             for a in step_inputs(scorer, rows, ctx, gen)]
+    sets = len(steps)
     plan = decode_topk_plan(steps[0][4], rows, K, False)
     ctas = plan[1] if plan is not None else 1  # the AOT kernel's CTAs a row (1: the short-row kernel)
 

@@ -93,9 +93,9 @@ def main() -> None:
         assert os.environ.get("TRITON_INTERPRET") == "1", "run the CPU check with TRITON_INTERPRET=1"
         check_cpu()
         return
-    from benchmarks.bench_indexer import K, rotation_sets, scoring_inputs, time_calls
+    from benchmarks.bench_indexer import K, step_inputs, time_calls
     from benchmarks.common import gpu_info, write_json
-    from runtime.indexer import DecodeMetadata, IndexerState, SingleRank, finish_decode_rows, plan_decode_rows
+    from runtime.indexer import SingleRank, finish_decode_rows, plan_decode_rows
     from runtime.scoring import DeepGemmScorer
     from runtime.topk import decode_topk
 
@@ -105,15 +105,8 @@ def main() -> None:
     results = []
     for rows in (1, 8, 64):
         ctx = ROW
-        steps = []
-        for q, w, cache, seq_lens, table, schedule, _ in scoring_inputs(scorer, rows, ctx, rotation_sets(rows, ctx),
-                                                                          gen):
-            md = DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx,
-                                schedule=schedule)
-            state = IndexerState(torch.full((rows, K), -1, dtype=torch.int32, device="cuda"), K, cache, ctx,
-                                 scorer=scorer)
-            logits = scorer.logits(q, w, cache, seq_lens, table, schedule, ctx)
-            steps.append((state, md, q, w, logits, torch.empty(rows, K, dtype=torch.int32, device="cuda")))
+        steps = [(a.auto, a.md, a.q, a.weights, a.logits, torch.empty(rows, K, dtype=torch.int32, device="cuda"))
+                 for a in step_inputs(scorer, rows, ctx, gen)]
 
         def step_aot(s):
             finish_decode_rows(s[0], s[2], s[3], plan_decode_rows(s[0], s[1], tp), tp)
