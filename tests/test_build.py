@@ -165,3 +165,20 @@ def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     proc = subprocess.run(BUILD + ["--only", "probe", *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and match in proc.stderr, proc.stdout + proc.stderr
     assert "compiled" not in proc.stdout
+
+
+def test_written_cache_files_are_readable_by_other_accounts(tmp_path):
+    """The build's atomic writes (tempfile.mkstemp, 0600) left every cubin and manifest readable by its builder
+    alone: a cache built as root in an image, or into a shared --out, was refused to the serving account
+    (CubinIntegrityError: Permission denied). They get the mode a plain write would (0666 less the umask)."""
+    import os
+    import stat
+
+    import build_kernels
+
+    old = os.umask(0o022)
+    try:
+        build_kernels._atomic_write(tmp_path / "cubins" / "sm_90a" / "x.cubin", b"cubin")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "cubins" / "sm_90a" / "x.cubin").stat().st_mode) == 0o644
