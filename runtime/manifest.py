@@ -103,13 +103,16 @@ def default_root() -> Path:
         return here
     import site
     import sys
+    import sysconfig
 
-    # A plain `pip install .` puts the data files under <prefix>/share (or the user base).
-    for base in (sys.prefix, site.USER_BASE or ""):
+    # A plain `pip install .` puts the data files under its scheme's data path: sys.prefix in a venv, but /usr/local
+    # for Debian's and Ubuntu's system Python (whose sys.prefix is /usr), or the user base for --user.
+    data = sysconfig.get_path("data") or sys.prefix
+    for base in (data, sys.prefix, site.USER_BASE or ""):
         candidate = Path(base) / "share" / "sparse_decode_aot"
         if (candidate / "manifests").is_dir():
             return candidate
-    return Path(sys.prefix) / "share" / "sparse_decode_aot"
+    return Path(data) / "share" / "sparse_decode_aot"
 
 
 MANIFEST_MAX_BYTES = 16 << 20  # a real one is tens of KiB; the bound keeps a crafted one from filling memory

@@ -465,3 +465,25 @@ def test_a_root_where_no_lock_file_can_be_made_is_read_unguarded(cache, monkeypa
     monkeypatch.setattr(os, "open", read_only_root)
     check_cache(cache, "sm_90a")
     assert not (cache / BUILD_LOCK).exists()
+
+
+def test_installed_data_files_are_found_under_the_schemes_data_path(tmp_path, monkeypatch):
+    """pip puts the data files of `pip install .` under the install scheme's data path (sysconfig "data"): Debian's and
+    Ubuntu's system Python installs into /usr/local (the package in /usr/local/lib/python3.X/dist-packages, the cache
+    in /usr/local/share/sparse_decode_aot) while sys.prefix is /usr, where the runtime looked and found no manifest."""
+    import site
+    import sys
+    import sysconfig
+
+    import runtime.manifest as manifest
+
+    usr = tmp_path / "usr"
+    monkeypatch.delenv(manifest.CACHE_ROOT_ENV, raising=False)
+    monkeypatch.setattr(manifest, "__file__", str(usr / "local/lib/python3/dist-packages/runtime/manifest.py"))
+    monkeypatch.setattr(sys, "prefix", str(usr))
+    monkeypatch.setattr(site, "USER_BASE", str(tmp_path / "home/.local"))
+    real_get_path = sysconfig.get_path
+    monkeypatch.setattr(sysconfig, "get_path",
+                        lambda name, *a, **k: str(usr / "local") if name == "data" else real_get_path(name, *a, **k))
+    installed = copy_probe_cache(usr / "local" / "share" / "sparse_decode_aot")
+    assert manifest.default_root() == installed
