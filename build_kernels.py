@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO))
 
 from runtime.contract import ARCHS, FAMILIES, SCHEMA_VERSION, all_variants  # noqa: E402
 from runtime.cubin import read_cubin  # noqa: E402
-from runtime.manifest import BUILD_LOCK, manifest_path, sha256_of  # noqa: E402
+from runtime.errors import CacheError  # noqa: E402
+from runtime.manifest import BUILD_LOCK, check_against_contract, manifest_path, read_manifest, sha256_of  # noqa: E402
 
 SOURCE_DIRS = ("kernels", "runtime/contract")
 
@@ -199,6 +200,7 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
         except (OSError, ValueError) as e:
             problems.append(f"{arch}: committed manifest unreadable ({e})")
             continue
+        before = len(problems)
         new = json.loads(manifest_path(fresh, arch).read_text())
         if old.get("source_hash") != new["source_hash"]:
             problems.append(f"{arch}: kernel sources changed since the committed build (source_hash)")
@@ -229,6 +231,13 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
         for name, o in old_by_name.items():
             if name not in built and (o.get("family") in families or o.get("family") not in FAMILIES):
                 problems.append(f"{arch} {name}: in the committed manifest but not built from the sources")
+        if len(problems) == before:
+            # Python's == above takes 1 for true and 128.0 for 128 and a dict keeps one of two equal names: what the
+            # runtime reads (exact JSON types, no duplicates, schema, arch, the contract) must accept it too.
+            try:
+                check_against_contract(read_manifest(committed, arch))
+            except CacheError as e:
+                problems.append(f"{arch}: the runtime refuses the committed manifest ({e})")
     return problems
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime import errors
 from runtime.contract import all_variants
 from runtime.manifest import check_cache, manifest_path
 
@@ -136,6 +137,30 @@ def test_check_compares_every_manifest_field(tmp_path, edit, match):
     edit_manifest(committed, "sm_90a", edit)
     problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
     assert len(problems) == 1 and match in problems[0], problems
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["kernels"][0].update(pdl=1),  # == True in Python, not a JSON boolean to the runtime
+    lambda d: d["kernels"][0].update(threads=float(d["kernels"][0]["threads"])),
+    lambda d: d["kernels"][0].update(config={k: float(v) for k, v in d["kernels"][0]["config"].items()}),
+    lambda d: d["kernels"].append(dict(d["kernels"][0])),  # a duplicate entry, collapsed by a dict of names
+    lambda d: d.update(schema=2),
+    lambda d: d.update(arch="sm_100a"),
+])
+def test_check_fails_where_the_runtime_refuses_the_committed_manifest(tmp_path, edit):
+    """--check passed ("check passed") committed manifests every load refuses, since its comparison is Python's ==
+    over parsed JSON and by kernel name: now the committed manifest must also read as the runtime reads it."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+    from runtime.manifest import check_against_contract, read_manifest
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    edit_manifest(committed, "sm_90a", edit)
+    with pytest.raises(errors.CacheError):
+        check_against_contract(read_manifest(committed, "sm_90a"))
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert len(problems) == 1 and "sm_90a: the runtime refuses the committed manifest" in problems[0], problems
 
 
 def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
