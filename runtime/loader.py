@@ -245,9 +245,10 @@ def cache_or_fallback(op: str, device: int):
         if refusal is None:
             import runtime  # noqa: PLC0415 - the package: load() is memoized per device
 
-            if not is_loaded(device):  # only a call that would load asks about capture
-                _refuse_a_load_in_capture(op, device)
             try:
+                # is_loaded reads the cache root, which may itself be refused (a relative $SPARSE_DECODE_AOT_CACHE)
+                if not is_loaded(device):  # only a call that would load asks about capture
+                    _refuse_a_load_in_capture(op, device)
                 return runtime.load(device=device)
             except CacheError as e:
                 refusal = _refusals[device] = e

@@ -577,3 +577,21 @@ def test_load_waits_for_a_build_writing_the_cache(cache, stand_in, monkeypatch):
         with pytest.raises(CacheLoadInterrupted, match="a build has been writing this cache"):
             loader.load(cache)
     assert set(loader.load(cache).names()) == {"probe_cluster2", "probe_cluster8"}
+
+
+def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, monkeypatch):
+    """A relative $SPARSE_DECODE_AOT_CACHE is a PathError (a CacheError): the ops run their fallback and say so once,
+    as for every refusal. The root's check in is_loaded ran outside the refusal's handling, so every op call raised
+    it instead."""
+    import runtime
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    drv = stand_in()
+    monkeypatch.setattr(runtime, "load", loader.load)
+    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    monkeypatch.setenv(CACHE_ROOT_ENV, "relative/cache")
+    with pytest.warns(RuntimeWarning, match="PathError.*relative path 'relative/cache'"):
+        assert loader.cache_or_fallback("decode_topk", 0) is None
+    assert isinstance(loader._refusals[0], errors.PathError) and not drv.loaded
+    assert loader.cache_or_fallback("decode_topk", 0) is None  # remembered: not read again, not said again
