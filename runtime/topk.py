@@ -265,7 +265,11 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
     if rows == 0:
         return
     chosen = _kernel_for(logits, rows, k, block_mode)
-    if chosen is None and rows > 1 and _kernel_for(logits, 1, k, block_mode) is not None:
+    # Split only where the kernel can read every row (the layout of all rows, not the first one's): a last row whose
+    # 16-byte-rounded read leaves the storage would send the last slice to the reference, warning after the first
+    # slices were launched (an exception there where warnings are errors, out left half written).
+    if (chosen is None and rows > 1 and _layout_refusal(logits, rows) is None
+            and _kernel_for(logits, 1, k, block_mode) is not None):
         wave = _one_wave_rows(logits, block_mode)
         if 0 < wave < rows:
             launches = -(-rows // wave)

@@ -536,3 +536,33 @@ def test_plan_error_other_than_a_refusal_is_raised(monkeypatch):
     with pytest.raises(AttributeError, match="a bug in the loader"):
         topk._plan_for(torch.device("cuda", 0), "f32", False)
     assert topk._plans == {}  # nothing memoized: the next call asks again
+
+
+def test_rows_past_one_wave_whose_last_row_the_kernel_cannot_read_are_not_split(monkeypatch):
+    """Rows past one wave whose last row's 16-byte-rounded read would leave the storage: the first row alone is
+    readable, but the call must not be split into waves (the last slice would run the reference after the first
+    slices were launched, its warning then raised past a launch where warnings are errors); one reference call
+    writes every row, said before anything launches."""
+    import warnings as w
+
+    from runtime import topk
+
+    plan = topk._Plan(_FakeCache(rows=True), "f32", False)
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: plan)
+    events = []
+    monkeypatch.setattr(topk, "launch_on", lambda device, kernel, grid, *a: events.append(("launch", grid)))
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda lg, e, k, block_mode: events.append(
+        ("reference", lg.shape[0])) or torch.zeros(lg.shape[0], k, dtype=torch.int32))
+    rows, width, stride = 600, 1001, 1004  # 4004-byte rows at a 4016-byte stride, the storage ending at the last row
+    logits = torch.zeros((rows - 1) * stride + width).as_strided((rows, width), (stride, 1)).as_subclass(_CudaLooking)
+    assert topk._kernel_for(logits, 1, 512, False) is not None  # the first row alone: the kernel would take it
+    ends = torch.full((rows,), width, dtype=torch.int32)
+    out = torch.empty(rows, 512, dtype=torch.int32)
+    with w.catch_warnings():
+        w.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="ends past their storage"):
+            topk.decode_topk(logits, ends, out)
+    assert events == [], "nothing may launch before the warning"
+    with pytest.warns(RuntimeWarning, match="ends past their storage"):
+        topk.decode_topk(logits, ends, out)
+    assert events == [("reference", rows)]
