@@ -340,6 +340,8 @@ def plan_decode_rows(
         shard = None  # the slices' rows past the step's do not fit the buffers
     bounds = None if shard is None else row_shard_bounds(num_rows, metadata.num_requests, world_size, rank)
     start, end = bounds or (0, num_rows)
+    if shard is not None:
+        _check_tp_gather(tp)  # the finish gathers through it: refused here, before the reset
 
     # The state's buffers were checked when it was built; a storage shrunk since (FSDP-style) would take the reset
     # and the finish's writes into freed memory: torch's slice assignment does not check it.
@@ -387,12 +389,10 @@ def _finish(state, q, weights, plan, tp, all_gather, *, query_checked: bool):
         _check_gathers(tp, all_gather)
     if not query_checked:
         _check_query(q, weights, plan.num_rows, state)
-    # Every rank checks the whole step's scoring inputs, not only its slice: a rank
-    # with an empty slice scores nothing and would otherwise enter the gathers while
-    # the others raise.
-    n, md = plan.num_rows, plan.metadata
-    state.scorer.check_inputs(
-        q[:n], weights[:n], state.index_k_cache, md.seq_lens[:n], md.block_table[:n], state.max_model_len)
+        # Every rank checks the whole step's scoring inputs, not only its slice: a rank
+        # with an empty slice scores nothing and would otherwise enter the gathers while
+        # the others raise.
+        _check_scoring(state, plan.metadata, q, weights)
     if plan.end > plan.start:
         _decode_rows(state, q, weights, plan)
     if plan.shard is not None:
@@ -416,8 +416,11 @@ def decode_rows(
     if metadata is not None and metadata.num_prefills == 0:
         _check_num_tokens(metadata)
     has_rows = metadata is not None and metadata.num_prefills == 0 and metadata.num_tokens > 0
-    if has_rows:  # every argument is here: the query is refused before the plan resets the buffers
+    if has_rows:  # every argument is here: what the finish would refuse is refused before the plan resets
+        _check_row_gather(all_gather)
         _check_query(q, weights, metadata.num_tokens, state)
+        _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
+        _check_scoring(state, metadata, q, weights)
     plan = plan_decode_rows(state, metadata, tp, padded_tokens=_padded_tokens(state, metadata, q))
     with _on_device(state.topk_indices.device):
         return _finish(state, q, weights, plan, tp, all_gather, query_checked=has_rows)
@@ -645,12 +648,27 @@ def _rank_and_world(tp) -> tuple[int, int]:
     return rank, world_size
 
 
+def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights) -> None:
+    """The scorer's checks of the whole step's rows (launches nothing)."""
+    n = md.num_tokens
+    state.scorer.check_inputs(
+        q[:n], weights[:n], state.index_k_cache, md.seq_lens[:n], md.block_table[:n], state.max_model_len)
+
+
 def _check_gathers(tp, all_gather) -> None:
     """A sharded step gathers the rows back: by ``all_gather`` where it accepts them, else by ``tp.all_gather``.
     Checked before anything is scored, so no rank launches work and then raises."""
+    _check_row_gather(all_gather)
+    _check_tp_gather(tp)
+
+
+def _check_row_gather(all_gather) -> None:
     if all_gather is not None and not (callable(all_gather) and callable(getattr(all_gather, "accepts", None))):
         raise TypeError(f"all_gather: expected None or a RowGather (callable, with accepts(local)), got "
                         f"{type(all_gather).__name__}")
+
+
+def _check_tp_gather(tp) -> None:
     if not callable(getattr(tp, "all_gather", None)):
         raise TypeError(f"tp: {type(tp).__name__} has no callable all_gather, which a sharded step needs; implement "
                         f"runtime.indexer.TPGroup")

@@ -882,3 +882,33 @@ def test_decode_rows_refuses_the_query_before_resetting(bad):
     with pytest.raises((TypeError, ValueError), match=bad.split()[0]):
         decode_rows(state, step.metadata, q, w, SingleRank())
     assert (state.topk_indices == 5).all()
+
+
+# ---------------------------------------------------------------------------
+# Review of the indexer flow: refusals before the reset, the caller's schedule, preload
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["tp without all_gather", "all_gather", "strided q"])
+def test_decode_rows_refuses_what_it_holds_before_resetting(bad):
+    """decode_rows holds every argument: a group that cannot gather, a gather that is no RowGather and a query
+    the scorer refuses are refused before the plan resets the top-k rows (the buffers keep the previous step's
+    rows), as a query of the wrong dtype already is. plan_decode_rows refuses the group itself."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    q, tp, gather = step.q, Loopback(4), None
+    if bad == "tp without all_gather":
+        tp = _NoGather()
+    elif bad == "all_gather":
+        gather = lambda local: local  # noqa: E731 - no accepts
+    else:
+        q = q.transpose(0, 1).contiguous().transpose(0, 1)
+    scorer = _RecordingScorer()
+    state = make_state(step, scorer=scorer)
+    state.topk_indices.fill_(5)
+    with pytest.raises((TypeError, ValueError), match=bad.split()[-1] if bad != "strided q" else "q: must be"):
+        decode_rows(state, step.metadata, q, step.weights, tp, gather)
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
+    assert scorer.rows == 0
+    if bad == "tp without all_gather":
+        with pytest.raises(TypeError, match="all_gather"):
+            plan_decode_rows(state, step.metadata, _NoGather())
+        assert (state.topk_indices == 5).all()
