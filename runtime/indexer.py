@@ -444,9 +444,11 @@ def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads:
     the driver) is resident before the first real step: that step then costs what a
     steady one does. Leaves the buffers' rows at -1. Compiles nothing when DeepGEMM's
     cache was warmed (``runtime.scoring.warm_deepgemm``)."""
-    max_rows = state.max_rows if max_rows is None else max_rows
-    if not 0 < max_rows <= state.max_rows:
-        raise ValueError(f"max_rows: {max_rows} must be in [1, {state.max_rows}]")
+    # A step's rows fit both buffers (the plan refuses more rows than the candidate buffer holds).
+    most = state.max_rows if state.candidate_blocks is None else min(state.max_rows, state.candidate_blocks.shape[0])
+    max_rows = most if max_rows is None else max_rows
+    if not 0 < max_rows <= most:
+        raise ValueError(f"max_rows: {max_rows} must be in [1, {most}] (the top-k and candidate buffers' rows)")
     dev = state.topk_indices.device
     dim = state.index_k_cache.shape[-1] - reference.INDEX_SCALE_BYTES
     pages = _pages_for(state.max_model_len)

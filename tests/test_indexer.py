@@ -912,3 +912,18 @@ def test_decode_rows_refuses_what_it_holds_before_resetting(bad):
         with pytest.raises(TypeError, match="all_gather"):
             plan_decode_rows(state, step.metadata, _NoGather())
         assert (state.topk_indices == 5).all()
+
+
+def test_preload_stops_at_the_smaller_buffer():
+    """A candidate buffer of fewer rows than the top-k buffer bounds a step's rows: preload's default runs up to
+    it (not up to the top-k rows, raising midway after some steps ran) and leaves both buffers' rows at -1."""
+    from runtime.indexer import IndexerState, preload_decode_rows
+
+    step = make_step(6, heads=4, head_dim=32, max_model_len=128, k=8, max_rows=6)
+    a = step.state_args
+    state = IndexerState(a["topk"].clone(), a["k"], a["index_k_cache"], a["max_model_len"],
+                         candidate_blocks=torch.zeros(4, 8, dtype=torch.int32), scorer=TorchScorer())
+    preload_decode_rows(state, heads=4)
+    assert (state.topk_indices[:4] == -1).all() and (state.candidate_blocks == -1).all()
+    with pytest.raises(ValueError, match=r"max_rows: 5 must be in \[1, 4\]"):
+        preload_decode_rows(state, 5, heads=4)
