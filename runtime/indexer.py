@@ -342,6 +342,13 @@ def plan_decode_rows(
     start, end = bounds or (0, num_rows)
     if shard is not None:
         _check_tp_gather(tp)  # the finish gathers through it: refused here, before the reset
+    schedule = metadata.schedule
+    # The caller's schedule spans all of seq_lens (which may hold more rows than the
+    # step's): reuse it only where the slice is exactly those rows.
+    own_schedule = end > start and (end - start < metadata.seq_lens.shape[0] or schedule is None)
+    check_schedule = getattr(state.scorer, "check_schedule", None)
+    if end > start and not own_schedule and callable(check_schedule):
+        check_schedule(schedule, state.topk_indices.device, "metadata.schedule")  # the scorer reads it
 
     # The state's buffers were checked when it was built; a storage shrunk since (FSDP-style) would take the reset
     # and the finish's writes into freed memory: torch's slice assignment does not check it.
@@ -349,10 +356,7 @@ def plan_decode_rows(
     if state.candidate_blocks is not None:
         check_in_storage("candidate_blocks", state.candidate_blocks)
     state.topk_indices[:reset_rows] = -1
-    schedule = metadata.schedule
-    # The caller's schedule spans all of seq_lens (which may hold more rows than the
-    # step's): reuse it only where the slice is exactly those rows.
-    if end > start and (end - start < metadata.seq_lens.shape[0] or schedule is None):
+    if own_schedule:
         schedule = state.scorer.schedule(metadata.seq_lens[start:end])
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
                           world_size, state.topk_indices.shape[0])

@@ -197,12 +197,24 @@ class DeepGemmScorer:
             raise ValueError(f"weights: DeepGEMM takes contiguous weights, got strides {weights.stride()}; "
                              f"pass weights.contiguous()")
 
+    def check_schedule(self, schedule, device: torch.device, name: str = "schedule") -> None:
+        """Raise ValueError naming ``name`` unless ``schedule`` is what ``schedule`` returns for this device: a
+        contiguous int32 ``[num_sms + 1, 2]`` tensor on ``device``. DeepGEMM's host code checks the shape, dtype
+        and contiguity but not the device: its kernel would read another device's (or the host's) address."""
+        want = (self.num_sms + 1, 2)
+        if (not isinstance(schedule, torch.Tensor) or schedule.shape != want or schedule.dtype != torch.int32
+                or not schedule.is_contiguous() or schedule.device != device):
+            got = (f"{schedule.dtype} {tuple(schedule.shape)} on {schedule.device}"
+                   if isinstance(schedule, torch.Tensor) else type(schedule).__name__)
+            raise ValueError(f"{name}: expected [{want[0]}, 2] from DeepGemmScorer.schedule (contiguous int32 on "
+                             f"{device}), got {got}; build it with the scorer's schedule, or pass None")
+        check_in_storage(name, schedule)
+
     def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len, *, checked=False):
         if not checked:
             self.check_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
         rows, heads, dim = q.shape
-        if schedule is None or schedule.shape != (self.num_sms + 1, 2):
-            raise ValueError(f"schedule: expected [{self.num_sms + 1}, 2] from DeepGemmScorer.schedule")
+        self.check_schedule(schedule, q.device)
         return self._dg.fp8_paged_mqa_logits(
             q.view(rows, 1, heads, dim), cache, weights, seq_lens.contiguous().view(-1, 1),
             block_table, schedule, max_model_len, False,

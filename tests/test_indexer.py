@@ -927,3 +927,35 @@ def test_preload_stops_at_the_smaller_buffer():
     assert (state.topk_indices[:4] == -1).all() and (state.candidate_blocks == -1).all()
     with pytest.raises(ValueError, match=r"max_rows: 5 must be in \[1, 4\]"):
         preload_decode_rows(state, 5, heads=4)
+
+
+def _cpu_deepgemm_scorer(num_sms=4):
+    """A DeepGemmScorer built without __init__ (which needs a GPU), as on an H200 with num_sms SMs."""
+    from runtime.scoring import DeepGemmScorer
+
+    scorer = object.__new__(DeepGemmScorer)
+    scorer.num_sms, scorer.arch_major = num_sms, 9
+    return scorer
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "device"])
+def test_plan_refuses_a_caller_schedule_deepgemm_cannot_take(bad):
+    """A replicated step reuses metadata.schedule as DeepGEMM's schedule. One of another shape, dtype or device is
+    refused by the plan, naming metadata.schedule, before the top-k rows are reset: DeepGEMM does not check its
+    device (its kernel would read another device's or the host's address), and the others raised only from the
+    finish, after the reset."""
+    step = make_step(8, heads=32, head_dim=64, k=16)
+    schedule = {"shape": torch.zeros(3, 2, dtype=torch.int32), "dtype": torch.zeros(5, 2, dtype=torch.int64),
+                "device": torch.zeros(5, 2, dtype=torch.int32, device="meta")}[bad]
+    md = step.metadata
+    with_schedule = DecodeMetadata(md.seq_lens, md.block_table, md.num_requests, md.num_tokens, md.max_seq_len,
+                                   schedule=schedule)
+    state = make_state(step, scorer=_cpu_deepgemm_scorer())
+    state.topk_indices.fill_(5)
+    with pytest.raises(ValueError, match="metadata.schedule: expected"):
+        plan_decode_rows(state, with_schedule, SingleRank())
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
+    good = DecodeMetadata(md.seq_lens, md.block_table, md.num_requests, md.num_tokens, md.max_seq_len,
+                          schedule=torch.zeros(5, 2, dtype=torch.int32))
+    plan = plan_decode_rows(state, good, SingleRank())
+    assert plan.schedule is good.schedule
