@@ -281,6 +281,14 @@ def warn_fallback(op: str, device: str, error: BaseException) -> None:
                   f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=5)
 
 
+def warn_missing_kernels(op: str, device: str, names, stacklevel: int) -> None:
+    """Say that ``op`` runs its exact torch fallback on ``device`` because the cache loaded for it lacks the kernels
+    ``names`` (a manifest may hold part of the contract: a build with ``--only``, a trimmed cache)."""
+    warnings.warn(f"{op}: the AOT cache loaded for {device} has no kernel {', '.join(names)} (its manifest lacks it), "
+                  f"so the exact torch fallback runs instead (milliseconds, not microseconds); rebuild the cache "
+                  f"with build_kernels.py", RuntimeWarning, stacklevel=stacklevel + 1)
+
+
 def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:
     """``kernel.launch(grid, *args)`` on ``device``'s current stream.
 

@@ -17,7 +17,7 @@ import torch
 
 from .arguments import whole_number
 from .contract import sparse_mla_decode as contract
-from .loader import cache_or_fallback, launch_on
+from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
 from .reference import sparse_mla_decode_reference
 
@@ -124,6 +124,8 @@ def _kernel(width: int, has_sinks: bool, device):
     if key not in _kernels:  # (concurrent first calls may both fill it, with the same kernel)
         cache = cache_or_fallback("sparse_mla_decode", index)
         name = contract.variant_name(width, has_sinks)
+        if cache is not None and name not in cache:  # said once: the memo keeps the answer
+            warn_missing_kernels("sparse_mla_decode", f"cuda:{index}", [name], stacklevel=3)
         _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
     return _kernels[key]
 

@@ -27,7 +27,7 @@ import warnings
 import torch
 
 from .contract import decode_topk as contract
-from .loader import cache_or_fallback, launch_on
+from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
 from .reference import decode_topk_reference
 
@@ -175,6 +175,9 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
     if key not in _plans:  # (concurrent first calls may both fill it, with equal plans)
         cache = cache_or_fallback("decode_topk", device.index)
         plan = _Plan(cache, dtype, block_mode) if cache is not None else None
+        if plan is not None and not plan.kernels:  # said once: the memo keeps the answer
+            warn_missing_kernels("decode_topk", f"cuda:{device.index}",
+                                 [contract.name_for(dtype, block_mode, c) for c in contract.CLUSTERS], stacklevel=4)
         _plans[key] = plan if plan is not None and plan.kernels else None
     return _plans[key]
 

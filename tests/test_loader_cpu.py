@@ -595,3 +595,38 @@ def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, 
         assert loader.cache_or_fallback("decode_topk", 0) is None
     assert isinstance(loader._refusals[0], errors.PathError) and not drv.loaded
     assert loader.cache_or_fallback("decode_topk", 0) is None  # remembered: not read again, not said again
+
+
+def test_a_loaded_cache_without_an_ops_kernels_says_that_the_fallback_runs(monkeypatch):
+    """A manifest may hold part of the contract (a build with --only, a trimmed cache): it loads, and an op whose
+    kernel it lacks ran its torch fallback (milliseconds) without a word, where every other reason says so once."""
+    import re
+    import warnings
+
+    from runtime import sparse_mla, topk
+    from runtime.contract import decode_topk as topk_contract
+    from runtime.contract import sparse_mla_decode as mla_contract
+
+    class KernelsOfAnotherFamily:
+        def __contains__(self, name):
+            return False
+
+        def kernel(self, name):
+            raise AssertionError(f"asked for {name}, which it does not hold")
+
+    partial = KernelsOfAnotherFamily()
+    monkeypatch.setattr(sparse_mla, "cache_or_fallback", lambda op, index: partial)
+    monkeypatch.setattr(topk, "cache_or_fallback", lambda op, index: partial)
+    monkeypatch.setattr(sparse_mla, "_kernels", {})
+    monkeypatch.setattr(topk, "_plans", {})
+    cuda0 = torch.device("cuda", 0)
+    name = mla_contract.variant_name(640, True)
+    with pytest.warns(RuntimeWarning, match=f"sparse_mla_decode: the AOT cache loaded for cuda:0 has no kernel {name}"):
+        assert sparse_mla._kernel(640, True, cuda0) is None
+    first = topk_contract.name_for("f32", False, topk_contract.CLUSTERS[0])
+    with pytest.warns(RuntimeWarning, match=f"decode_topk: the AOT cache loaded for cuda:0 has no kernel "
+                                            f"{re.escape(first)}, .*rebuild the cache"):
+        assert topk._plan_for(cuda0, "f32", False) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: the memos keep the answers
+        assert sparse_mla._kernel(640, True, cuda0) is None and topk._plan_for(cuda0, "f32", False) is None
