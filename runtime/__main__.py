@@ -9,7 +9,7 @@ import time
 
 def verify(root=None) -> int:
     from . import load
-    from .errors import CacheError
+    from .errors import CacheError, CacheLoadInterrupted
     from .manifest import check_cache
     from .probe import run_probe
 
@@ -25,7 +25,7 @@ def verify(root=None) -> int:
         # What load() leaves to the driver, checked on the ELF too: each kernel's symbol and its
         # full parameter list in the cubin's .nv.info attributes (and the entries against the contract again).
         check_cache(m.root, m.arch)
-    except CacheError as e:
+    except (CacheError, CacheLoadInterrupted) as e:  # interrupted: a build took the lock since the load
         print(f"FAIL (ELF sections): {e}")
         return 1
     print(f"manifest {m.path} (arch {m.arch}, schema ok, source {m.source_hash[:12]}, toolchain "

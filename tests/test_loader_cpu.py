@@ -561,6 +561,21 @@ def test_verify_passes_a_cache_matching_the_contract(cache, stand_in, monkeypatc
     assert "every entry matches the runtime's contract" in capsys.readouterr().out
 
 
+def test_verify_reports_a_build_that_took_the_lock_after_the_load(cache, stand_in, monkeypatch, capsys):
+    """verify's second read (the ELF sections, under the build lock) may meet a build that started after its load: a
+    FAIL line naming it and exit 1, not a traceback."""
+    import runtime.manifest
+    from runtime import __main__ as cli
+
+    def build_holds_the_lock(root, arch):
+        raise errors.CacheLoadInterrupted("a build has been writing this cache", fix="verify again")
+
+    stand_in()
+    monkeypatch.setattr(runtime.manifest, "check_cache", build_holds_the_lock)
+    assert cli.verify(cache) == 1
+    assert capsys.readouterr().out.startswith("FAIL (ELF sections): a build has been writing this cache")
+
+
 def test_load_waits_for_a_build_writing_the_cache(cache, stand_in, monkeypatch):
     """runtime.load reads the manifest and the cubins under the build lock (shared): while a build holds it, the
     load raises CacheLoadInterrupted after its wait (not a refusal), and loads once the build is done."""
