@@ -453,6 +453,11 @@ def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads:
     max_rows = most if max_rows is None else max_rows
     if not 0 < max_rows <= most:
         raise ValueError(f"max_rows: {max_rows} must be in [1, {most}] (the top-k and candidate buffers' rows)")
+    if state.index_k_cache.shape[0] == 0:
+        # Its dummy rows score one token each from page 0, which a cache of no page does not hold (DeepGEMM would
+        # read past it).
+        raise ValueError("index_k_cache: has no page; preload_decode_rows scores one token a row from page 0: "
+                         "preload a state whose cache holds at least one page")
     dev = state.topk_indices.device
     dim = state.index_k_cache.shape[-1] - reference.INDEX_SCALE_BYTES
     pages = _pages_for(state.max_model_len)

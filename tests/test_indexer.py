@@ -263,12 +263,36 @@ def test_plan_gates_and_reset():
 def test_preload_runs_every_row_count_and_clears():
     from runtime.indexer import preload_decode_rows
 
+    class RowCounts(TorchScorer):
+        def __init__(self):
+            super().__init__()
+            self.steps = []
+
+        def logits(self, q, *args, **kwargs):
+            self.steps.append(q.shape[0])
+            return super().logits(q, *args, **kwargs)
+
     step = make_step(6, heads=4, head_dim=32, max_model_len=128, k=8, candidates=8, max_rows=6)
-    state = make_state(step, scorer=TorchScorer())
+    scorer = RowCounts()
+    state = make_state(step, scorer=scorer)
     preload_decode_rows(state, heads=4)
+    assert scorer.steps == [1, 2, 3, 4, 5, 6]  # a step of every row count, each scored
     assert (state.topk_indices == -1).all() and (state.candidate_blocks == -1).all()
     with pytest.raises(ValueError, match="max_rows"):
         preload_decode_rows(state, 7)
+
+
+def test_preload_refuses_a_cache_of_no_page():
+    """preload's dummy rows read one token from page 0 each: a cache of no page would send DeepGEMM past it."""
+    from runtime.indexer import IndexerState, preload_decode_rows
+
+    step = make_step(2, heads=4, head_dim=32, max_model_len=128, k=8, max_rows=2)
+    a = step.state_args
+    state = IndexerState(a["topk"].clone(), a["k"], a["index_k_cache"][:0], a["max_model_len"], scorer=TorchScorer())
+    before = state.topk_indices.clone()
+    with pytest.raises(ValueError, match="index_k_cache: has no page"):
+        preload_decode_rows(state, heads=4)
+    assert torch.equal(state.topk_indices, before)  # refused before any step
 
 
 def test_input_checks_name_the_argument():
