@@ -241,6 +241,7 @@ class DecodeRowsPlan:
     rank: int = 0  # the TP group the slice was planned for: finish checks it gets the same one
     world_size: int = 1
     buffer_rows: int = 0  # the planned state's top-k rows: finish checks it gets the same state's buffers
+    buffers: tuple = ()  # where the planned state's buffers are (_buffers_of): finish checks it gets those
 
 
 # ---------------------------------------------------------------------------
@@ -359,7 +360,15 @@ def plan_decode_rows(
     if own_schedule:
         schedule = state.scorer.schedule(metadata.seq_lens[start:end])
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
-                          world_size, state.topk_indices.shape[0])
+                          world_size, state.topk_indices.shape[0], _buffers_of(state))
+
+
+def _buffers_of(state: IndexerState) -> tuple:
+    """The state's buffers as the plan saw them (start and rows of each): the plan's reset, shard choice (which
+    asks whether the buffers hold every slice) and schedule are for those."""
+    cand = state.candidate_blocks
+    return (state.topk_indices.data_ptr(), state.topk_indices.shape[0],
+            None if cand is None else (cand.data_ptr(), cand.shape[0]))
 
 
 @_on_state_device
@@ -389,6 +398,9 @@ def _finish(state, q, weights, plan, tp, all_gather, *, query_checked: bool):
     if plan.buffer_rows != state.topk_indices.shape[0]:
         raise ValueError(f"plan: made for a state of {plan.buffer_rows} top-k rows, this one has "
                          f"{state.topk_indices.shape[0]}; pass the plan_decode_rows result of this state")
+    if plan.buffers and plan.buffers != _buffers_of(state):
+        raise ValueError("plan: made for another state's top-k or candidate buffers (it reset those rows and chose "
+                         "its slices for them); pass the plan_decode_rows result of this state")
     if plan.shard is not None:
         _check_gathers(tp, all_gather)
     if not query_checked:

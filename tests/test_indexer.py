@@ -7,6 +7,7 @@ that ranks scoring only their slices gather the same buffers as a replicated run
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 
@@ -506,6 +507,13 @@ def test_finish_rejects_a_plan_of_another_rank_or_state():
                        scorer=TorchScorer())
     with pytest.raises(ValueError, match="plan: made for a state of 64"):
         finish_decode_rows(other, step.q, step.weights, plan, _Fixed(rank=1, world_size=4))
+    # The same rows, other buffers: another layer's state, or this one without its candidate buffer.
+    for twin in (make_state(step, scorer=TorchScorer()),
+                 dataclasses.replace(state, candidate_blocks=torch.full((64, 4), -1, dtype=torch.int32))):
+        before = twin.topk_indices.clone()
+        with pytest.raises(ValueError, match="plan: made for another state's top-k or candidate buffers"):
+            finish_decode_rows(twin, step.q, step.weights, plan, _Fixed(rank=1, world_size=4))
+        assert torch.equal(twin.topk_indices, before)
 
 
 class _CheckCountingScorer(TorchScorer):
