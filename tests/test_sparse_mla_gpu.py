@@ -273,6 +273,33 @@ def test_kernel_matches_reference(width, with_sinks, T):
     assert_kernel_matches(out, args, sinks)
 
 
+@pytest.mark.parametrize("with_sinks", [True, False])
+@pytest.mark.parametrize("width", [128, 640])
+def test_kernel_single_token_of_every_pattern(width, with_sinks):
+    """T = 1 with each of make_case's token patterns. In test_kernel_matches_reference T = 1 is token 0 alone, a
+    full plain token: none of lens 0, -1, a whole chunk masked, indices past the pool, duplicates or a
+    large-magnitude query ran in a one-cluster launch. Here each of 35 tokens (every pattern, with and without the
+    x40 query) is its own launch; the outputs, stacked, are checked as a batch (the bias check is a statistic over
+    many tokens: one token's same-precision emulation alone can exceed it) and must equal, bit for bit, the same
+    tokens in one 35-token launch (a token's clusters read nothing of another token)."""
+    from runtime.sparse_mla import sparse_mla_decode, supports_sparse_mla
+
+    args, sinks = make_case(35, width, seed=35 * width + with_sinks)  # 35 = lcm(7 patterns, 5: the x40 queries)
+    sinks = sinks if with_sinks else None
+    kw = dict(sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    singles = []
+    for t in range(35):
+        one = tuple(a[t:t + 1].clone() if i in (0, 3, 4) else a for i, a in enumerate(args))  # q, indices, lens
+        assert supports_sparse_mla(*one, sinks=sinks), "the AOT kernel must take a one-token call"
+        singles.append(sparse_mla_decode(*one, out=poisoned(1), **kw))
+    batch = sparse_mla_decode(*args, out=poisoned(35), **kw)
+    torch.cuda.synchronize()
+    stacked = torch.cat(singles)
+    assert_kernel_matches(stacked, args, sinks)
+    diff = (stacked.view(torch.int16) != batch.view(torch.int16)).flatten(1).any(1).nonzero().flatten().tolist()
+    assert not diff, f"tokens whose one-token launch differs from the batched launch: {diff}"
+
+
 @pytest.mark.parametrize("width", [128, 640])
 def test_kernel_allocates_out_and_repeats_exactly(width):
     from runtime.sparse_mla import sparse_mla_decode
