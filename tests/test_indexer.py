@@ -70,6 +70,22 @@ def test_shard_math_matches_brute_force(world):
                 assert all(s % 2 == 0 for s, e in slices if e > s)
 
 
+@pytest.mark.parametrize("world", range(1, 9))
+def test_shard_math_every_request_count(world):
+    """Every request count 0 .. rows + 1 (past rows, none divides a nonzero count), not a sample: the test above
+    draws 13 counts a row count, so most divisors (e.g. 3 or 6 rows a request at 18 or 36 rows) were never asked.
+    Whether the step is uniform is enumerated (rows among 0, n, 2n, ...), the slices split once per row count."""
+    for rows in range(0, 257):
+        split = _brute_slices(rows, 1, world)  # one request: sharded exactly where rows and world allow
+        for requests in range(0, rows + 2):
+            uniform = requests > 0 and rows in range(0, rows + 1, requests)
+            size, slices = split if uniform else (None, None)
+            assert row_shard_rows(rows, requests, world) == size, (rows, requests, world)
+            for rank in range(world):
+                got = row_shard_bounds(rows, requests, world, rank)
+                assert got == (None if slices is None else slices[rank]), (rows, requests, world, rank)
+
+
 def test_shard_math_checks_arguments():
     with pytest.raises(ValueError, match="world_size"):
         row_shard_rows(16, 16, 0)
