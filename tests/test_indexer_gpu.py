@@ -90,7 +90,16 @@ def test_flow_deepgemm_aot_topk_equals_reference(candidates, signed_weights):
 
 
 @pytest.mark.parametrize("world,rows", [(2, 18), (4, 18), (4, 20), (4, 64)])
-def test_flow_sharded_equals_replicated(world, rows):
+def test_flow_sharded_equals_replicated(monkeypatch, world, rows):
+    """Every rank's slice (short and empty last ones at world 4) scored by DeepGEMM and selected by the AOT top-k,
+    gathered, equals the replicated step. decode_topk's exact fallback must not run, in the slices or in the
+    replicated step: it would select the same sets, so without this check the sharded steps could pass on the
+    torch reference (a slice the kernel refuses) and never run the AOT top-k."""
+    from runtime import topk
+
+    fallback = []
+    real = topk.decode_topk_reference
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **kw: fallback.append(a[0].shape) or real(*a, **kw))
     scorer = _deepgemm()
     step = _step(rows, candidates=512, max_rows=64, seed=rows)
     want = make_state(step, scorer=scorer)
@@ -103,6 +112,7 @@ def test_flow_sharded_equals_replicated(world, rows):
             if rnd == 1:
                 assert torch.equal(_sets(got.topk_indices[:rows]), _sets(want.topk_indices[:rows])), rank
                 assert torch.equal(_sets(got.candidate_blocks[:rows]), _sets(want.candidate_blocks[:rows])), rank
+    assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
 
 
 def test_torch_scorer_flow_agrees_with_deepgemm_flow():
