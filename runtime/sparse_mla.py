@@ -169,11 +169,9 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     q ``[T, 16, 512]`` FP8 E4M3; swa_kv / compressed_kv ``[rows, 512]`` FP8 E4M3; indices
     ``[T, width]`` int32 (width 128 or 640; the first 128 columns index swa_kv, the rest
     compressed_kv; -1, columns at or past ``lens[t]`` and indices at or past a pool's rows are
-    masked); lens ``[T]`` int32; sinks ``[16]`` float32 or None, each finite or -inf (no sink) and at
-    most FLT_MAX / log2(e) (the kernel takes them to base 2; a +inf sink, which the reference reads as
-    a sink taking all the weight, gives NaN there: the values live on the device, so they are not
-    checked each call). Every tensor contiguous, on one device, 16-byte aligned (indices, lens,
-    sinks: 4).
+    masked); lens ``[T]`` int32; sinks ``[16]`` float32 or None (-inf: no sink; +inf or one past
+    FLT_MAX / log2(e): the sink takes all the weight, zeros, as in the reference). Every tensor
+    contiguous, on one device, 16-byte aligned (indices, lens, sinks: 4).
 
     ``pdl``: launch with programmatic dependent launch (the kernel reads the sinks and sets up its
     barriers while the previous kernel finishes; the next may be scheduled once the scores are

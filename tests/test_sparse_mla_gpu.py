@@ -437,6 +437,34 @@ def test_kernel_zero_tokens():
     assert out.shape == (0, H, D)
 
 
+@pytest.mark.parametrize("width", [128, 640])
+def test_kernel_sinks_at_the_float32_limits(width):
+    """Sinks are device values the host op does not check: +inf, and ones whose base-2 form overflows float32 (the
+    kernel folds log2(e) in), take all of their head's weight, zeros as in the reference; -inf weighs nothing. No NaN,
+    and every other head is bit for bit what it is with ordinary sinks (heads are independent)."""
+    from runtime.sparse_mla import sparse_mla_decode
+
+    args, sinks = make_case(12, width, seed=7 + width)
+    extreme = sinks.clone()
+    heavy = {2: float("inf"), 5: 3.0e38, 7: torch.finfo(torch.float32).max, 11: 1.0e4}
+    for h, v in heavy.items():
+        extreme[h] = v
+    extreme[9] = float("-inf")
+    kw = dict(bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    got = sparse_mla_decode(*args, sinks=extreme, out=poisoned(12), **kw)
+    plain = sinks.clone()
+    plain[9] = float("-inf")
+    base = sparse_mla_decode(*args, sinks=plain, out=poisoned(12), **kw)
+    want = sparse_mla_decode_reference(*args, sinks=extreme, **kw)
+    torch.cuda.synchronize()
+    assert not got.isnan().any()
+    rows = list(heavy)
+    assert (got[:, rows] == 0).all() and (want[:, rows] == 0).all()
+    rest = [h for h in range(H) if h not in heavy]
+    assert torch.equal(got[:, rest].view(torch.int16), base[:, rest].view(torch.int16))
+    assert_kernel_matches(base, args, plain)
+
+
 def make_edge_case(width: int, *, device="cuda", swa_rows=SWA_ROWS, comp_rows=COMP_ROWS, seed=0):
     """Tokens make_case never draws: lens past the width and negative (the kernel compares lens signed;
     the host op cannot check device values), one or two active columns (a sink, or a spurious one,
