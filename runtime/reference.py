@@ -82,11 +82,13 @@ def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sink
         m = s.amax(dim=-1)  # [t, H]; -inf for a token without active columns
         if sink is not None:
             m = torch.maximum(m, sink)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # keeps exp() finite when all is -inf
+        # All -inf (no active column, no sink): any finite m keeps exp() at 0, not NaN. A +inf sink stays the max:
+        # every column's weight is 0 and the sink's is 1 (exp(inf - inf) would be NaN), so the head's output is 0.
+        m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
         p = torch.exp(s - m[..., None])
         denom = p.sum(dim=-1)
         if sink is not None:
-            denom = denom + torch.exp(sink - m)
+            denom = denom + torch.where(sink == m, torch.ones_like(m), torch.exp(sink - m))
         o = _products(p, kv) * (float(bmm2_scale) / torch.where(denom > 0, denom, torch.ones_like(denom)))[..., None]
         o = torch.where(active.any(dim=1)[:, None, None], o, 0.0)  # no active column: zeros, with sinks too
         out[t0:t1] = o.to(torch.bfloat16)

@@ -561,6 +561,24 @@ def test_lens_outside_zero_width_and_minus_inf_sink(width, with_sinks):
     assert torch.isfinite(got.float()).all()
 
 
+@pytest.mark.parametrize("width", [128, 640])
+def test_sinks_that_take_all_the_weight(width):
+    """A sink of +inf, or one far above every score (3e38, FLT_MAX), takes all its head's weight: zeros, as the kernel
+    gives (the sinks are device values the host op does not check). The reference set the running max to 0 where it
+    was not finite, so a +inf sink met exp(score) of large scores: NaN (inf / inf), where the kernel wrote zeros."""
+    q, swa, comp, idx, lens = make_inputs(4, width, q_scale=40.0, seed=21)  # scores in the hundreds: exp() overflows
+    sinks = torch.randn(H) * 2
+    heavy = [2, 5, 7]
+    sinks[heavy] = torch.tensor([float("inf"), 3.0e38, torch.finfo(torch.float32).max])
+    got = sparse_mla_decode_reference(q, swa, comp, idx, lens, sinks=sinks, bmm1_scale=0.04, bmm2_scale=1.0)
+    assert not got.isnan().any() and (got[:, heavy] == 0).all()
+    plain = sinks.clone()
+    plain[heavy] = 0.0
+    rest = [h for h in range(H) if h not in heavy]
+    base = sparse_mla_decode_reference(q, swa, comp, idx, lens, sinks=plain, bmm1_scale=0.04, bmm2_scale=1.0)
+    torch.testing.assert_close(got[:, rest], base[:, rest], rtol=0, atol=0)
+
+
 def _gpu_helpers():
     import test_sparse_mla_gpu as gpu_tests  # the GPU module's helpers are plain torch
 
