@@ -187,8 +187,20 @@ static long image_off(int route, int r, int j) {
 }
 
 int main() {
-  const size_t pool_rows = (size_t)16 << 20;  // 8 GiB of 512-byte rows
-  const int NL = 200, grids[] = {60, 132, 264};
+  // GATHER_POOL_MIB: the pool's size (default 8 GiB: random rows far apart, every page's translation cold);
+  // GATHER_GRIDS="5 60": the gathering grids (default 60 132 264; 5 CTAs are one width-640 token's cluster).
+  size_t pool_rows = (size_t)16 << 20;  // 8 GiB of 512-byte rows
+  if (const char* env = getenv("GATHER_POOL_MIB")) pool_rows = (size_t)atol(env) << 11;
+  const int NL = 200;
+  std::vector<int> grids = {60, 132, 264};
+  if (const char* env = getenv("GATHER_GRIDS")) {
+    grids.clear();
+    for (const char* c = env; *c;) {
+      char* end; long v = strtol(c, &end, 10);
+      if (end == c) { ++c; continue; }
+      grids.push_back((int)v); c = end;
+    }
+  }
   uint8_t* pool; CK(cudaMalloc(&pool, pool_rows * ROWB));
   fill<<<4096, 256>>>(pool, pool_rows * ROWB);  // byte j of row r: (r * 131 + j * 7) & 255
   CK(cudaDeviceSynchronize());
@@ -269,9 +281,9 @@ int main() {
       std::vector<long long> c(gathering);
       CK(cudaMemcpy(c.data(), cyc, gathering * 8, cudaMemcpyDeviceToHost));
       std::sort(c.begin(), c.end());
-      printf("{\"route\": %d, \"ctas\": %d, \"grid\": %d, \"us_per_launch_median\": %.3f, \"us_min\": %.3f, "
-             "\"cycles_median\": %lld, \"cycles_max\": %lld, \"image_bad_bytes\": %ld}\n",
-             route, G0, G, us[2], us[0], c[gathering / 2], c[gathering - 1], bad);
+      printf("{\"route\": %d, \"ctas\": %d, \"grid\": %d, \"pool_mib\": %zu, \"us_per_launch_median\": %.3f, "
+             "\"us_min\": %.3f, \"cycles_median\": %lld, \"cycles_max\": %lld, \"image_bad_bytes\": %ld}\n",
+             route, G0, G, pool_rows >> 11, us[2], us[0], c[gathering / 2], c[gathering - 1], bad);
       fflush(stdout);
       CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     }
