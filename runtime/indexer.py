@@ -315,6 +315,13 @@ def plan_decode_rows(
     ``padded_tokens``: the step's tokens including a CUDA graph's padding (default
     ``metadata.num_tokens``), in ``[metadata.num_tokens, state.max_rows]``. The reset
     spans them all, so padded rows hold -1, not an earlier step's indices."""
+    return _plan(state, metadata, tp, padded_tokens, metadata_checked=False)
+
+
+def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, padded_tokens: int | None, *,
+          metadata_checked: bool) -> DecodeRowsPlan | None:
+    """plan_decode_rows on the state's device; ``metadata_checked``: decode_rows ran ``_check_metadata`` on this
+    metadata before the plan (not run twice a step: it is host time on every step)."""
     if metadata is None or metadata.num_prefills > 0:
         return None
     _check_num_tokens(metadata)
@@ -323,7 +330,7 @@ def plan_decode_rows(
     num_rows = metadata.num_tokens
     if CHECK_METADATA_VALUES:
         check_decode_metadata_values(state, metadata)
-    else:
+    elif not metadata_checked:
         _check_metadata(state, metadata)
     reset_rows = num_rows if padded_tokens is None else whole_count("padded_tokens", padded_tokens, 0)
     if not num_rows <= reset_rows <= state.max_rows:
@@ -437,8 +444,8 @@ def decode_rows(
         _check_query(q, weights, metadata.num_tokens, state)
         _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
         _check_scoring(state, metadata, q, weights)
-    plan = plan_decode_rows(state, metadata, tp, padded_tokens=_padded_tokens(state, metadata, q))
     with _on_device(state.topk_indices.device):
+        plan = _plan(state, metadata, tp, _padded_tokens(state, metadata, q), metadata_checked=has_rows)
         return _finish(state, q, weights, plan, tp, all_gather, query_checked=has_rows)
 
 
@@ -454,12 +461,14 @@ def _padded_tokens(state: IndexerState, metadata: DecodeMetadata | None, q) -> i
 
 
 def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads: int = 64) -> None:
-    """Run a dummy decode step for every row count up to ``max_rows`` (default: the
-    buffer's rows) at start-up, so that every kernel a step can pick (DeepGEMM's,
-    from its warm JIT cache, and the AOT top-k's cluster variants, loaded lazily by
-    the driver) is resident before the first real step: that step then costs what a
-    steady one does. Leaves the buffers' rows at -1. Compiles nothing when DeepGEMM's
-    cache was warmed (``runtime.scoring.warm_deepgemm``)."""
+    """Run a dummy decode step for every row count up to ``max_rows`` (default: the rows
+    both buffers hold, the smaller of ``topk_indices``' and ``candidate_blocks``' rows) at
+    start-up, so that every kernel a step can pick (DeepGEMM's, from its warm JIT cache,
+    and the AOT top-k's cluster variants, loaded lazily by the driver) is resident before
+    the first real step: that step then costs what a steady one does. Leaves the buffers'
+    first ``max_rows`` rows at -1. Compiles nothing when DeepGEMM's cache was warmed
+    (``runtime.scoring.warm_deepgemm``). Raises ValueError for an ``index_k_cache`` of no
+    page (the dummy rows read page 0)."""
     # A step's rows fit both buffers (the plan refuses more rows than the candidate buffer holds).
     most = state.max_rows if state.candidate_blocks is None else min(state.max_rows, state.candidate_blocks.shape[0])
     max_rows = most if max_rows is None else max_rows

@@ -1007,3 +1007,29 @@ def test_plan_refuses_a_caller_schedule_deepgemm_cannot_take(bad):
                           schedule=torch.zeros(5, 2, dtype=torch.int32))
     plan = plan_decode_rows(state, good, SingleRank())
     assert plan.schedule is good.schedule
+
+
+def test_decode_rows_checks_the_metadata_once_a_step(monkeypatch):
+    """decode_rows checks the metadata before its plan (to name its fields before the scorer reads them): the plan
+    must not check it again, a second ~4 us of host time on every eager step. plan_decode_rows alone still checks
+    it, and a bad metadata is still refused before the reset."""
+    import runtime.indexer as ix
+
+    calls = []
+    real = ix._check_metadata
+    monkeypatch.setattr(ix, "_check_metadata", lambda state, md: calls.append(md) or real(state, md))
+    monkeypatch.setattr(ix, "CHECK_METADATA_VALUES", False)
+    step = make_step(8, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    state = make_state(step, scorer=TorchScorer())
+    want = make_state(step, scorer=TorchScorer())
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    assert len(calls) == 1
+    plan = plan_decode_rows(want, step.metadata, SingleRank())
+    assert len(calls) == 2  # the plan alone still checks
+    finish_decode_rows(want, step.q, step.weights, plan, SingleRank())
+    assert torch.equal(state.topk_indices, want.topk_indices)
+    short = DecodeMetadata(step.metadata.seq_lens[:4], step.metadata.block_table, 8, 8, step.metadata.max_seq_len)
+    state.topk_indices.fill_(5)
+    with pytest.raises(ValueError, match="metadata.seq_lens: 4 rows"):
+        decode_rows(state, short, step.q, step.weights, SingleRank())
+    assert (state.topk_indices == 5).all()
