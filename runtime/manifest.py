@@ -107,8 +107,17 @@ def default_root() -> Path:
 
     # A plain `pip install .` puts the data files under its scheme's data path: sys.prefix in a venv, but /usr/local
     # for Debian's and Ubuntu's system Python (whose sys.prefix is /usr), or the user base for --user.
-    data = sysconfig.get_path("data") or sys.prefix
-    for base in (data, sys.prefix, site.USER_BASE or ""):
+    try:
+        data = sysconfig.get_path("data") or sys.prefix
+    except (KeyError, AttributeError, ImportError, OSError, ValueError):  # an odd scheme or no _sysconfigdata
+        data = sys.prefix
+    bases = [data, sys.prefix, site.USER_BASE or ""]
+    # A package imported from the user site (pip install --user) has its data under the user base: look there first,
+    # not at another install's (a root `pip install` into /usr/local, the scheme's data path, of another version).
+    user_site = getattr(site, "USER_SITE", None)
+    if user_site and site.USER_BASE and here == Path(user_site).resolve():
+        bases.insert(0, site.USER_BASE)
+    for base in bases:
         candidate = Path(base) / "share" / "sparse_decode_aot"
         if (candidate / "manifests").is_dir():
             return candidate

@@ -487,3 +487,36 @@ def test_installed_data_files_are_found_under_the_schemes_data_path(tmp_path, mo
                         lambda name, *a, **k: str(usr / "local") if name == "data" else real_get_path(name, *a, **k))
     installed = copy_probe_cache(usr / "local" / "share" / "sparse_decode_aot")
     assert manifest.default_root() == installed
+
+
+def test_a_user_install_finds_its_own_data_before_the_schemes(tmp_path, monkeypatch):
+    """`pip install --user` puts the package in the user site and its data under the user base. A root install into
+    the scheme's data path (/usr/local on Debian, of another version) must not be picked over it: the package's own
+    data comes first. And where sysconfig cannot name a data path, sys.prefix is looked at as before."""
+    import site
+    import sys
+    import sysconfig
+
+    from runtime import manifest
+
+    usr, home = tmp_path / "usr", tmp_path / "home/.local"
+    user_site = home / "lib/python3/site-packages"
+    monkeypatch.delenv(manifest.CACHE_ROOT_ENV, raising=False)
+    monkeypatch.setattr(manifest, "__file__", str(user_site / "runtime/manifest.py"))
+    monkeypatch.setattr(sys, "prefix", str(usr))
+    monkeypatch.setattr(site, "USER_BASE", str(home))
+    monkeypatch.setattr(site, "USER_SITE", str(user_site))
+    real_get_path = sysconfig.get_path
+    monkeypatch.setattr(sysconfig, "get_path",
+                        lambda name, *a, **k: str(usr / "local") if name == "data" else real_get_path(name, *a, **k))
+    copy_probe_cache(usr / "local" / "share" / "sparse_decode_aot")  # another install's, in the scheme's data path
+    mine = copy_probe_cache(home / "share" / "sparse_decode_aot")
+    assert manifest.default_root() == mine
+
+    def no_scheme(name, *a, **k):
+        raise KeyError("posix_odd")
+
+    monkeypatch.setattr(sysconfig, "get_path", no_scheme)
+    monkeypatch.setattr(manifest, "__file__", str(usr / "lib/python3/site-packages/runtime/manifest.py"))
+    at_prefix = copy_probe_cache(usr / "share" / "sparse_decode_aot")
+    assert manifest.default_root() == at_prefix
