@@ -124,9 +124,9 @@ def _kernel(width: int, has_sinks: bool, device):
     if key not in _kernels:  # (concurrent first calls may both fill it, with the same kernel)
         cache = cache_or_fallback("sparse_mla_decode", index)
         name = contract.variant_name(width, has_sinks)
-        if cache is not None and name not in cache:  # said once: the memo keeps the answer
-            warn_missing_kernels("sparse_mla_decode", f"cuda:{index}", [name], stacklevel=3)
         _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
+        if cache is not None and _kernels[key] is None:  # said once: memoized first (where warnings are errors too)
+            warn_missing_kernels("sparse_mla_decode", f"cuda:{index}", [name], stacklevel=3)
     return _kernels[key]
 
 

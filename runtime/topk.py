@@ -175,10 +175,10 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
     if key not in _plans:  # (concurrent first calls may both fill it, with equal plans)
         cache = cache_or_fallback("decode_topk", device.index)
         plan = _Plan(cache, dtype, block_mode) if cache is not None else None
-        if plan is not None and not plan.kernels:  # said once: the memo keeps the answer
+        _plans[key] = plan if plan is not None and plan.kernels else None
+        if plan is not None and not plan.kernels:  # said once: memoized first (where warnings are errors too)
             warn_missing_kernels("decode_topk", f"cuda:{device.index}",
                                  [contract.name_for(dtype, block_mode, c) for c in contract.CLUSTERS], stacklevel=4)
-        _plans[key] = plan if plan is not None and plan.kernels else None
     return _plans[key]
 
 

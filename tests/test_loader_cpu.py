@@ -645,3 +645,29 @@ def test_a_loaded_cache_without_an_ops_kernels_says_that_the_fallback_runs(monke
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once: the memos keep the answers
         assert sparse_mla._kernel(640, True, cuda0) is None and topk._plan_for(cuda0, "f32", False) is None
+
+
+def test_a_missing_kernel_is_said_once_where_warnings_are_errors(monkeypatch):
+    """Where warnings are errors (pytest -W error, a strict service), the partial manifest's warning is raised by the
+    first call only, as a refusal's is (cache_or_fallback marks it said before it warns): the answer is memoized
+    before the warning, not after it, so later calls run the fallback instead of raising every time."""
+    import warnings
+
+    from runtime import sparse_mla, topk
+
+    class NoKernels:
+        def __contains__(self, name):
+            return False
+
+    monkeypatch.setattr(sparse_mla, "cache_or_fallback", lambda op, index: NoKernels())
+    monkeypatch.setattr(topk, "cache_or_fallback", lambda op, index: NoKernels())
+    monkeypatch.setattr(sparse_mla, "_kernels", {})
+    monkeypatch.setattr(topk, "_plans", {})
+    cuda0 = torch.device("cuda", 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="has no kernel"):
+            sparse_mla._kernel(640, True, cuda0)
+        with pytest.raises(RuntimeWarning, match="has no kernel"):
+            topk._plan_for(cuda0, "f32", False)
+        assert sparse_mla._kernel(640, True, cuda0) is None and topk._plan_for(cuda0, "f32", False) is None
