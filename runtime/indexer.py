@@ -435,7 +435,10 @@ def decode_rows(
 ) -> torch.Tensor | None:
     """``plan_decode_rows`` then ``finish_decode_rows``: the step's top-k buffer, or
     None when the caller's stock path should run. Rows of ``q`` past
-    ``metadata.num_tokens`` are a CUDA graph's padding: their top-k rows are reset too."""
+    ``metadata.num_tokens`` are a CUDA graph's padding: their top-k rows are reset too.
+    Everything the finish would refuse is refused before the plan's reset, so an
+    ``all_gather`` that is not a RowGather is refused on every step with rows, not
+    only on one that shards (``finish_decode_rows`` looks at it only where it shards)."""
     if metadata is not None and metadata.num_prefills == 0:
         _check_num_tokens(metadata)
     has_rows = metadata is not None and metadata.num_prefills == 0 and metadata.num_tokens > 0
