@@ -28,7 +28,13 @@ sys.path.insert(0, str(REPO))
 from runtime.contract import ARCHS, FAMILIES, SCHEMA_VERSION, all_variants  # noqa: E402
 from runtime.cubin import read_cubin  # noqa: E402
 from runtime.errors import CacheError  # noqa: E402
-from runtime.manifest import BUILD_LOCK, check_against_contract, manifest_path, read_manifest, sha256_of  # noqa: E402
+from runtime.manifest import (  # noqa: E402
+    BUILD_LOCK,
+    check_against_contract,
+    manifest_path,
+    read_manifest,
+    sha256_of,
+)
 
 SOURCE_DIRS = ("kernels", "runtime/contract")
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from indexer_cases import Loopback, make_state, make_step
+
 from runtime import reference
 from runtime.indexer import (
     ROW_SHARD_MIN_ROWS,
@@ -30,7 +30,6 @@ from runtime.indexer import (
     row_shard_rows,
 )
 from runtime.scoring import TorchScorer
-
 
 # ---------------------------------------------------------------------------
 # Shard math
@@ -57,7 +56,7 @@ def _brute_slices(rows: int, requests: int, world: int):
 
 @pytest.mark.parametrize("world", range(1, 9))
 def test_shard_math_matches_brute_force(world):
-    for rows in range(0, 257):
+    for rows in range(257):
         for requests in sorted({0, 1, 2, 3, 4, 5, 7, 8, 16, rows, rows + 1, max(1, rows // 2), max(1, rows // 4)}):
             size, slices = _brute_slices(rows, requests, world)
             assert row_shard_rows(rows, requests, world) == size, (rows, requests, world)
@@ -75,9 +74,9 @@ def test_shard_math_every_request_count(world):
     """Every request count 0 .. rows + 1 (past rows, none divides a nonzero count), not a sample: the test above
     draws 13 counts a row count, so most divisors (e.g. 3 or 6 rows a request at 18 or 36 rows) were never asked.
     Whether the step is uniform is enumerated (rows among 0, n, 2n, ...), the slices split once per row count."""
-    for rows in range(0, 257):
+    for rows in range(257):
         split = _brute_slices(rows, 1, world)  # one request: sharded exactly where rows and world allow
-        for requests in range(0, rows + 2):
+        for requests in range(rows + 2):
             uniform = requests > 0 and rows in range(0, rows + 1, requests)
             size, slices = split if uniform else (None, None)
             assert row_shard_rows(rows, requests, world) == size, (rows, requests, world)

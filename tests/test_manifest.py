@@ -179,7 +179,7 @@ def test_manifest_symlink_to_a_special_file(cache, target):
 
 
 def test_oversized_manifest(cache, monkeypatch):
-    import runtime.manifest as manifest
+    from runtime import manifest
 
     monkeypatch.setattr(manifest, "MANIFEST_MAX_BYTES", 100)
     with pytest.raises(errors.SchemaError, match="over 100 bytes"):
@@ -475,7 +475,7 @@ def test_installed_data_files_are_found_under_the_schemes_data_path(tmp_path, mo
     import sys
     import sysconfig
 
-    import runtime.manifest as manifest
+    from runtime import manifest
 
     usr = tmp_path / "usr"
     monkeypatch.delenv(manifest.CACHE_ROOT_ENV, raising=False)

@@ -1,7 +1,9 @@
 """Probe: what the kernel and the reference give for a +inf sink and one past FLT_MAX / log2(e)."""
 import torch
-from runtime.sparse_mla import sparse_mla_decode
+
 from runtime.reference import sparse_mla_decode_reference
+from runtime.sparse_mla import sparse_mla_decode
+
 g = torch.Generator(device="cuda").manual_seed(0)
 T, W = 2, 640
 q = torch.randn(T, 16, 512, device="cuda", generator=g).to(torch.float8_e4m3fn)
