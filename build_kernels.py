@@ -10,6 +10,7 @@ Runs without a GPU (CuTe DSL cross-compiles). Examples:
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -93,15 +94,21 @@ def manifest_entry(variant, arch: str, cubin: bytes) -> dict:
     }
 
 
+@functools.cache
+def _plain_file_mode() -> int:
+    """0666 less the process's umask (read once: reading it means setting it)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         # mkstemp makes the file 0600: a cache built by one account (root in an image, a build user for --out)
-        # would be unreadable to the account that serves it. The mode open() would give (0666 less the umask).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
+        # would be unreadable to the account that serves it. The mode open() would give.
+        os.fchmod(fd, _plain_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

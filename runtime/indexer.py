@@ -371,11 +371,11 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
 
 
 def _buffers_of(state: IndexerState) -> tuple:
-    """The state's buffers as the plan saw them (start and rows of each): the plan's reset, shard choice (which
-    asks whether the buffers hold every slice) and schedule are for those."""
+    """Where the state's buffers are as the plan saw them (the top-k rows are ``buffer_rows``; the candidate
+    buffer's rows too): the plan's reset, shard choice (which asks whether the buffers hold every slice) and
+    schedule are for those."""
     cand = state.candidate_blocks
-    return (state.topk_indices.data_ptr(), state.topk_indices.shape[0],
-            None if cand is None else (cand.data_ptr(), cand.shape[0]))
+    return state.topk_indices.data_ptr(), None if cand is None else (cand.data_ptr(), cand.shape[0])
 
 
 @_on_state_device

@@ -202,8 +202,10 @@ def test_written_cache_files_are_readable_by_other_accounts(tmp_path):
     import build_kernels
 
     old = os.umask(0o022)
+    build_kernels._plain_file_mode.cache_clear()  # read once a process: read it under this umask
     try:
         build_kernels._atomic_write(tmp_path / "cubins" / "sm_90a" / "x.cubin", b"cubin")
     finally:
         os.umask(old)
+        build_kernels._plain_file_mode.cache_clear()
     assert stat.S_IMODE((tmp_path / "cubins" / "sm_90a" / "x.cubin").stat().st_mode) == 0o644

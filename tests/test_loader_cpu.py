@@ -612,7 +612,30 @@ def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, 
     assert loader.cache_or_fallback("decode_topk", 0) is None  # remembered: not read again, not said again
 
 
-def test_a_loaded_cache_without_an_ops_kernels_says_that_the_fallback_runs(monkeypatch):
+class _KernelsOfAnotherFamily:
+    """A loaded cache (a partial manifest) that holds none of the ops' kernels."""
+
+    def __contains__(self, name):
+        return False
+
+    def kernel(self, name):
+        raise AssertionError(f"asked for {name}, which it does not hold")
+
+
+@pytest.fixture
+def partial_cache(monkeypatch):
+    """The host ops' cache answer replaced by _KernelsOfAnotherFamily, their memos fresh."""
+    from runtime import sparse_mla, topk
+
+    partial = _KernelsOfAnotherFamily()
+    monkeypatch.setattr(sparse_mla, "cache_or_fallback", lambda op, index: partial)
+    monkeypatch.setattr(topk, "cache_or_fallback", lambda op, index: partial)
+    monkeypatch.setattr(sparse_mla, "_kernels", {})
+    monkeypatch.setattr(topk, "_plans", {})
+    return partial
+
+
+def test_a_loaded_cache_without_an_ops_kernels_says_that_the_fallback_runs(partial_cache):
     """A manifest may hold part of the contract (a build with --only, a trimmed cache): it loads, and an op whose
     kernel it lacks ran its torch fallback (milliseconds) without a word, where every other reason says so once."""
     import re
@@ -622,18 +645,6 @@ def test_a_loaded_cache_without_an_ops_kernels_says_that_the_fallback_runs(monke
     from runtime.contract import decode_topk as topk_contract
     from runtime.contract import sparse_mla_decode as mla_contract
 
-    class KernelsOfAnotherFamily:
-        def __contains__(self, name):
-            return False
-
-        def kernel(self, name):
-            raise AssertionError(f"asked for {name}, which it does not hold")
-
-    partial = KernelsOfAnotherFamily()
-    monkeypatch.setattr(sparse_mla, "cache_or_fallback", lambda op, index: partial)
-    monkeypatch.setattr(topk, "cache_or_fallback", lambda op, index: partial)
-    monkeypatch.setattr(sparse_mla, "_kernels", {})
-    monkeypatch.setattr(topk, "_plans", {})
     cuda0 = torch.device("cuda", 0)
     name = mla_contract.variant_name(640, True)
     with pytest.warns(RuntimeWarning, match=f"sparse_mla_decode: the AOT cache loaded for cuda:0 has no kernel {name}"):
@@ -647,7 +658,7 @@ def test_a_loaded_cache_without_an_ops_kernels_says_that_the_fallback_runs(monke
         assert sparse_mla._kernel(640, True, cuda0) is None and topk._plan_for(cuda0, "f32", False) is None
 
 
-def test_a_missing_kernel_is_said_once_where_warnings_are_errors(monkeypatch):
+def test_a_missing_kernel_is_said_once_where_warnings_are_errors(partial_cache):
     """Where warnings are errors (pytest -W error, a strict service), the partial manifest's warning is raised by the
     first call only, as a refusal's is (cache_or_fallback marks it said before it warns): the answer is memoized
     before the warning, not after it, so later calls run the fallback instead of raising every time."""
@@ -655,14 +666,6 @@ def test_a_missing_kernel_is_said_once_where_warnings_are_errors(monkeypatch):
 
     from runtime import sparse_mla, topk
 
-    class NoKernels:
-        def __contains__(self, name):
-            return False
-
-    monkeypatch.setattr(sparse_mla, "cache_or_fallback", lambda op, index: NoKernels())
-    monkeypatch.setattr(topk, "cache_or_fallback", lambda op, index: NoKernels())
-    monkeypatch.setattr(sparse_mla, "_kernels", {})
-    monkeypatch.setattr(topk, "_plans", {})
     cuda0 = torch.device("cuda", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
