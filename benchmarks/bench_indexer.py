@@ -14,7 +14,8 @@ For batch in {1, 8, 64} rows and context in {8K, 64K, 256K} compressed tokens
 - ``select``: ``decode_topk`` (the AOT kernel where it takes the shape) on those logits, a chain of
   launches (programmatic dependent launch overlaps each with the one before);
 - ``select_in_stream_order``: the same kernel launched in plain stream order, as it runs behind
-  DeepGEMM's scoring (which does not trigger its dependents early); the share is judged on it;
+  DeepGEMM's scoring (which does not trigger its dependents early: a PDL launch there measured slower,
+  ``indexer_pdl_s41.json``); the share is judged on it;
 - ``step``: plan + finish (logits + selection), the schedule from the metadata; the share is judged on
   this step; ``step_with_schedule`` (and its share, ``select_share_of_step_with_schedule``): the plan
   builds the schedule, the step the benchmark judged until the twenty-fifth session;

@@ -570,7 +570,9 @@ def _aot_select(logits, row_ends, out, block_mode) -> None:
                       stacklevel=2)
         _reference_select(logits, row_ends, out, block_mode)
     else:
-        # Right behind DeepGEMM's scoring, which does not trigger its dependents early: plain stream order.
+        # Right behind DeepGEMM's scoring, which does not trigger its dependents early: plain stream order. A PDL
+        # launch there measured 0.1-0.4 us slower a step, with or without deep_gemm.set_pdl(True)
+        # (benchmarks/results/indexer_pdl_s41.json, gpu/jobs/indexer_pdl.py).
         topk.decode_topk(logits, row_ends, out, block_mode=block_mode, pdl=False)
 
 
