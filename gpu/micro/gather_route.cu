@@ -13,6 +13,9 @@
 //   8 route 0 on G CTAs plus G helper CTAs (other SMs) that prefetch.global.L2 the same rows (4 lines a row)
 //  10 route 0 plus G helper CTAs issuing cp.async.bulk.prefetch.L2 (512 bytes a row) for the same rows
 //  12 route 0 with half the rows a CTA (64) on twice the CTAs: the same bytes over twice the SMs
+//  13 route 0 with an L2 prefetch size of 256 bytes on every copy (cp.async ... .L2::256B)
+//  14 route 0 with .L2::128B
+//  15 route 5 with .L2::256B
 //   9 no gather: index loads only (the launch and index floor)
 // (twenty-fifth session: routes 8, 10 and 12 ask whether idle SMs can speed a CTA's gather. They cannot: at 60
 // CTAs 3.25-3.49 us a launch against route 0's 3.16, benchmarks/results/sparse_mla_ab_h200_s25.json.)
@@ -32,8 +35,17 @@ constexpr int ROWS = 128, ROWB = 512, PITCH = 528, SMEM = 113 * 1024, BAR_OFF = 
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ int swz(int row, int c16) { return row * 128 + ((c16 ^ (row & 7)) << 4); }
+// HINT: the L2 prefetch size asked with each copy (0 none, 1 .L2::128B, 2 .L2::256B): on a miss the L2 fetches
+// that many bytes around the line, so a 512-byte row's later lines may already be on their way.
+template <int HINT = 0>
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes));
+  if (HINT == 2) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes));
+  } else if (HINT == 1) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes));
+  }
 }
 __device__ __forceinline__ void bar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count));
@@ -56,7 +68,7 @@ __device__ __forceinline__ void tma2d(uint32_t dst, const CUtensorMap* map, int 
 
 // The kernel's cp.async mapping: 8 threads a 128-byte K block of a row, rows r0 + 16 i (i < N), one commit group a
 // K block, into 128B-swizzled K-major tiles; then every thread's rows have landed.
-template <int N>
+template <int N, int HINT = 0>
 __device__ __forceinline__ void cp_async_rows(uint32_t s, const uint8_t* pool, const int* idx, int tid) {
   int c16 = tid & 7, r0 = tid >> 3;
   long long off[N];
@@ -65,7 +77,8 @@ __device__ __forceinline__ void cp_async_rows(uint32_t s, const uint8_t* pool, c
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) cp_async16(s + kb * 16384 + swz(r0 + 16 * i, c16), pool + off[i] + kb * 128, 16);
+    for (int i = 0; i < N; ++i)
+      cp_async16<HINT>(s + kb * 16384 + swz(r0 + 16 * i, c16), pool + off[i] + kb * 128, 16);
     asm volatile("cp.async.commit_group;");
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -110,6 +123,24 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
     cp_async_rows<8>(s, pool, idx, tid);
   } else if (ROUTE == 12) {
     cp_async_rows<4>(s, pool, idx, tid);
+  } else if (ROUTE == 13) {
+    cp_async_rows<8, 2>(s, pool, idx, tid);
+  } else if (ROUTE == 14) {
+    cp_async_rows<8, 1>(s, pool, idx, tid);
+  } else if (ROUTE == 15) {  // route 5 (a warp a row) with .L2::256B
+    int w = tid >> 5, lane = tid & 31, kb = lane >> 3, c16 = lane & 7;
+    long long off[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) off[i] = (long long)idx[32 * w + i] * ROWB + lane * 16;
+#pragma unroll
+    for (int part = 0; part < 4; ++part) {
+#pragma unroll
+      for (int i = 8 * part; i < 8 * part + 8; ++i)
+        cp_async16<2>(s + kb * 16384 + swz(32 * w + i, c16), pool + off[i], 16);
+      asm volatile("cp.async.commit_group;");
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
   } else if (ROUTE == 5) {
     int w = tid >> 5, lane = tid & 31, kb = lane >> 3, c16 = lane & 7;
     long long off[32];
@@ -223,9 +254,9 @@ int main() {
     if (r != CUDA_SUCCESS) { printf("{\"error\": \"tensor map %d\"}\n", (int)r); return 1; }
   }
   // GATHER_ROUTES="0 8 10 12 9" runs those routes only (default: all).
-  std::vector<int> routes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 9};
+  std::vector<int> routes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15, 9};
   std::vector<kfn> fns = {pick<0>(), pick<1>(), pick<2>(), pick<3>(), pick<4>(), pick<5>(), pick<6>(), pick<7>(),
-                          pick<8>(), pick<10>(), pick<12>(), pick<9>()};
+                          pick<8>(), pick<10>(), pick<12>(), pick<13>(), pick<14>(), pick<15>(), pick<9>()};
   std::vector<int> wanted;
   if (const char* env = getenv("GATHER_ROUTES")) {
     for (const char* c = env; *c;) {
