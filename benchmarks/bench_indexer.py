@@ -41,7 +41,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import gpu_info, rotation_count, time_eager, time_graph, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    gpu_info,
+    rotation_count,
+    time_eager,
+    time_graph,
+    write_json,
+)
 from runtime import reference  # noqa: E402
 from runtime.indexer import (  # noqa: E402
     DecodeMetadata,
@@ -141,6 +147,36 @@ def step_inputs(scorer: DeepGemmScorer, rows: int, ctx: int, gen: torch.Generato
     return inputs
 
 
+def decode_step(state: IndexerState, md: DecodeMetadata, q, weights, tp) -> None:
+    """One indexer decode step as a single rank runs it: the plan, then the finish (logits and selection)."""
+    finish_decode_rows(state, q, weights, plan_decode_rows(state, md, tp), tp)
+
+
+def plan_and_logits(a: StepInputs, scorer: DeepGemmScorer, tp) -> torch.Tensor:
+    """The step less its selection: the plan and DeepGEMM's logits (the same launches as ``decode_step``'s)."""
+    plan_decode_rows(a.auto, a.md, tp)
+    return scorer.logits(a.q, a.weights, a.auto.index_k_cache, a.md.seq_lens, a.md.block_table, a.schedule,
+                         a.auto.max_model_len)
+
+
+def run_sizes(sizes, measure, out: str, bench: str, describe, **fields) -> list:
+    """``measure(rows, ctx)`` for every size, printing ``describe(result)``; a size that raises is recorded with its
+    error. ``out`` is rewritten after every size (with ``fields``), so a run cut short still leaves its results."""
+    info = gpu_info()
+    results = []
+    for rows, ctx in sizes:
+        try:
+            r = measure(rows, ctx)
+            line = describe(r)
+        except Exception as exc:
+            r = {"rows": rows, "context": ctx, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            line = f"rows={rows:3d} ctx={ctx:7d} ERROR {r['error']}"
+        results.append(r)
+        print(line, flush=True)
+        write_json(out, {"bench": bench, **fields, "info": info, "results": results})
+    return results
+
+
 def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -> dict:
     inputs = step_inputs(scorer, rows, ctx, gen)
     sets = len(inputs)
@@ -151,11 +187,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
     tp = SingleRank()
 
     def step(state, md, q, w):
-        finish_decode_rows(state, q, w, plan_decode_rows(state, md, tp), tp)
-
-    def plan_and_logits(a):
-        plan_decode_rows(a.auto, a.md, tp)
-        scorer.logits(a.q, a.weights, cache, a.md.seq_lens, a.md.block_table, a.schedule, ctx)
+        decode_step(state, md, q, w, tp)
 
     res = {"rows": rows, "context": ctx, "k": K, "heads": HEADS, "head_dim": HEAD_DIM, "input_sets": sets}
     res["topk_kernel"] = decode_topk_plan(inputs[0].logits, rows, K, False)
@@ -177,7 +209,7 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
     res["step"] = time_calls([lambda a=a: step(a.auto, a.md, a.q, a.weights) for a in inputs])
     res["step_with_schedule"] = time_calls([lambda a=a: step(a.auto, a.md_bare, a.q, a.weights) for a in inputs])
     res["step_torch"] = time_calls([lambda a=a: step(a.peer, a.md, a.q, a.weights) for a in inputs])
-    res["step_without_select"] = time_calls([lambda a=a: plan_and_logits(a) for a in inputs])
+    res["step_without_select"] = time_calls([lambda a=a: plan_and_logits(a, scorer, tp) for a in inputs])
 
     # The two flows pick the same sets (up to ties torch.topk may break otherwise).
     a = inputs[0]
@@ -213,30 +245,21 @@ def main() -> None:
         sizes = [(1, 8192), (8, 65536), (64, 262144)]
     scorer = DeepGemmScorer()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    info = gpu_info()
-    results = []
-    for rows, ctx in sizes:
-        try:
-            r = bench_one(rows, ctx, scorer, gen)
-        except Exception as exc:
-            r = {"rows": rows, "context": ctx, "error": f"{type(exc).__name__}: {exc}"[:500]}
-        results.append(r)
-        if "error" in r:
-            print(f"rows={rows:3d} ctx={ctx:7d} ERROR {r['error']}", flush=True)
-        else:
-            print(f"rows={rows:3d} ctx={ctx:7d} plan={r['plan']['median_us']:7.1f} "
-                  f"logits={r['logits']['median_us']:8.1f} "
-                  f"select={r.get('select_in_stream_order', r['select'])['median_us']:7.1f} "
-                  f"(chained {r['select']['median_us']:5.1f}) step={r['step']['median_us']:8.1f} us "
-                  f"share={r['select_share_of_step']:.2f} (marginal {r['select_marginal_us']:.1f} us, "
-                  f"{r['select_marginal_share_of_step']:.2f}) (schedule in the plan: "
-                  f"{r['step_with_schedule']['median_us']:.1f} us, {r['select_share_of_step_with_schedule']:.2f}) "
-                  f"| torch.topk select={r['select_torch']['median_us']:8.1f} "
-                  f"step={r['step_torch']['median_us']:8.1f} share={r['select_torch_share_of_step_torch']:.2f} "
-                  f"kernel={r['topk_kernel']}", flush=True)
-        # Written after every size, so a run cut short still leaves its results.
-        write_json(args.out, {"bench": "indexer_decode_step", "target_select_share": TARGET_SELECT_SHARE,
-                              "info": info, "results": results})
+    run_sizes(sizes, lambda rows, ctx: bench_one(rows, ctx, scorer, gen), args.out, "indexer_decode_step", _describe,
+              target_select_share=TARGET_SELECT_SHARE)
+
+
+def _describe(r: dict) -> str:
+    return (f"rows={r['rows']:3d} ctx={r['context']:7d} plan={r['plan']['median_us']:7.1f} "
+            f"logits={r['logits']['median_us']:8.1f} "
+            f"select={r.get('select_in_stream_order', r['select'])['median_us']:7.1f} "
+            f"(chained {r['select']['median_us']:5.1f}) step={r['step']['median_us']:8.1f} us "
+            f"share={r['select_share_of_step']:.2f} (marginal {r['select_marginal_us']:.1f} us, "
+            f"{r['select_marginal_share_of_step']:.2f}) (schedule in the plan: "
+            f"{r['step_with_schedule']['median_us']:.1f} us, {r['select_share_of_step_with_schedule']:.2f}) "
+            f"| torch.topk select={r['select_torch']['median_us']:8.1f} "
+            f"step={r['step_torch']['median_us']:8.1f} share={r['select_torch_share_of_step_torch']:.2f} "
+            f"kernel={r['topk_kernel']}")
 
 
 if __name__ == "__main__":

@@ -26,18 +26,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.bench_indexer import K, step_inputs, time_calls  # noqa: E402
-from benchmarks.common import gpu_info, write_json  # noqa: E402
-from runtime import loader, topk  # noqa: E402
-from runtime.indexer import SingleRank, finish_decode_rows, plan_decode_rows  # noqa: E402
-from runtime.scoring import DeepGemmScorer  # noqa: E402
+from benchmarks.bench_indexer import (
+    K,
+    decode_step,
+    plan_and_logits,
+    run_sizes,
+    step_inputs,
+    time_calls,
+)
+from runtime import loader, topk
+from runtime.indexer import SingleRank
+from runtime.scoring import DeepGemmScorer
 
 SIZES = [(1, 8192), (8, 8192), (1, 65536), (1, 262144), (8, 65536), (8, 262144), (64, 65536)]
 
 
 def set_carveout(percent: int) -> None:
     """Every decode_topk kernel's preferred shared-memory carveout (-1: the driver's default)."""
-    from cuda.bindings import driver as drv  # noqa: PLC0415
+    from cuda.bindings import driver as drv
 
     cache = loader.load(device=0)
     attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
@@ -47,21 +53,12 @@ def set_carveout(percent: int) -> None:
             raise RuntimeError(f"cuKernelSetAttribute({name}, carveout {percent}): {err}")
 
 
-def timings(inputs, scorer, ctx, tp) -> dict:
-    cache = inputs[0].auto.index_k_cache
-
-    def step(a):
-        finish_decode_rows(a.auto, a.q, a.weights, plan_decode_rows(a.auto, a.md, tp), tp)
-
-    def plan_and_logits(a):
-        plan_decode_rows(a.auto, a.md, tp)
-        scorer.logits(a.q, a.weights, cache, a.md.seq_lens, a.md.block_table, a.schedule, ctx)
-
+def timings(inputs, scorer, tp) -> dict:
     return {
         "select": time_calls([lambda a=a: topk.decode_topk(a.logits, a.md.seq_lens, a.auto.topk_indices, pdl=False)
                               for a in inputs])["median_us"],
-        "step": time_calls([lambda a=a: step(a) for a in inputs])["median_us"],
-        "step_without_select": time_calls([lambda a=a: plan_and_logits(a) for a in inputs])["median_us"],
+        "step": time_calls([lambda a=a: decode_step(a.auto, a.md, a.q, a.weights, tp) for a in inputs])["median_us"],
+        "step_without_select": time_calls([lambda a=a: plan_and_logits(a, scorer, tp) for a in inputs])["median_us"],
     }
 
 
@@ -74,7 +71,7 @@ def bench_size(rows, ctx, scorer, gen, rounds) -> dict:
     for _ in range(rounds):
         for mode, percent in (("default", -1), ("carveout_100", 100)):
             set_carveout(percent)
-            by_round[mode].append(timings(inputs, scorer, ctx, tp))
+            by_round[mode].append(timings(inputs, scorer, tp))
     set_carveout(-1)
     res["by_round"] = by_round
     for mode, runs in by_round.items():
@@ -93,19 +90,13 @@ def main() -> None:
     args = parser.parse_args()
     scorer = DeepGemmScorer()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    results = []
-    for rows, ctx in SIZES:
-        try:
-            r = bench_size(rows, ctx, scorer, gen, args.rounds)
-            print(f"{rows:3d} x {ctx:6d}: " + " | ".join(
-                f"{m}: " + " ".join(f"{k}={v:.2f}" for k, v in r[m].items()) for m in ("default", "carveout_100")),
-                flush=True)
-        except Exception as exc:
-            r = {"rows": rows, "context": ctx, "error": f"{type(exc).__name__}: {exc}"[:500]}
-            print(r, flush=True)
-        results.append(r)
-        write_json(args.out, {"bench": "indexer_carveout", "info": gpu_info(), "results": results})
+    run_sizes(SIZES, lambda rows, ctx: bench_size(rows, ctx, scorer, gen, args.rounds), args.out, "indexer_carveout",
+              _describe)
 
+
+def _describe(r: dict) -> str:
+    return f"{r['rows']:3d} x {r['context']:6d}: " + " | ".join(
+        f"{m}: " + " ".join(f"{k}={v:.2f}" for k, v in r[m].items()) for m in ("default", "carveout_100"))
 
 if __name__ == "__main__":
     main()

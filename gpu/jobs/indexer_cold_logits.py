@@ -23,11 +23,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.bench_indexer import K, step_inputs, time_calls  # noqa: E402
-from benchmarks.common import gpu_info, l2_bytes, write_json  # noqa: E402
-from runtime import topk  # noqa: E402
-from runtime.indexer import SingleRank, finish_decode_rows, plan_decode_rows  # noqa: E402
-from runtime.scoring import DeepGemmScorer  # noqa: E402
+from benchmarks.bench_indexer import (
+    K,
+    decode_step,
+    plan_and_logits,
+    run_sizes,
+    step_inputs,
+    time_calls,
+)
+from benchmarks.common import l2_bytes
+from runtime import topk
+from runtime.indexer import SingleRank
+from runtime.scoring import DeepGemmScorer
 
 SIZES = [(1, 8192), (8, 8192), (1, 65536), (8, 65536), (1, 262144), (8, 262144), (64, 65536)]
 
@@ -39,19 +46,11 @@ def select_over(copies, row_ends, out) -> dict:
 def bench_size(rows, ctx, scorer, gen) -> dict:
     inputs = step_inputs(scorer, rows, ctx, gen)
     tp = SingleRank()
-    cache = inputs[0].auto.index_k_cache
     a = inputs[0]
     logits, row_ends, out = a.logits, a.md.seq_lens, a.auto.topk_indices
     cold_copies = max(2, min(256, -(-3 * l2_bytes() // logits.nbytes)))
     res = {"rows": rows, "context": ctx, "k": K, "logits_bytes": logits.nbytes, "cold_copies": cold_copies,
            "topk_kernel": topk.decode_topk_plan(logits, rows, K, False)}
-
-    def step(s):
-        finish_decode_rows(s.auto, s.q, s.weights, plan_decode_rows(s.auto, s.md, tp), tp)
-
-    def plan_and_logits(s):
-        plan_decode_rows(s.auto, s.md, tp)
-        scorer.logits(s.q, s.weights, cache, s.md.seq_lens, s.md.block_table, s.schedule, ctx)
 
     for round_ in range(2):
         warm = [logits.clone() for _ in range(2)]
@@ -60,9 +59,10 @@ def bench_size(rows, ctx, scorer, gen) -> dict:
         cold = [logits.clone() for _ in range(cold_copies)]
         res.setdefault("cold_us", []).append(select_over(cold, row_ends, out)["median_us"])
         del cold
-        res.setdefault("step_us", []).append(time_calls([lambda s=s: step(s) for s in inputs])["median_us"])
+        res.setdefault("step_us", []).append(
+            time_calls([lambda s=s: decode_step(s.auto, s.md, s.q, s.weights, tp) for s in inputs])["median_us"])
         res.setdefault("step_without_select_us", []).append(
-            time_calls([lambda s=s: plan_and_logits(s) for s in inputs])["median_us"])
+            time_calls([lambda s=s: plan_and_logits(s, scorer, tp) for s in inputs])["median_us"])
     res["marginal_us"] = [s - n for s, n in zip(res["step_us"], res["step_without_select_us"])]
     del inputs
     torch.cuda.empty_cache()
@@ -75,18 +75,12 @@ def main() -> None:
     args = parser.parse_args()
     scorer = DeepGemmScorer()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    results = []
-    for rows, ctx in SIZES:
-        try:
-            r = bench_size(rows, ctx, scorer, gen)
-            print(f"{rows:3d} x {ctx:6d}: warm {r['warm_us']} cold {r['cold_us']} marginal "
-                  f"{[round(x, 2) for x in r['marginal_us']]} ({r['cold_copies']} copies)", flush=True)
-        except Exception as exc:
-            r = {"rows": rows, "context": ctx, "error": f"{type(exc).__name__}: {exc}"[:500]}
-            print(r, flush=True)
-        results.append(r)
-        write_json(args.out, {"bench": "indexer_cold_logits", "info": gpu_info(), "results": results})
+    run_sizes(SIZES, lambda rows, ctx: bench_size(rows, ctx, scorer, gen), args.out, "indexer_cold_logits", _describe)
 
+
+def _describe(r: dict) -> str:
+    return (f"{r['rows']:3d} x {r['context']:6d}: warm {r['warm_us']} cold {r['cold_us']} marginal "
+            f"{[round(x, 2) for x in r['marginal_us']]} ({r['cold_copies']} copies)")
 
 if __name__ == "__main__":
     main()

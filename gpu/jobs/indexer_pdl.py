@@ -26,12 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import runtime.indexer as indexer  # noqa: E402
-from benchmarks.bench_indexer import K, step_inputs, time_calls  # noqa: E402
-from benchmarks.common import gpu_info, write_json  # noqa: E402
-from runtime import topk  # noqa: E402
-from runtime.indexer import SingleRank, finish_decode_rows, plan_decode_rows  # noqa: E402
-from runtime.scoring import DeepGemmScorer, _import_deep_gemm  # noqa: E402
+from benchmarks.bench_indexer import K, decode_step, run_sizes, step_inputs, time_calls
+from runtime import indexer, topk
+from runtime.indexer import SingleRank
+from runtime.scoring import DeepGemmScorer, _import_deep_gemm
 
 SELECT_PDL = [False]
 
@@ -56,11 +54,8 @@ def run_mode(mode: str, inputs, tp, dg) -> dict:
         indexer._aot_select = _select_with_pdl_switch
         SELECT_PDL[0] = rest == "sel1"
 
-    def step(a):
-        finish_decode_rows(a.auto, a.q, a.weights, plan_decode_rows(a.auto, a.md, tp), tp)
-
     try:
-        return time_calls([lambda a=a: step(a) for a in inputs])
+        return time_calls([lambda a=a: decode_step(a.auto, a.md, a.q, a.weights, tp) for a in inputs])
     finally:
         dg.set_pdl(False)
         indexer._aot_select = _select_with_pdl_switch
@@ -72,7 +67,7 @@ def picks(mode: str, a, tp, dg) -> torch.Tensor:
     SELECT_PDL[0] = mode.endswith("sel1")
     try:
         a.auto.topk_indices.fill_(-7)
-        finish_decode_rows(a.auto, a.q, a.weights, plan_decode_rows(a.auto, a.md, tp), tp)
+        decode_step(a.auto, a.md, a.q, a.weights, tp)
         torch.cuda.synchronize()
         return a.auto.topk_indices.sort(dim=1).values.clone()
     finally:
@@ -120,20 +115,14 @@ def main() -> None:
     dg = _import_deep_gemm()
     scorer = DeepGemmScorer()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    results = []
-    for rows, ctx in sizes:
-        try:
-            r = bench_size(rows, ctx, scorer, gen, dg, args.rounds)
-            b = r["median_us"]
-            print(f"{rows:3d} x {ctx:6d}: " + " ".join(f"{m}={b[m]:.2f}" for m in MODES)
-                  + f" | share stock {r['share_stock']:.3f} pdl {r['share_pdl_both']:.3f} "
-                  f"picks {r['picks_equal_to_stock']}", flush=True)
-        except Exception as exc:
-            r = {"rows": rows, "context": ctx, "error": f"{type(exc).__name__}: {exc}"[:500]}
-            print(r, flush=True)
-        results.append(r)
-        write_json(args.out, {"bench": "indexer_pdl", "info": gpu_info(), "results": results})
+    run_sizes(sizes, lambda rows, ctx: bench_size(rows, ctx, scorer, gen, dg, args.rounds), args.out, "indexer_pdl",
+              _describe)
 
+
+def _describe(r: dict) -> str:
+    b = r["median_us"]
+    return (f"{r['rows']:3d} x {r['context']:6d}: " + " ".join(f"{m}={b[m]:.2f}" for m in MODES)
+            + f" | share stock {r['share_stock']:.3f} pdl {r['share_pdl_both']:.3f} picks {r['picks_equal_to_stock']}")
 
 if __name__ == "__main__":
     main()

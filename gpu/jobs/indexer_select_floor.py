@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from benchmarks.bench_indexer import K, step_inputs, time_calls
+from benchmarks.bench_indexer import K, decode_step, step_inputs, time_calls
 from benchmarks.common import gpu_info, write_json
-from runtime.indexer import SingleRank, finish_decode_rows, plan_decode_rows
+from runtime.indexer import SingleRank, plan_decode_rows
 from runtime.scoring import DeepGemmScorer
 from runtime.topk import decode_topk, decode_topk_plan
 
@@ -67,7 +67,7 @@ def measure(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -
     ctas = plan[1] if plan is not None else 1  # the AOT kernel's CTAs a row (1: the short-row kernel)
 
     def step(s):
-        finish_decode_rows(s[0], s[2], s[3], plan_decode_rows(s[0], s[1], tp), tp)
+        decode_step(s[0], s[1], s[2], s[3], tp)
 
     def step_floor(s):
         plan_decode_rows(s[0], s[1], tp)

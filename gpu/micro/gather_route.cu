@@ -85,6 +85,24 @@ __device__ __forceinline__ void cp_async_rows(uint32_t s, const uint8_t* pool, c
   __syncthreads();
 }
 
+// A warp a row (route 5): lane l copies bytes 16 l .. 16 l + 15 of each of the warp's 32 rows, 4 commit groups.
+template <int HINT>
+__device__ __forceinline__ void warp_rows(uint32_t s, const uint8_t* pool, const int* idx, int tid) {
+  int w = tid >> 5, lane = tid & 31, kb = lane >> 3, c16 = lane & 7;
+  long long off[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) off[i] = (long long)idx[32 * w + i] * ROWB + lane * 16;
+#pragma unroll
+  for (int part = 0; part < 4; ++part) {
+#pragma unroll
+    for (int i = 8 * part; i < 8 * part + 8; ++i)
+      cp_async16<HINT>(s + kb * 16384 + swz(32 * w + i, c16), pool + off[i], 16);
+    asm volatile("cp.async.commit_group;");
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+}
+
 template <int ROUTE>
 __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, const int* __restrict__ idx_all,
                                               long long* cyc, uint8_t* dump, int launch,
@@ -127,33 +145,10 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
     cp_async_rows<8, 2>(s, pool, idx, tid);
   } else if (ROUTE == 14) {
     cp_async_rows<8, 1>(s, pool, idx, tid);
-  } else if (ROUTE == 15) {  // route 5 (a warp a row) with .L2::256B
-    int w = tid >> 5, lane = tid & 31, kb = lane >> 3, c16 = lane & 7;
-    long long off[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) off[i] = (long long)idx[32 * w + i] * ROWB + lane * 16;
-#pragma unroll
-    for (int part = 0; part < 4; ++part) {
-#pragma unroll
-      for (int i = 8 * part; i < 8 * part + 8; ++i)
-        cp_async16<2>(s + kb * 16384 + swz(32 * w + i, c16), pool + off[i], 16);
-      asm volatile("cp.async.commit_group;");
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
+  } else if (ROUTE == 15) {
+    warp_rows<2>(s, pool, idx, tid);
   } else if (ROUTE == 5) {
-    int w = tid >> 5, lane = tid & 31, kb = lane >> 3, c16 = lane & 7;
-    long long off[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) off[i] = (long long)idx[32 * w + i] * ROWB + lane * 16;
-#pragma unroll
-    for (int part = 0; part < 4; ++part) {
-#pragma unroll
-      for (int i = 8 * part; i < 8 * part + 8; ++i) cp_async16(s + kb * 16384 + swz(32 * w + i, c16), pool + off[i], 16);
-      asm volatile("cp.async.commit_group;");
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
+    warp_rows<0>(s, pool, idx, tid);
   } else if (ROUTE == 1 || ROUTE == 7) {
     long long src = (long long)idx[tid] * ROWB;
     if (tid == 0) bar_expect(bars, ROWS * ROWB);
