@@ -34,6 +34,8 @@ _BMM1_SCALE_MAX = _FLOAT32_MAX / math.log2(math.e)
 def _check_tensor(name, t, dtype, ndim):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:  # a sparse tensor: CSR's is_contiguous() raises a RuntimeError
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; pass {name}.to_dense()")
     if t.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
     if t.dim() != ndim:

@@ -647,3 +647,20 @@ def test_gpu_tolerance_rejects_plausible_bugs(width, with_sinks):
             assert caught == set(_mutations(G, args, sinks)), passed
     # make_case alone (the existing matrix): the scale errors at least.
     assert not [p for p in passed if p[0] == 48 and p[1].startswith("bmm")], passed
+
+
+# Review addition: a sparse-layout argument is refused with a TypeError naming it (a CSR tensor's is_contiguous()
+# raised a RuntimeError naming nothing).
+@pytest.mark.parametrize("name", ("swa_kv", "compressed_kv", "indices", "lens", "sinks", "out"))
+def test_host_op_rejects_sparse_layouts(name):
+    from runtime import sparse_mla
+
+    def to_sparse(t):
+        try:
+            return t.to_sparse_csr()  # the pools and indices: CSR
+        except (RuntimeError, IndexError, NotImplementedError):
+            return t.to_sparse()  # 1-D and 3-D ones: COO
+
+    for fn in (sparse_mla.sparse_mla_decode, sparse_mla.supports_sparse_mla):
+        with pytest.raises(TypeError, match=rf"^{name} must be a dense \(strided\) tensor"):
+            _call_with(fn, name, to_sparse)

@@ -566,3 +566,23 @@ def test_rows_past_one_wave_whose_last_row_the_kernel_cannot_read_are_not_split(
     with pytest.warns(RuntimeWarning, match="ends past their storage"):
         topk.decode_topk(logits, ends, out)
     assert events == [("reference", rows)]
+
+
+# Review addition: a sparse-layout argument is refused with a TypeError naming it. A CSR tensor has no strides (its
+# stride() raised a RuntimeError naming nothing) and a COO one reported strides (0, 0).
+@pytest.mark.parametrize("layout", ("coo", "csr"))
+@pytest.mark.parametrize("name", ("logits", "row_ends", "out"))
+def test_host_op_rejects_sparse_layouts(name, layout):
+    from runtime.topk import decode_topk, decode_topk_plan, supports_decode_topk
+
+    args = {"logits": torch.randn(3, 1000), "row_ends": torch.tensor([1000, 5, 0], dtype=torch.int32),
+            "out": torch.empty(3, 512, dtype=torch.int32)}
+    t = args[name]
+    if layout == "csr" and t.dim() != 2:
+        pytest.skip("CSR is 2-D only")
+    args[name] = t.to_sparse() if layout == "coo" else t.to_sparse_csr()
+    with pytest.raises(TypeError, match=rf"^{name} must be a dense \(strided\) tensor"):
+        decode_topk(args["logits"], args["row_ends"], args["out"])
+    if name == "logits":
+        assert supports_decode_topk(args["logits"], 3, 512, False) is False
+        assert decode_topk_plan(args["logits"], 3, 512, False) is None
