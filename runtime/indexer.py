@@ -686,10 +686,20 @@ def _rank_and_world(tp) -> tuple[int, int]:
 
 
 def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights) -> None:
-    """The scorer's checks of the whole step's rows (launches nothing)."""
+    """The scorer's checks of the whole step's rows (launches nothing), then that the query rows it reads share no
+    memory with the state's buffers: the plan resets the top-k rows before the finish reads q and weights."""
     n = md.num_tokens
     state.scorer.check_inputs(
         q[:n], weights[:n], state.index_k_cache, md.seq_lens[:n], md.block_table[:n], state.max_model_len)
+    # The built-in scorers take a contiguous q and 2-D weights of unit column stride, layouts whose extents
+    # first_overlap reads exactly; another scorer's other layouts are not compared.
+    read = [(name, t) for name, t in (("q", q[:n]), ("weights", weights[:n]))
+            if t.is_contiguous() or (t.dim() == 2 and t.stride(1) == 1)]
+    for name, buf in (("topk_indices", state.topk_indices), ("candidate_blocks", state.candidate_blocks)):
+        other = None if buf is None else first_overlap(buf, read)
+        if other is not None:
+            raise ValueError(f"{other} overlaps {name}'s memory: the plan resets {name} and the finish writes it "
+                             f"while the step reads {other}; give the query memory of its own")
 
 
 def _check_gathers(tp, all_gather) -> None:

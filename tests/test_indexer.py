@@ -1032,3 +1032,38 @@ def test_decode_rows_checks_the_metadata_once_a_step(monkeypatch):
     with pytest.raises(ValueError, match="metadata.seq_lens: 4 rows"):
         decode_rows(state, short, step.q, step.weights, SingleRank())
     assert (state.topk_indices == 5).all()
+
+
+# ---------------------------------------------------------------------------
+# Review (rev2-s41): the query against the state's buffers, stale plans
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["q", "weights"])
+def test_decode_rows_refuses_a_query_sharing_the_topk_buffer(bad):
+    """q or weights cut from the memory of the top-k buffer (one arena): the plan's reset to -1 overwrote the query
+    rows before the finish read them (fp8 0xff is NaN), and the step returned wrong rows silently. Refused, naming
+    both, before the reset; the split API refuses it in the finish."""
+    from runtime.indexer import IndexerState
+
+    step = make_step(6, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=8)
+    a = step.state_args
+    arena = torch.zeros(64, 16, dtype=torch.int32)
+    topk = arena[:8]
+    q, w = step.q, step.weights
+    if bad == "q":
+        q = arena.view(torch.uint8).view(-1)[: q.numel()].view(torch.float8_e4m3fn).view(q.shape).copy_(q)
+    else:
+        w = arena.view(-1)[: w.numel()].view(torch.float32).view(w.shape).copy_(w)
+    state = IndexerState(topk, 16, a["index_k_cache"], a["max_model_len"], scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    if bad == "q":
+        q.copy_(step.q)
+    else:
+        w.copy_(step.weights)
+    before = arena.clone()
+    with pytest.raises(ValueError, match=f"{bad} overlaps topk_indices"):
+        decode_rows(state, step.metadata, q, w, SingleRank())
+    assert torch.equal(arena, before), "reset before the refusal"
+    plan = plan_decode_rows(state, step.metadata, SingleRank())
+    with pytest.raises(ValueError, match=f"{bad} overlaps topk_indices"):
+        finish_decode_rows(state, q, w, plan, SingleRank())
