@@ -26,7 +26,7 @@ import functools
 import inspect
 import operator
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
@@ -78,6 +78,9 @@ class IndexerState:
     candidate_block_size: int = CANDIDATE_BLOCK_SIZE
     scorer: Scorer | None = None  # None: DeepGEMM where it runs, else torch
     topk_backend: TopkBackend = "auto"
+    # Plans made on this state: a plan carries its number, and the finish takes only the latest (an earlier step's
+    # plan holds that step's rows and schedule, while the latest plan reset this step's).
+    _plans: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_int32_rows("topk_indices", self.topk_indices)
@@ -242,6 +245,7 @@ class DecodeRowsPlan:
     world_size: int = 1
     buffer_rows: int = 0  # the planned state's top-k rows: finish checks it gets the same state's buffers
     buffers: tuple = ()  # where the planned state's buffers are (_buffers_of): finish checks it gets those
+    serial: int = 0  # the state's plan count when this plan was made: finish takes only the latest plan
 
 
 # ---------------------------------------------------------------------------
@@ -363,11 +367,12 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     check_in_storage("topk_indices", state.topk_indices)
     if state.candidate_blocks is not None:
         check_in_storage("candidate_blocks", state.candidate_blocks)
+    state._plans += 1
     state.topk_indices[:reset_rows] = -1
     if own_schedule:
         schedule = state.scorer.schedule(metadata.seq_lens[start:end])
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
-                          world_size, state.topk_indices.shape[0], _buffers_of(state))
+                          world_size, state.topk_indices.shape[0], _buffers_of(state), state._plans)
 
 
 def _buffers_of(state: IndexerState) -> tuple:
@@ -408,6 +413,9 @@ def _finish(state, q, weights, plan, tp, all_gather, *, query_checked: bool):
     if plan.buffers and plan.buffers != _buffers_of(state):
         raise ValueError("plan: made for another state's top-k or candidate buffers (it reset those rows and chose "
                          "its slices for them); pass the plan_decode_rows result of this state")
+    if plan.serial != state._plans:
+        raise ValueError(f"plan: plan {plan.serial} of this state, but plan {state._plans} was made since (it reset "
+                         f"the top-k rows of its own step); pass the latest plan_decode_rows result")
     if plan.shard is not None:
         _check_gathers(tp, all_gather)
     if not query_checked:

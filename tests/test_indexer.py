@@ -1067,3 +1067,21 @@ def test_decode_rows_refuses_a_query_sharing_the_topk_buffer(bad):
     plan = plan_decode_rows(state, step.metadata, SingleRank())
     with pytest.raises(ValueError, match=f"{bad} overlaps topk_indices"):
         finish_decode_rows(state, q, w, plan, SingleRank())
+
+
+def test_finish_refuses_an_earlier_steps_plan():
+    """A plan made before the latest plan of the same state (an earlier step's): its finish scored that step's
+    rows with that step's schedule against this step's query, and rows the latest plan reset stayed -1, all without
+    an error. Refused naming the plan; the latest plan still finishes, as often as asked."""
+    step = make_step(24, k=16, max_rows=24)
+    md = step.metadata
+    state = make_state(step, scorer=TorchScorer())
+    earlier = plan_decode_rows(state, DecodeMetadata(md.seq_lens[:12], md.block_table[:12], 12, 12, md.max_seq_len),
+                               SingleRank())
+    latest = plan_decode_rows(state, md, SingleRank())
+    with pytest.raises(ValueError, match="plan: plan 1 of this state, but plan 2"):
+        finish_decode_rows(state, step.q, step.weights, earlier, SingleRank())
+    assert (state.topk_indices == -1).all()
+    for _ in range(2):
+        finish_decode_rows(state, step.q, step.weights, latest, SingleRank())
+        assert torch.equal(state.topk_indices, _expected(step))
