@@ -1,10 +1,12 @@
-"""Integer arguments of the host code: any integer type is taken (counts often arrive as numpy or
+"""Arguments of the host code. Integers: any integer type is taken (counts often arrive as numpy or
 tensor-derived integers); a bool is not, though Python counts it as one: it is a flag passed in the
-wrong place."""
+wrong place. Tensors: dense (strided) ones only."""
 
 from __future__ import annotations
 
 import operator
+
+import torch
 
 
 def whole_number(name: str, value) -> int:
@@ -24,3 +26,10 @@ def whole_count(name: str, value, minimum: int) -> int:
     if number < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {number}")
     return number
+
+
+def require_dense(name: str, t: torch.Tensor) -> None:
+    """A TypeError naming ``name`` where the tensor ``t`` is sparse (COO, CSR, ...): it has no strides to check,
+    and CSR's ``stride()`` and ``is_contiguous()`` raise torch's own RuntimeError, which names no argument."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; pass {name}.to_dense()")

@@ -32,7 +32,7 @@ from typing import Callable, Protocol
 import torch
 
 from . import reference, topk
-from .arguments import whole_count
+from .arguments import require_dense, whole_count
 from .loader import env_flag
 from .overlap import check_in_storage, first_overlap
 from .scoring import Scorer, check_index_k_cache, default_scorer
@@ -631,6 +631,7 @@ def _takes_keyword(fn, name: str) -> bool:
 def _check_int32_rows(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    require_dense(name, t)
     if t.dtype != torch.int32 or t.dim() != 2:
         raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}")
     if not t.is_contiguous():
@@ -751,6 +752,7 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
     for name, t, dims in (("seq_lens", md.seq_lens, 1), ("block_table", md.block_table, 2)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
             raise TypeError(f"metadata.{name}: expected an int32 tensor")
+        require_dense(f"metadata.{name}", t)
         if t.device != dev:
             raise ValueError(f"metadata.{name}: on {t.device}, expected {dev}")
         if t.dim() != dims or t.stride(-1) != 1:
@@ -768,12 +770,14 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
 def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: IndexerState) -> None:
     if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn or q.dim() != 3:
         raise TypeError("q: expected float8_e4m3fn [rows, heads, head_dim]")
+    require_dense("q", q)
     if q.shape[0] < num_rows:
         raise ValueError(f"q: {q.shape[0]} rows, the step has {num_rows}")
     if q.shape[2] + reference.INDEX_SCALE_BYTES != state.index_k_cache.shape[-1]:
         raise ValueError(f"q: head_dim {q.shape[2]} does not match index_k_cache's {tuple(state.index_k_cache.shape)}")
     if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32:
         raise TypeError("weights: expected a float32 tensor [rows, heads]")
+    require_dense("weights", weights)
     if weights.dim() != 2 or weights.shape[0] < num_rows or weights.shape[1] != q.shape[1]:
         raise ValueError(f"weights: expected [>= {num_rows}, {q.shape[1]}], got {tuple(weights.shape)}")
     for name, t in (("q", q), ("weights", weights)):

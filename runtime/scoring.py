@@ -36,6 +36,7 @@ from typing import Protocol
 import torch
 
 from . import reference
+from .arguments import require_dense
 from .overlap import check_in_storage
 
 BLOCK_KV = reference.INDEX_BLOCK_KV
@@ -74,6 +75,7 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
     if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or cache.dim() != 4:
         got = f"{cache.dtype} {tuple(cache.shape)}" if isinstance(cache, torch.Tensor) else type(cache).__name__
         raise TypeError(f"{name}: expected uint8 [blocks, {BLOCK_KV}, 1, {row}], got {got}")
+    require_dense(name, cache)
     width_ok = cache.shape[3] > reference.INDEX_SCALE_BYTES if head_dim is None else cache.shape[3] == row
     if cache.shape[1] != BLOCK_KV or cache.shape[2] != 1 or not width_ok:
         raise ValueError(f"{name}: expected [blocks, {BLOCK_KV}, 1, {row}], got {tuple(cache.shape)}")
@@ -95,6 +97,7 @@ def check_scoring_inputs(
                     ("block_table", block_table)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        require_dense(name, t)
         if t.device != q.device:
             raise ValueError(f"{name}: on {t.device}, expected {q.device} like q")
     if q.dtype != torch.float8_e4m3fn:

@@ -15,7 +15,7 @@ import numbers
 
 import torch
 
-from .arguments import whole_number
+from .arguments import require_dense, whole_number
 from .contract import sparse_mla_decode as contract
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
@@ -34,8 +34,7 @@ _BMM1_SCALE_MAX = _FLOAT32_MAX / math.log2(math.e)
 def _check_tensor(name, t, dtype, ndim):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.layout != torch.strided:  # a sparse tensor: CSR's is_contiguous() raises a RuntimeError
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; pass {name}.to_dense()")
+    require_dense(name, t)
     if t.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
     if t.dim() != ndim:

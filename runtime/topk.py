@@ -26,6 +26,7 @@ import warnings
 
 import torch
 
+from .arguments import require_dense
 from .contract import decode_topk as contract
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
@@ -60,16 +61,10 @@ ROW_ALWAYS_MAX_WIDTH = {False: 8192, True: contract.ROW_MAX_WIDTH}  # by block_m
 FULL_SM_TWIN_MIN_COLUMNS = 8192
 
 
-def _require_dense(name: str, t: torch.Tensor) -> None:
-    """A sparse (COO, CSR, ...) tensor has no strides to check (CSR's stride() raises a RuntimeError)."""
-    if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; pass {name}.to_dense()")
-
-
 def _require_int32_tensor(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    _require_dense(name, t)
+    require_dense(name, t)
     if t.dtype != torch.int32:
         raise TypeError(f"{name} must be int32, got {t.dtype}")
 
@@ -78,7 +73,7 @@ def _check_args(logits, row_ends, out, block_mode):
     """Every argument checked before anything is launched; returns (rows, width, k)."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    _require_dense("logits", logits)
+    require_dense("logits", logits)
     if logits.dtype not in _DTYPES:
         raise TypeError(f"logits must be float32 or bfloat16, got {logits.dtype}")
     if logits.dim() != 2:

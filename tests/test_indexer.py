@@ -22,6 +22,7 @@ from runtime.indexer import (
     ROW_SHARD_MIN_ROWS,
     DecodeMetadata,
     DistGroup,
+    IndexerState,
     SingleRank,
     decode_rows,
     finish_decode_rows,
@@ -929,6 +930,36 @@ def test_decode_rows_refuses_the_query_before_resetting(bad):
     with pytest.raises((TypeError, ValueError), match=bad.split()[0]):
         decode_rows(state, step.metadata, q, w, SingleRank())
     assert (state.topk_indices == 5).all()
+
+
+@pytest.mark.parametrize("bad", ["weights", "metadata.block_table", "metadata.seq_lens"])
+def test_decode_rows_refuses_sparse_layouts_naming_them(bad):
+    """A sparse (COO / CSR) tensor has no strides to check: it is refused with a TypeError naming it, before the
+    reset, instead of torch's own RuntimeError from its stride() or is_contiguous()."""
+    step = make_step(6, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    md, w = step.metadata, step.weights
+    if bad == "weights":
+        w = w.to_sparse_csr()
+    elif bad == "metadata.block_table":
+        md = dataclasses.replace(md, block_table=md.block_table.to_sparse_csr())
+    else:
+        md = dataclasses.replace(md, seq_lens=md.seq_lens.to_sparse())
+    with pytest.raises(TypeError, match=f"{bad} must be a dense"):
+        decode_rows(state, md, step.q, w, SingleRank())
+    assert (state.topk_indices == 5).all()
+
+
+def test_state_refuses_sparse_buffers_and_cache():
+    step = make_step(6, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    with pytest.raises(TypeError, match="topk_indices must be a dense"):
+        IndexerState(state.topk_indices.to_sparse_csr(), 8, state.index_k_cache, state.max_model_len,
+                     scorer=TorchScorer())
+    with pytest.raises(TypeError, match="must be a dense"):
+        IndexerState(state.topk_indices, 8, state.index_k_cache.to_sparse(), state.max_model_len,
+                     scorer=TorchScorer())
 
 
 # ---------------------------------------------------------------------------
