@@ -395,7 +395,10 @@ def finish_decode_rows(
     """The rest of ``decode_rows`` once the index query ``q`` (FP8 ``[rows, heads,
     head_dim]``) and ``weights`` (FP32 ``[rows, heads]``) are ready: score and select
     the planned rows, then gather every rank's slice. Returns the top-k buffer
-    (None, doing nothing, when ``plan`` is None)."""
+    (None, doing nothing, when ``plan`` is None). ``plan`` must be the state's latest
+    ``plan_decode_rows`` result (an earlier one is refused: it holds another step's rows),
+    and ``q`` and ``weights`` may not share memory with the state's buffers, which the
+    plan reset before they are read."""
     return _finish(state, q, weights, plan, tp, all_gather, query_checked=False)
 
 
