@@ -21,8 +21,9 @@ For batch in {1, 8, 64} rows and context in {8K, 64K, 256K} compressed tokens
   builds the schedule, the step the benchmark judged until the twenty-fifth session;
 - ``step_without_select``: the step's plan and logits alone (the same launches less the selection), so that
   ``select_marginal_us`` = step - step_without_select is what the selection adds to the step where it runs;
-  its share (``select_marginal_share_of_step``) is reported beside the judged one (forty-first session:
-  0.1-0.6 us above the stream-order selection at most sizes, ``indexer_pdl_s41.json``);
+  its share (``select_marginal_share_of_step``) is reported beside the judged one (forty-first session,
+  ``indexer_s41.json``: 0.2-2.0 us above the stream-order selection where DeepGEMM's key stream outgrows the L2,
+  equal at 8K);
 - the same flow selecting with ``torch.topk`` (``select_torch``, ``step_torch``).
 
 Target (issue 5): the AOT top-k makes selection <= 25% of the step at every size.
@@ -185,10 +186,6 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
     from runtime.topk import decode_topk, decode_topk_plan
 
     tp = SingleRank()
-
-    def step(state, md, q, w):
-        decode_step(state, md, q, w, tp)
-
     res = {"rows": rows, "context": ctx, "k": K, "heads": HEADS, "head_dim": HEAD_DIM, "input_sets": sets}
     res["topk_kernel"] = decode_topk_plan(inputs[0].logits, rows, K, False)
     res["plan"] = time_calls([lambda a=a: plan_decode_rows(a.auto, a.md, tp) for a in inputs])
@@ -206,15 +203,16 @@ def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator)
                                                     for a in inputs])
     res["select_torch"] = time_calls([lambda a=a: _torch_topk_select(a.logits, a.md.seq_lens, a.peer.topk_indices,
                                                                      False) for a in inputs])
-    res["step"] = time_calls([lambda a=a: step(a.auto, a.md, a.q, a.weights) for a in inputs])
-    res["step_with_schedule"] = time_calls([lambda a=a: step(a.auto, a.md_bare, a.q, a.weights) for a in inputs])
-    res["step_torch"] = time_calls([lambda a=a: step(a.peer, a.md, a.q, a.weights) for a in inputs])
+    res["step"] = time_calls([lambda a=a: decode_step(a.auto, a.md, a.q, a.weights, tp) for a in inputs])
+    res["step_with_schedule"] = time_calls([lambda a=a: decode_step(a.auto, a.md_bare, a.q, a.weights, tp)
+                                            for a in inputs])
+    res["step_torch"] = time_calls([lambda a=a: decode_step(a.peer, a.md, a.q, a.weights, tp) for a in inputs])
     res["step_without_select"] = time_calls([lambda a=a: plan_and_logits(a, scorer, tp) for a in inputs])
 
     # The two flows pick the same sets (up to ties torch.topk may break otherwise).
     a = inputs[0]
-    step(a.auto, a.md, a.q, a.weights)
-    step(a.peer, a.md, a.q, a.weights)
+    decode_step(a.auto, a.md, a.q, a.weights, tp)
+    decode_step(a.peer, a.md, a.q, a.weights, tp)
     same = (a.auto.topk_indices.sort(dim=1).values == a.peer.topk_indices.sort(dim=1).values).all(dim=1)
     res["rows_equal_to_torch_topk"] = int(same.sum())
 

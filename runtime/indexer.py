@@ -701,17 +701,14 @@ def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights) -> None:
     """The scorer's checks of the whole step's rows (launches nothing), then that the query rows it reads share no
     memory with the state's buffers: the plan resets the top-k rows before the finish reads q and weights."""
     n = md.num_tokens
+    q_rows, weight_rows = q[:n], weights[:n]
     state.scorer.check_inputs(
-        q[:n], weights[:n], state.index_k_cache, md.seq_lens[:n], md.block_table[:n], state.max_model_len)
+        q_rows, weight_rows, state.index_k_cache, md.seq_lens[:n], md.block_table[:n], state.max_model_len)
     # The built-in scorers take a contiguous q and 2-D weights of unit column stride, layouts whose extents
     # first_overlap reads exactly; another scorer's other layouts are not compared.
-    read = [(name, t) for name, t in (("q", q[:n]), ("weights", weights[:n]))
+    read = [(name, t) for name, t in (("q", q_rows), ("weights", weight_rows))
             if t.is_contiguous() or (t.dim() == 2 and t.stride(1) == 1)]
-    for name, buf in (("topk_indices", state.topk_indices), ("candidate_blocks", state.candidate_blocks)):
-        other = None if buf is None else first_overlap(buf, read)
-        if other is not None:
-            raise ValueError(f"{other} overlaps {name}'s memory: the plan resets {name} and the finish writes it "
-                             f"while the step reads {other}; give the query memory of its own")
+    _check_read_apart(state, read, "give the query memory of its own")
 
 
 def _check_gathers(tp, all_gather) -> None:
@@ -734,13 +731,17 @@ def _check_tp_gather(tp) -> None:
 
 
 def _check_metadata_apart(state: IndexerState, md: DecodeMetadata) -> None:
-    """The plan resets, and the finish writes, the state's buffers while the step reads the metadata's tensors."""
+    _check_read_apart(state, (("metadata.seq_lens", md.seq_lens), ("metadata.block_table", md.block_table)),
+                      "give the metadata memory of its own")
+
+
+def _check_read_apart(state: IndexerState, read, fix: str) -> None:
+    """The plan resets, and the finish writes, the state's buffers while the step reads ``read`` ((name, tensor)
+    pairs): a ValueError naming both where one shares their memory."""
     for name, buf in (("topk_indices", state.topk_indices), ("candidate_blocks", state.candidate_blocks)):
-        other = None if buf is None else first_overlap(buf, (("metadata.seq_lens", md.seq_lens),
-                                                              ("metadata.block_table", md.block_table)))
+        other = None if buf is None else first_overlap(buf, read)
         if other is not None:
-            raise ValueError(f"{other} overlaps {name}'s memory: the step writes {name} while it reads {other}; "
-                             f"give the metadata memory of its own")
+            raise ValueError(f"{other} overlaps {name}'s memory: the step writes {name} while it reads {other}; {fix}")
 
 
 def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:

@@ -1,3 +1,9 @@
+#!/usr/bin/env bash
+# The forty-first session's third device call, as it ran (carry .whl and .gl): the gather microbenchmark's L2-hint
+# routes, the sparse-MLA A/B of a candidate cache in .gl/mlacand1 against the committed one, and the cold-logits job.
+# The candidate was built from gpu/candidates/mla_l2_prefetch_s41.diff applied to the tree: copy cubins/ and
+# manifests/ into .gl/mlacand1, then SPARSE_MLA_EXPERIMENT=l2_256 python build_kernels.py --only sparse_mla_decode
+# --arch sm_90a --out .gl/mlacand1. A call brings back at most 8 files: this job writes more (tar them to keep all).
 set -u
 export PYTHONPATH=$PWD
 mkdir -p $OUT
