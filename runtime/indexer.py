@@ -246,6 +246,7 @@ class DecodeRowsPlan:
     buffer_rows: int = 0  # the planned state's top-k rows: finish checks it gets the same state's buffers
     buffers: tuple = ()  # where the planned state's buffers are (_buffers_of): finish checks it gets those
     serial: int = 0  # the state's plan count when this plan was made: finish takes only the latest plan
+    metadata_view: tuple = ()  # what the plan read of the metadata (_metadata_view): finish checks it is unchanged
 
 
 # ---------------------------------------------------------------------------
@@ -372,7 +373,32 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     if own_schedule:
         schedule = state.scorer.schedule(metadata.seq_lens[start:end])
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
-                          world_size, state.topk_indices.shape[0], _buffers_of(state), state._plans)
+                          world_size, state.topk_indices.shape[0], _buffers_of(state), state._plans,
+                          _metadata_view(metadata))
+
+
+def _metadata_view(md: DecodeMetadata) -> tuple:
+    """The metadata fields a plan depends on, as (name, value) pairs: the counts, and where each tensor is and how
+    it is laid out. The plan chose its rows, slices and reset from them, and the finish scores through the same
+    object; fields replaced in between (a smaller num_tokens, a shorter seq_lens) would have the finish read rows
+    the plan never checked. Device values are not compared: they may be written between plan and finish."""
+    def where(t):
+        if not isinstance(t, torch.Tensor):
+            return type(t).__name__
+        return t.data_ptr(), tuple(t.shape), t.stride(), t.device
+    return (("num_tokens", md.num_tokens), ("num_requests", md.num_requests), ("max_seq_len", md.max_seq_len),
+            ("num_prefills", md.num_prefills), ("seq_lens", where(md.seq_lens)),
+            ("block_table", where(md.block_table)), ("schedule", where(md.schedule)))
+
+
+def _check_metadata_unchanged(plan: DecodeRowsPlan) -> None:
+    if not plan.metadata_view:
+        return
+    for (name, planned), (_, now) in zip(plan.metadata_view, _metadata_view(plan.metadata)):
+        if planned != now:
+            raise ValueError(f"metadata.{name}: changed since plan_decode_rows (the plan chose its rows, slices and "
+                             f"schedule from the earlier one); leave the metadata as it is between plan and finish, "
+                             f"or plan again")
 
 
 def _buffers_of(state: IndexerState) -> tuple:
@@ -397,8 +423,9 @@ def finish_decode_rows(
     the planned rows, then gather every rank's slice. Returns the top-k buffer
     (None, doing nothing, when ``plan`` is None). ``plan`` must be the state's latest
     ``plan_decode_rows`` result (an earlier one is refused: it holds another step's rows),
-    and ``q`` and ``weights`` may not share memory with the state's buffers, which the
-    plan reset before they are read."""
+    its metadata's fields as the plan saw them (replaced counts or tensors are refused;
+    the tensors' device values may change), and ``q`` and ``weights`` may not share
+    memory with the state's buffers, which the plan reset before they are read."""
     return _finish(state, q, weights, plan, tp, all_gather, query_checked=False)
 
 
@@ -419,6 +446,7 @@ def _finish(state, q, weights, plan, tp, all_gather, *, query_checked: bool):
     if plan.serial != state._plans:
         raise ValueError(f"plan: plan {plan.serial} of this state, but plan {state._plans} was made since (it reset "
                          f"the top-k rows of its own step); pass the latest plan_decode_rows result")
+    _check_metadata_unchanged(plan)
     if plan.shard is not None:
         _check_gathers(tp, all_gather)
     if not query_checked:

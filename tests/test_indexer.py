@@ -1116,3 +1116,31 @@ def test_finish_refuses_an_earlier_steps_plan():
     for _ in range(2):
         finish_decode_rows(state, step.q, step.weights, latest, SingleRank())
         assert torch.equal(state.topk_indices, _expected(step))
+
+
+@pytest.mark.parametrize("change", ["num_tokens", "seq_lens", "block_table", "max_seq_len", "schedule"])
+def test_finish_refuses_metadata_changed_since_the_plan(change):
+    """The finish scores through the plan's metadata object. Fields replaced in place after the plan (a smaller
+    num_tokens and a shorter seq_lens: the finish checked the query against the new count while it scored the
+    plan's rows, reading rows of the new tensors no check had seen) are refused naming the field, before anything
+    is scored; the unchanged metadata finishes."""
+    step = make_step(24, k=16, max_rows=24)
+    md = step.metadata
+    state = make_state(step, scorer=TorchScorer())
+    plan = plan_decode_rows(state, md, SingleRank())
+    saved = {name: getattr(md, name) for name in ("num_tokens", "seq_lens", "block_table", "max_seq_len", "schedule")}
+    if change == "num_tokens":
+        md.num_tokens = 12
+    elif change in ("seq_lens", "block_table"):
+        setattr(md, change, saved[change][:12].clone())
+    elif change == "max_seq_len":
+        md.max_seq_len = saved["max_seq_len"] - 1
+    else:
+        md.schedule = torch.zeros(4, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"metadata.{change}: changed since plan_decode_rows"):
+        finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert (state.topk_indices == -1).all(), "scored before the refusal"
+    for name, value in saved.items():
+        setattr(md, name, value)
+    finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert torch.equal(state.topk_indices, _expected(step))
