@@ -28,6 +28,21 @@ def whole_count(name: str, value, minimum: int) -> int:
     return number
 
 
+def cuda_device_index(name: str, device) -> int | None:
+    """``device`` (an index, a ``torch.device`` or its string) as a CUDA device index, or None for a device of
+    another type; a device without an index is the current one. A bool, a float or a string that names no device
+    is refused naming ``name`` (``int()`` would take True as device 1 and 1.7 as device 1)."""
+    if isinstance(device, (str, torch.device)):
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"{name}: {device!r} names no device; pass an index or 'cuda:i'") from None
+        if device.type != "cuda":
+            return None
+        return torch.cuda.current_device() if device.index is None else device.index
+    return whole_count(name, device, 0)
+
+
 def require_dense(name: str, t: torch.Tensor) -> None:
     """A TypeError naming ``name`` where the tensor ``t`` is sparse (COO, CSR, ...): it has no strides to check,
     and CSR's ``stride()`` and ``is_contiguous()`` raise torch's own RuntimeError, which names no argument."""

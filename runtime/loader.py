@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from .arguments import cuda_device_index
 from .contract import ARCH_CAPABILITY
 from .driver import CudaCallError, check, driver, missing_function_error
 from .errors import (
@@ -381,7 +382,9 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
     if not torch.cuda.is_available():
         driver()  # raises NoDriverError with the driver's own reason where there is none
         raise NoDriverError("torch sees no CUDA device.", fix="run on a GPU machine")
-    device = torch.cuda.current_device() if device is None else int(device)
+    device = torch.cuda.current_device() if device is None else cuda_device_index("device", device)
+    if device is None:
+        raise ValueError("device: runtime.load loads kernels for a CUDA device; pass its index or 'cuda:i'")
     root = _resolved_root(root)
     key = (str(root), device)
     tick("torch_device_and_root")

@@ -15,7 +15,7 @@ import numbers
 
 import torch
 
-from .arguments import require_dense, whole_number
+from .arguments import cuda_device_index, require_dense, whole_number
 from .contract import sparse_mla_decode as contract
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
@@ -158,8 +158,10 @@ def max_tokens(width: int, device=None) -> int:
         if not torch.cuda.is_available():
             return 0
         device = torch.cuda.current_device()
-    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    k = _kernel(width, True, device)
+    index = cuda_device_index("device", device)
+    if index is None:
+        return 0  # no kernel serves a device of another type
+    k = _kernel(width, True, torch.device("cuda", index))
     return 0 if k is None else int(k.max_active_clusters)
 
 

@@ -664,3 +664,27 @@ def test_host_op_rejects_sparse_layouts(name):
     for fn in (sparse_mla.sparse_mla_decode, sparse_mla.supports_sparse_mla):
         with pytest.raises(TypeError, match=rf"^{name} must be a dense \(strided\) tensor"):
             _call_with(fn, name, to_sparse)
+
+
+def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
+    """max_tokens(640, device=True) asked about cuda:1 (a bool is an int to torch.device), and runtime.load(device=1.7)
+    loaded device 1 (int()): both are refused naming the device, as a string that names no device is. A device of
+    another type has no kernel (max_tokens 0; runtime.load refuses it), and 'cuda' is the current device."""
+    import runtime
+    from runtime import sparse_mla
+
+    asked = []
+    monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: asked.append(device))
+    monkeypatch.setattr(sparse_mla.torch.cuda, "current_device", lambda: 0)
+    for device in (True, 1.7, "1"):
+        with pytest.raises((TypeError, ValueError), match="device: "):
+            sparse_mla.max_tokens(640, device)
+    assert asked == []
+    assert sparse_mla.max_tokens(640, "meta") == 0 and asked == []
+    for device, index in ((2, 2), ("cuda:3", 3), (torch.device("cuda", 1), 1), ("cuda", 0)):
+        sparse_mla.max_tokens(640, device)
+        assert asked.pop() == torch.device("cuda", index)
+    monkeypatch.setattr(runtime.loader.torch.cuda, "is_available", lambda: True)
+    for device in (True, 1.7, "cpu", "gpu7"):
+        with pytest.raises((TypeError, ValueError), match="device: "):
+            runtime.load(device=device)
