@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from .arguments import require_dense
+from .arguments import require_dense, whole_count, whole_number
 from .contract import decode_topk as contract
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
@@ -69,6 +69,15 @@ def _require_int32_tensor(name: str, t) -> None:
         raise TypeError(f"{name} must be int32, got {t.dtype}")
 
 
+def _require_flag(block_mode) -> None:
+    """A TypeError unless block_mode is a Python bool: a stand-in (1, a numpy bool, a string) picks a mode by its
+    truth value, which for "False" is block mode."""
+    if not isinstance(block_mode, bool):
+        kind = type(block_mode)  # numpy's bool is also named "bool": say whose
+        raise TypeError(f"block_mode must be a Python bool, got {kind.__module__}.{kind.__qualname__} {block_mode!r}; "
+                        f"pass bool(block_mode)")
+
+
 def _check_args(logits, row_ends, out, block_mode):
     """Every argument checked before anything is launched; returns (rows, width, k)."""
     if not isinstance(logits, torch.Tensor):
@@ -98,10 +107,7 @@ def _check_args(logits, row_ends, out, block_mode):
         raise ValueError(f"out must have unit column stride, got strides {out.stride()}")
     if rows > 1 and out.stride(0) < k:
         raise ValueError(f"out's rows overlap (row stride {out.stride(0)} < k = {k}): give each row k slots of its own")
-    if not isinstance(block_mode, bool):
-        kind = type(block_mode)  # numpy's bool is also named "bool": say whose
-        raise TypeError(f"block_mode must be a Python bool, got {kind.__module__}.{kind.__qualname__} {block_mode!r}; "
-                        f"pass bool(block_mode)")
+    _require_flag(block_mode)
     if row_ends.device != logits.device or out.device != logits.device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
                          f"{row_ends.device} and {out.device}")
@@ -237,17 +243,26 @@ def _one_wave_rows(logits: torch.Tensor, block_mode: bool) -> int:
     return 0 if plan is None else plan.most_rows(logits.shape[1])
 
 
+def _query_args(rows, k, block_mode) -> tuple[int, int]:
+    """The queries' (rows, k), checked as decode_topk checks its arguments: int() took 3.7 as 3 rows and True as
+    k = 1, bool() the string "False" as block mode, so the answer was for another call than the one to be made."""
+    _require_flag(block_mode)
+    return whole_count("rows", rows, 0), whole_number("k", k)
+
+
 def supports_decode_topk(logits: torch.Tensor, rows: int, k: int, block_mode: bool) -> bool:
     """Whether the cluster kernel takes ``rows`` rows of ``logits`` with this ``k`` in one wave on this device.
 
     False for CPU tensors, unaligned logits (16-byte start and row stride), a ``k``
     outside ``SUPPORTED_K`` or a GPU without a cache, where ``decode_topk`` uses the exact
     torch fallback; and for more rows than one wave of any cached kernel holds, which
-    ``decode_topk`` launches a wave at a time.
+    ``decode_topk`` launches a wave at a time. ``rows`` and ``k`` must be integers (any integer
+    type, not a bool) and ``block_mode`` a bool, else a TypeError naming it; ``rows`` < 0 is a ValueError.
     """
-    if not _shape_supported(logits, int(k)):
+    rows, k = _query_args(rows, k, block_mode)
+    if not _shape_supported(logits, k):
         return False
-    return _kernel_for(logits, int(rows), int(k), bool(block_mode)) is not None
+    return _kernel_for(logits, rows, k, block_mode) is not None
 
 
 def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor, *, block_mode: bool = False,
@@ -308,9 +323,10 @@ def _select(logits, row_ends, out, k: int, block_mode: bool, pdl: bool, chosen) 
 
 def decode_topk_plan(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
     """(kernel name, cluster size, grid CTAs) the op would launch, or None (benchmarks, tests)."""
-    if not _shape_supported(logits, int(k)):
+    rows, k = _query_args(rows, k, block_mode)
+    if not _shape_supported(logits, k):
         return None
-    chosen = _kernel_for(logits, int(rows), int(k), bool(block_mode))
+    chosen = _kernel_for(logits, rows, k, block_mode)
     if chosen is None:
         return None
     kernel, cluster = chosen

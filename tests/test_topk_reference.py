@@ -586,3 +586,36 @@ def test_host_op_rejects_sparse_layouts(name, layout):
     if name == "logits":
         assert supports_decode_topk(args["logits"], 3, 512, False) is False
         assert decode_topk_plan(args["logits"], 3, 512, False) is None
+
+
+# Review addition: the queries check rows, k and block_mode as the op checks its arguments (runtime.arguments): int()
+# took 3.7 rows as 3 and True as k = 1, bool() the string "False" as block mode, answering for another call.
+def test_queries_refuse_non_integer_rows_and_k_and_non_bool_block_mode(monkeypatch):
+    np = pytest.importorskip("numpy")
+    from runtime import topk
+
+    class Plan:
+        def choose(self, rows, width):
+            return (types.SimpleNamespace(name="decode_topk_f32_token_c2"), 2) if 0 < rows <= 132 else None
+
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: Plan())
+    ok = torch.zeros(4, 1024).as_subclass(_CudaLooking)
+    for query in (topk.supports_decode_topk, topk.decode_topk_plan):
+        for logits in (ok, torch.zeros(4, 1024)):  # refused whatever the answer would be (CPU: False)
+            with pytest.raises(TypeError, match=r"^rows: expected an integer, got float 3\.7"):
+                query(logits, 3.7, 512, False)
+            with pytest.raises(TypeError, match="^rows: expected an integer, got the bool True"):
+                query(logits, True, 512, False)
+            with pytest.raises(ValueError, match="^rows: expected an integer >= 0, got -1"):
+                query(logits, -1, 512, False)
+            with pytest.raises(TypeError, match=r"^k: expected an integer, got float 512\.0"):
+                query(logits, 4, 512.0, False)
+            with pytest.raises(TypeError, match="^k: expected an integer, got the bool True"):
+                query(logits, 4, True, False)
+            for flag in ("False", 0, np.bool_(False)):
+                with pytest.raises(TypeError, match="^block_mode must be a Python bool"):
+                    query(logits, 4, 512, flag)
+    # Any integer type is taken, as the op's other counts are.
+    assert topk.supports_decode_topk(ok, np.int64(4), np.int32(512), False)
+    assert topk.decode_topk_plan(ok, np.int64(4), torch.tensor(512), False) == ("decode_topk_f32_token_c2", 2, 8)
+    assert not topk.supports_decode_topk(ok, 0, 512, False)
