@@ -619,3 +619,17 @@ def test_queries_refuse_non_integer_rows_and_k_and_non_bool_block_mode(monkeypat
     assert topk.supports_decode_topk(ok, np.int64(4), np.int32(512), False)
     assert topk.decode_topk_plan(ok, np.int64(4), torch.tensor(512), False) == ("decode_topk_f32_token_c2", 2, 8)
     assert not topk.supports_decode_topk(ok, 0, 512, False)
+
+
+# Review addition: runtime.arguments refuses a bool tensor as it refuses a bool: torch.tensor(True) (a mask's any())
+# passed operator.index as 1, so supports_decode_topk answered for one row.
+def test_counts_refuse_bool_tensors():
+    from runtime.arguments import whole_count, whole_number
+    from runtime.topk import supports_decode_topk
+
+    for flag in (torch.tensor(True), torch.tensor([False])):
+        with pytest.raises(TypeError, match="^rows: expected an integer, got the bool tensor"):
+            supports_decode_topk(torch.zeros(4, 1024), flag, 512, False)
+        with pytest.raises(TypeError, match="^n: expected an integer, got the bool tensor"):
+            whole_count("n", flag, 0)
+    assert whole_number("n", torch.tensor(3, dtype=torch.int32)) == 3  # an integer tensor is still a count
