@@ -633,3 +633,60 @@ def test_counts_refuse_bool_tensors():
         with pytest.raises(TypeError, match="^n: expected an integer, got the bool tensor"):
             whole_count("n", flag, 0)
     assert whole_number("n", torch.tensor(3, dtype=torch.int32)) == 3  # an integer tensor is still a count
+
+
+# Review addition: the op (its CPU path) and the reference against the brute-force definition on ugly shapes: row ends
+# at int32's extremes and around the width and block edges, k equal to the width (or the blocks), all-equal rows,
+# NaN and infinities, a padded out, and no rows or no columns at all.
+_UGLY_ENDS = (-(1 << 31), -1, 0, 1, 7, 8, 9)
+
+
+def _ugly_ends(width):
+    return torch.tensor(_UGLY_ENDS + (width - 1, width, width + 1, (1 << 31) - 1), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("f32", "bf16"))
+@pytest.mark.parametrize("width,pool", [(512, SPECIALS), (511, SPECIALS), (600, (3.0,)), (4096, SPECIALS),
+                                        (4095, (float("-inf"), float("nan"))), (4100, (1.0, float("inf")))])
+def test_host_op_matches_brute_force_on_ugly_shapes(dtype, block_mode, width, pool):
+    from runtime.topk import decode_topk
+
+    ends = _ugly_ends(width)
+    rows, k = ends.shape[0], 512
+    logits, values = _rows(width, rows, width, dtype, pool)
+    buf = torch.full((rows, k + 16), -7, dtype=torch.int32)
+    decode_topk(logits, ends, buf[:, :k], block_mode=block_mode)
+    assert (buf[:, k:] == -7).all(), "out's row padding was written"
+    ref = decode_topk_reference(logits, ends, k, block_mode=block_mode)
+    for r in range(rows):
+        want = _brute(values[r], int(ends[r]), k, block_mode)
+        assert ref[r].tolist() == want, r  # the reference: best first
+        assert sorted(buf[r, :k].tolist()) == sorted(want), r  # the op: the same set
+
+
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+def test_reference_k_around_the_width(block_mode):
+    for width in (1, 7, 8, 9, 16, 17):
+        logits, values = _rows(width, 11, width, torch.float32, SPECIALS)
+        ends = _ugly_ends(width)
+        items = -(-width // 8) if block_mode else width
+        for k in (1, items - 1, items, items + 1):
+            if k < 1:
+                continue
+            got = decode_topk_reference(logits, ends, k, block_mode=block_mode)
+            assert [got[r].tolist() for r in range(11)] == [_brute(values[r], int(ends[r]), k, block_mode)
+                                                             for r in range(11)], (width, k)
+
+
+def test_host_op_takes_no_rows_or_no_columns():
+    from runtime.topk import decode_topk
+
+    out = torch.empty(0, 512, dtype=torch.int32)
+    decode_topk(torch.zeros(0, 600), torch.zeros(0, dtype=torch.int32), out)  # nothing to write, nothing refused
+    with pytest.raises(ValueError, match="k = out.shape"):
+        decode_topk(torch.zeros(0, 600), torch.zeros(0, dtype=torch.int32), torch.empty(0, 100, dtype=torch.int32))
+    for block_mode in (False, True):
+        out = torch.zeros(3, 512, dtype=torch.int32)
+        decode_topk(torch.zeros(3, 0), torch.tensor([0, 5, -5], dtype=torch.int32), out, block_mode=block_mode)
+        assert (out == -1).all()
