@@ -167,7 +167,10 @@ def deepgemm_status(device: torch.device | None = None) -> tuple[bool, str]:
 
 
 class DeepGemmScorer:
-    """DeepGEMM's FP8 paged MQA logits, each row scored as a request with ``next_n = 1``."""
+    """DeepGEMM's FP8 paged MQA logits, each row scored as a request with ``next_n = 1``.
+
+    DeepGEMM launches on the current CUDA device and keeps one SM count for the process (``num_sms``), not one a
+    device: call ``schedule`` and ``logits`` with the tensors' device current, as the indexer does."""
 
     name = "deepgemm"
 
@@ -176,8 +179,15 @@ class DeepGemmScorer:
         if not ok:
             raise RuntimeError(f"DeepGemmScorer: {why}")
         self._dg = _import_deep_gemm()
-        self.num_sms = int(self._dg.get_num_sms())
         self.arch_major = torch.cuda.get_device_capability()[0]
+
+    @property
+    def num_sms(self) -> int:
+        """DeepGEMM's SM count now: its logits launch that many CTAs and assert the schedule has that many rows
+        plus one. It is the process's count (DeepGEMM reads the first device it sees, whatever device a tensor is
+        on) and ``deep_gemm.set_num_sms`` changes it (e.g. to leave SMs to communication kernels), so it is read a
+        call (one pybind getter), not kept from construction and not looked up per device."""
+        return int(self._dg.get_num_sms())
 
     def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor:
         if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or not seq_lens.is_cuda:
@@ -202,8 +212,9 @@ class DeepGemmScorer:
 
     def check_schedule(self, schedule, device: torch.device, name: str = "schedule") -> None:
         """Raise ValueError naming ``name`` unless ``schedule`` is what ``schedule`` returns for this device: a
-        contiguous int32 ``[num_sms + 1, 2]`` tensor on ``device``. DeepGEMM's host code checks the shape, dtype
-        and contiguity but not the device: its kernel would read another device's (or the host's) address."""
+        contiguous int32 ``[num_sms + 1, 2]`` tensor on ``device``, with DeepGEMM's SM count now (one built before
+        ``deep_gemm.set_num_sms`` changed it is refused). DeepGEMM's host code checks the shape, dtype and
+        contiguity but not the device: its kernel would read another device's (or the host's) address."""
         want = (self.num_sms + 1, 2)
         if (not isinstance(schedule, torch.Tensor) or schedule.shape != want or schedule.dtype != torch.int32
                 or not schedule.is_contiguous() or schedule.device != device):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tempfile
+import types
 
 import pytest
 import torch
@@ -1007,12 +1009,49 @@ def test_preload_stops_at_the_smaller_buffer():
         preload_decode_rows(state, 5, heads=4)
 
 
+class _FakeDeepGemm(types.ModuleType):
+    """The deep_gemm calls the scorer makes, on the CPU: the process's SM count (set_num_sms moves it, as in
+    DeepGEMM), a schedule of that count, and logits from the reference behind DeepGEMM's own schedule assert."""
+
+    def __init__(self, num_sms: int):
+        super().__init__("deep_gemm")
+        self.num_sms, self.schedule_sms, self.logits_schedules = num_sms, [], []
+
+    def get_num_sms(self):
+        return self.num_sms
+
+    def set_num_sms(self, num_sms):
+        self.num_sms = num_sms
+
+    def get_paged_mqa_logits_metadata(self, context_lens, block_kv, num_sms):
+        assert context_lens.dim() == 2 and block_kv == reference.INDEX_BLOCK_KV
+        self.schedule_sms.append(num_sms)
+        return torch.zeros(num_sms + 1, 2, dtype=torch.int32)
+
+    def fp8_paged_mqa_logits(self, q, cache, weights, context_lens, block_table, schedule, max_context_len, clean):
+        assert tuple(schedule.shape) == (self.num_sms + 1, 2), "DeepGEMM asserts the schedule has num_sms + 1 rows"
+        self.logits_schedules.append(schedule)
+        return reference.indexer_logits_reference(q[:, 0], weights, cache, context_lens[:, 0], block_table,
+                                                  max_context_len)
+
+
+def _install_fake_deep_gemm(monkeypatch, num_sms=4, arch_major=9) -> _FakeDeepGemm:
+    """A fake deep_gemm module and a GPU of compute capability arch_major.x, so that DeepGemmScorer() builds."""
+    from runtime import scoring
+
+    dg = _FakeDeepGemm(num_sms)
+    monkeypatch.setitem(sys.modules, "deep_gemm", dg)
+    monkeypatch.setattr(scoring, "deepgemm_status", lambda device=None: (True, "ok"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (arch_major, 0))
+    return dg
+
+
 def _cpu_deepgemm_scorer(num_sms=4):
     """A DeepGemmScorer built without __init__ (which needs a GPU), as on an H200 with num_sms SMs."""
     from runtime.scoring import DeepGemmScorer
 
     scorer = object.__new__(DeepGemmScorer)
-    scorer.num_sms, scorer.arch_major = num_sms, 9
+    scorer._dg, scorer.arch_major = _FakeDeepGemm(num_sms), 9
     return scorer
 
 
@@ -1144,3 +1183,42 @@ def test_finish_refuses_metadata_changed_since_the_plan(change):
         setattr(md, name, value)
     finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
     assert torch.equal(state.topk_indices, _expected(step))
+
+
+# ---------------------------------------------------------------------------
+# Review of the scorers (review-scoring): DeepGEMM faked on the CPU
+# ---------------------------------------------------------------------------
+
+def _with_schedule(md: DecodeMetadata, schedule) -> DecodeMetadata:
+    return DecodeMetadata(md.seq_lens, md.block_table, md.num_requests, md.num_tokens, md.max_seq_len,
+                          schedule=schedule)
+
+
+def test_deepgemm_scorer_follows_deep_gemms_sm_count(monkeypatch):
+    """DeepGEMM's logits assert that the schedule has its SM count plus one rows: one count for the process, which
+    deep_gemm.set_num_sms moves (a server leaves SMs to communication kernels so). The scorer kept the count it was
+    built with, so after set_num_sms its check refused a schedule of DeepGEMM's count and passed a stale one, which
+    DeepGEMM then asserted on after the plan's reset, and its own schedule was stale too. It reads the count a call."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runtime.scoring import DeepGemmScorer
+
+    dg = _install_fake_deep_gemm(monkeypatch, num_sms=8)
+    scorer = DeepGemmScorer()
+    dg.set_num_sms(4)
+    assert scorer.num_sms == 4
+    step = make_step(8, heads=32, head_dim=64, k=16)
+    state = make_state(step, scorer=scorer)
+    state.topk_indices.fill_(5)
+    stale = torch.zeros(9, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"metadata.schedule: expected \[5, 2\]"):
+        plan_decode_rows(state, _with_schedule(step.metadata, stale), SingleRank())
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
+    plan = plan_decode_rows(state, _with_schedule(step.metadata, torch.zeros(5, 2, dtype=torch.int32)), SingleRank())
+    finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert dg.logits_schedules == [plan.schedule]
+    assert torch.equal(state.topk_indices, _expected(step))
+    with FakeTensorMode():  # a CUDA seq_lens without a GPU
+        seq_lens = torch.ones(8, dtype=torch.int32, device="cuda")
+    scorer.schedule(seq_lens)
+    assert dg.schedule_sms == [4]
