@@ -41,6 +41,10 @@ from .overlap import check_in_storage
 
 BLOCK_KV = reference.INDEX_BLOCK_KV
 HOPPER_HEADS = (32, 64)  # DeepGEMM's sm_90 paged MQA logits
+# Its sm_100 ones: a head a TMEM column, loaded 8, 16, 32 or 64 at a time (other counts fail its host assert, or
+# its JIT compile at the first step).
+BLACKWELL_HEADS = (8, 16, 32, 64)
+DEEPGEMM_HEADS = {9: HOPPER_HEADS, 10: BLACKWELL_HEADS}
 MAX_HEAD_DIM = 128
 METADATA_BATCH_ALIGN = 32  # DeepGEMM specializes its schedule kernel per 32 rows
 
@@ -200,10 +204,13 @@ class DeepGemmScorer:
         """``check_scoring_inputs`` plus DeepGEMM's own limits (no launch)."""
         check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
         _, heads, dim = q.shape
-        if self.arch_major == 9 and heads not in HOPPER_HEADS:
-            raise ValueError(f"q: DeepGEMM on sm_90 takes {HOPPER_HEADS} index heads, got {heads}")
+        takes = DEEPGEMM_HEADS.get(self.arch_major, ())
+        if heads not in takes:
+            raise ValueError(f"q: DeepGEMM on sm_{self.arch_major}0 takes {takes} index heads, got {heads}; score "
+                             f"this model with runtime.scoring.TorchScorer")
         if dim > MAX_HEAD_DIM or dim not in (64, 128):
-            raise ValueError(f"q: head_dim {dim} must be 64 or 128 for DeepGEMM")
+            raise ValueError(f"q: head_dim {dim} must be 64 or 128 for DeepGEMM; score this model with "
+                             f"runtime.scoring.TorchScorer")
         # DeepGEMM's host code asserts it (a padded row stride, e.g. a split of a fused projection, would stop
         # the process there instead of raising).
         if not weights.is_contiguous():

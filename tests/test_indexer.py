@@ -1222,3 +1222,26 @@ def test_deepgemm_scorer_follows_deep_gemms_sm_count(monkeypatch):
         seq_lens = torch.ones(8, dtype=torch.int32, device="cuda")
     scorer.schedule(seq_lens)
     assert dg.schedule_sms == [4]
+
+
+@pytest.mark.parametrize("arch, heads, ok", [(10, 128, False), (10, 48, False), (10, 4, False), (10, 8, True),
+                                             (10, 16, True), (10, 64, True), (9, 16, False), (9, 32, True)])
+def test_deepgemm_scorer_refuses_heads_its_arch_does_not_take(monkeypatch, arch, heads, ok):
+    """DeepGEMM's sm_100 paged logits take 8, 16, 32 or 64 index heads (sm_90: 32 or 64). Only sm_90's were checked,
+    so on a B200 a model of 128 heads passed check_inputs and met DeepGEMM's assert (or a failed JIT compile at the
+    first step) after the plan's reset, on ranks with rows only. Refused naming q and the torch scorer, before the
+    reset."""
+    from runtime.scoring import DeepGemmScorer
+
+    dg = _install_fake_deep_gemm(monkeypatch, arch_major=arch)
+    step = make_step(8, heads=heads, head_dim=64, k=16)
+    state = make_state(step, scorer=DeepGemmScorer())
+    md = _with_schedule(step.metadata, torch.zeros(dg.num_sms + 1, 2, dtype=torch.int32))
+    state.topk_indices.fill_(5)
+    if ok:
+        decode_rows(state, md, step.q, step.weights, SingleRank())
+        assert torch.equal(state.topk_indices, _expected(step))
+        return
+    with pytest.raises(ValueError, match=rf"q: DeepGEMM on sm_{arch}0 takes .* index heads, got {heads}; .*TorchScorer"):
+        decode_rows(state, md, step.q, step.weights, SingleRank())
+    assert (state.topk_indices == 5).all() and not dg.logits_schedules
