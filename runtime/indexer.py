@@ -361,7 +361,8 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     own_schedule = end > start and (end - start < metadata.seq_lens.shape[0] or schedule is None)
     check_schedule = getattr(state.scorer, "check_schedule", None)
     if end > start and not own_schedule and callable(check_schedule):
-        check_schedule(schedule, state.topk_indices.device, "metadata.schedule")  # the scorer reads it
+        # The scorer reads it, and its logits(checked=True) does not check it again.
+        check_schedule(schedule, state.topk_indices.device, "metadata.schedule")
 
     # The state's buffers were checked when it was built; a storage shrunk since (FSDP-style) would take the reset
     # and the finish's writes into freed memory: torch's slice assignment does not check it.
@@ -543,7 +544,7 @@ def _decode_rows(state: IndexerState, q: torch.Tensor, weights: torch.Tensor, pl
     logits = state.scorer.logits(
         q[start:end], weights[start:end], state.index_k_cache, seq_lens,
         md.block_table[start:end], plan.schedule, state.max_model_len, checked=True,
-    )  # finish_decode_rows checked the whole step's rows
+    )  # finish_decode_rows checked the whole step's rows; the plan built or checked the schedule
     select = _selector(state, logits)
     if state.candidate_blocks is not None:
         select(logits, seq_lens, state.candidate_blocks[start:end], True)

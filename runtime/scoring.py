@@ -68,8 +68,9 @@ class Scorer(Protocol):
         """FP32 ``[rows, max_model_len]`` logits (row stride may be padded);
         columns at or past ``seq_lens[r]`` hold anything. ``checked=True``: the
         caller already ran ``check_inputs`` on these rows or on rows they were
-        sliced from, so it is not run again (the indexer checks the whole step
-        once, ~3.4 µs of host time)."""
+        sliced from, and built ``schedule`` with this scorer's ``schedule`` or ran
+        its ``check_schedule`` on it, so neither is run again (the indexer checks
+        the whole step once, ~3.4 µs of host time, and its plan the schedule)."""
 
 
 def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None) -> None:
@@ -234,8 +235,8 @@ class DeepGemmScorer:
     def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len, *, checked=False):
         if not checked:
             self.check_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
+            self.check_schedule(schedule, q.device)
         rows, heads, dim = q.shape
-        self.check_schedule(schedule, q.device)
         return self._dg.fp8_paged_mqa_logits(
             q.view(rows, 1, heads, dim), cache, weights, seq_lens.contiguous().view(-1, 1),
             block_table, schedule, max_model_len, False,

@@ -1245,3 +1245,27 @@ def test_deepgemm_scorer_refuses_heads_its_arch_does_not_take(monkeypatch, arch,
     with pytest.raises(ValueError, match=rf"q: DeepGEMM on sm_{arch}0 takes .* index heads, got {heads}; .*TorchScorer"):
         decode_rows(state, md, step.q, step.weights, SingleRank())
     assert (state.topk_indices == 5).all() and not dg.logits_schedules
+
+
+def test_deepgemm_schedule_is_checked_once_a_step(monkeypatch):
+    """A replicated step reusing the caller's schedule checked it in the plan (before the reset, naming
+    metadata.schedule) and again in DeepGemmScorer.logits, though the finish calls it with checked=True (~2 us of
+    host time each). The plan's check stays; logits checks the schedule only where it checks the inputs."""
+    from runtime.scoring import DeepGemmScorer
+
+    dg = _install_fake_deep_gemm(monkeypatch)
+    calls = []
+    real = DeepGemmScorer.check_schedule
+    monkeypatch.setattr(DeepGemmScorer, "check_schedule", lambda self, schedule, device, name="schedule":
+                        calls.append(name) or real(self, schedule, device, name))
+    step = make_step(8, heads=32, head_dim=64, k=16)
+    state = make_state(step, scorer=DeepGemmScorer())
+    md = _with_schedule(step.metadata, torch.zeros(dg.num_sms + 1, 2, dtype=torch.int32))
+    decode_rows(state, md, step.q, step.weights, SingleRank())
+    assert calls == ["metadata.schedule"]
+    assert torch.equal(state.topk_indices, _expected(step))
+    a = step.state_args  # a direct, unchecked call still checks it
+    with pytest.raises(ValueError, match=r"schedule: expected \[5, 2\]"):
+        state.scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table,
+                            torch.zeros(3, 2, dtype=torch.int32), a["max_model_len"])
+    assert len(dg.logits_schedules) == 1
