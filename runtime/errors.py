@@ -36,7 +36,7 @@ class SchemaError(CacheError):
 
 
 class PathError(CacheError):
-    """A cubin path points outside the cache root."""
+    """A cubin path points outside the cache root, or a cache file resolves outside it (a symlink leads out)."""
 
 
 class DuplicateKernelError(CacheError):

@@ -165,12 +165,14 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     path = manifest_path(root, arch)
     fix = REBUILD.format(arch=arch)
     try:
-        text = _read_regular_file(str(path), MANIFEST_MAX_BYTES + 1)
+        text = _read_regular_file(str(path), MANIFEST_MAX_BYTES + 1, inside=str(root))
         if len(text) > MANIFEST_MAX_BYTES:
             raise ValueError(f"over {MANIFEST_MAX_BYTES} bytes")
         data = _parse_manifest(text)
     except FileNotFoundError:
         raise SchemaError("manifest not found.", file=path, fix=fix) from None
+    except _OutsideRoot as e:
+        raise _outside_root("manifest", e.real, root, arch, file=path) from None
     except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
         raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
@@ -362,10 +364,14 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
     """
     path = _cubin_path(manifest, entry)
     try:
-        data = _read_regular_file(path, entry.size + 1)  # bounded: a huge file is refused below
+        # Bounded by the entry's size (a huge file is refused below); only a file really inside the root.
+        data = _read_regular_file(path, entry.size + 1, inside=str(manifest.root))
     except FileNotFoundError:
         raise MissingCubinError("cubin is missing.", file=Path(path), kernel=entry.name,
                                 fix=REBUILD.format(arch=manifest.arch)) from None
+    except _OutsideRoot as e:
+        raise _outside_root("cubin", e.real, manifest.root, manifest.arch, file=Path(path),
+                            kernel=entry.name) from None
     except (OSError, ValueError) as e:  # a directory, a FIFO or device, no permission, a NUL in the path
         raise CubinIntegrityError(f"cubin is not a readable file ({e}).", file=Path(path), kernel=entry.name,
                                   fix=REBUILD.format(arch=manifest.arch)) from None
@@ -394,8 +400,17 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
     return data
 
 
-def _read_regular_file(path: str, limit: int) -> bytes:
-    """At most ``limit`` bytes of the regular file at ``path`` (a symlink is followed).
+class _OutsideRoot(Exception):
+    """The opened file really lies outside the cache root: a symlink inside the root led out of it."""
+
+    def __init__(self, real: str):
+        super().__init__(real)
+        self.real = real
+
+
+def _read_regular_file(path: str, limit: int, inside: str | None = None) -> bytes:
+    """At most ``limit`` bytes of the regular file at ``path``; with ``inside`` (a resolved cache root), only where
+    the file opened really lies under it (else _OutsideRoot).
 
     Opened non-blocking and checked with fstat before any read: the path (or a symlink's target, which the
     lexical root check does not follow) naming a FIFO, a socket or a device would otherwise block the load
@@ -405,6 +420,8 @@ def _read_regular_file(path: str, limit: int) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
+        if inside is not None:
+            _require_inside(fd, path, inside)
         chunks = []
         while limit > 0:  # os.read without a buffered file object: a few us less a cubin on the load path
             chunk = os.read(fd, limit)
@@ -415,6 +432,32 @@ def _read_regular_file(path: str, limit: int) -> bytes:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _real_path(fd: int, path: str) -> str:
+    """Where the open file ``fd`` really lies: the kernel's answer on Linux (one readlink, about the file actually
+    opened, so a link swapped after the check cannot pass), else ``path`` resolved link by link."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc (not Linux, or not mounted)
+        return os.path.realpath(path)
+
+
+def _require_inside(fd: int, path: str, root: str) -> None:
+    """The root is the trust boundary: its build lock covers only files inside it, so a file reached through a
+    symlink out of it (or a linked cubins/ folder) may be another cache's, rewritten under another lock."""
+    real = _real_path(fd, path)
+    if not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise _OutsideRoot(real)
+
+
+def _outside_root(what: str, real: str, root, arch: str, **where) -> PathError:
+    return PathError(
+        f"{what} resolves to {real}, outside the cache root {root} (a symbolic link leads out of it; the cache's "
+        f"checks and its build lock cover the root only).", **where,
+        fix=f"put the file itself in the cache root in place of the link (cp -L), or point ${CACHE_ROOT_ENV} at a "
+            f"root that holds its own files ({REBUILD.format(arch=arch)} --out <root>)",
+    )
 
 
 def _unreadable_elf(e: CubinFormatError, entry: KernelEntry, path, arch: str) -> CubinIntegrityError:

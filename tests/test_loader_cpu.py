@@ -305,8 +305,16 @@ def _other_arch(root):
     edit_manifest(root, "sm_90a", swap)
 
 
+def _cubin_linked_out_of_the_root(root):
+    """The first cubin moved out of the root, a symlink to it in its place (same bytes, size and sha256)."""
+    cubin, outside = first_cubin(root), root.parent / f"{root.name}_outside.cubin"
+    cubin.rename(outside)
+    cubin.symlink_to(outside)
+
+
 @pytest.mark.parametrize("craft, error, match", [
     (lambda root: first_cubin(root).unlink(), errors.MissingCubinError, "missing"),
+    (_cubin_linked_out_of_the_root, errors.PathError, "probe_cluster2: cubin resolves to .*, outside the cache root"),
     (lambda root: first_cubin(root).write_bytes(first_cubin(root).read_bytes()[:100]), errors.CubinIntegrityError,
      "truncated"),
     (_flip_a_byte, errors.CubinIntegrityError, "sha256"),

@@ -156,6 +156,58 @@ def test_cubin_symlink_to_a_special_file(cache, target):
         check_cache(cache, "sm_90a")
 
 
+@pytest.fixture(params=["proc", "no_proc"])
+def real_path_by(request, monkeypatch):
+    """Where the loader learns a file's real path: /proc/self/fd (Linux), or resolving the path where /proc is not."""
+    import os
+
+    if request.param == "no_proc":
+        real_readlink = os.readlink
+
+        def no_proc(path, *args, **kwargs):
+            if str(path).startswith("/proc/self/fd/"):
+                raise FileNotFoundError(2, "No such file or directory", str(path))
+            return real_readlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "readlink", no_proc)
+    return request.param
+
+
+def _link_out_of_the_root(cache, tmp_path, what):
+    """Move the first cubin, the sm_90a cubins/ folder or the manifest out of the root, leaving a symlink in its
+    place (the bytes, and so size and sha256, unchanged); returns the path inside the root that refusals name."""
+    outside = tmp_path.parent / f"{tmp_path.name}_outside"
+    outside.mkdir()
+    inside = {"cubin": first_cubin(cache), "folder": first_cubin(cache).parent,
+              "manifest": manifest_path(cache, "sm_90a")}[what]
+    shutil.move(inside, outside / inside.name)
+    inside.symlink_to(outside / inside.name)
+    return first_cubin(cache) if what == "folder" else inside
+
+
+@pytest.mark.parametrize("what", ["cubin", "folder", "manifest"])
+def test_a_symlink_leading_out_of_the_cache_root_is_refused(cache, tmp_path, real_path_by, what):
+    """The root is the trust boundary (its build lock covers only files inside it): a cubin, a cubins/ folder or a
+    manifest that is a symlink to a file outside the root was followed, although the manifest's path check says
+    "inside the root". Refused as a PathError naming the file inside the root and the fix."""
+    named = _link_out_of_the_root(cache, tmp_path, what)
+    with pytest.raises(errors.PathError, match="resolves to .*_outside/.*, outside the cache root .*Fix: put the file "
+                                               "itself in the cache root") as e:
+        check_cache(cache, "sm_90a")
+    assert e.value.file == named
+    assert e.value.kernel == (None if what == "manifest" else "probe_cluster2")
+
+
+def test_symlinks_that_stay_inside_the_cache_root_pass(cache, tmp_path, real_path_by):
+    """A link inside the root to a file inside it, and a root that is itself a symlink, are not refused."""
+    arch_folder = first_cubin(cache).parent
+    arch_folder.rename(arch_folder.with_name("sm_90a_real"))
+    arch_folder.symlink_to("sm_90a_real")
+    linked_root = tmp_path.parent / f"{tmp_path.name}_link"
+    linked_root.symlink_to(cache)
+    assert set(check_cache(linked_root, "sm_90a").kernels) == {"probe_cluster2", "probe_cluster8"}
+
+
 @pytest.mark.parametrize("schema", [0, 2, "1", None])
 def test_unknown_schema(cache, schema):
     edit_manifest(cache, "sm_90a", lambda d: d.update(schema=schema))
