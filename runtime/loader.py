@@ -46,6 +46,7 @@ from .errors import (
     UnknownKernelError,
 )
 from .manifest import (
+    CACHE_ROOT_ENV,
     KernelEntry,
     Manifest,
     build_settled,
@@ -227,8 +228,10 @@ class _LaunchAttributes:
         return self._pdl
 
 
-_refusals: dict = {}  # device index -> the CacheError that runtime.load raised for it
-_refusals_said: set = set()  # (op, device index) whose fallback was said
+# Keyed as runtime.load's own memo is, by the cache root it reads and the device: a root set or changed after a
+# refusal (SPARSE_DECODE_AOT_CACHE) is read, as one changed after a load is, instead of the old root's refusal sticking.
+_refusals: dict = {}  # (cache root, device index) -> the CacheError that runtime.load raised for them
+_refusals_said: set = set()  # (op, cache root, device index) whose fallback was said
 _refusals_lock = threading.Lock()
 
 
@@ -236,27 +239,40 @@ def cache_or_fallback(op: str, device: int):
     """The host ops' first question for a device: ``runtime.load(device=device)``, or None where the cache refuses
     it, so that ``op`` runs its exact torch fallback there.
 
-    A refusal is remembered (a refused load costs tens of milliseconds, which every call would pay again) and said
-    once an op and device (RuntimeWarning naming it); concurrent first calls make one load. Only a CacheError is a
+    A refusal is remembered for its cache root and device (a refused load costs tens of milliseconds, which every
+    call would pay again) and said once an op, root and device (RuntimeWarning naming it); concurrent first calls
+    make one load. Only a CacheError is a
     refusal: any other error is raised, CacheLoadInterrupted among them (out of GPU memory or a stream capture at
     the load: the next call loads again). (Through the package's ``load``, which a caller or test may replace.)
     """
     with _refusals_lock:
-        refusal = _refusals.get(device)
+        root, root_refusal = _root_now()
+        key = (root, device)
+        refusal = _refusals.get(key)
         if refusal is None:
-            import runtime  # noqa: PLC0415 - the package: load() is memoized per device
+            import runtime  # noqa: PLC0415 - the package: load() is memoized per root and device
 
             try:
-                # is_loaded reads the cache root, which may itself be refused (a relative $SPARSE_DECODE_AOT_CACHE)
-                if not is_loaded(device):  # only a call that would load asks about capture
+                if root_refusal is not None:
+                    raise root_refusal
+                if not is_loaded(device, root):  # only a call that would load asks about capture
                     _refuse_a_load_in_capture(op, device)
                 return runtime.load(device=device)
             except CacheError as e:
-                refusal = _refusals[device] = e
-        if (op, device) not in _refusals_said:
-            _refusals_said.add((op, device))
+                refusal = _refusals[key] = e
+        if (op, *key) not in _refusals_said:
+            _refusals_said.add((op, *key))
             warn_fallback(op, f"cuda:{device}", refusal)
         return None
+
+
+def _root_now() -> tuple[str, CacheError | None]:
+    """The cache root that ``runtime.load()`` reads now, as its memo keys it, and None; or, where that root is itself
+    refused (a relative $SPARSE_DECODE_AOT_CACHE), the variable's text and the refusal."""
+    try:
+        return str(_resolved_root(None)), None
+    except CacheError as e:
+        return f"${CACHE_ROOT_ENV}={os.environ.get(CACHE_ROOT_ENV, '')}", e
 
 
 def _refuse_a_load_in_capture(op: str, device: int) -> None:

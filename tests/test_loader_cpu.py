@@ -415,6 +415,12 @@ def ops_cache(cache, stand_in, monkeypatch):
     return drv
 
 
+def _refusal_of(device: int):
+    """The one refusal cache_or_fallback remembers for ``device`` (its memo is keyed by cache root and device)."""
+    (refusal,) = [e for (_, index), e in loader._refusals.items() if index == device]
+    return refusal
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"load_error": real.CUresult.CUDA_ERROR_OUT_OF_MEMORY},
      "probe_cluster8.*cannot load the cubin \\(CUDA_ERROR_OUT_OF_MEMORY\\): the GPU is out of memory"),
@@ -499,7 +505,7 @@ def test_driver_without_a_function_the_loader_calls_is_a_refusal(ops_cache, call
     setattr(drv, call, _function_not_found(call))
     with pytest.warns(RuntimeWarning, match=f"DriverRefusedError.*function {call} is not found.*CUDA 12.4 or newer"):
         assert loader.cache_or_fallback("decode_topk", 0) is None
-    assert isinstance(loader._refusals[0], errors.DriverRefusedError)
+    assert isinstance(_refusal_of(0), errors.DriverRefusedError)
     assert sorted(drv.unloaded) == sorted(drv.loaded)
     assert loader.cache_or_fallback("decode_topk", 0) is None  # remembered: not loaded again, not said again
 
@@ -616,8 +622,39 @@ def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, 
     monkeypatch.setenv(CACHE_ROOT_ENV, "relative/cache")
     with pytest.warns(RuntimeWarning, match="PathError.*relative path 'relative/cache'"):
         assert loader.cache_or_fallback("decode_topk", 0) is None
-    assert isinstance(loader._refusals[0], errors.PathError) and not drv.loaded
+    assert isinstance(_refusal_of(0), errors.PathError) and not drv.loaded
     assert loader.cache_or_fallback("decode_topk", 0) is None  # remembered: not read again, not said again
+
+
+def test_a_refusal_is_remembered_for_its_cache_root_not_for_every_root(cache, tmp_path, stand_in, monkeypatch):
+    """runtime.load memoizes a cache per (root, device), so a root set after a load is read; the refusals were
+    memoized per device alone, so after one root's refusal a root set later (SPARSE_DECODE_AOT_CACHE) was never read:
+    an op's first call ran the fallback with the old root's reason. Now a refusal holds for its own root only, still
+    read once and said once there."""
+    import runtime
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    drv = stand_in()
+    monkeypatch.setattr(runtime, "load", loader.load)
+    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    empty = tmp_path / "not_built"
+    empty.mkdir()
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(empty))
+    with pytest.warns(RuntimeWarning, match="SchemaError.*not_built.*manifest not found"):
+        assert loader.cache_or_fallback("decode_topk", 0) is None
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
+    assert set(loader.cache_or_fallback("decode_topk", 0).names()) == {"probe_cluster2", "probe_cluster8"}
+    loads = len(drv.loaded)
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(empty))
+    with pytest.warns(RuntimeWarning, match="sparse_mla_decode: .*SchemaError"):  # said once for each op
+        assert loader.cache_or_fallback("sparse_mla_decode", 0) is None  # the first root's refusal: not read again
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert loader.cache_or_fallback("decode_topk", 0) is None  # and not said again for this op
+    assert len(drv.loaded) == loads and len(loader._refusals) == 1
 
 
 class _KernelsOfAnotherFamily:
