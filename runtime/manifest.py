@@ -281,6 +281,13 @@ def check_against_contract(manifest: Manifest) -> None:
                                         f"({details}).", file=manifest.path, kernel=entry.name, fix=fix)
 
 
+# The build lock is opened as the build's filelock opens it: not through a symlink (filelock refuses one, so no build
+# can hold it, and O_CREAT would make a dangling one's target outside the root), and without blocking where it is a
+# FIFO (the open would wait for a writer forever; a FIFO's flock works as a regular file's).
+_LOCK_OPEN_FLAGS = (os.O_RDONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+                    | getattr(os, "O_NOFOLLOW", 0))
+
+
 @contextlib.contextmanager
 def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
     """Hold the cache root's build lock shared while the caller reads the manifest and its cubins.
@@ -296,8 +303,8 @@ def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
     """
     lock = os.path.join(str(root), BUILD_LOCK)
     try:
-        fd = None if fcntl is None else os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except OSError:  # read-only root, no permission, no such directory (read_manifest names the latter)
+        fd = None if fcntl is None else os.open(lock, _LOCK_OPEN_FLAGS, 0o666)
+    except OSError:  # read-only root, no permission, no such directory (read_manifest names the latter), a symlink
         fd = None
     if fd is None:
         yield

@@ -501,6 +501,47 @@ def test_a_first_read_creates_the_build_lock(cache):
             FileLock(str(cache / BUILD_LOCK)).acquire(timeout=0.05)
 
 
+def test_a_fifo_as_the_build_lock_neither_hangs_the_load_nor_stops_locking(cache):
+    """A FIFO named .build.lock: the load's open of the lock waited for a writer forever (a serving process's first
+    op call hung, holding the loader's locks). Now it opens; its flock still makes a load wait for a build."""
+    import os
+    import threading
+
+    from filelock import FileLock
+
+    from runtime.manifest import BUILD_LOCK, build_settled
+
+    lock = cache / BUILD_LOCK
+    os.mkfifo(lock)
+    done = []
+    reader = threading.Thread(target=lambda: done.append(check_cache(cache, "sm_90a")), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():
+        os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))  # a writer comes: the blocked open returns
+        reader.join(10)
+        pytest.fail("check_cache blocked opening a FIFO build lock")
+    assert done and set(done[0].kernels) == {"probe_cluster2", "probe_cluster8"}
+    with (
+        FileLock(str(lock), timeout=1),  # a build holds it
+        pytest.raises(errors.CacheLoadInterrupted, match="a build has been writing this cache"),
+        build_settled(cache, wait_s=0.05),
+    ):
+        pass
+
+
+def test_a_symlinked_build_lock_creates_nothing_outside_the_root(cache, tmp_path):
+    """A .build.lock that is a dangling symlink: the load's O_CREAT created its target, wherever it pointed (the
+    symlink attack filelock 3.20.1 closed for the build). Not followed now; the build's filelock refuses such a lock
+    too, so no build holds it and the load reads the cache."""
+    from runtime.manifest import BUILD_LOCK
+
+    target = tmp_path.parent / f"{tmp_path.name}_made_by_the_load"
+    (cache / BUILD_LOCK).symlink_to(target)
+    assert set(check_cache(cache, "sm_90a").kernels) == {"probe_cluster2", "probe_cluster8"}
+    assert not target.exists()
+
+
 def test_a_root_where_no_lock_file_can_be_made_is_read_unguarded(cache, monkeypatch):
     """A read-only installed cache (the lock file cannot be created there) has no build to wait for."""
     import os
