@@ -162,14 +162,15 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> No
     out.mkdir(parents=True, exist_ok=True)
     tools, src = toolchain_info(), source_hash()
     whole = set(families) == set(FAMILIES)
+    # Every cubin is checked against the contract before any file is written: a variant refused halfway left the
+    # earlier variants' new cubins under the old manifest, whose sha256s every load then refused.
+    entries_by_arch = {arch: [manifest_entry(v, arch, cubins[(v.name, arch)]) for v in variants]
+                       for arch, variants in variants_by_arch.items()}
     with FileLock(str(out / BUILD_LOCK)):
         for arch, variants in variants_by_arch.items():
-            entries = []
-            for v in variants:
-                cubin = cubins[(v.name, arch)]
-                entry = manifest_entry(v, arch, cubin)
-                _atomic_write(out / entry["cubin"], cubin)
-                entries.append(entry)
+            entries = entries_by_arch[arch]
+            for v, entry in zip(variants, entries):
+                _atomic_write(out / entry["cubin"], cubins[(v.name, arch)])
             previous = _previous_manifest(manifest_path(out, arch))
             kept = [] if whole else _kept_entries(previous, families)
             # The contract's order whatever was rebuilt, so that rebuilding some families reorders nothing.

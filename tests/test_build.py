@@ -209,3 +209,23 @@ def test_written_cache_files_are_readable_by_other_accounts(tmp_path):
         os.umask(old)
         build_kernels._plain_file_mode.cache_clear()
     assert stat.S_IMODE((tmp_path / "cubins" / "sm_90a" / "x.cubin").stat().st_mode) == 0o644
+
+
+def test_a_variant_refused_halfway_writes_nothing(tmp_path, monkeypatch):
+    """write_cache checked each cubin against the contract just before writing it: a later variant refused (here an
+    sm_100a cubin among the sm_90a ones) left the earlier variants' new cubins under the old manifest, whose sha256s
+    every load then refused. Now every cubin is checked before any file is written."""
+    from crafted_cache import copy_probe_cache, first_cubin
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    first, before = first_cubin(cache), first_cubin(cache).read_bytes()
+    first_variant, second_variant = all_variants("sm_90a", ("probe",))
+    cubins = {(first_variant.name, "sm_90a"): before + b"\0" * 16,  # a new build of it: another sha256
+              (second_variant.name, "sm_90a"): first_cubin(cache, "sm_100a").read_bytes()}
+    with pytest.raises(SystemExit, match=f"{second_variant.name}: compiled for sm_100a"):
+        build_kernels.write_cache(cache, {"sm_90a": [first_variant, second_variant]}, cubins, ("probe",))
+    assert first.read_bytes() == before
+    check_cache(cache, "sm_90a")
