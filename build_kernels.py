@@ -214,6 +214,9 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
         except (OSError, ValueError) as e:
             problems.append(f"{arch}: committed manifest unreadable ({e})")
             continue
+        if not _comparable(old):  # the comparison below would crash on it: the runtime's reading names the fault
+            problems.append(_runtime_refusal(committed, arch) or f"{arch}: committed manifest is malformed")
+            continue
         before = len(problems)
         new = json.loads(manifest_path(fresh, arch).read_text())
         if old.get("source_hash") != new["source_hash"]:
@@ -248,11 +251,25 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
         if len(problems) == before:
             # Python's == above takes 1 for true and 128.0 for 128 and a dict keeps one of two equal names: what the
             # runtime reads (exact JSON types, no duplicates, schema, arch, the contract) must accept it too.
-            try:
-                check_against_contract(read_manifest(committed, arch))
-            except CacheError as e:
-                problems.append(f"{arch}: the runtime refuses the committed manifest ({e})")
+            refusal = _runtime_refusal(committed, arch)
+            if refusal is not None:
+                problems.append(refusal)
     return problems
+
+
+def _comparable(old) -> bool:
+    """Whether check_against can index the committed manifest: an object whose kernels are objects with a name."""
+    kernels = old.get("kernels", []) if isinstance(old, dict) else None
+    return isinstance(kernels, list) and all(isinstance(e, dict) and type(e.get("name")) is str for e in kernels)
+
+
+def _runtime_refusal(committed: Path, arch: str) -> str | None:
+    """The problem line where the runtime refuses the committed manifest, else None."""
+    try:
+        check_against_contract(read_manifest(committed, arch))
+    except CacheError as e:
+        return f"{arch}: the runtime refuses the committed manifest ({e})"
+    return None
 
 
 def main(argv=None) -> int:

@@ -2,6 +2,7 @@
 and a runtime that never imports CuTe DSL."""
 
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -229,3 +230,34 @@ def test_a_variant_refused_halfway_writes_nothing(tmp_path, monkeypatch):
         build_kernels.write_cache(cache, {"sm_90a": [first_variant, second_variant]}, cubins, ("probe",))
     assert first.read_bytes() == before
     check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.update(kernels=5), "manifest has no list of kernels"),
+    (lambda d: d["kernels"].append(5), "manifest entry lacks name"),
+    (lambda d: d["kernels"][0].pop("name"), "manifest entry lacks name"),
+    (lambda d: d["kernels"][0].update(name=["probe_cluster2"]), "fields name must be strings"),
+])
+def test_check_reports_a_committed_manifest_it_cannot_compare(tmp_path, edit, match):
+    """A committed manifest whose kernels are not a list of named objects crashed --check (TypeError, KeyError) with a
+    traceback instead of its CHECK FAILED line; now the line gives the runtime's reason."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    edit_manifest(committed, "sm_90a", edit)
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert len(problems) == 1 and problems[0].startswith("sm_90a: the runtime refuses the committed manifest")
+    assert re.search(match, problems[0]), problems
+
+
+def test_check_reports_a_committed_manifest_that_is_not_an_object(tmp_path):
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    manifest_path(committed, "sm_90a").write_text("[]")
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert len(problems) == 1 and "unknown manifest schema 'list'" in problems[0], problems
