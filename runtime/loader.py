@@ -53,10 +53,10 @@ from .manifest import (
     check_against_contract,
     check_param_count,
     check_param_layout,
-    default_root,
     no_tick,
     read_checked_cubin,
     read_manifest,
+    resolved_root,
 )
 
 PROFILE_ENV = "SPARSE_DECODE_AOT_LOAD_PROFILE"
@@ -268,9 +268,9 @@ def cache_or_fallback(op: str, device: int):
 
 def _root_now() -> tuple[str, CacheError | None]:
     """The cache root that ``runtime.load()`` reads now, as its memo keys it, and None; or, where that root is itself
-    refused (a relative $SPARSE_DECODE_AOT_CACHE), the variable's text and the refusal."""
+    refused (a relative $SPARSE_DECODE_AOT_CACHE, a symlink loop), the variable's text and the refusal."""
     try:
-        return str(_resolved_root(None)), None
+        return str(resolved_root(None)), None
     except CacheError as e:
         return f"${CACHE_ROOT_ENV}={os.environ.get(CACHE_ROOT_ENV, '')}", e
 
@@ -401,7 +401,7 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
     device = torch.cuda.current_device() if device is None else cuda_device_index("device", device)
     if device is None:
         raise ValueError("device: runtime.load loads kernels for a CUDA device; pass its index or 'cuda:i'")
-    root = _resolved_root(root)
+    root = resolved_root(root)
     key = (str(root), device)
     tick("torch_device_and_root")
     with _caches_lock:
@@ -417,13 +417,9 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
         return _caches[key]
 
 
-def _resolved_root(root) -> Path:
-    return (Path(root) if root is not None else default_root()).resolve()
-
-
 def is_loaded(device: int, root: str | Path | None = None) -> bool:
     """Whether ``load(root, device)`` has loaded its cache already (it then returns it without a load)."""
-    return (str(_resolved_root(root)), int(device)) in _caches
+    return (str(resolved_root(root)), int(device)) in _caches
 
 
 def _load(root: Path, device: int, tick=no_tick) -> KernelCache:

@@ -124,6 +124,18 @@ def default_root() -> Path:
     return Path(data) / "share" / "sparse_decode_aot"
 
 
+def resolved_root(root: str | Path | None = None) -> Path:
+    """``root`` (default: ``default_root()``) with every symlink resolved; a PathError where that fails: a symlink
+    loop raised pathlib's RuntimeError before Python 3.13, which is no refusal to the host ops (every call raised it)."""
+    path = Path(root) if root is not None else default_root()
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as e:
+        raise PathError(f"the cache root cannot be resolved ({e}).", file=path,
+                        fix=f"point ${CACHE_ROOT_ENV} (or the root passed in) at a folder holding manifests/ and "
+                            f"cubins/") from None
+
+
 MANIFEST_MAX_BYTES = 16 << 20  # a real one is tens of KiB; the bound keeps a crafted one from filling memory
 CUBIN_MAX_BYTES = 64 << 20  # a real one is 10-300 KiB; an entry's size is the read's bound, so it is bounded too
 
@@ -161,7 +173,7 @@ def manifest_path(root: Path, arch: str) -> Path:
 
 def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     """Read and structurally check ``manifests/<arch>.json`` under ``root``."""
-    root = (Path(root) if root is not None else default_root()).resolve()
+    root = resolved_root(root)
     path = manifest_path(root, arch)
     fix = REBUILD.format(arch=arch)
     try:
@@ -542,7 +554,7 @@ def supported_arch(arch: str) -> str:
 def check_cache(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     """Every CPU-side check of a cache (no GPU needed): the manifest, its entries against the contract, then each
     cubin, with no build's writes in between (``build_settled``)."""
-    root = (Path(root) if root is not None else default_root()).resolve()
+    root = resolved_root(root)
     with build_settled(root):
         manifest = read_manifest(root, arch)
         check_against_contract(manifest)

@@ -626,6 +626,27 @@ def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, 
     assert loader.cache_or_fallback("decode_topk", 0) is None  # remembered: not read again, not said again
 
 
+def test_a_cache_root_that_is_a_symlink_loop_is_a_refusal(tmp_path, stand_in, monkeypatch):
+    """$SPARSE_DECODE_AOT_CACHE naming a symlink loop: pathlib's RuntimeError (Python < 3.13) escaped from every op
+    call, not a refusal; now a PathError naming the root, remembered, the fallback said once."""
+    import runtime
+    from runtime.manifest import CACHE_ROOT_ENV, check_cache
+
+    drv = stand_in()
+    monkeypatch.setattr(runtime, "load", loader.load)
+    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(tmp_path / "a"))
+    # A PathError where pathlib finds the loop (before Python 3.13), else the manifest's SchemaError (ELOOP).
+    with pytest.raises(errors.CacheError, match="cannot be resolved|not readable JSON"):
+        check_cache()
+    with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*(PathError|SchemaError)"):
+        assert loader.cache_or_fallback("decode_topk", 0) is None
+    assert loader.cache_or_fallback("decode_topk", 0) is None and not drv.loaded
+
+
 def test_a_refusal_is_remembered_for_its_cache_root_not_for_every_root(cache, tmp_path, stand_in, monkeypatch):
     """runtime.load memoizes a cache per (root, device), so a root set after a load is read; the refusals were
     memoized per device alone, so after one root's refusal a root set later (SPARSE_DECODE_AOT_CACHE) was never read:
