@@ -9,7 +9,7 @@ import time
 
 def verify(root=None) -> int:
     from . import load
-    from .errors import CacheError, CacheLoadInterrupted
+    from .errors import REBUILD, CacheError, CacheLoadInterrupted
     from .manifest import check_cache
     from .probe import run_probe
 
@@ -37,7 +37,12 @@ def verify(root=None) -> int:
     print(f"loaded and validated {len(cache.names())} kernels in {seconds * 1e3:.1f} ms; every entry matches the "
           f"runtime's contract; ELF symbols and parameter lists match the manifest")
     failed = 0
-    for name, problem in run_probe(cache).items():
+    results = run_probe(cache)
+    if not results:  # nothing launched, nothing proved: the self-test is the probe kernels
+        print(f"  probe: FAIL the manifest has no probe kernel to launch; rebuild with them: "
+              f"{REBUILD.format(arch=m.arch)}")
+        failed = 1
+    for name, problem in results.items():
         print(f"  probe {name}: {'ok' if problem is None else 'FAIL ' + problem}")
         failed += problem is not None
     print("verify: " + ("FAILED" if failed else "all checks passed"))

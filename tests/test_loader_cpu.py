@@ -575,6 +575,19 @@ def test_verify_passes_a_cache_matching_the_contract(cache, stand_in, monkeypatc
     assert "every entry matches the runtime's contract" in capsys.readouterr().out
 
 
+def test_verify_fails_where_no_probe_kernel_runs(cache, stand_in, capsys):
+    """verify's self-test is the probe kernels: a manifest without them (here an empty list of kernels) launched
+    nothing and printed "verify: all checks passed" with exit 0. Now it fails, saying why and the fix."""
+    from runtime import __main__ as cli
+
+    edit_manifest(cache, "sm_90a", lambda d: d.update(kernels=[]))
+    stand_in()
+    assert cli.verify(cache) == 1
+    out = capsys.readouterr().out
+    assert "probe: FAIL the manifest has no probe kernel" in out and "build_kernels.py --arch sm_90a" in out
+    assert out.rstrip().endswith("verify: FAILED")
+
+
 def test_verify_reports_a_build_that_took_the_lock_after_the_load(cache, stand_in, monkeypatch, capsys):
     """verify's second read (the ELF sections, under the build lock) may meet a build that started after its load: a
     FAIL line naming it and exit 1, not a traceback."""
