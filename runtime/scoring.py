@@ -217,6 +217,13 @@ class DeepGemmScorer:
         if not weights.is_contiguous():
             raise ValueError(f"weights: DeepGEMM takes contiguous weights, got strides {weights.stride()}; "
                              f"pass weights.contiguous()")
+        # DeepGEMM reads these by TMA, whose descriptors need 16-byte aligned addresses: off a boundary its
+        # descriptor encode fails (CUDA_ERROR_INVALID_VALUE, a RuntimeError naming no argument) after the plan's
+        # reset (gpu/jobs/deepgemm_alignment.py, deepgemm_alignment_s42.json; seq_lens and block_table run).
+        for name, t in (("q", q), ("weights", weights), ("cache", cache)):
+            if t.data_ptr() % 16:
+                raise ValueError(f"{name}: DeepGEMM reads it by TMA, which needs a 16-byte aligned address, got "
+                                 f"one {t.data_ptr() % 16} bytes past a boundary; pass {name}.clone()")
 
     def check_schedule(self, schedule, device: torch.device, name: str = "schedule") -> None:
         """Raise ValueError naming ``name`` unless ``schedule`` is what ``schedule`` returns for this device: a

@@ -1269,3 +1269,26 @@ def test_deepgemm_schedule_is_checked_once_a_step(monkeypatch):
         state.scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table,
                             torch.zeros(3, 2, dtype=torch.int32), a["max_model_len"])
     assert len(dg.logits_schedules) == 1
+
+
+@pytest.mark.parametrize("name", ["q", "weights", "index_k_cache"])
+def test_deepgemm_scorer_refuses_inputs_off_a_16_byte_boundary(name):
+    """DeepGEMM reads q, weights and the key cache by TMA: started off a 16-byte boundary, its descriptor encode
+    failed with CUDA_ERROR_INVALID_VALUE on the H200 (deepgemm_alignment_s42.json), a RuntimeError naming no
+    argument, raised from the finish after the plan had reset the rows. decode_rows now refuses it, naming the
+    tensor, before the reset; an aligned copy runs."""
+    step = make_step(8, heads=32, head_dim=64, k=16)
+    tensors = {"q": step.q, "weights": step.weights, "index_k_cache": step.state_args["index_k_cache"]}
+    t = tensors[name]
+    raw = torch.empty(t.nbytes + 64, dtype=torch.uint8)
+    offset = (4 - raw.data_ptr()) % 16 or 4  # 4 bytes past a boundary: a float32's alignment, not TMA's
+    shifted = raw[offset: offset + t.nbytes].view(t.dtype).view(t.shape)
+    shifted.copy_(t)
+    tensors[name] = shifted
+    step.state_args["index_k_cache"] = tensors["index_k_cache"]
+    state = make_state(step, scorer=_cpu_deepgemm_scorer())
+    state.topk_indices.fill_(5)
+    shown = "cache" if name == "index_k_cache" else name
+    with pytest.raises(ValueError, match=f"{shown}: DeepGEMM reads it by TMA"):
+        decode_rows(state, step.metadata, tensors["q"], tensors["weights"], SingleRank())
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
