@@ -36,7 +36,7 @@ from typing import Protocol
 import torch
 
 from . import reference
-from .arguments import require_dense
+from .arguments import require_dense, whole_count
 from .overlap import check_in_storage
 
 BLOCK_KV = reference.INDEX_BLOCK_KV
@@ -117,11 +117,13 @@ def check_scoring_inputs(
     if weights.shape != (rows, heads) or weights.stride(1) != 1:
         raise ValueError(f"weights: expected [{rows}, {heads}] with unit column stride, got {tuple(weights.shape)}")
     check_index_k_cache(cache, "cache", dim)
-    if seq_lens.dtype != torch.int32 or seq_lens.shape != (rows,):
-        raise ValueError(f"seq_lens: expected int32 [{rows}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != rows:
-        raise ValueError(f"block_table: expected int32 [{rows}, pages], got {block_table.dtype} "
-                         f"{tuple(block_table.shape)}")
+    for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
+        if t.dtype != torch.int32:  # a dtype is a TypeError, as every other dtype refusal of the host code
+            raise TypeError(f"{name}: expected int32, got {t.dtype}")
+    if seq_lens.shape != (rows,):
+        raise ValueError(f"seq_lens: expected int32 [{rows}], got {tuple(seq_lens.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != rows:
+        raise ValueError(f"block_table: expected int32 [{rows}, pages], got {tuple(block_table.shape)}")
     if block_table.stride(1) != 1:
         raise ValueError("block_table: needs unit column stride")
     for name, t in (("q", q), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table)):
@@ -195,6 +197,8 @@ class DeepGemmScorer:
         return int(self._dg.get_num_sms())
 
     def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        if not isinstance(seq_lens, torch.Tensor):
+            raise TypeError(f"seq_lens: expected a CUDA int32 tensor [rows], got {type(seq_lens).__name__}")
         if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or not seq_lens.is_cuda:
             raise ValueError(f"seq_lens: expected CUDA int32 [rows], got {seq_lens.dtype} {tuple(seq_lens.shape)} "
                              f"on {seq_lens.device}")
@@ -288,6 +292,11 @@ class ServingShapes:
     head_dim: int = 128
     max_model_len: int = 8192  # the logits kernel does not specialize on it
 
+    def __post_init__(self):
+        # warm_deepgemm's loop over row buckets would warm nothing for max_rows <= 0 and still report success.
+        for name in ("max_rows", "heads", "head_dim", "max_model_len"):
+            object.__setattr__(self, name, whole_count(f"ServingShapes.{name}", getattr(self, name), 1))
+
 
 def warm_deepgemm(shapes: ServingShapes = ServingShapes(), cache_dir: str | os.PathLike | None = None) -> dict:
     """Fill DeepGEMM's JIT cache for ``shapes`` on this GPU: run the schedule kernel
@@ -345,6 +354,7 @@ def check_step_compiles_nothing(step, *, repeats: int = 10, first_step_factor: f
     time is within ``first_step_factor`` x the steady state plus a slack for loading
     the cached cubins (milliseconds; a compile takes seconds). Raises RuntimeError otherwise; returns the timings.
     """
+    repeats = whole_count("repeats", repeats, 1)  # the steady state is their median
     before = jit_cache_snapshot()
     if not before:
         raise RuntimeError(f"check_step_compiles_nothing: DeepGEMM's cache {jit_cache_dir()} is empty; "

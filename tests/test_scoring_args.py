@@ -1,0 +1,55 @@
+"""The scorer module's argument refusals on the CPU: each names the argument, with the exception type the host code
+uses everywhere (TypeError for a type or dtype, ValueError for a value)."""
+
+from __future__ import annotations
+
+import pytest
+from indexer_cases import make_step
+
+from runtime import scoring
+
+
+def _inputs(**replace):
+    step = make_step(4, heads=32, head_dim=64, k=16)
+    md = step.metadata
+    args = {"q": step.q, "weights": step.weights, "cache": step.state_args["index_k_cache"],
+            "seq_lens": md.seq_lens, "block_table": md.block_table, "max_model_len": step.state_args["max_model_len"]}
+    args.update(replace)
+    return args
+
+
+@pytest.mark.parametrize("name", ["seq_lens", "block_table"])
+def test_scoring_inputs_of_another_dtype_are_a_type_error(name):
+    """An int64 seq_lens or block_table was a ValueError; every other dtype refusal is a TypeError."""
+    args = _inputs()
+    args[name] = args[name].long()
+    with pytest.raises(TypeError, match=f"{name}: expected int32, got torch.int64"):
+        scoring.check_scoring_inputs(**args)
+    scoring.check_scoring_inputs(**_inputs())
+
+
+def test_deepgemm_schedule_refuses_what_is_not_a_tensor():
+    """schedule(None) raised AttributeError ('NoneType' has no dtype), naming nothing."""
+    scorer = object.__new__(scoring.DeepGemmScorer)  # no DeepGEMM here: the check runs before any call into it
+    for bad in (None, [1, 2]):
+        with pytest.raises(TypeError, match="seq_lens: expected a CUDA int32 tensor"):
+            scorer.schedule(bad)
+
+
+@pytest.mark.parametrize("field", ["max_rows", "heads", "head_dim", "max_model_len"])
+@pytest.mark.parametrize("value", [0, -32, 2.5, True])
+def test_serving_shapes_take_positive_counts(field, value):
+    """ServingShapes(max_rows=0) made warm_deepgemm loop over no row bucket, warm nothing and report success."""
+    with pytest.raises((TypeError, ValueError), match=f"ServingShapes.{field}: expected"):
+        scoring.ServingShapes(**{field: value})
+    assert scoring.ServingShapes(**{field: 64}).__getattribute__(field) == 64
+
+
+@pytest.mark.parametrize("repeats", [0, -1, 1.5])
+def test_check_step_compiles_nothing_needs_a_steady_state(repeats, monkeypatch):
+    """repeats=0 raised IndexError from the median of no steady step, after running the step once."""
+    ran = []
+    monkeypatch.setattr(scoring, "jit_cache_snapshot", lambda directory=None: {"kernel.cubin": (1, 1)})
+    with pytest.raises((TypeError, ValueError), match="repeats: expected"):
+        scoring.check_step_compiles_nothing(lambda: ran.append(1), repeats=repeats)
+    assert ran == [], "the step ran before the refusal"
