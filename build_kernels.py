@@ -167,11 +167,15 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> No
     entries_by_arch = {arch: [manifest_entry(v, arch, cubins[(v.name, arch)]) for v in variants]
                        for arch, variants in variants_by_arch.items()}
     with FileLock(str(out / BUILD_LOCK)):
+        # A partial build (--only) keeps the other families' entries from the manifests it replaces: read (and
+        # refused where unreadable) before any file is written.
+        previous_by_arch = {arch: _previous_manifest(manifest_path(out, arch), needed=not whole)
+                            for arch in variants_by_arch}
         for arch, variants in variants_by_arch.items():
             entries = entries_by_arch[arch]
             for v, entry in zip(variants, entries):
                 _atomic_write(out / entry["cubin"], cubins[(v.name, arch)])
-            previous = _previous_manifest(manifest_path(out, arch))
+            previous = previous_by_arch[arch]
             kept = [] if whole else _kept_entries(previous, families)
             # The contract's order whatever was rebuilt, so that rebuilding some families reorders nothing.
             by_name = {e["name"]: e for e in kept + entries}
@@ -189,13 +193,29 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> No
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
 
 
-def _previous_manifest(path: Path) -> dict | None:
-    """The manifest a build replaces, where it is one of this schema."""
+def _previous_manifest(path: Path, *, needed: bool) -> dict | None:
+    """The manifest a build replaces, where it is one of this schema with a list of named entries; None where
+    there is none. Where ``needed`` (a partial build keeps the other families' entries from it), one that exists
+    but cannot be read so stops the build: writing only the rebuilt families would drop the rest from the cache
+    (every op would take its fallback), and a malformed entry would crash the build after its cubins were written."""
+    if not path.exists():
+        return None
     try:
         old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return old if isinstance(old, dict) and old.get("schema") == SCHEMA_VERSION else None
+        why = None if isinstance(old, dict) else "not a JSON object"
+    except (OSError, ValueError) as e:
+        old, why = None, f"unreadable ({e})"
+    if why is None and old.get("schema") != SCHEMA_VERSION:
+        why = f"of schema {old.get('schema')!r}, not {SCHEMA_VERSION}"
+    if why is None and not (isinstance(old.get("kernels"), list) and all(
+            isinstance(e, dict) and isinstance(e.get("name"), str) for e in old["kernels"])):
+        why = "without a list of named kernel entries"
+    if why is None:
+        return old
+    if needed:
+        raise SystemExit(f"{path}: --only keeps the other families' entries from this manifest, but it is {why}; "
+                         f"build every family (no --only), which rewrites it")
+    return None
 
 
 def _kept_entries(previous: dict | None, families) -> list:

@@ -261,3 +261,26 @@ def test_check_reports_a_committed_manifest_that_is_not_an_object(tmp_path):
     manifest_path(committed, "sm_90a").write_text("[]")
     problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
     assert len(problems) == 1 and "unknown manifest schema 'list'" in problems[0], problems
+
+
+@pytest.mark.parametrize("damage", ["{not json", "[]", '{"schema": 0, "kernels": []}', "KERNELS_NOT_OBJECTS"])
+def test_partial_build_refuses_a_previous_manifest_it_cannot_read(tmp_path, damage):
+    """--only keeps the other families' entries from the manifest it replaces. One it could not read made it write a
+    manifest of the rebuilt family alone (every op of the others then took its fallback), and entries that are not
+    objects crashed it after its cubins were written. It now stops before writing anything, naming the manifest."""
+    import shutil
+
+    shutil.copytree(REPO / "cubins", tmp_path / "cubins")
+    shutil.copytree(REPO / "manifests", tmp_path / "manifests")
+    path = manifest_path(tmp_path, "sm_90a")
+    if damage == "KERNELS_NOT_OBJECTS":
+        data = json.loads(path.read_text())
+        data["kernels"] = ["probe_cluster2"]
+        damage = json.dumps(data)
+    path.write_text(damage)
+    cubin = tmp_path / json.loads(manifest_path(REPO, "sm_90a").read_text())["kernels"][0]["cubin"]
+    cubin.write_bytes(b"left as it was")
+    proc = subprocess.run(BUILD + ["--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode != 0 and "--only keeps the other families' entries" in proc.stderr, proc.stdout + proc.stderr
+    assert path.read_text() == damage and cubin.read_bytes() == b"left as it was", "written before the refusal"
