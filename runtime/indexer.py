@@ -558,10 +558,27 @@ def _all_gather_rows(
     rows; rows past ``num_rows`` (a short or empty last slice) are dropped."""
     local = _same_layout_on_every_rank(buffer[tp.rank * rows: (tp.rank + 1) * rows])
     if all_gather is not None and all_gather.accepts(local):
-        gathered = all_gather(local)
+        gathered, source = all_gather(local), "all_gather"
     else:
-        gathered = tp.all_gather(local)
+        gathered, source = tp.all_gather(local), "tp.all_gather"
+    _check_gathered(source, gathered, local, tp.world_size)
     buffer[:num_rows].copy_(gathered[:num_rows])
+
+
+def _check_gathered(source: str, gathered, local: torch.Tensor, world_size: int) -> None:
+    """Refuse, naming ``source``, a gather result that is not every rank's slice stacked along dim 0 (``local``'s
+    dtype and device, ``world_size`` x its rows): the copy into the buffers would broadcast, convert or cross devices
+    without an error, e.g. a gather returning its whole fixed-size workspace (the later ranks' rows read from rank 0's
+    unused slots) or the int32 bits viewed as float32 (every index turned to 0). One gather gives every rank the
+    same kind of result, so every rank raises here and none is left waiting in a later collective."""
+    want = (operator.index(world_size) * local.shape[0], *local.shape[1:])
+    fix = (f"return every rank's slice concatenated along dim 0 in rank order, {local.dtype} {list(want)} on "
+           f"{local.device}")
+    if not isinstance(gathered, torch.Tensor) or gathered.dtype != local.dtype:
+        got = gathered.dtype if isinstance(gathered, torch.Tensor) else type(gathered).__name__
+        raise TypeError(f"{source}: returned {got}; {fix}")
+    if gathered.shape != want or gathered.device != local.device:
+        raise ValueError(f"{source}: returned {list(gathered.shape)} on {gathered.device}; {fix}")
 
 
 def _same_layout_on_every_rank(local: torch.Tensor) -> torch.Tensor:

@@ -1292,3 +1292,53 @@ def test_deepgemm_scorer_refuses_inputs_off_a_16_byte_boundary(name):
     with pytest.raises(ValueError, match=f"{shown}: DeepGEMM reads it by TMA"):
         decode_rows(state, step.metadata, tensors["q"], tensors["weights"], SingleRank())
     assert (state.topk_indices == 5).all(), "reset before the refusal"
+
+
+# ---------------------------------------------------------------------------
+# Review of the decode flow (review-indexer): the gathers' results
+# ---------------------------------------------------------------------------
+
+class _WrongGather:
+    """A gather that takes every slice and returns a result of another form than every rank's slice concatenated
+    along dim 0 (the other rank's rows: this rank's, a stand-in), as a custom one-shot gather or a TP wrapper may."""
+
+    def __init__(self, form, world=2):
+        self.form, self.world_size, self.rank = form, world, 0
+
+    def accepts(self, local):
+        return True
+
+    def __call__(self, local):
+        rows = local.shape[0]
+        if self.form == "workspace":  # the whole fixed-size workspace: 16 rows a rank's slot, the slice first
+            out = torch.full((self.world_size * 16, *local.shape[1:]), 0, dtype=local.dtype)
+            for r in range(self.world_size):
+                out[r * 16: r * 16 + rows] = local
+            return out
+        whole = torch.cat([local] * self.world_size)
+        if self.form == "float32 bits":
+            return whole.view(torch.float32)
+        if self.form == "stacked":
+            return whole.view(self.world_size, rows, *local.shape[1:])
+        return whole.to("meta")  # another device
+
+    all_gather = __call__
+
+
+@pytest.mark.parametrize("form, exc", [("workspace", ValueError), ("float32 bits", TypeError),
+                                       ("stacked", ValueError), ("device", ValueError)])
+@pytest.mark.parametrize("through", ["all_gather", "tp.all_gather"])
+def test_gather_result_of_another_form_is_refused(form, exc, through):
+    """World 2, 18 rows: rank 0 scores rows 0-9 and takes rows 10-17 from the gather. A result that is not the
+    [2 x 10, columns] int32 concatenation was copied into the buffers as it came: a fixed-size workspace put rank 0's
+    unused slots in rows 10-15 and float32 bits turned every index into 0, both without an error; a stacked result or
+    one on another device raised torch's error naming neither gather. Each is refused naming the gather that
+    returned it, before anything is copied."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    state = make_state(step, scorer=TorchScorer())
+    wrong = _WrongGather(form)
+    tp, gather = (Loopback(2), wrong) if through == "all_gather" else (wrong, None)
+    with pytest.raises(exc, match=f"^{through}: returned .*concatenated along dim 0 in rank order, torch.int32 "
+                                  r"\[20, 16\] on cpu"):
+        decode_rows(state, step.metadata, step.q, step.weights, tp, gather)
+    assert (state.topk_indices[10:18] == -1).all(), "rows copied from the refused result"
