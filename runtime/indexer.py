@@ -320,13 +320,15 @@ def plan_decode_rows(
     ``padded_tokens``: the step's tokens including a CUDA graph's padding (default
     ``metadata.num_tokens``), in ``[metadata.num_tokens, state.max_rows]``. The reset
     spans them all, so padded rows hold -1, not an earlier step's indices."""
-    return _plan(state, metadata, tp, padded_tokens, metadata_checked=False)
+    return _plan(state, metadata, tp, padded_tokens, by_decode_rows=False)
 
 
 def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, padded_tokens: int | None, *,
-          metadata_checked: bool) -> DecodeRowsPlan | None:
-    """plan_decode_rows on the state's device; ``metadata_checked``: decode_rows ran ``_check_metadata`` on this
-    metadata before the plan (not run twice a step: it is host time on every step)."""
+          by_decode_rows: bool) -> DecodeRowsPlan | None:
+    """plan_decode_rows on the state's device; ``by_decode_rows``: decode_rows ran ``_check_metadata`` on this
+    metadata before the plan and finishes the plan at once, so neither the metadata check nor the record of what
+    ``finish_decode_rows`` compares (where the buffers are, the metadata's fields) is made twice or for nothing:
+    host time on every step."""
     if metadata is None or metadata.num_prefills > 0:
         return None
     _check_num_tokens(metadata)
@@ -335,7 +337,7 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     num_rows = metadata.num_tokens
     if CHECK_METADATA_VALUES:
         check_decode_metadata_values(state, metadata)
-    elif not metadata_checked:
+    elif not by_decode_rows:
         _check_metadata(state, metadata)
     reset_rows = num_rows if padded_tokens is None else whole_count("padded_tokens", padded_tokens, 0)
     if not num_rows <= reset_rows <= state.max_rows:
@@ -373,9 +375,11 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     state.topk_indices[:reset_rows] = -1
     if own_schedule:
         schedule = state.scorer.schedule(metadata.seq_lens[start:end])
+    # What finish_decode_rows compares against the state and metadata it is given; decode_rows finishes its plan
+    # at once, with the same ones.
+    buffers, view = ((), ()) if by_decode_rows else (_buffers_of(state), _metadata_view(metadata))
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
-                          world_size, state.topk_indices.shape[0], _buffers_of(state), state._plans,
-                          _metadata_view(metadata))
+                          world_size, state.topk_indices.shape[0], buffers, state._plans, view)
 
 
 def _metadata_view(md: DecodeMetadata) -> tuple:
@@ -427,13 +431,28 @@ def finish_decode_rows(
     its metadata's fields as the plan saw them (replaced counts or tensors are refused;
     the tensors' device values may change), and ``q`` and ``weights`` may not share
     memory with the state's buffers, which the plan reset before they are read."""
-    return _finish(state, q, weights, plan, tp, all_gather, query_checked=False)
+    return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=False)
 
 
-def _finish(state, q, weights, plan, tp, all_gather, *, query_checked: bool):
-    """finish_decode_rows; ``query_checked``: decode_rows checked q and weights before its plan."""
+def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
+    """finish_decode_rows; ``by_decode_rows``: decode_rows made ``plan`` a moment ago from these arguments, having
+    checked q, weights and all_gather before it, so none of the finish's checks could fail: not run again."""
     if plan is None:
         return None
+    if not by_decode_rows:
+        _check_finish(state, q, weights, plan, tp, all_gather)
+    if plan.end > plan.start:
+        _decode_rows(state, q, weights, plan)
+    if plan.shard is not None:
+        _all_gather_rows(state.topk_indices[:, : state.k], plan.shard, plan.num_rows, tp, all_gather)
+        if state.candidate_blocks is not None:
+            _all_gather_rows(state.candidate_blocks, plan.shard, plan.num_rows, tp, all_gather)
+    return state.topk_indices
+
+
+def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
+    """What finish_decode_rows refuses before it scores: a plan of another group or state, or not the state's
+    latest; metadata changed since the plan; a sharded step's gathers; the query."""
     rank, world_size = _rank_and_world(tp)
     if (plan.rank, plan.world_size) != (rank, world_size):
         raise ValueError(f"tp: rank {rank} of {world_size}, but the plan is for rank {plan.rank} of "
@@ -450,19 +469,11 @@ def _finish(state, q, weights, plan, tp, all_gather, *, query_checked: bool):
     _check_metadata_unchanged(plan)
     if plan.shard is not None:
         _check_gathers(tp, all_gather)
-    if not query_checked:
-        _check_query(q, weights, plan.num_rows, state)
-        # Every rank checks the whole step's scoring inputs, not only its slice: a rank
-        # with an empty slice scores nothing and would otherwise enter the gathers while
-        # the others raise.
-        _check_scoring(state, plan.metadata, q, weights)
-    if plan.end > plan.start:
-        _decode_rows(state, q, weights, plan)
-    if plan.shard is not None:
-        _all_gather_rows(state.topk_indices[:, : state.k], plan.shard, plan.num_rows, tp, all_gather)
-        if state.candidate_blocks is not None:
-            _all_gather_rows(state.candidate_blocks, plan.shard, plan.num_rows, tp, all_gather)
-    return state.topk_indices
+    _check_query(q, weights, plan.num_rows, state)
+    # Every rank checks the whole step's scoring inputs, not only its slice: a rank
+    # with an empty slice scores nothing and would otherwise enter the gathers while
+    # the others raise.
+    _check_scoring(state, plan.metadata, q, weights)
 
 
 def decode_rows(
@@ -488,8 +499,9 @@ def decode_rows(
         _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
         _check_scoring(state, metadata, q, weights)
     with _on_device(state.topk_indices.device):
-        plan = _plan(state, metadata, tp, _padded_tokens(state, metadata, q), metadata_checked=has_rows)
-        return _finish(state, q, weights, plan, tp, all_gather, query_checked=has_rows)
+        # A plan is made only for a step with rows, whose arguments were all checked above.
+        plan = _plan(state, metadata, tp, _padded_tokens(state, metadata, q), by_decode_rows=has_rows)
+        return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=has_rows)
 
 
 def _padded_tokens(state: IndexerState, metadata: DecodeMetadata | None, q) -> int | None:
