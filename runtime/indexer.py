@@ -365,6 +365,9 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     if end > start and not own_schedule and callable(check_schedule):
         # The scorer reads it, and its logits(checked=True) does not check it again.
         check_schedule(schedule, state.topk_indices.device, "metadata.schedule")
+        if isinstance(schedule, torch.Tensor) and schedule.is_contiguous():  # DeepGemmScorer's is (checked)
+            # Read by the scoring after the reset below, and by the step's later layers after this one's selection.
+            _check_read_apart(state, (("metadata.schedule", schedule),), "give the schedule memory of its own")
 
     # The state's buffers were checked when it was built; a storage shrunk since (FSDP-style) would take the reset
     # and the finish's writes into freed memory: torch's slice assignment does not check it.

@@ -1379,3 +1379,23 @@ def test_decode_rows_does_not_check_its_own_plan_again(monkeypatch):
     finish_decode_rows(state, step.q, step.weights, plan, group)
     assert calls == {"_rank_and_world": 2, "_metadata_view": 2, "_buffers_of": 2, "_check_gathers": 1}
     assert torch.equal(state.topk_indices, want.topk_indices)
+
+
+@pytest.mark.parametrize("buffer", ["topk_indices", "candidate_blocks"])
+def test_plan_refuses_a_caller_schedule_sharing_the_buffers(buffer):
+    """A replicated step reuses metadata.schedule, which DeepGEMM reads in the finish, after the plan's reset (and,
+    in the step's later layers, after this layer's selection). Cut from the memory of the top-k buffer (one int32
+    arena), the reset overwrote it with -1s before DeepGEMM read it; from the candidate buffer's, the selection wrote
+    block ids into it for the next layer: both without an error. Refused naming both, before the reset, as the
+    metadata's other tensors are."""
+    step = make_step(8, heads=32, head_dim=64, k=16, candidates=16)
+    scorer = _cpu_deepgemm_scorer()
+    state = make_state(step, scorer=scorer)
+    state.topk_indices.fill_(5)
+    schedule = getattr(state, buffer).view(-1)[-10:].view(5, 2)  # in the buffer's last row, which the step resets
+    schedule.copy_(torch.arange(10, dtype=torch.int32).view(5, 2))
+    before = state.topk_indices.clone()
+    with pytest.raises(ValueError, match=f"metadata.schedule overlaps {buffer}'s memory.*memory of its own"):
+        decode_rows(state, _with_schedule(step.metadata, schedule), step.q, step.weights, SingleRank())
+    assert torch.equal(state.topk_indices, before) and not scorer._dg.logits_schedules, "reset before the refusal"
+    assert schedule.view(-1).tolist() == list(range(10))
