@@ -320,7 +320,16 @@ def plan_decode_rows(
     ``padded_tokens``: the step's tokens including a CUDA graph's padding (default
     ``metadata.num_tokens``), in ``[metadata.num_tokens, state.max_rows]``. The reset
     spans them all, so padded rows hold -1, not an earlier step's indices."""
+    _check_metadata_type(metadata)
     return _plan(state, metadata, tp, padded_tokens, by_decode_rows=False)
+
+
+def _check_metadata_type(metadata) -> None:
+    """A TypeError naming ``metadata`` unless it is a DecodeMetadata or None: the seed's plan takes the step's token
+    count in its place, and its metadata is another class; either met an AttributeError naming one of its fields."""
+    if metadata is not None and not isinstance(metadata, DecodeMetadata):
+        raise TypeError(f"metadata: expected a runtime.indexer.DecodeMetadata or None, got {type(metadata).__name__}; "
+                        f"build a DecodeMetadata of the step's decode rows (None runs the caller's stock path)")
 
 
 def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, padded_tokens: int | None, *,
@@ -456,6 +465,9 @@ def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
 def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
     """What finish_decode_rows refuses before it scores: a plan of another group or state, or not the state's
     latest; metadata changed since the plan; a sharded step's gathers; the query."""
+    if not isinstance(plan, DecodeRowsPlan):
+        raise TypeError(f"plan: expected the DecodeRowsPlan (or None) that plan_decode_rows returned, got "
+                        f"{type(plan).__name__}; pass its result")
     rank, world_size = _rank_and_world(tp)
     if (plan.rank, plan.world_size) != (rank, world_size):
         raise ValueError(f"tp: rank {rank} of {world_size}, but the plan is for rank {plan.rank} of "
@@ -493,6 +505,7 @@ def decode_rows(
     Everything the finish would refuse is refused before the plan's reset, so an
     ``all_gather`` that is not a RowGather is refused on every step with rows, not
     only on one that shards (``finish_decode_rows`` looks at it only where it shards)."""
+    _check_metadata_type(metadata)
     if metadata is not None and metadata.num_prefills == 0:
         _check_num_tokens(metadata)
     has_rows = metadata is not None and metadata.num_prefills == 0 and metadata.num_tokens > 0

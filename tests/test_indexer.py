@@ -1399,3 +1399,25 @@ def test_plan_refuses_a_caller_schedule_sharing_the_buffers(buffer):
         decode_rows(state, _with_schedule(step.metadata, schedule), step.q, step.weights, SingleRank())
     assert torch.equal(state.topk_indices, before) and not scorer._dg.logits_schedules, "reset before the refusal"
     assert schedule.view(-1).tolist() == list(range(10))
+
+
+@pytest.mark.parametrize("call", ["plan count", "plan seed metadata", "decode_rows", "finish tensor", "finish str"])
+def test_metadata_and_plan_of_another_type_are_refused_naming_them(call):
+    """The seed's plan takes the step's token count where plan_decode_rows takes the metadata, and a port may pass
+    the seed's metadata class, or shift finish_decode_rows' arguments by the seed's hidden_states: each met an
+    AttributeError naming a field ('int' object has no attribute 'num_prefills', 'Tensor' ... 'rank'). A TypeError
+    names the argument and what to pass, before anything is issued."""
+    step = make_step(8, k=16)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    seed_metadata = types.SimpleNamespace(num_prefills=0, num_decode_tokens=8, num_decodes=8)
+    run, name = {
+        "plan count": (lambda: plan_decode_rows(state, 8, SingleRank()), "metadata"),
+        "plan seed metadata": (lambda: plan_decode_rows(state, seed_metadata, SingleRank()), "metadata"),
+        "decode_rows": (lambda: decode_rows(state, seed_metadata, step.q, step.weights, SingleRank()), "metadata"),
+        "finish tensor": (lambda: finish_decode_rows(state, step.q, step.weights, step.weights, SingleRank()), "plan"),
+        "finish str": (lambda: finish_decode_rows(state, step.q, step.weights, "plan", SingleRank()), "plan"),
+    }[call]
+    with pytest.raises(TypeError, match=f"^{name}: expected .*, got "):
+        run()
+    assert (state.topk_indices == 5).all()
