@@ -650,9 +650,11 @@ def _aot_select(logits, row_ends, out, block_mode) -> None:
     """``decode_topk`` (the AOT kernel, or its exact fallback), straight into ``out`` (a column slice of a wider
     buffer is a row stride to it, not a temporary and a copy); a k it does not take goes to the reference."""
     if out.shape[1] not in topk.SUPPORTED_K:
-        warnings.warn(f"indexer: k = {out.shape[1]} is not one of decode_topk's {topk.SUPPORTED_K}, so the exact "
-                      f"torch reference selects (milliseconds); use a supported k for the AOT top-k", RuntimeWarning,
-                      stacklevel=2)
+        # Block mode's k is the candidate buffer's width, not the state's k: say which to change.
+        what = "candidate_blocks' width" if block_mode else "k"
+        warnings.warn(f"indexer: {what} = {out.shape[1]} is not one of decode_topk's k {topk.SUPPORTED_K}, so the "
+                      f"exact torch reference selects (milliseconds); use a supported {what} for the AOT top-k",
+                      RuntimeWarning, stacklevel=2)
         _reference_select(logits, row_ends, out, block_mode)
     else:
         # Right behind DeepGEMM's scoring, which does not trigger its dependents early: plain stream order. A PDL

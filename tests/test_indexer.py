@@ -1421,3 +1421,18 @@ def test_metadata_and_plan_of_another_type_are_refused_naming_them(call):
     with pytest.raises(TypeError, match=f"^{name}: expected .*, got "):
         run()
     assert (state.topk_indices == 5).all()
+
+
+def test_aot_selection_of_an_unsupported_candidate_width_names_the_candidate_buffer():
+    """Block mode selects as many blocks as the candidate buffer is wide: a width the AOT top-k does not take was said
+    as 'k = 12 is not one of decode_topk's ...; use a supported k', though the state's k may be a supported one. The
+    warning names candidate_blocks' width; the token mode's still names k."""
+    from runtime import indexer
+
+    logits = torch.randn(3, 100)
+    ends = torch.tensor([100, 5, 0], dtype=torch.int32)
+    out = torch.empty(3, 12, dtype=torch.int32)
+    with pytest.warns(RuntimeWarning, match="candidate_blocks' width = 12 is not one of decode_topk's k .*use a "
+                                            "supported candidate_blocks' width"):
+        indexer._aot_select(logits, ends, out, True)
+    assert torch.equal(out, reference.decode_topk_reference(logits, ends, 12, block_mode=True))
