@@ -80,6 +80,25 @@ def test_keys_preserve_order():
         assert (keys[1:] >= keys[:-1]).all()
         assert keys[4] == keys[5]
         assert decode_topk_keys(torch.tensor([float("nan")]).to(dtype))[0] == keys[0]
+        # Strictly increasing but for the +-0 pair: ">=" alone holds for a constant key (every negative value
+        # mapped to one key), which would make the GPU tests' "no selected key below the k-th" check vacuous.
+        assert (keys[1:] > keys[:-1]).tolist() == [True] * 4 + [False] + [True] * 4
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=("f32", "bf16"))
+def test_keys_order_as_the_values_do(dtype):
+    """Every pair of values, specials, denormals and random values of both signs among them: keys compare as the
+    values do (NaN as -inf, -0 as +0), within [0, 2^32) for FP32 and [0, 2^16) for BF16."""
+    g = torch.Generator().manual_seed(11)
+    vals = torch.cat([torch.tensor(SPECIALS + (1e-40, -1e-40, 3e38, -3e38)), torch.randn(200, generator=g),
+                      torch.randn(50, generator=g) * 1e-39, torch.randint(-3, 4, (50,), generator=g).float()])
+    vals = vals.to(dtype)
+    keys = decode_topk_keys(vals)
+    v = vals.double()
+    v = torch.where(torch.isnan(v), torch.full_like(v, float("-inf")), v)
+    assert (keys[:, None] < keys[None, :]).equal(v[:, None] < v[None, :])
+    assert (keys[:, None] == keys[None, :]).equal(v[:, None] == v[None, :])
+    assert keys.min() >= 0 and keys.max() < (1 << (32 if dtype == torch.float32 else 16))
 
 
 def test_host_op_cpu_fallback_and_checks():
