@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-# Set on a GPU machine (gpu/jobs): a GPU test that would skip (no CUDA device seen, DeepGEMM missing) fails instead.
+# Set on a GPU machine (gpu/jobs): a GPU test that would skip (no CUDA device seen, DeepGEMM or triton missing, any
+# other skip of a test marked gpu) fails instead.
 REQUIRE_GPU = os.environ.get("SPARSE_DECODE_AOT_REQUIRE_GPU", "") not in ("", "0")
 
 
@@ -26,6 +27,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With SPARSE_DECODE_AOT_REQUIRE_GPU set, a GPU test that skips from inside (pytest.skip, pytest.importorskip: a
+    dependency missing on the GPU machine, such as triton for the sparse-MLA peer) fails instead. The collection check
+    above sees only whether torch has a device, and _deepgemm in test_indexer_gpu.py covers DeepGEMM alone."""
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_GPU and report.skipped and "gpu" in item.keywords and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"SPARSE_DECODE_AOT_REQUIRE_GPU is set but this GPU test skipped: {reason}"
 
 
 @pytest.fixture
