@@ -31,6 +31,19 @@ def _run(logits, row_ends, k, block_mode, *, expect_kernel=True):
     return out
 
 
+def _record_fallback(monkeypatch):
+    """The rows of each call of decode_topk's exact torch fallback from now on (a list to assert empty): a test that
+    calls decode_topk directly and then compares with the reference passes on the fallback too, where a routing
+    change or a refused cache sends its call there (a RuntimeWarning only)."""
+    from runtime import topk
+
+    calls = []
+    reference = topk.decode_topk_reference
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda lg, *a, **kw: calls.append(lg.shape[0]) or
+                        reference(lg, *a, **kw))
+    return calls
+
+
 def _launch_direct(kernel, logits, row_ends, k, ctas_per_row):
     """One kernel of the cache launched directly (no host op, no routing) on every row; its output, synchronised."""
     rows, width = logits.shape
@@ -189,15 +202,17 @@ def test_padded_stride_and_clipped_row_ends(dtype, block_mode):
     _check(logits, ends, out, k, block_mode)
 
 
-def test_out_row_stride_and_exact_tail():
-    """out may be a column slice of a wider buffer: only its k columns are written."""
+def test_out_row_stride_and_exact_tail(monkeypatch):
+    """out may be a column slice of a wider buffer: only its k columns are written (by the kernel)."""
     k, rows, width = 512, 4, 70000
     logits = _logits(rows, width, torch.float32, seed=9)
     ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
     buf = torch.full((rows, 3 * k), -9, dtype=torch.int32, device="cuda")
     from runtime.topk import decode_topk
 
+    fallback = _record_fallback(monkeypatch)
     decode_topk(logits, ends, buf[:, k: 2 * k])
+    assert not fallback, "the torch fallback wrote out, not the kernel"
     assert (buf[:, :k] == -9).all() and (buf[:, 2 * k:] == -9).all()
     _check(logits, ends, buf[:, k: 2 * k], k, False)
 
@@ -509,13 +524,14 @@ def _max_active_clusters(name):
     return runtime.load().kernel(name).max_active_clusters
 
 
-def test_cuda_graph_capture():
+def test_cuda_graph_capture(monkeypatch):
     from runtime.topk import decode_topk
 
     k, rows, width = 2048, 8, 65536
     logits = _logits(rows, width, torch.bfloat16, seed=1)
     ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
     out = torch.zeros((rows, k), dtype=torch.int32, device="cuda")
+    fallback = _record_fallback(monkeypatch)
     decode_topk(logits, ends, out)  # loads the cache before capture
     torch.cuda.synchronize()
     out.zero_()
@@ -524,11 +540,12 @@ def test_cuda_graph_capture():
         decode_topk(logits, ends, out)
     g.replay()
     torch.cuda.synchronize()
+    assert not fallback, "the torch fallback was captured, not the kernel"
     _check(logits, ends, out, k, False)
 
 
 @pytest.mark.parametrize("pdl", (True, False), ids=("pdl", "in_stream_order"))
-def test_back_to_back_launches_keep_stream_order(pdl):
+def test_back_to_back_launches_keep_stream_order(monkeypatch, pdl):
     """Programmatic dependent launch lets a launch be scheduled while the one before it runs;
     a fast launch right behind a slow one into the same output rows must still land last
     (it waits before any global access), eagerly and inside a CUDA graph; so must a launch
@@ -541,6 +558,7 @@ def test_back_to_back_launches_keep_stream_order(pdl):
     slow_ends = torch.full((rows,), 262144, dtype=torch.int32, device="cuda")
     fast_ends = torch.randint(k, 4097, (rows,), dtype=torch.int32, device="cuda")
     out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+    fallback = _record_fallback(monkeypatch)  # the fallback launches no PDL kernel: it would prove nothing here
 
     def pair(last, last_ends, first=slow, first_ends=slow_ends):
         for _ in range(4):
@@ -559,4 +577,5 @@ def test_back_to_back_launches_keep_stream_order(pdl):
     out.fill_(-7)
     g.replay()
     torch.cuda.synchronize()
+    assert not fallback, f"the torch fallback ran on {fallback} rows, not the kernels"
     _check(fast, fast_ends, out, k, False)
