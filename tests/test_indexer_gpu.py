@@ -124,6 +124,12 @@ def test_torch_scorer_flow_agrees_with_deepgemm_flow():
     decode_rows(ref, step.metadata, step.q, step.weights, SingleRank())
     # Summation order differs, so only near-ties may swap; both take min(k, seq_len) candidates.
     for r in range(8):
+        n, length = min(step.state_args["k"], int(step.metadata.seq_lens[r])), int(step.metadata.seq_lens[r])
+        for name, row in (("deepgemm", dg.topk_indices[r]), ("torch", ref.topk_indices[r])):
+            # The sets below drop -1 and repeats: a row padded with a repeated index instead of -1 passed them.
+            taken = row[row != -1]
+            assert taken.numel() == n and taken.unique().numel() == n, (name, r)
+            assert ((taken >= 0) & (taken < length)).all(), (name, r)
         a = set(dg.topk_indices[r].tolist()) - {-1}
         b = set(ref.topk_indices[r].tolist()) - {-1}
         assert len(a) == len(b) == min(step.state_args["k"], int(step.metadata.seq_lens[r])), r
