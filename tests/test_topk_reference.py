@@ -709,3 +709,47 @@ def test_host_op_takes_no_rows_or_no_columns():
         out = torch.zeros(3, 512, dtype=torch.int32)
         decode_topk(torch.zeros(3, 0), torch.tensor([0, 5, -5], dtype=torch.int32), out, block_mode=block_mode)
         assert (out == -1).all()
+
+
+# Review addition: the widest rows the op takes (MAX_WIDTH = 2^21 - 1 columns), against a stable sort by value. The
+# reference ranks (key << 21) | (2^21 - 1 - index): every other CPU test stays under 4200 columns, so an index packing
+# of 20 bits (wrong from column 2^20 on) passed them all. Ties cross column 2^20, the best value sits in the last
+# column, a row ends just past 2^20; and width 2^21 is refused by the op and the reference.
+def _stable_sort_topk(logits, end, k, block_mode):
+    """Larger value first, lower index among equals (a stable sort), NaN as -inf; -1 past the candidates."""
+    v = logits[: max(0, min(end, logits.shape[0]))].double()
+    v = torch.where(torch.isnan(v), torch.full_like(v, float("-inf")), v)
+    if block_mode:
+        pad = -v.shape[0] % 8
+        v = torch.cat([v, torch.full((pad,), float("-inf"), dtype=v.dtype)]).view(-1, 8).amax(dim=1)
+    order = torch.sort(v, descending=True, stable=True).indices[:k].tolist()
+    return order + [-1] * (k - len(order))
+
+
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+def test_reference_and_op_at_the_width_limit(block_mode):
+    from runtime.topk import MAX_WIDTH, decode_topk
+
+    width, half, k = MAX_WIDTH, 1 << 20, 2048
+    assert width == (1 << 21) - 1
+    g = torch.Generator().manual_seed(21)
+    logits = torch.randint(-3, 4, (4, width), generator=g).float()
+    logits[0] = (torch.arange(width) >= half).float()  # one tie from column 2^20 on: the lowest indices there win
+    logits[1, torch.randint(0, width, (5000,), generator=g)] = float("nan")
+    logits[1, -1] = float("inf")  # the last column is the best
+    logits[2] = torch.randn(width, generator=g).mul(4).round()
+    ends = torch.tensor([width, width, half + 5, width - 9], dtype=torch.int32)
+    got = decode_topk_reference(logits, ends, k, block_mode=block_mode)
+    out = torch.full((4, k), -7, dtype=torch.int32)
+    decode_topk(logits, ends, out, block_mode=block_mode)
+    for r in range(4):
+        want = _stable_sort_topk(logits[r], int(ends[r]), k, block_mode)
+        assert got[r].tolist() == want, r
+        assert sorted(out[r].tolist()) == sorted(want), r
+    if not block_mode:
+        assert got[0, 0] == half and got[1, 0] == width - 1
+    too_wide = torch.zeros(1, width + 1)
+    with pytest.raises(ValueError, match="width 2097152 exceeds"):
+        decode_topk_reference(too_wide, torch.ones(1, dtype=torch.int32), k)
+    with pytest.raises(ValueError, match="width 2097152 exceeds 2097151 columns"):
+        decode_topk(too_wide, torch.ones(1, dtype=torch.int32), torch.empty(1, k, dtype=torch.int32))
