@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.contract import all_variants
 from runtime.manifest import manifest_path
 from sass import cuobjdump, opcode_sequence, opcodes
 
@@ -28,6 +29,14 @@ def entries(arch, family):
     return [k for k in data["kernels"] if k["family"] == family]
 
 
+def every_variant(arch, family):
+    """entries(arch, family), asserted to hold every variant of the contract's family for the arch: a loop over them
+    checks nothing where the manifest names the family otherwise or lacks some of its kernels."""
+    found = entries(arch, family)
+    assert sorted(k["name"] for k in found) == sorted(v.name for v in all_variants(arch, (family,))), (arch, family)
+    return found
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_probe_sass_has_cluster_dsmem_and_pdl(arch):
     found = entries(arch, "probe")
@@ -39,7 +48,7 @@ def test_probe_sass_has_cluster_dsmem_and_pdl(arch):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_empty_kernels_are_empty(arch):
-    for k in entries(arch, "empty"):
+    for k in every_variant(arch, "empty"):
         ops = opcodes(str(REPO / k["cubin"]))
         assert ops <= {"EXIT", "BRA", "NOP", "LDC", "LDCU"}, (k["name"], ops)  # a constant load at most
 
@@ -60,7 +69,7 @@ def global_accesses_before_wait(kernel, allowed=()):
 def test_decode_topk_waits_before_any_global_access(arch):
     """decode_topk is launched with programmatic dependent launch: its logits, row ends and
     output rows may still be in the previous grid's hands until griddepcontrol.wait (ACQBULK)."""
-    for k in entries(arch, "decode_topk"):
+    for k in every_variant(arch, "decode_topk"):
         assert k["pdl"], k["name"]
         touched = global_accesses_before_wait(k)
         assert not touched, (arch, k["name"], touched)
