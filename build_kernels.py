@@ -207,8 +207,7 @@ def _previous_manifest(path: Path, *, needed: bool) -> dict | None:
         old, why = None, f"unreadable ({e})"
     if why is None and old.get("schema") != SCHEMA_VERSION:
         why = f"of schema {old.get('schema')!r}, not {SCHEMA_VERSION}"
-    if why is None and not (isinstance(old.get("kernels"), list) and all(
-            isinstance(e, dict) and isinstance(e.get("name"), str) for e in old["kernels"])):
+    if why is None and not _named_entries(old.get("kernels")):
         why = "without a list of named kernel entries"
     if why is None:
         return old
@@ -279,8 +278,12 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
 
 def _comparable(old) -> bool:
     """Whether check_against can index the committed manifest: an object whose kernels are objects with a name."""
-    kernels = old.get("kernels", []) if isinstance(old, dict) else None
-    return isinstance(kernels, list) and all(isinstance(e, dict) and type(e.get("name")) is str for e in kernels)
+    return isinstance(old, dict) and _named_entries(old.get("kernels", []))
+
+
+def _named_entries(kernels) -> bool:
+    """Whether a manifest's ``kernels`` can be read by name: a list of objects, each with a string name."""
+    return isinstance(kernels, list) and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in kernels)
 
 
 def _runtime_refusal(committed: Path, arch: str) -> str | None:
