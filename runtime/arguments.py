@@ -11,6 +11,8 @@ import torch
 
 def whole_number(name: str, value) -> int:
     """``value`` as a Python int, or a TypeError naming ``name``."""
+    if type(value) is int:  # the common case, at one comparison (a bool's type is bool, not int)
+        return value
     # A bool tensor (torch.tensor(True), mask.any()) passes operator.index as 1 or 0: a flag all the same.
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise TypeError(f"{name}: expected an integer, got the bool {value!r}")

@@ -35,8 +35,18 @@ def first_overlap(out: torch.Tensor, named) -> str | None:
     """The name of the first (name, tensor or None) in ``named`` that shares a byte with ``out``, else None
     (out's layout is read once: the host ops check every input of a call)."""
     ro = _runs(out)
+    if ro is None:
+        return None
+    low, high = ro[0], ro[0] + (ro[1] - 1) * ro[2] + ro[3]  # out's byte span
     for name, t in named:
-        if t is not None and _runs_overlap(ro, _runs(t)):
+        if t is None:
+            continue
+        # A contiguous input wholly before or after out's span shares nothing (the common case, three reads);
+        # the rest is decided run by run. An input of no bytes ends where it starts: apart too.
+        start = t.data_ptr()
+        if t.is_contiguous() and (start >= high or start + t.nbytes <= low):
+            continue
+        if _runs_overlap(ro, _runs(t)):
             return name
     return None
 
@@ -57,16 +67,18 @@ def check_in_storage(name: str, t: torch.Tensor) -> None:
     (``untyped_storage().resize_()``, as FSDP frees a parameter's memory) leaves views whose data_ptr points at
     freed or foreign memory, which a kernel would read or write, and torch's own slice assignment and fill_ would
     too. About 0.35 us of host time a contiguous tensor, 0.8 a strided one."""
-    count = t.numel()
-    if not count:
+    nbytes = t.nbytes
+    if not nbytes:
         return
+    es = t.element_size()
     if t.is_contiguous():
-        end = t.storage_offset() + count
+        need = t.storage_offset() * es + nbytes
     else:
         end = t.storage_offset() + 1
         for size, stride in zip(t.shape, t.stride()):
             end += (size - 1) * stride
-    need, have = end * t.element_size(), t.untyped_storage().nbytes()
+        need = end * es
+    have = t.untyped_storage().nbytes()
     if need > have:
         raise ValueError(f"{name}: its view ends at byte {need} of a storage of {have} bytes (the storage was shrunk "
                          f"after the view was made, e.g. by untyped_storage().resize_()); pass a tensor whose "

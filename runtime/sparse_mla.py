@@ -31,83 +31,67 @@ _FLOAT32_MAX = 3.4028234663852886e38  # the kernel takes the scales as float32
 _BMM1_SCALE_MAX = _FLOAT32_MAX / math.log2(math.e)
 
 
-def _check_tensor(name, t, dtype, ndim):
+def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
+    """``t``'s shape, where it is a dense contiguous ``dtype`` tensor of ``ndim`` dimensions inside its storage, on
+    ``device`` (unless None: q, which sets it) and ``align``-byte aligned; else a TypeError/ValueError naming ``name``.
+    Each property is read once: an eager call's checks are host time on every layer of a step."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    require_dense(name, t)
+    if t.layout is not torch.strided:
+        require_dense(name, t)
     if t.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    shape = t.shape
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
     check_in_storage(name, t)
-
-
-def _check_aligned(name, t, align=_ALIGN):
-    if t.numel() and t.data_ptr() % align:
-        raise ValueError(f"{name} must start at a {align}-byte aligned address")
-
-
-def _check_vector(name, t, dtype, length, length_text, device):
-    """A contiguous 1-D ``[length]`` tensor of ``dtype`` on ``device``, 4-byte aligned."""
-    _check_tensor(name, t, dtype, 1)
-    if t.shape[0] != length:
-        raise ValueError(f"{name} must be [{length_text}], got {tuple(t.shape)}")
-    if t.device != device:
+    if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, q on {device}")
-    _check_aligned(name, t, 4)
+    if t.data_ptr() % align and t.numel():
+        raise ValueError(f"{name} must start at a {align}-byte aligned address")
+    return shape
 
 
 def _check_scale(name, v, limit=_FLOAT32_MAX):
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
-    try:
-        f = float(v)
-    except OverflowError:
-        f = math.inf
-    if not math.isfinite(f) or abs(f) > limit:
+    if type(v) is not float:  # a float is a Real: the ABC test (~1 us) only for other types
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+        try:
+            v = float(v)
+        except OverflowError:
+            v = math.inf
+    if not abs(v) <= limit:  # NaN and inf fail too
         raise ValueError(f"{name} must be finite as a float32 (|{name}| <= {limit:.4g}), got {v}")
 
 
 def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out):
     """Validate everything; return (T, width). Raises TypeError/ValueError naming the argument."""
-    _check_tensor("q", q, FP8, 3)
-    T = q.shape[0]
-    if tuple(q.shape[1:]) != (HEADS, HEAD_DIM):
+    T, heads, dim = _check_tensor("q", q, FP8, 3)
+    if heads != HEADS or dim != HEAD_DIM:
         raise ValueError(f"q must be [T, {HEADS}, {HEAD_DIM}], got {tuple(q.shape)}")
-    _check_aligned("q", q)
     device = q.device
     for name, pool in (("swa_kv", swa_kv), ("compressed_kv", compressed_kv)):
-        _check_tensor(name, pool, FP8, 2)
-        if pool.shape[1] != HEAD_DIM:
+        rows, cols = _check_tensor(name, pool, FP8, 2, device)
+        if cols != HEAD_DIM:
             raise ValueError(f"{name} must be [rows, {HEAD_DIM}], got {tuple(pool.shape)}")
-        if pool.shape[0] >= 2 ** 31:
-            raise ValueError(f"{name} has {pool.shape[0]} rows; int32 indices address at most 2^31 - 1")
-        if pool.device != device:
-            raise ValueError(f"{name} is on {pool.device}, q on {device}")
-        _check_aligned(name, pool)
-    _check_tensor("indices", indices, torch.int32, 2)
-    if indices.shape[0] != T:
+        if rows >= 2 ** 31:
+            raise ValueError(f"{name} has {rows} rows; int32 indices address at most 2^31 - 1")
+    tokens, width = _check_tensor("indices", indices, torch.int32, 2, device, 4)
+    if tokens != T:
         raise ValueError(f"indices must be [T = {T}, width], got {tuple(indices.shape)}")
-    width = indices.shape[1]
     if width not in WIDTHS:
         raise ValueError(f"indices width {width} is not supported; widths: {WIDTHS}")
-    if indices.device != device:
-        raise ValueError(f"indices is on {indices.device}, q on {device}")
-    _check_aligned("indices", indices, 4)
-    _check_vector("lens", lens, torch.int32, T, f"T = {T}", device)
-    if sinks is not None:
-        _check_vector("sinks", sinks, torch.float32, HEADS, f"{HEADS}", device)
+    if _check_tensor("lens", lens, torch.int32, 1, device, 4)[0] != T:
+        raise ValueError(f"lens must be [T = {T}], got {tuple(lens.shape)}")
+    if sinks is not None and _check_tensor("sinks", sinks, torch.float32, 1, device, 4)[0] != HEADS:
+        raise ValueError(f"sinks must be [{HEADS}], got {tuple(sinks.shape)}")
     _check_scale("bmm1_scale", bmm1_scale, _BMM1_SCALE_MAX)
     _check_scale("bmm2_scale", bmm2_scale)
     if out is not None:
-        _check_tensor("out", out, torch.bfloat16, 3)
-        if tuple(out.shape) != (T, HEADS, HEAD_DIM):
+        if _check_tensor("out", out, torch.bfloat16, 3, device) != (T, HEADS, HEAD_DIM):
             raise ValueError(f"out must be [{T}, {HEADS}, {HEAD_DIM}], got {tuple(out.shape)}")
-        if out.device != device:
-            raise ValueError(f"out is on {out.device}, q on {device}")
-        _check_aligned("out", out)
         check_out_apart(out, (("q", q), ("swa_kv", swa_kv), ("compressed_kv", compressed_kv), ("indices", indices),
                               ("lens", lens), ("sinks", sinks)))
     return T, width

@@ -61,12 +61,15 @@ ROW_ALWAYS_MAX_WIDTH = {False: 8192, True: contract.ROW_MAX_WIDTH}  # by block_m
 FULL_SM_TWIN_MIN_COLUMNS = 8192
 
 
-def _require_int32_tensor(name: str, t) -> None:
+def _require_int32_tensor(name: str, t) -> torch.Size:
+    """``t``'s shape where it is a dense int32 tensor, else a TypeError naming ``name``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    require_dense(name, t)
+    if t.layout is not torch.strided:
+        require_dense(name, t)
     if t.dtype != torch.int32:
         raise TypeError(f"{name} must be int32, got {t.dtype}")
+    return t.shape
 
 
 def _require_flag(block_mode) -> None:
@@ -79,36 +82,41 @@ def _require_flag(block_mode) -> None:
 
 
 def _check_args(logits, row_ends, out, block_mode):
-    """Every argument checked before anything is launched; returns (rows, width, k)."""
+    """Every argument checked before anything is launched; returns (rows, width, k). Each property is read once:
+    an eager call's checks are host time on every layer of a step."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    require_dense("logits", logits)
+    if logits.layout is not torch.strided:
+        require_dense("logits", logits)
     if logits.dtype not in _DTYPES:
         raise TypeError(f"logits must be float32 or bfloat16, got {logits.dtype}")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be 2-D [rows, width], got shape {tuple(logits.shape)}")
-    rows, width = logits.shape
+    shape = logits.shape
+    if len(shape) != 2:
+        raise ValueError(f"logits must be 2-D [rows, width], got shape {tuple(shape)}")
+    rows, width = shape
     if width > MAX_WIDTH:
         raise ValueError(f"logits: width {width} exceeds {MAX_WIDTH} columns")
     if width > 1 and logits.stride(1) != 1:
         raise ValueError(f"logits must have unit column stride, got strides {logits.stride()}")
-    _require_int32_tensor("row_ends", row_ends)
-    if row_ends.dim() != 1 or row_ends.shape[0] != rows:
-        raise ValueError(f"row_ends must have shape [{rows}], got {tuple(row_ends.shape)}")
+    ends_shape = _require_int32_tensor("row_ends", row_ends)
+    if len(ends_shape) != 1 or ends_shape[0] != rows:
+        raise ValueError(f"row_ends must have shape [{rows}], got {tuple(ends_shape)}")
     if rows > 1 and row_ends.stride(0) != 1:
         raise ValueError("row_ends must be contiguous")
-    _require_int32_tensor("out", out)
-    if out.dim() != 2 or out.shape[0] != rows:
-        raise ValueError(f"out must have shape [{rows}, k], got {tuple(out.shape)}")
-    k = out.shape[1]
+    out_shape = _require_int32_tensor("out", out)
+    if len(out_shape) != 2 or out_shape[0] != rows:
+        raise ValueError(f"out must have shape [{rows}, k], got {tuple(out_shape)}")
+    k = out_shape[1]
     if k not in SUPPORTED_K:
         raise ValueError(f"out: k = out.shape[1] = {k} is not supported; expected one of {SUPPORTED_K}")
-    if out.stride(1) != 1:
+    row_stride, column_stride = out.stride()
+    if column_stride != 1:
         raise ValueError(f"out must have unit column stride, got strides {out.stride()}")
-    if rows > 1 and out.stride(0) < k:
-        raise ValueError(f"out's rows overlap (row stride {out.stride(0)} < k = {k}): give each row k slots of its own")
+    if rows > 1 and row_stride < k:
+        raise ValueError(f"out's rows overlap (row stride {row_stride} < k = {k}): give each row k slots of its own")
     _require_flag(block_mode)
-    if row_ends.device != logits.device or out.device != logits.device:
+    device = logits.device
+    if row_ends.device != device or out.device != device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
                          f"{row_ends.device} and {out.device}")
     for name, t in (("logits", logits), ("row_ends", row_ends), ("out", out)):
