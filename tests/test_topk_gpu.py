@@ -244,6 +244,22 @@ def test_rows_past_one_wave(monkeypatch, dtype, block_mode, width):
     _check(logits, ends, buf[:, k:], k, block_mode)
 
 
+@pytest.mark.parametrize("width", (8192, 65536))
+def test_one_row_with_a_row_stride_off_16_bytes(monkeypatch, width):
+    """One row of logits whose buffer's row stride is not a 16-byte multiple (4 bytes past one): the kernel reads
+    the row from its start alone, so it takes the call (it went to the fallback until the forty-third session)."""
+    k = 2048
+    buf = _logits(8, width, torch.float32, stride=width + 1, seed=width)  # rows (width + 1) floats apart
+    assert (buf.stride(0) * 4) % 16 == 4
+    ends = torch.full((1,), width - 3, dtype=torch.int32, device="cuda")
+    fallback = _record_fallback(monkeypatch)
+    for row in (0, 4):  # the rows whose start is 16-byte aligned
+        one = buf[row:row + 1]
+        out = _run(one, ends, k, False)
+        assert not fallback, "the torch fallback wrote out, not the kernel"
+        _check(one, ends, out, k, False)
+
+
 def test_fallback_matches_for_unaligned_logits():
     """An unaligned view is not the kernel's: the exact fallback selects, row by row, the set the kernel selects
     from an aligned copy of the same values (a full row, a short one, one of fewer candidates than k)."""

@@ -346,6 +346,10 @@ def test_which_calls_the_kernel_takes(monkeypatch):
     assert not topk.supports_decode_topk(base[:, 1:1025].as_subclass(_CudaLooking), 4, 512, False)  # 4-byte start
     strided_rows = torch.zeros(4, 1030)[:, :1024].as_subclass(_CudaLooking)
     assert not topk.supports_decode_topk(strided_rows, 4, 512, False)  # row stride
+    # One row is read from its start alone: a row stride off 16 bytes does not matter there (its start does).
+    assert topk.supports_decode_topk(strided_rows[:1], 1, 512, False)
+    assert topk.supports_decode_topk(strided_rows[2:3], 1, 512, False)  # 2 x 4120 bytes in: aligned
+    assert not topk.supports_decode_topk(strided_rows[1:2], 1, 512, False)  # 4120 bytes in: its start is not
     assert not topk.supports_decode_topk(base[:, ::2].as_subclass(_CudaLooking), 4, 512, False)  # column stride 2
     assert not topk.supports_decode_topk(torch.zeros(1024).as_subclass(_CudaLooking), 1, 512, False)  # 1-D
     assert not topk.supports_decode_topk(base[:, :0].as_subclass(_CudaLooking), 4, 512, False)  # no columns
