@@ -15,7 +15,7 @@ import torch
 from conftest import REQUIRE_GPU
 from indexer_cases import Loopback, make_state, make_step
 from runtime import reference
-from runtime.indexer import SingleRank, decode_rows
+from runtime.indexer import DecodeMetadata, SingleRank, decode_rows
 from runtime.scoring import TorchScorer, deepgemm_status
 
 pytestmark = pytest.mark.gpu
@@ -115,6 +115,59 @@ def test_flow_sharded_equals_replicated(monkeypatch, world, rows):
     assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
 
 
+@pytest.mark.parametrize("schedule_in_graph", [False, True], ids=("plan_builds_schedule", "caller_builds_schedule"))
+def test_flow_under_cuda_graph_follows_new_inputs(monkeypatch, schedule_in_graph):
+    """A serving stack captures a step once and replays it after writing each step's values into the same
+    tensors. Captured here: 12 rows of q (2 of them a graph's padding) over 10 tokens, DeepGEMM's schedule built
+    in the graph (by the plan from metadata without one, or by the caller), the AOT top-k selecting; then three
+    replays, each on new keys, lengths (0 and full among them), block tables, queries and weights. Every replay's
+    rows equal the eager reference on that step's values, the padding rows hold -1 (written with garbage first), and
+    decode_topk's torch fallback never runs (it cannot be captured: it would have raised at capture anyway)."""
+    from runtime import topk
+
+    scorer = _deepgemm()
+    tokens, padded = 10, 12
+    steps = [_step(padded, candidates=512, seed=40 + i) for i in range(4)]
+    static = steps[0]
+    state = make_state(static, scorer=scorer)
+    q, weights = static.q.clone(), static.weights.clone()
+    seq_lens, table = static.metadata.seq_lens.clone(), static.metadata.block_table.clone()
+
+    def step():
+        schedule = scorer.schedule(seq_lens[:tokens]) if schedule_in_graph else None
+        md = DecodeMetadata(seq_lens, table, num_requests=tokens, num_tokens=tokens, max_seq_len=8192,
+                            schedule=schedule)
+        decode_rows(state, md, q, weights, SingleRank())
+
+    step()  # loads the AOT kernels and DeepGEMM's before capture
+    torch.cuda.synchronize()
+    fallback = []
+    real = topk.decode_topk_reference
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **kw: fallback.append(a[0].shape) or real(*a, **kw))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    a = static.state_args
+    for new in steps[1:]:
+        seq = new.metadata.seq_lens.clone()
+        seq[0], seq[3] = 0, a["max_model_len"]
+        for dst, src in ((q, new.q), (weights, new.weights), (seq_lens, seq), (table, new.metadata.block_table),
+                         (a["index_k_cache"], new.state_args["index_k_cache"])):
+            dst.copy_(src)
+        state.topk_indices.fill_(7)
+        state.candidate_blocks.fill_(7)
+        graph.replay()
+        logits = scorer.logits(q[:tokens], weights[:tokens], a["index_k_cache"], seq_lens[:tokens],
+                               table[:tokens], scorer.schedule(seq_lens[:tokens]), a["max_model_len"])
+        want = reference.decode_topk_reference(logits, seq_lens[:tokens], a["k"])
+        want_blocks = reference.decode_topk_reference(logits, seq_lens[:tokens], 512, block_mode=True)
+        assert torch.equal(_sets(state.topk_indices[:tokens]), _sets(want))
+        assert torch.equal(_sets(state.candidate_blocks[:tokens]), _sets(want_blocks))
+        assert (state.topk_indices[0] == -1).all(), "a row of length 0 selects nothing"
+        assert (state.topk_indices[tokens:padded] == -1).all(), "the padding rows are reset in the graph"
+    assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
+
+
 def test_torch_scorer_flow_agrees_with_deepgemm_flow():
     scorer = _deepgemm()
     step = _step(8)
@@ -142,7 +195,7 @@ _CHECK = textwrap.dedent("""
     import runtime
     runtime.load()  # the AOT cache loads at start-up, not in a step
     from indexer_cases import make_state, make_step
-    from runtime.indexer import SingleRank, decode_rows
+    from runtime.indexer import DecodeMetadata, SingleRank, decode_rows
     from runtime.scoring import DeepGemmScorer, check_step_compiles_nothing
     step = make_step(16, heads=64, head_dim=128, max_model_len=8192, k=512, device="cuda")
     state = make_state(step, scorer=DeepGemmScorer())
