@@ -5,7 +5,9 @@
 run in blocks of 100 (inside the launch queue, so no call waits for the GPU), the two versions' blocks interleaved
 and their order alternated, a device synchronize after each block outside the clock: the host's speed, which
 drifts between processes and machine starts by tens of percent, is common to both. Reported per op: each
-version's median microseconds a call, and the median of the paired ratios new / old.
+version's median microseconds a call, and the median of the paired ratios new / old; the JSON's ``env`` is the
+checkout's (``gpu_info``) and ``runtime_sha256`` each tree's runtime files (path and bytes, as ``source_digest``
+reads them; the forty-third session's ``host_ab_s43.json`` predates both: its trees were 7566dc6 and 1237d75).
 Usage: ``python3 gpu/jobs/host_ab.py OUT.json [--blocks N]`` from the checkout, DeepGEMM importable.
 """
 
@@ -53,7 +55,7 @@ def cases(rt, gen) -> dict:
     logits = torch.randn(8, 65536, device="cuda", generator=gen)
     ends = torch.full((8,), 65536, dtype=torch.int32, device="cuda")
     top = torch.empty(8, 512, dtype=torch.int32, device="cuda")
-    mla, topk, ix = rt.sparse_mla, rt.topk, rt.indexer
+    mla, topk = rt.sparse_mla, rt.topk
     calls = {
         "sparse_mla_decode_T12_w640_out": lambda: mla.sparse_mla_decode(
             q, swa, comp, indices, lens, out=out, sinks=sinks, bmm1_scale=0.04, bmm2_scale=1.0),
@@ -93,11 +95,23 @@ def block_us(call) -> float:
     return elapsed
 
 
+def runtime_digest(version: str) -> str:
+    """``source_digest`` of ``ab/<version>/runtime``'s .py files, named as in the checkout."""
+    from benchmarks.common import source_digest
+
+    folder = ROOT / "ab" / version
+    return source_digest(lambda: [(str(p.relative_to(folder)), p.read_bytes())
+                                  for p in sorted((folder / "runtime").rglob("*.py"))])
+
+
 def main() -> None:
+    from benchmarks.common import gpu_info
+
     out_path = sys.argv[1]
     blocks = int(sys.argv[sys.argv.index("--blocks") + 1]) if "--blocks" in sys.argv else 61
     trees = {v: cases(import_tree(v), torch.Generator(device="cuda").manual_seed(0)) for v in ("old", "new")}
-    result = {"block": BLOCK, "blocks": blocks, "ops": {}}
+    result = {"env": gpu_info(), "runtime_sha256": {v: runtime_digest(v) for v in trees}, "block": BLOCK,
+              "blocks": blocks, "ops": {}}
     for op in trees["new"]:
         for v in trees:
             for _ in range(3):
