@@ -73,8 +73,8 @@ def profile(call, calls: int = 2000, top: int = 25) -> str:
     return text.getvalue()
 
 
-def sparse_mla_cases(gen) -> dict:
-    T, width = 12, 640
+def sparse_mla_inputs(gen, T: int = 12, width: int = 640):
+    """(q, swa_kv, compressed_kv, indices, lens, out, keywords) of one sparse_mla_decode call, sinks on."""
     q = torch.randn(T, 16, 512, device="cuda", generator=gen).to(FP8)
     swa = torch.randn(4096, 512, device="cuda", generator=gen).to(FP8)
     comp = torch.randn(65536, 512, device="cuda", generator=gen).to(FP8)
@@ -82,10 +82,15 @@ def sparse_mla_cases(gen) -> dict:
     lens = torch.full((T,), width, dtype=torch.int32, device="cuda")
     sinks = torch.randn(16, device="cuda", generator=gen)
     out = torch.empty(T, 16, 512, dtype=torch.bfloat16, device="cuda")
-    kw = {"sinks": sinks, "bmm1_scale": 0.04, "bmm2_scale": 1.0}
+    return q, swa, comp, indices, lens, out, {"sinks": sinks, "bmm1_scale": 0.04, "bmm2_scale": 1.0}
+
+
+def sparse_mla_cases(gen) -> dict:
+    T, width = 12, 640
+    q, swa, comp, indices, lens, out, kw = sparse_mla_inputs(gen, T, width)
     kernel = sparse_mla_kernel(width)
     args = (out.data_ptr(), q.data_ptr(), swa.data_ptr(), comp.data_ptr(), indices.data_ptr(), lens.data_ptr(),
-            sinks.data_ptr(), swa.shape[0], comp.shape[0], 0.04, 1.0)
+            kw["sinks"].data_ptr(), swa.shape[0], comp.shape[0], kw["bmm1_scale"], kw["bmm2_scale"])
     grid = T * width // 128
     return {
         "sparse_mla_decode_T12_w640_out": lambda: sparse_mla_decode(q, swa, comp, indices, lens, out=out, **kw),

@@ -44,21 +44,16 @@ def import_tree(version: str):
 
 def cases(rt, gen) -> dict:
     """The ops' calls on the same shapes as benchmarks/bench_host.py, through the package ``rt``."""
-    T, width = 12, 640
-    q = torch.randn(T, 16, 512, device="cuda", generator=gen).to(FP8)
-    swa = torch.randn(4096, 512, device="cuda", generator=gen).to(FP8)
-    comp = torch.randn(65536, 512, device="cuda", generator=gen).to(FP8)
-    indices = torch.randint(0, 4096, (T, width), device="cuda", generator=gen, dtype=torch.int32)
-    lens = torch.full((T,), width, dtype=torch.int32, device="cuda")
-    sinks = torch.randn(16, device="cuda", generator=gen)
-    out = torch.empty(T, 16, 512, dtype=torch.bfloat16, device="cuda")
+    from benchmarks.bench_host import sparse_mla_inputs
+
+    q, swa, comp, indices, lens, out, kw = sparse_mla_inputs(gen)
     logits = torch.randn(8, 65536, device="cuda", generator=gen)
     ends = torch.full((8,), 65536, dtype=torch.int32, device="cuda")
     top = torch.empty(8, 512, dtype=torch.int32, device="cuda")
     mla, topk = rt.sparse_mla, rt.topk
     calls = {
         "sparse_mla_decode_T12_w640_out": lambda: mla.sparse_mla_decode(
-            q, swa, comp, indices, lens, out=out, sinks=sinks, bmm1_scale=0.04, bmm2_scale=1.0),
+            q, swa, comp, indices, lens, out=out, **kw),
         "decode_topk_8x64K_k512": lambda: topk.decode_topk(logits, ends, top),
     }
     ok, _ = rt.scoring.deepgemm_status(torch.device("cuda"))
