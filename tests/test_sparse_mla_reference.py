@@ -408,10 +408,11 @@ def test_host_op_rejects_out_overlapping_an_input():
     torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("value", [1e39, -1e39, 10 ** 400], ids=("1e39", "-1e39", "10**400"))
+@pytest.mark.parametrize("value", [1e39, -1e39, 10 ** 400, 10 ** 5000], ids=("1e39", "-1e39", "10**400", "10**5000"))
 def test_host_op_rejects_scales_past_float32(value):
     """The kernel takes the scales as float32: a finite double past its range would become inf there (NaN outputs),
-    and an int past a double's range must not escape as OverflowError."""
+    and an int past a double's range must not escape as OverflowError. Nor as the ValueError of printing an int of
+    over 4300 digits, which names no argument (the message shows the scale as a float)."""
     from runtime import sparse_mla
     for name in ("bmm1_scale", "bmm2_scale"):
         with pytest.raises(ValueError, match=rf"\b{name}\b"):
