@@ -43,18 +43,23 @@ from runtime.sparse_mla import sparse_mla_decode  # noqa: E402
 FP8 = torch.float8_e4m3fn
 
 
+def block_us(call, block: int) -> float:
+    """Host microseconds a call over one block of ``block`` calls of ``call``; the device synchronize after the block
+    is outside the clock (a block stays inside the launch queue, so no call waits for the GPU)."""
+    t0 = time.perf_counter()
+    for _ in range(block):
+        call()
+    elapsed = (time.perf_counter() - t0) / block * 1e6
+    torch.cuda.synchronize()
+    return elapsed
+
+
 def host_us(call, block: int, blocks: int) -> dict:
     """Median host microseconds a call of ``call`` over ``blocks`` blocks of ``block`` calls."""
     for _ in range(3):
         call()
     torch.cuda.synchronize()
-    per_call = []
-    for _ in range(blocks):
-        t0 = time.perf_counter()
-        for _ in range(block):
-            call()
-        per_call.append((time.perf_counter() - t0) / block * 1e6)
-        torch.cuda.synchronize()
+    per_call = [block_us(call, block) for _ in range(blocks)]
     return {"median_us": statistics.median(per_call), "min_us": min(per_call), "block": block, "blocks": blocks}
 
 

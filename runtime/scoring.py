@@ -98,17 +98,13 @@ def check_scoring_inputs(
     max_model_len: int,
 ) -> None:
     """Raise TypeError/ValueError naming the argument before anything is launched."""
-    device = None
     for name, t in (("q", q), ("weights", weights), ("cache", cache), ("seq_lens", seq_lens),
                     ("block_table", block_table)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.layout is not torch.strided:
-            require_dense(name, t)
-        if device is None:
-            device = q.device  # q comes first
-        elif t.device != device:
-            raise ValueError(f"{name}: on {t.device}, expected {device} like q")
+        require_dense(name, t)
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, expected {q.device} like q")
     if q.dtype != torch.float8_e4m3fn:
         raise TypeError(f"q: expected float8_e4m3fn, got {q.dtype}")
     if q.dim() != 3:

@@ -37,8 +37,7 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     Each property is read once: an eager call's checks are host time on every layer of a step."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.layout is not torch.strided:
-        require_dense(name, t)
+    require_dense(name, t)
     if t.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
     shape = t.shape

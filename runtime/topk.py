@@ -65,8 +65,7 @@ def _require_int32_tensor(name: str, t) -> torch.Size:
     """``t``'s shape where it is a dense int32 tensor, else a TypeError naming ``name``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.layout is not torch.strided:
-        require_dense(name, t)
+    require_dense(name, t)
     if t.dtype != torch.int32:
         raise TypeError(f"{name} must be int32, got {t.dtype}")
     return t.shape
@@ -86,8 +85,7 @@ def _check_args(logits, row_ends, out, block_mode):
     an eager call's checks are host time on every layer of a step."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.layout is not torch.strided:
-        require_dense("logits", logits)
+    require_dense("logits", logits)
     if logits.dtype not in _DTYPES:
         raise TypeError(f"logits must be float32 or bfloat16, got {logits.dtype}")
     shape = logits.shape

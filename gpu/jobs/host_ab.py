@@ -18,7 +18,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -65,29 +64,21 @@ def cases(rt, gen) -> dict:
 def indexer_step(rt, gen):
     """One single-rank decode_rows of 8 rows x 64K tokens, 64 heads of 128, k 512, DeepGEMM scoring."""
     rows, ctx, heads, dim, k = 8, 65536, 64, 128, 512
+    from benchmarks.bench_indexer import head_weights, random_cache
+
     scorer = rt.scoring.DeepGemmScorer()
     pages = ctx // rt.scoring.BLOCK_KV
-    keys = torch.randn(rows * pages, rt.scoring.BLOCK_KV, dim, device="cuda", generator=gen)
-    cache = rt.reference.pack_index_k_cache(*rt.reference.quantize_index_keys(keys))
+    cache = random_cache(rows * pages, gen)
     table = torch.arange(rows * pages, dtype=torch.int32, device="cuda").view(rows, pages)
     seq_lens = torch.full((rows,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(rows, heads, dim, device="cuda", generator=gen).to(FP8)
-    weights = torch.rand(rows, heads, device="cuda", generator=gen) * heads**-0.5
+    weights = head_weights(rows, gen)
     state = rt.indexer.IndexerState(torch.full((rows, k), -1, dtype=torch.int32, device="cuda"), k, cache, ctx,
                                     scorer=scorer)
     md = rt.indexer.DecodeMetadata(seq_lens, table, num_requests=rows, num_tokens=rows, max_seq_len=ctx,
                                    schedule=scorer.schedule(seq_lens))
     tp = rt.indexer.SingleRank()
     return lambda: rt.indexer.decode_rows(state, md, q, weights, tp)
-
-
-def block_us(call) -> float:
-    t0 = time.perf_counter()
-    for _ in range(BLOCK):
-        call()
-    elapsed = (time.perf_counter() - t0) / BLOCK * 1e6
-    torch.cuda.synchronize()
-    return elapsed
 
 
 def runtime_digest(version: str) -> str:
@@ -100,6 +91,7 @@ def runtime_digest(version: str) -> str:
 
 
 def main() -> None:
+    from benchmarks.bench_host import block_us
     from benchmarks.common import gpu_info
 
     out_path = sys.argv[1]
@@ -116,7 +108,7 @@ def main() -> None:
         for i in range(blocks):
             order = ("old", "new") if i % 2 == 0 else ("new", "old")
             for v in order:
-                times[v].append(block_us(trees[v][op]))
+                times[v].append(block_us(trees[v][op], BLOCK))
         ratios = [n / o for n, o in zip(times["new"], times["old"])]
         result["ops"][op] = {"old_us": statistics.median(times["old"]), "new_us": statistics.median(times["new"]),
                              "new_over_old": statistics.median(ratios), "old_all": times["old"],
