@@ -111,11 +111,25 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.fchmod(fd, _plain_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            # On disk before the rename, and the rename on disk before the next file: after a crash or power loss
+            # a cubin is whole or absent, and the manifest (written last) never names cubins that did not land.
+            # Without it a renamed file may come back empty, which every load then refuses (sha256).
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_directory(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def toolchain_info() -> dict:

@@ -217,11 +217,13 @@ class DistGroup:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        self._into_tensor = dist.get_backend(group) == "nccl"
+        # "nccl", or a backend per device type ("cpu:gloo,cuda:nccl", what init_process_group() without a backend
+        # makes): CUDA tensors gather through NCCL there too, straight into one tensor.
+        self._nccl = "nccl" in str(dist.get_backend(group))
 
     def all_gather(self, local: torch.Tensor) -> torch.Tensor:
         local = local.contiguous()
-        if self._into_tensor:
+        if self._nccl and local.is_cuda:
             out = local.new_empty((self.world_size * local.shape[0], *local.shape[1:]))
             self._dist.all_gather_into_tensor(out, local, group=self.group)
             return out

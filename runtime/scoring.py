@@ -202,12 +202,14 @@ class DeepGemmScorer:
         if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or not seq_lens.is_cuda:
             raise ValueError(f"seq_lens: expected CUDA int32 [rows], got {seq_lens.dtype} {tuple(seq_lens.shape)} "
                              f"on {seq_lens.device}")
+        _check_current_device("seq_lens", seq_lens)
         # 2-D context lengths: DeepGEMM 2.x asserts context_lens.dim() == 2.
         return self._dg.get_paged_mqa_logits_metadata(seq_lens.contiguous().view(-1, 1), BLOCK_KV, self.num_sms)
 
     def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len) -> None:
         """``check_scoring_inputs`` plus DeepGEMM's own limits (no launch)."""
         check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
+        _check_current_device("q", q)  # every other input is on q's device (checked)
         _, heads, dim = q.shape
         takes = DEEPGEMM_HEADS.get(self.arch_major, ())
         if heads not in takes:
@@ -252,6 +254,15 @@ class DeepGemmScorer:
             q.view(rows, 1, heads, dim), cache, weights, seq_lens.contiguous().view(-1, 1),
             block_table, schedule, max_model_len, False,
         )
+
+
+def _check_current_device(name: str, t: torch.Tensor) -> None:
+    """DeepGEMM launches on the current CUDA device with the tensors' addresses: a tensor on another GPU would be
+    read (and the logits written) across devices, a fault where peer access is off. The indexer makes the state's
+    device current; a direct call must too."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        raise ValueError(f"{name}: on {t.device}, but cuda:{torch.cuda.current_device()} is current, where DeepGEMM "
+                         f"launches; call the scorer under torch.cuda.device({name}.device)")
 
 
 def default_scorer(device: torch.device | str) -> Scorer:

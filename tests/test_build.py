@@ -212,6 +212,34 @@ def test_written_cache_files_are_readable_by_other_accounts(tmp_path):
     assert stat.S_IMODE((tmp_path / "cubins" / "sm_90a" / "x.cubin").stat().st_mode) == 0o644
 
 
+def test_atomic_writes_reach_the_disk_before_the_next_file(tmp_path, monkeypatch):
+    """A write was renamed into place without an fsync: after a power loss the cubin could come back empty under
+    a manifest naming it (every load then refused the cache). Each file's data is synced before its rename, and
+    the rename (its directory) before the next file."""
+    import os
+
+    import build_kernels
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    for name in ("a.cubin", "sm_90a.json"):
+        build_kernels._atomic_write(tmp_path / name, b"x")
+    assert events == [("fsync", False), ("replace", "a.cubin"), ("fsync", True),
+                      ("fsync", False), ("replace", "sm_90a.json"), ("fsync", True)], events
+    assert (tmp_path / "a.cubin").read_bytes() == b"x"
+
+
 def test_a_variant_refused_halfway_writes_nothing(tmp_path, monkeypatch):
     """write_cache checked each cubin against the contract just before writing it: a later variant refused (here an
     sm_100a cubin among the sm_90a ones) left the earlier variants' new cubins under the old manifest, whose sha256s

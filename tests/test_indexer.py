@@ -435,6 +435,40 @@ def test_gloo_sharded_equals_replicated(world):
     _spawn_gloo(_gloo_worker, world)
 
 
+def _gloo_mixed_backend_worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        real_backend = dist.get_backend
+        dist.get_backend = lambda group=None: "cpu:gloo,cuda:nccl"  # what init_process_group() makes on a GPU
+        try:
+            group = DistGroup()
+        finally:
+            dist.get_backend = real_backend
+        assert group._nccl, "a backend per device type that names nccl gathers CUDA tensors through NCCL"
+        used = []
+        real_list, real_into = dist.all_gather, dist.all_gather_into_tensor
+        dist.all_gather = lambda *a, **kw: used.append("list") or real_list(*a, **kw)
+        dist.all_gather_into_tensor = lambda *a, **kw: used.append("into") or real_into(*a, **kw)
+        try:
+            local = torch.arange(12, dtype=torch.int32).view(3, 4) + 100 * rank
+            got = group.all_gather(local[:, :3])  # a strided view: gathered as its contiguous copy
+        finally:
+            dist.all_gather, dist.all_gather_into_tensor = real_list, real_into
+        # CPU tensors go to that backend's gloo part: the list gather, which every torch's gloo takes.
+        assert used == ["list"], used
+        want = torch.cat([torch.arange(12, dtype=torch.int32).view(3, 4)[:, :3] + 100 * r for r in range(world)])
+        assert torch.equal(got, want)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dist_group_reads_a_backend_per_device_type():
+    """DistGroup took its single-tensor NCCL gather only where the backend was exactly "nccl"; a group made by
+    init_process_group() without a backend reports "cpu:gloo,cuda:nccl", and its CUDA rows went through the list
+    gather and a concatenation. The CUDA side runs on the H200 (test_indexer_gpu.py)."""
+    _spawn_gloo(_gloo_mixed_backend_worker, 2)
+
+
 # ---------------------------------------------------------------------------
 # Review regressions
 # ---------------------------------------------------------------------------
@@ -1043,6 +1077,7 @@ def _install_fake_deep_gemm(monkeypatch, num_sms=4, arch_major=9) -> _FakeDeepGe
     monkeypatch.setitem(sys.modules, "deep_gemm", dg)
     monkeypatch.setattr(scoring, "deepgemm_status", lambda device=None: (True, "ok"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (arch_major, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the scorer checks a CUDA tensor is on it
     return dg
 
 

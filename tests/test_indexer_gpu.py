@@ -235,3 +235,68 @@ def test_logits_reference_ignores_lowered_fp32_matmul_precision(fp32_matmul_prec
     for precision in ("high", "medium"):
         fp32_matmul_precision(precision)
         assert torch.equal(logits(), ieee), precision
+
+
+_NCCL_ONE_RANK = textwrap.dedent("""
+    import os, sys, torch
+    import torch.distributed as dist
+    sys.path.insert(0, {tests!r})
+    from indexer_cases import make_state, make_step
+    from runtime.indexer import DistGroup, SingleRank, decode_rows
+    from runtime.scoring import TorchScorer
+    for i, backend in enumerate(("nccl", "cpu:gloo,cuda:nccl")):
+        dist.init_process_group(backend, init_method="file://" + os.path.join({tmp!r}, str(i)), rank=0,
+                                world_size=1)
+        group = DistGroup()
+        used = []
+        real_list, real_into = dist.all_gather, dist.all_gather_into_tensor
+        dist.all_gather = lambda *a, **kw: used.append("list") or real_list(*a, **kw)
+        dist.all_gather_into_tensor = lambda *a, **kw: used.append("into") or real_into(*a, **kw)
+        rows = torch.arange(24, dtype=torch.int32, device="cuda").view(4, 6)
+        got = group.all_gather(rows[:, :4])  # a strided view, gathered as its contiguous copy
+        torch.cuda.synchronize()
+        assert used == ["into"], (backend, used)  # one NCCL gather into one tensor, no concatenation
+        assert torch.equal(got, rows[:, :4]), backend
+        dist.all_gather, dist.all_gather_into_tensor = real_list, real_into
+        # A whole step through the group (one rank: replicated, nothing to gather) equals SingleRank's.
+        step = make_step(16, heads=64, head_dim=128, max_model_len=1024, k=512, device="cuda", seed=i)
+        want, state = make_state(step, scorer=TorchScorer()), make_state(step, scorer=TorchScorer())
+        decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+        decode_rows(state, step.metadata, step.q, step.weights, group)
+        assert torch.equal(state.topk_indices.sort(1).values, want.topk_indices.sort(1).values), backend
+        dist.destroy_process_group()
+    print("nccl ok")
+""")
+
+
+def test_dist_group_gathers_cuda_rows_through_nccl():
+    """DistGroup on an NCCL group, and on the backend per device type that init_process_group() makes without a
+    backend ("cpu:gloo,cuda:nccl"): CUDA rows take NCCL's single-tensor gather (the latter took the list gather
+    and a concatenation before), and a step through the group equals SingleRank's. One rank: a machine of one
+    GPU cannot hold two NCCL ranks; the sharded gathers run on gloo on CI and by Loopback above."""
+    if not torch.distributed.is_nccl_available():
+        pytest.fail("torch here has no NCCL") if REQUIRE_GPU else pytest.skip("torch here has no NCCL")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        run = subprocess.run([sys.executable, "-c", _NCCL_ONE_RANK.format(tests=str(ROOT / "tests"), tmp=tmp)],
+                             env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0 and "nccl ok" in run.stdout, run.stderr[-3000:]
+
+
+def test_deepgemm_scorer_refuses_tensors_off_the_current_device(monkeypatch):
+    """DeepGEMM launches on the current device with the tensors' addresses: called directly with tensors on
+    another GPU it read them across devices. The scorer refuses that, naming the argument (the indexer makes the
+    state's device current). One GPU here: the current device is reported as another one."""
+    scorer = _deepgemm()
+    step = _step(4, max_model_len=1024)
+    md, a = step.metadata, step.state_args
+    schedule = scorer.schedule(md.seq_lens)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    with pytest.raises(ValueError, match=r"seq_lens: on cuda:0, but cuda:1 is current.*torch.cuda.device"):
+        scorer.schedule(md.seq_lens)
+    with pytest.raises(ValueError, match=r"q: on cuda:0, but cuda:1 is current"):
+        scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, schedule,
+                      a["max_model_len"])
+    monkeypatch.undo()
+    scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, schedule,
+                  a["max_model_len"])
