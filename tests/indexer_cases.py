@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -120,3 +121,17 @@ class Loopback:
         if len(parts) < self.world_size:
             return local.new_zeros((self.world_size * local.shape[0], *local.shape[1:]))
         return torch.cat([parts[r] for r in range(self.world_size)])
+
+
+@contextlib.contextmanager
+def gathers_taken(dist):
+    """The torch.distributed all-gathers that run inside the block, in order: "list" (``all_gather``) or "into"
+    (``all_gather_into_tensor``). ``dist`` is the torch.distributed module; its functions are restored after."""
+    used = []
+    real_list, real_into = dist.all_gather, dist.all_gather_into_tensor
+    dist.all_gather = lambda *a, **kw: used.append("list") or real_list(*a, **kw)
+    dist.all_gather_into_tensor = lambda *a, **kw: used.append("into") or real_into(*a, **kw)
+    try:
+        yield used
+    finally:
+        dist.all_gather, dist.all_gather_into_tensor = real_list, real_into

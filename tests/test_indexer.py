@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from indexer_cases import Loopback, make_state, make_step
+from indexer_cases import Loopback, gathers_taken, make_state, make_step
 
 from runtime import reference
 from runtime.indexer import (
@@ -445,15 +445,9 @@ def _gloo_mixed_backend_worker(rank, world, init_file):
         finally:
             dist.get_backend = real_backend
         assert group._nccl, "a backend per device type that names nccl gathers CUDA tensors through NCCL"
-        used = []
-        real_list, real_into = dist.all_gather, dist.all_gather_into_tensor
-        dist.all_gather = lambda *a, **kw: used.append("list") or real_list(*a, **kw)
-        dist.all_gather_into_tensor = lambda *a, **kw: used.append("into") or real_into(*a, **kw)
-        try:
+        with gathers_taken(dist) as used:
             local = torch.arange(12, dtype=torch.int32).view(3, 4) + 100 * rank
             got = group.all_gather(local[:, :3])  # a strided view: gathered as its contiguous copy
-        finally:
-            dist.all_gather, dist.all_gather_into_tensor = real_list, real_into
         # CPU tensors go to that backend's gloo part: the list gather, which every torch's gloo takes.
         assert used == ["list"], used
         want = torch.cat([torch.arange(12, dtype=torch.int32).view(3, 4)[:, :3] + 100 * r for r in range(world)])

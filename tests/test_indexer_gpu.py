@@ -241,23 +241,19 @@ _NCCL_ONE_RANK = textwrap.dedent("""
     import os, sys, torch
     import torch.distributed as dist
     sys.path.insert(0, {tests!r})
-    from indexer_cases import make_state, make_step
+    from indexer_cases import gathers_taken, make_state, make_step
     from runtime.indexer import DistGroup, SingleRank, decode_rows
     from runtime.scoring import TorchScorer
     for i, backend in enumerate(("nccl", "cpu:gloo,cuda:nccl")):
         dist.init_process_group(backend, init_method="file://" + os.path.join({tmp!r}, str(i)), rank=0,
                                 world_size=1)
         group = DistGroup()
-        used = []
-        real_list, real_into = dist.all_gather, dist.all_gather_into_tensor
-        dist.all_gather = lambda *a, **kw: used.append("list") or real_list(*a, **kw)
-        dist.all_gather_into_tensor = lambda *a, **kw: used.append("into") or real_into(*a, **kw)
         rows = torch.arange(24, dtype=torch.int32, device="cuda").view(4, 6)
-        got = group.all_gather(rows[:, :4])  # a strided view, gathered as its contiguous copy
+        with gathers_taken(dist) as used:
+            got = group.all_gather(rows[:, :4])  # a strided view, gathered as its contiguous copy
         torch.cuda.synchronize()
         assert used == ["into"], (backend, used)  # one NCCL gather into one tensor, no concatenation
         assert torch.equal(got, rows[:, :4]), backend
-        dist.all_gather, dist.all_gather_into_tensor = real_list, real_into
         # A whole step through the group (one rank: replicated, nothing to gather) equals SingleRank's.
         step = make_step(16, heads=64, head_dim=128, max_model_len=1024, k=512, device="cuda", seed=i)
         want, state = make_state(step, scorer=TorchScorer()), make_state(step, scorer=TorchScorer())
