@@ -31,6 +31,15 @@ def whole_count(name: str, value, minimum: int) -> int:
     return number
 
 
+def require_flag(name: str, value) -> None:
+    """A TypeError naming ``name`` unless ``value`` is a Python bool: a stand-in (1, a numpy bool, a string) picks
+    by its truth value, which for "False" is True."""
+    if not isinstance(value, bool):
+        kind = type(value)  # numpy's bool is also named "bool": say whose
+        raise TypeError(f"{name} must be a Python bool, got {kind.__module__}.{kind.__qualname__} {value!r}; "
+                        f"pass bool({name})")
+
+
 def cuda_device_index(name: str, device) -> int | None:
     """``device`` (an index, a ``torch.device`` or its string) as a CUDA device index, or None for a device of
     another type; a device without an index is the current one. A bool, a float or a string that names no device

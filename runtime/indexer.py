@@ -81,6 +81,15 @@ class IndexerState:
     # Plans made on this state: a plan carries its number, and the finish takes only the latest (an earlier step's
     # plan holds that step's rows and schedule, while the latest plan reset this step's).
     _plans: int = field(default=0, init=False, repr=False, compare=False)
+    _checked: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value) -> None:
+        # The fields are checked once, here, and every step trusts them: one reassigned afterwards would bypass the
+        # checks (a top-k buffer laid over the key cache, a k past the buffer's width or below 1).
+        if self._checked and name != "_plans":
+            raise AttributeError(f"{name}: an IndexerState's fields are fixed once checked; build another state, "
+                                 f"e.g. dataclasses.replace(state, {name}=...), which checks it")
+        object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
         _check_int32_rows("topk_indices", self.topk_indices)
@@ -118,6 +127,7 @@ class IndexerState:
         if not _takes_keyword(self.scorer.logits, "checked"):
             raise TypeError(f"scorer: {type(self.scorer).__name__}.logits takes no keyword 'checked'; implement "
                             f"runtime.scoring.Scorer (logits(..., *, checked=False))")
+        self._checked = True
 
     @property
     def max_rows(self) -> int:
@@ -150,8 +160,14 @@ class DecodeMetadata:
     positions below it into a ``[rows, max_model_len]`` buffer) and that the ids of
     the row's first ``ceil(seq_lens[r] / 64)`` pages in ``block_table`` index the
     index-key cache's pages (DeepGEMM reads them). Breaking it reads and writes
-    outside those buffers. ``check_decode_metadata_values`` checks it, and
-    ``plan_decode_rows`` runs that check where ``SPARSE_DECODE_AOT_CHECK_METADATA``
+    outside those buffers. A schedule is built from ``seq_lens``' values: the caller's
+    ``schedule`` must be the scorer's ``schedule(seq_lens)`` of the step's values (rebuilt
+    every step after they are written; in a CUDA graph, inside the graph), and those
+    values may not change between ``plan_decode_rows`` (which builds a slice's schedule
+    from them) and ``finish_decode_rows``: DeepGEMM's scoring under a schedule of longer
+    rows than it finds never ends (its SMs stop only at the scheduled positions).
+    ``check_decode_metadata_values`` checks all of it, and ``plan_decode_rows`` and
+    ``finish_decode_rows`` run that check where ``SPARSE_DECODE_AOT_CHECK_METADATA``
     is set (to anything but "" or "0") when the process imports this module.
     """
 
@@ -319,6 +335,11 @@ def plan_decode_rows(
     run (nothing issued); else reset the step's top-k rows to -1 and build the
     schedule of this rank's slice when it is not the whole step. Reads no query or key.
 
+    Unlike the seed's plan, which returns None for a step that stays replicated (one rank, a small step, rows not a
+    multiple of requests, buffers that cannot hold every rank's slice) so that its stock indexer runs, this flow is
+    the indexer: such a step gets a plan whose slice is the whole step, and None is kept for what the flow does not
+    serve (no metadata, prefills, no tokens).
+
     ``padded_tokens``: the step's tokens including a CUDA graph's padding (default
     ``metadata.num_tokens``), in ``[metadata.num_tokens, state.max_rows]``. The reset
     spans them all, so padded rows hold -1, not an earlier step's indices."""
@@ -443,7 +464,8 @@ def finish_decode_rows(
     (None, doing nothing, when ``plan`` is None). ``plan`` must be the state's latest
     ``plan_decode_rows`` result (an earlier one is refused: it holds another step's rows),
     its metadata's fields as the plan saw them (replaced counts or tensors are refused;
-    the tensors' device values may change), and ``q`` and ``weights`` may not share
+    the block table's device values may change, ``seq_lens``' may not: the plan built the
+    schedule from them), and ``q`` and ``weights`` may not share
     memory with the state's buffers, which the plan reset before they are read."""
     return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=False)
 
@@ -455,6 +477,11 @@ def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
         return None
     if not by_decode_rows:
         _check_finish(state, q, weights, plan, tp, all_gather)
+        if CHECK_METADATA_VALUES:  # the device values may have been written since the plan checked them
+            _check_schedule_current(state, plan.schedule, _rows(plan.metadata.seq_lens, plan.start, plan.end),
+                                    "metadata.seq_lens", "its values changed since plan_decode_rows built the "
+                                    "schedule from them; write them before the plan")
+            check_decode_metadata_values(state, plan.metadata)
     if plan.end > plan.start:
         _decode_rows(state, q, weights, plan)
     if plan.shard is not None:
@@ -738,7 +765,8 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
     first ``ceil(seq_lens[r] / 64)`` pages index ``state.index_k_cache``'s pages. Raises ValueError naming
     the field and the first offending row. Synchronizes with the device (it reads the values back), so a
     serving step does not call it, and a CUDA graph capture cannot; a test or an eager debugging run does, or
-    sets ``SPARSE_DECODE_AOT_CHECK_METADATA`` for ``plan_decode_rows`` to."""
+    sets ``SPARSE_DECODE_AOT_CHECK_METADATA`` for ``plan_decode_rows`` and ``finish_decode_rows`` to. A
+    ``metadata.schedule`` must equal the scorer's schedule of ``seq_lens``' values (rebuilt here to compare)."""
     _check_num_tokens(metadata)
     _check_metadata(state, metadata)
     rows = metadata.num_tokens
@@ -757,6 +785,21 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
         raise ValueError(f"metadata.block_table: row {row} reads page {page} as id {int(table[row, page])}, outside "
                          f"index_k_cache's {pages} pages; a row's first ceil(seq_lens / "
                          f"{reference.INDEX_BLOCK_KV}) ids must index the cache: fix the metadata builder")
+    _check_schedule_current(state, metadata.schedule, metadata.seq_lens, "metadata.schedule",
+                            "build it with the scorer's schedule(metadata.seq_lens) after seq_lens are written, "
+                            "every step")
+
+
+def _check_schedule_current(state: IndexerState, schedule, seq_lens: torch.Tensor, name: str, fix: str) -> None:
+    """A ValueError naming ``name`` unless ``schedule`` (None: nothing to check) is the scorer's schedule of
+    ``seq_lens``' values now: one of longer rows than the scoring finds never ends there (DeepGEMM's SMs stop only
+    at their scheduled positions). Rebuilds the schedule to compare (a launch and a device sync)."""
+    if not isinstance(schedule, torch.Tensor):
+        return
+    want = state.scorer.schedule(seq_lens)
+    if not (isinstance(want, torch.Tensor) and want.shape == schedule.shape and torch.equal(want, schedule)):
+        raise ValueError(f"{name}: the schedule is not the scorer's schedule of seq_lens' current values (the "
+                         f"scoring would run past the rows, or never end); {fix}")
 
 
 def _pages_for(tokens):

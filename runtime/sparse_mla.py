@@ -15,7 +15,7 @@ import numbers
 
 import torch
 
-from .arguments import cuda_device_index, require_dense, whole_number
+from .arguments import cuda_device_index, require_dense, require_flag, whole_number
 from .contract import sparse_mla_decode as contract
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
@@ -171,6 +171,7 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     during capture raises ``runtime.CacheLoadInterrupted``.
     """
     T, width = _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out)
+    require_flag("pdl", pdl)  # "False" would launch with PDL, reading the sinks before the previous grid's writes
     if out is None:
         out = torch.empty(T, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     if T == 0:

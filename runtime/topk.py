@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from .arguments import require_dense, whole_count, whole_number
+from .arguments import require_dense, require_flag, whole_count, whole_number
 from .contract import decode_topk as contract
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
@@ -71,15 +71,6 @@ def _require_int32_tensor(name: str, t) -> torch.Size:
     return t.shape
 
 
-def _require_flag(block_mode) -> None:
-    """A TypeError unless block_mode is a Python bool: a stand-in (1, a numpy bool, a string) picks a mode by its
-    truth value, which for "False" is block mode."""
-    if not isinstance(block_mode, bool):
-        kind = type(block_mode)  # numpy's bool is also named "bool": say whose
-        raise TypeError(f"block_mode must be a Python bool, got {kind.__module__}.{kind.__qualname__} {block_mode!r}; "
-                        f"pass bool(block_mode)")
-
-
 def _check_args(logits, row_ends, out, block_mode):
     """Every argument checked before anything is launched; returns (rows, width, k). Each property is read once:
     an eager call's checks are host time on every layer of a step."""
@@ -112,7 +103,7 @@ def _check_args(logits, row_ends, out, block_mode):
         raise ValueError(f"out must have unit column stride, got strides {out.stride()}")
     if rows > 1 and row_stride < k:
         raise ValueError(f"out's rows overlap (row stride {row_stride} < k = {k}): give each row k slots of its own")
-    _require_flag(block_mode)
+    require_flag("block_mode", block_mode)
     device = logits.device
     if row_ends.device != device or out.device != device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
@@ -253,7 +244,7 @@ def _one_wave_rows(logits: torch.Tensor, block_mode: bool) -> int:
 def _query_args(rows, k, block_mode) -> tuple[int, int]:
     """The queries' (rows, k), checked as decode_topk checks its arguments: int() took 3.7 as 3 rows and True as
     k = 1, bool() the string "False" as block mode, so the answer was for another call than the one to be made."""
-    _require_flag(block_mode)
+    require_flag("block_mode", block_mode)
     return whole_count("rows", rows, 0), whole_number("k", k)
 
 
@@ -291,6 +282,7 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
     during capture raises ``runtime.CacheLoadInterrupted``.
     """
     rows, width, k = _check_args(logits, row_ends, out, block_mode)
+    require_flag("pdl", pdl)  # "False" would launch with PDL
     if rows == 0:
         return
     chosen = _kernel_for(logits, rows, k, block_mode)

@@ -820,6 +820,44 @@ def test_metadata_value_check_runs_in_the_plan_when_asked(monkeypatch):
     assert plan_decode_rows(state, bad, SingleRank()) is not None
 
 
+class _LengthScheduleScorer(TorchScorer):
+    """The torch scorer with a schedule that, like DeepGEMM's, depends on seq_lens' values."""
+
+    def schedule(self, seq_lens):
+        return seq_lens.cumsum(0, dtype=torch.int32)
+
+
+def test_metadata_value_check_refuses_a_stale_schedule(monkeypatch):
+    """A schedule of other seq_lens values than the step's (a caller's, built for an earlier step; or the plan's,
+    after seq_lens was written between plan and finish) would have DeepGEMM's scoring run past its rows or never
+    end: the value check refuses it, in the plan and, where asked, in the finish before it scores."""
+    from runtime import indexer
+    from runtime.indexer import check_decode_metadata_values
+
+    step = make_step(6, heads=8, head_dim=32, max_model_len=256, k=8)
+    lens = step.metadata.seq_lens.clone()
+    scorer = _LengthScheduleScorer()
+    state = make_state(step, scorer=scorer)
+    stale = DecodeMetadata(lens, step.metadata.block_table, 6, 6, step.metadata.max_seq_len,
+                           schedule=scorer.schedule(lens + 1))
+    with pytest.raises(ValueError, match=r"^metadata.schedule: the schedule is not the scorer's schedule"):
+        check_decode_metadata_values(state, stale)
+    current = dataclasses.replace(stale, schedule=scorer.schedule(lens))
+    check_decode_metadata_values(state, current)
+    monkeypatch.setattr(indexer, "CHECK_METADATA_VALUES", True)
+    state.topk_indices.fill_(5)
+    with pytest.raises(ValueError, match=r"^metadata.schedule: "):
+        plan_decode_rows(state, stale, SingleRank())
+    assert (state.topk_indices == 5).all()  # refused before anything was issued
+    for md in (current, _with(step.metadata, seq_lens=lens)):  # the caller's schedule, and the plan's own
+        plan = plan_decode_rows(state, md, SingleRank())
+        lens[2] -= 1  # written between plan and finish
+        with pytest.raises(ValueError, match=r"^metadata.seq_lens: .*changed since plan_decode_rows"):
+            finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+        lens[2] += 1
+        finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+
+
 @pytest.mark.parametrize("value,enabled", [("1", True), ("0", False), ("", False)])
 def test_metadata_value_check_follows_the_environment(value, enabled):
     import subprocess
@@ -921,6 +959,26 @@ def test_state_and_plan_refuse_buffers_sharing_memory():
     with pytest.raises(ValueError, match="metadata.block_table overlaps candidate_blocks"):
         plan_decode_rows(state, DecodeMetadata(md.seq_lens, table_in_cand, 6, 6, md.max_seq_len), SingleRank())
     assert (state.topk_indices[:6] == 5).all(), "refused before the reset"
+
+
+def test_state_fields_are_fixed_once_checked():
+    """Every step trusts the fields the state checked at construction: reassigning one afterwards (a top-k buffer
+    over the key cache, k = -3 or past the buffer's width) is refused naming it; dataclasses.replace checks anew."""
+    step = make_step(6, k=8, max_rows=8)
+    state = make_state(step, scorer=TorchScorer())
+    over_cache = state.index_k_cache.view(-1)[:256].view(torch.int32).view(8, 8)
+    for name, value in (("topk_indices", over_cache), ("k", -3), ("k", 10 ** 6), ("scorer", None)):
+        with pytest.raises(AttributeError, match=rf"^{name}: an IndexerState's fields are fixed"):
+            setattr(state, name, value)
+    assert state.k == 8 and state.topk_indices.data_ptr() != over_cache.data_ptr()
+    with pytest.raises(ValueError, match="topk_indices overlaps index_k_cache"):
+        dataclasses.replace(state, topk_indices=over_cache)
+    with pytest.raises(ValueError, match=r"^k: "):
+        dataclasses.replace(state, k=10 ** 6)
+    smaller = dataclasses.replace(state, k=4)
+    plan = plan_decode_rows(smaller, step.metadata, SingleRank())  # the plan counter still counts
+    finish_decode_rows(smaller, step.q, step.weights, plan, SingleRank())
+    assert smaller._plans == 1
 
 
 class _NoGather:

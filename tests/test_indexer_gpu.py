@@ -15,7 +15,12 @@ import torch
 from conftest import REQUIRE_GPU
 from indexer_cases import Loopback, make_state, make_step
 from runtime import reference
-from runtime.indexer import DecodeMetadata, SingleRank, decode_rows
+from runtime.indexer import (
+    DecodeMetadata,
+    SingleRank,
+    check_decode_metadata_values,
+    decode_rows,
+)
 from runtime.scoring import TorchScorer, deepgemm_status
 
 pytestmark = pytest.mark.gpu
@@ -134,13 +139,19 @@ def test_flow_under_cuda_graph_follows_new_inputs(monkeypatch, schedule_in_graph
     seq_lens, table = static.metadata.seq_lens.clone(), static.metadata.block_table.clone()
 
     def step():
-        schedule = scorer.schedule(seq_lens[:tokens]) if schedule_in_graph else None
-        md = DecodeMetadata(seq_lens, table, num_requests=tokens, num_tokens=tokens, max_seq_len=8192,
+        # The plan reuses a caller's schedule only where it spans all of metadata.seq_lens' rows.
+        lens = seq_lens[:tokens] if schedule_in_graph else seq_lens
+        schedule = scorer.schedule(lens) if schedule_in_graph else None
+        md = DecodeMetadata(lens, table, num_requests=tokens, num_tokens=tokens, max_seq_len=8192,
                             schedule=schedule)
         decode_rows(state, md, q, weights, SingleRank())
 
+    schedules = []
+    real_schedule = scorer.schedule
+    monkeypatch.setattr(scorer, "schedule", lambda lens: schedules.append(lens.shape) or real_schedule(lens))
     step()  # loads the AOT kernels and DeepGEMM's before capture
     torch.cuda.synchronize()
+    assert len(schedules) == 1, "the plan builds the schedule only where the caller did not"
     fallback = []
     real = topk.decode_topk_reference
     monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **kw: fallback.append(a[0].shape) or real(*a, **kw))
@@ -166,6 +177,23 @@ def test_flow_under_cuda_graph_follows_new_inputs(monkeypatch, schedule_in_graph
         assert (state.topk_indices[0] == -1).all(), "a row of length 0 selects nothing"
         assert (state.topk_indices[tokens:padded] == -1).all(), "the padding rows are reset in the graph"
     assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
+
+
+def test_value_check_refuses_a_stale_deepgemm_schedule():
+    """DeepGEMM's schedule follows seq_lens' values, and one of longer rows than the scoring finds never ends: the
+    value check rebuilds it and refuses a stale one, and takes the current one (the rebuild is bit-identical)."""
+    import dataclasses
+
+    scorer = _deepgemm()
+    step = _step(8)
+    state = make_state(step, scorer=scorer)
+    md = step.metadata
+    current = dataclasses.replace(md, schedule=scorer.schedule(md.seq_lens))
+    check_decode_metadata_values(state, current)
+    shorter = md.seq_lens // 2
+    assert not torch.equal(scorer.schedule(shorter), current.schedule)
+    with pytest.raises(ValueError, match=r"^metadata.schedule: the schedule is not the scorer's schedule"):
+        check_decode_metadata_values(state, dataclasses.replace(current, seq_lens=shorter))
 
 
 def test_torch_scorer_flow_agrees_with_deepgemm_flow():
@@ -195,7 +223,12 @@ _CHECK = textwrap.dedent("""
     import runtime
     runtime.load()  # the AOT cache loads at start-up, not in a step
     from indexer_cases import make_state, make_step
-    from runtime.indexer import DecodeMetadata, SingleRank, decode_rows
+    from runtime.indexer import (
+    DecodeMetadata,
+    SingleRank,
+    check_decode_metadata_values,
+    decode_rows,
+)
     from runtime.scoring import DeepGemmScorer, check_step_compiles_nothing
     step = make_step(16, heads=64, head_dim=128, max_model_len=8192, k=512, device="cuda")
     state = make_state(step, scorer=DeepGemmScorer())

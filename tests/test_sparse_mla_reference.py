@@ -436,6 +436,16 @@ def test_bmm1_scale_bound_keeps_the_kernels_base2_scale_finite():
     _call_with(sparse_mla.sparse_mla_decode, "bmm2_scale", lambda v: 3e38)  # bmm2_scale is not multiplied by log2(e)
 
 
+@pytest.mark.parametrize("flag", ["False", 0, 1], ids=repr)
+def test_host_op_takes_pdl_as_a_bool_only(flag):
+    """pdl="False" is true: it would launch with PDL, the sinks read before the previous grid's writes."""
+    from runtime import sparse_mla
+    args, kw = _valid_call()
+    with pytest.raises(TypeError, match=r"^pdl must be a Python bool"):
+        sparse_mla.sparse_mla_decode(*args, **kw, pdl=flag)
+    sparse_mla.sparse_mla_decode(*args, **kw, pdl=False)  # checks pass (CPU: reference)
+
+
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_masked_columns_are_never_read(with_sinks):
     """Masked columns (past lens, -1, past the pool) and tokens without active columns read no pool row:
