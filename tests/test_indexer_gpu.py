@@ -223,12 +223,7 @@ _CHECK = textwrap.dedent("""
     import runtime
     runtime.load()  # the AOT cache loads at start-up, not in a step
     from indexer_cases import make_state, make_step
-    from runtime.indexer import (
-    DecodeMetadata,
-    SingleRank,
-    check_decode_metadata_values,
-    decode_rows,
-)
+    from runtime.indexer import DecodeMetadata, SingleRank, decode_rows
     from runtime.scoring import DeepGemmScorer, check_step_compiles_nothing
     step = make_step(16, heads=64, head_dim=128, max_model_len=8192, k=512, device="cuda")
     state = make_state(step, scorer=DeepGemmScorer())
