@@ -31,9 +31,8 @@ from runtime.cubin import read_cubin  # noqa: E402
 from runtime.errors import CacheError  # noqa: E402
 from runtime.manifest import (  # noqa: E402
     BUILD_LOCK,
-    check_against_contract,
+    check_cache,
     manifest_path,
-    read_manifest,
     sha256_of,
 )
 
@@ -103,6 +102,33 @@ def _plain_file_mode() -> int:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    _atomic_write_all([(path, data)])
+
+
+def _atomic_write_all(files: list) -> None:
+    """Write each ``(path, data)`` under a temporary name and sync it, then rename them all into place and sync
+    their directories. A write that fails (a full disk, a quota) replaces nothing: file by file, the cubins written
+    before it sat under the old manifest, whose sha256s every load then refused."""
+    staged = []
+    try:
+        for path, data in files:
+            staged.append((_staged_copy(path, data), path))
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        raise
+    # The renames on disk before whatever is written next: after a crash or power loss the manifest (written last)
+    # never names cubins that did not land.
+    for directory in dict.fromkeys(path.parent for path, _ in files):
+        _fsync_directory(directory)
+
+
+def _staged_copy(path: Path, data: bytes) -> str:
+    """``data`` in a new temporary file beside ``path``, on disk (a renamed file whose data was not synced may come
+    back empty after a power loss, which every load refuses); the file is removed if the write fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -111,17 +137,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
         os.fchmod(fd, _plain_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            # On disk before the rename, and the rename on disk before the next file: after a crash or power loss
-            # a cubin is whole or absent, and the manifest (written last) never names cubins that did not land.
-            # Without it a renamed file may come back empty, which every load then refuses (sha256).
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_directory(path.parent)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise
+    return tmp
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -187,8 +208,7 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> No
                             for arch in variants_by_arch}
         for arch, variants in variants_by_arch.items():
             entries = entries_by_arch[arch]
-            for v, entry in zip(variants, entries):
-                _atomic_write(out / entry["cubin"], cubins[(v.name, arch)])
+            _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)]) for v, entry in zip(variants, entries)])
             previous = previous_by_arch[arch]
             kept = [] if whole else _kept_entries(previous, families)
             # The contract's order whatever was rebuilt, so that rebuilding some families reorders nothing.
@@ -301,9 +321,10 @@ def _named_entries(kernels) -> bool:
 
 
 def _runtime_refusal(committed: Path, arch: str) -> str | None:
-    """The problem line where the runtime refuses the committed manifest, else None."""
+    """The problem line where the runtime refuses the committed manifest or a cubin it names (a symlink out of the
+    cache root, a wrong ELF header: every CPU-side check of a load), else None."""
     try:
-        check_against_contract(read_manifest(committed, arch))
+        check_cache(committed, arch)
     except CacheError as e:
         return f"{arch}: the runtime refuses the committed manifest ({e})"
     return None
@@ -347,11 +368,19 @@ def main(argv=None) -> int:
 
 
 def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:
+    """Refused before minutes of compiling: an --out the build cannot write, or whose build lock it cannot open for
+    writing (a lock file that a load by another account created with that account's umask)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out).close()
     except OSError as e:
         parser.error(f"--out {out}: not a writable directory ({e.strerror or e})")
+    lock = out / BUILD_LOCK
+    try:
+        os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o666))
+    except OSError as e:
+        parser.error(f"--out {out}: cannot open its build lock {lock} for writing ({e.strerror or e}); let this "
+                     f"account write it, or remove it (a load creates it again)")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .arguments import cuda_device_index
+from .arguments import cuda_device_index, whole_number
 from .contract import ARCH_CAPABILITY
 from .driver import CudaCallError, check, driver, missing_function_error
 from .errors import (
@@ -155,9 +155,14 @@ class Kernel:
 
         ``grid`` counts CTAs (an int or an (x, y, z) tuple); x must be a multiple of the
         cluster's x. Pointers are ints (``tensor.data_ptr()``). The hot path only writes
-        what changed since the last launch of this kernel.
+        what changed since the last launch of this kernel, and packs each argument into its
+        contract C type as ctypes does, without a range check (an int past int32 wraps): the
+        host ops check their arguments' ranges before they launch; a direct caller must too.
         """
-        dims = (grid, 1, 1) if type(grid) is int else tuple(grid)
+        if type(grid) is int:
+            dims = (grid, 1, 1)
+        else:
+            dims = tuple(grid) if isinstance(grid, (tuple, list)) else (whole_number(f"{self.name}: grid", grid), 1, 1)
         if len(args) != self._nargs:
             raise TypeError(f"{self.name}: takes {self._nargs} arguments "
                             f"({', '.join(p.name for p in self.entry.params)}), got {len(args)}")
@@ -192,12 +197,20 @@ class Kernel:
                           f"load the cache there (runtime.load(device=i))")
 
     def _set_grid(self, dims) -> None:
-        gx, gy, gz = dims
-        if gx <= 0 or gy <= 0 or gz <= 0 or gx % self._cluster_x:
-            raise ValueError(f"{self.name}: grid {dims} must be positive with x a multiple of {self._cluster_x}")
+        """Checked before the config changes: a grid refused halfway through its fields would leave the config at
+        another grid than ``_dims`` says, which the next launch with the old grid would then use."""
+        if len(dims) != 3:
+            raise TypeError(f"{self.name}: grid {dims!r} must be an int or three ints (x, y, z)")
+        gx, gy, gz = dims = tuple(whole_number(f"{self.name}: grid", d) for d in dims)  # not a bool, float or None
+        if not (0 < gx <= _GRID_MAX[0] and 0 < gy <= _GRID_MAX[1] and 0 < gz <= _GRID_MAX[2]) or gx % self._cluster_x:
+            raise ValueError(f"{self.name}: grid {dims} must be positive, at most {_GRID_MAX}, with x a multiple of "
+                             f"{self._cluster_x}")
         config = self._config
         config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
         self._dims = dims
+
+
+_GRID_MAX = (2 ** 31 - 1, 65535, 65535)  # CUDA's grid limits (x, y, z) on every arch the cache builds for
 
 
 class _LaunchAttributes:
@@ -401,6 +414,9 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
     device = torch.cuda.current_device() if device is None else cuda_device_index("device", device)
     if device is None:
         raise ValueError("device: runtime.load loads kernels for a CUDA device; pass its index or 'cuda:i'")
+    if device >= torch.cuda.device_count():  # torch would fail an assertion
+        raise ValueError(f"device: cuda:{device} does not exist, this process sees {torch.cuda.device_count()} CUDA "
+                         f"device(s); pass an index below that")
     root = resolved_root(root)
     key = (str(root), device)
     tick("torch_device_and_root")

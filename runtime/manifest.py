@@ -185,7 +185,10 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         raise SchemaError("manifest not found.", file=path, fix=fix) from None
     except _OutsideRoot as e:
         raise _outside_root("manifest", e.real, root, arch, file=path) from None
-    except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+    except OSError as e:
+        _raise_if_process_state(e, "manifest", path)
+        raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
         raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
@@ -300,6 +303,18 @@ _LOCK_OPEN_FLAGS = (os.O_RDONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | get
                     | getattr(os, "O_NOFOLLOW", 0))
 
 
+# Errors of the process's state at the time, not of the cache: out of file descriptors (the process's or the
+# system's) or of kernel memory. Taken for a refusal, they would send every later call to the fallback for good.
+_PROCESS_STATE_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOMEM))
+
+
+def _raise_if_process_state(error: OSError, what: str, path: Path) -> None:
+    """CacheLoadInterrupted where reading ``what`` failed for the process's state (``_PROCESS_STATE_ERRNOS``)."""
+    if error.errno in _PROCESS_STATE_ERRNOS:
+        raise CacheLoadInterrupted(f"the process could not open or read the {what} ({error}).", file=path,
+                                   fix="free file descriptors or memory; the next call loads again") from None
+
+
 @contextlib.contextmanager
 def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
     """Hold the cache root's build lock shared while the caller reads the manifest and its cubins.
@@ -316,7 +331,8 @@ def build_settled(root: Path, wait_s: float = BUILD_WAIT_S):
     lock = os.path.join(str(root), BUILD_LOCK)
     try:
         fd = None if fcntl is None else os.open(lock, _LOCK_OPEN_FLAGS, 0o666)
-    except OSError:  # read-only root, no permission, no such directory (read_manifest names the latter), a symlink
+    except OSError as e:  # read-only root, no permission, no such directory (read_manifest names the latter), a symlink
+        _raise_if_process_state(e, "build lock", Path(lock))
         fd = None
     if fd is None:
         yield
@@ -392,6 +408,8 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
         raise _outside_root("cubin", e.real, manifest.root, manifest.arch, file=Path(path),
                             kernel=entry.name) from None
     except (OSError, ValueError) as e:  # a directory, a FIFO or device, no permission, a NUL in the path
+        if isinstance(e, OSError):
+            _raise_if_process_state(e, "cubin", Path(path))
         raise CubinIntegrityError(f"cubin is not a readable file ({e}).", file=Path(path), kernel=entry.name,
                                   fix=REBUILD.format(arch=manifest.arch)) from None
     tick("cubin_read")

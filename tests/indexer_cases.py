@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime import reference
-from runtime.indexer import DecodeMetadata, IndexerState
+from runtime.indexer import DecodeMetadata, IndexerState, row_shard_rows
 
 
 @dataclass
@@ -121,6 +121,16 @@ class Loopback:
         if len(parts) < self.world_size:
             return local.new_zeros((self.world_size * local.shape[0], *local.shape[1:]))
         return torch.cat([parts[r] for r in range(self.world_size)])
+
+    def check_sharded(self, metadata: DecodeMetadata, gathers: int) -> None:
+        """Every rank took part in ``gathers`` all-gathers of ``row_shard_rows``-row slices: the step was sharded. A
+        step left replicated gathers nothing, and its buffers would equal the replicated run's all the same."""
+        shard = row_shard_rows(metadata.num_tokens, metadata.num_requests, self.world_size)
+        assert shard is not None, "the case does not shard"
+        assert sorted(self.store) == list(range(gathers)), sorted(self.store)
+        for parts in self.store.values():
+            assert sorted(parts) == list(range(self.world_size)), sorted(parts)
+            assert all(p.shape[0] == shard for p in parts.values()), [p.shape for p in parts.values()]
 
 
 @contextlib.contextmanager

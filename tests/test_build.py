@@ -193,6 +193,75 @@ def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     assert "compiled" not in proc.stdout
 
 
+def test_a_build_lock_it_cannot_write_is_refused_before_compiling(tmp_path):
+    """A lock file the build cannot open for writing (one a load by another account created; here a directory in its
+    place) failed the build after minutes of compiling, with a bare PermissionError: now refused first."""
+    (tmp_path / ".build.lock").mkdir()
+    proc = subprocess.run(BUILD + ["--only", "probe", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 2 and "cannot open its build lock" in proc.stderr, proc.stdout + proc.stderr
+    assert "compiled" not in proc.stdout
+
+
+def test_a_write_that_fails_halfway_replaces_nothing(tmp_path, monkeypatch):
+    """write_cache replaced the cubins one by one: a full disk at the second left the first new cubin under the old
+    manifest, whose sha256 every load then refused. Every cubin is now written and synced under a temporary name
+    first, then all are renamed: the failure replaces nothing and leaves no temporary file."""
+    import errno
+    import os
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    variants = all_variants("sm_90a", ("probe",))
+    folder = cache / "cubins" / "sm_90a"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    cubins = {(v.name, "sm_90a"): before[f"{v.name}.cubin"] + b"\0" * 16 for v in variants}  # new builds
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(fd)
+        if len(synced) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="No space left"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing replaced, no temporary left
+    check_cache(cache, "sm_90a")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {f"{v.name}.cubin": cubins[(v.name, "sm_90a")]
+                                                                  for v in variants}
+    check_cache(cache, "sm_90a")
+
+
+def test_check_runs_the_loads_cubin_checks(tmp_path):
+    """--check compared the committed cubins' bytes through any symlink, and passed a cubin linked from outside the
+    cache root, which every load refuses: it now runs every CPU-side check of a load on the committed cache."""
+    import os
+    import shutil
+
+    from crafted_cache import copy_probe_cache, first_cubin
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    cubin = first_cubin(committed)
+    outside = tmp_path / "elsewhere.cubin"
+    shutil.move(cubin, outside)
+    os.symlink(outside, cubin)
+    with pytest.raises(errors.PathError):
+        check_cache(committed, "sm_90a")
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert len(problems) == 1 and "sm_90a: the runtime refuses the committed manifest" in problems[0], problems
+
+
 def test_written_cache_files_are_readable_by_other_accounts(tmp_path):
     """The build's atomic writes (tempfile.mkstemp, 0600) left every cubin and manifest readable by its builder
     alone: a cache built as root in an image, or into a shared --out, was refused to the serving account

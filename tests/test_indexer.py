@@ -228,11 +228,13 @@ def test_flow_torch_topk_backend_same_sets():
 def test_torch_topk_select_ranks_nan_and_infinities_as_the_reference(block_mode, k):
     """NaN and -inf candidates rank below every finite value (the reference's NaN is -inf), +inf above: rows of
     distinct finite values with NaN, +inf and -inf columns, and more candidates than k, so that the k-th value
-    lies among the finite negatives and a NaN read as 0 would be taken."""
+    lies among the finite negatives and a NaN read as 0 would be taken (every finite value is negative, so in block
+    mode too: a NaN block read as 0 would outrank every finite block)."""
     from runtime.indexer import _torch_topk_select
 
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(3, 64, generator=g)
+    logits = torch.randn(3, 64, generator=g) - 10
+    assert (logits < 0).all()
     logits[:, 1] = float("nan")
     logits[:, 9] = float("-inf")
     logits[0, 5] = float("inf")
@@ -241,8 +243,13 @@ def test_torch_topk_select_ranks_nan_and_infinities_as_the_reference(block_mode,
     out = torch.empty(3, k, dtype=torch.int32)
     _torch_topk_select(logits, ends, out, block_mode)
     ref = reference.decode_topk_reference(logits, ends, k, block_mode=block_mode)
-    if not block_mode:  # the premise: k finite candidates in every row, so no NaN or -inf column is the reference's
-        assert (ref >= 0).all() and not ((ref == 1) | (ref == 9)).any()
+    # The premise: k finite candidates in every row, so no NaN or -inf column (block mode: the NaN block) is the
+    # reference's.
+    assert (ref >= 0).all()
+    if block_mode:
+        assert not (ref[1] == 5).any()
+    else:
+        assert not ((ref == 1) | (ref == 9)).any()
     assert torch.equal(out.sort(dim=1).values, ref.sort(dim=1).values), (out, ref)
 
 
@@ -356,6 +363,7 @@ def test_flow_simulated_ranks_match_replicated(world, rows, candidates):
                 assert torch.equal(state.topk_indices[:rows], want.topk_indices[:rows]), rank
                 if candidates:
                     assert torch.equal(state.candidate_blocks[:rows], want.candidate_blocks[:rows]), rank
+    group.check_sharded(step.metadata, gathers=2 if candidates else 1)
 
 
 # ---------------------------------------------------------------------------

@@ -117,6 +117,7 @@ def test_flow_sharded_equals_replicated(monkeypatch, world, rows):
             if rnd == 1:
                 assert torch.equal(_sets(got.topk_indices[:rows]), _sets(want.topk_indices[:rows])), rank
                 assert torch.equal(_sets(got.candidate_blocks[:rows]), _sets(want.candidate_blocks[:rows])), rank
+    group.check_sharded(step.metadata, gathers=2)
     assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
 
 

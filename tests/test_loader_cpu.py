@@ -7,7 +7,9 @@ side (module loading, occupancy) is only faked here; the GPU tests run it for re
 """
 
 import contextlib
+import errno
 import json
+import os
 import types
 
 import pytest
@@ -23,6 +25,7 @@ from crafted_cache import (
 )
 
 from runtime import errors, loader
+from runtime import manifest as manifest_module
 from runtime.cubin import read_cubin
 from runtime.manifest import manifest_path
 
@@ -117,6 +120,7 @@ def stand_in(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device=None: types.SimpleNamespace(multi_processor_count=132))
@@ -176,6 +180,59 @@ def test_launch_refuses_a_stream_of_another_device(cache, stand_in):
     kernel.launch(2, *args, stream=types.SimpleNamespace(device_index=0, cuda_stream=77))
     kernel.launch(2, *args, stream=78)
     assert launched == [77, 78]
+
+
+def test_launch_refuses_a_grid_before_it_changes_the_config(cache, stand_in):
+    """A grid refused halfway through its fields (y past CUDA's 65535 after x was set) left the config at x = 64 while
+    the kernel still remembered (2, 1, 1), so the next launch of (2, 1, 1) ran 64 CTAs. Every field is checked first;
+    a bool, a float or None is refused as a TypeError naming the grid; another integer type is taken."""
+    np = pytest.importorskip("numpy")
+    stand_in()
+    kernel = loader.load(cache).kernel("probe_cluster2")
+    grids = []
+    kernel._launch = lambda config, function, params, extra: grids.append(
+        (config.gridDimX, config.gridDimY, config.gridDimZ)) or (0,)
+    args = [0] * len(kernel.entry.params)
+    kernel.launch(2, *args, stream=5)
+    for grid, exc in (((64, 2 ** 32, 1), ValueError), ((64, 1, 65536), ValueError), ((2 ** 31, 1, 1), ValueError),
+                      ((64, None, 1), TypeError), ((64, 1.5, 1), TypeError), ((True, 1, 1), TypeError),
+                      ((64, 1), TypeError), (2.0, TypeError), ((0, 1, 1), ValueError), ((3, 1, 1), ValueError)):
+        with pytest.raises(exc, match=r"probe_cluster2: grid"):
+            kernel.launch(grid, *args, stream=5)
+    kernel.launch(2, *args, stream=5)
+    kernel.launch(np.int64(4), *args, stream=5)
+    kernel.launch((np.int32(6), 2, 1), *args, stream=5)
+    assert grids == [(2, 1, 1), (2, 1, 1), (4, 1, 1), (6, 2, 1)]
+
+
+def test_load_refuses_a_device_the_process_does_not_see(cache, stand_in):
+    """torch fails an assertion for a device index past its count: refused as a ValueError naming the device."""
+    stand_in()
+    with pytest.raises(ValueError, match=r"^device: cuda:2 does not exist, this process sees 2 CUDA device"):
+        loader.load(cache, device=2)
+
+
+@pytest.mark.parametrize("error", [errno.EMFILE, errno.ENFILE, errno.ENOMEM], ids=errno.errorcode.get)
+def test_a_process_out_of_descriptors_is_not_a_refusal(cache, stand_in, monkeypatch, error):
+    """Reading the manifest or a cubin fails for the process's state (out of file descriptors, or of kernel memory):
+    CacheLoadInterrupted, not a CacheError the ops would remember, so a later call loads again."""
+    stand_in()
+    real_read = manifest_module._read_regular_file
+    failing = {"manifest"}
+
+    def read(path, limit, inside=None):
+        if ("manifest" if path.endswith(".json") else "cubin") in failing:
+            raise OSError(error, os.strerror(error))
+        return real_read(path, limit, inside)
+
+    monkeypatch.setattr(manifest_module, "_read_regular_file", read)
+    for what in ("manifest", "cubin"):
+        failing = {what}
+        with pytest.raises(errors.CacheLoadInterrupted, match=rf"could not open or read the {what}") as e:
+            loader.load(cache)
+        assert not isinstance(e.value, errors.CacheError) and "the next call loads again" in e.value.fix
+    failing = set()
+    assert set(loader.load(cache).names()) == {"probe_cluster2", "probe_cluster8"}
 
 
 def _recording_launches(kernel) -> list:

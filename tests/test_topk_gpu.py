@@ -280,9 +280,10 @@ def test_every_variant():
     """Every variant of the contract (each cluster size), launched directly, vs the reference.
 
     Two widths: a short one (CTA-tile step 1 from 2 CTAs on in token mode, 4 in block mode: one
-    or more tiles, re-read where step 1's table marks them) and one past contract.WARP_STEP1_MIN_GROUPS
-    groups per CTA (the warp step 1: many iterations per warp, bound refreshes) or, where that would pass
-    the host op's width limit (16 CTAs in token mode), that limit (CTA tiles: the largest table).
+    or more tiles, re-read where step 1's table marks them) and one past the variant's warp_step1_min_groups
+    groups per CTA (the warp step 1: many iterations per warp, bound refreshes; past the table's tiles where the
+    variant has one) or, where that would pass the host op's width limit (16 CTAs in token mode), that limit
+    (CTA tiles: the largest table).
     """
     import runtime
     from runtime.contract import decode_topk as contract
@@ -295,8 +296,11 @@ def test_every_variant():
         tdtype = torch.float32 if v.option("dtype") == "f32" else torch.bfloat16
         block_mode = v.option("block_mode")
         cluster = v.option("cluster")
-        long_width = min(cluster * max(100000, max(contract.WARP_STEP1_MIN_GROUPS.values()) * 8 + 1000) + 3,
-                         MAX_WIDTH)
+        # Each CTA's slice of the long rows (width // cluster columns) is past its warp-loop threshold: the
+        # variants with step 1's table (c2/c4 full-SM, c8, c16 in token mode) take CTA tiles below 16385 groups.
+        warp_from = v.option("warp_step1_min_groups")
+        long_width = min(cluster * max(100000, warp_from * 8 + 1000) + 3, MAX_WIDTH)
+        assert long_width == MAX_WIDTH or (long_width // cluster) // 8 >= warp_from, v.name
         for kind, width in (("randn", 50000 + cluster), ("ties", 50000 + cluster), ("randn", long_width),
                             ("ties", long_width)):
             k, rows = 1024, 3
@@ -327,7 +331,9 @@ def test_row_kernel(dtype, block_mode):
         edges = (k * blocks - 3, k * blocks + 1, 2049, 4101, 8192, widest - 7, widest)
         for width in sorted({min(w, widest) for w in edges}):
             for kind in ("randn",) + ADVERSARIAL:
-                rows = 132 if (kind == "randn" and width == widest) else 5
+                # A full wave: one row a CTA, as many as the device holds at once (132 on the H200 in token mode,
+                # two or three CTAs an SM in block mode).
+                rows = kernel.max_active_clusters if (kind == "randn" and width == widest) else 5
                 if kind == "randn":
                     logits = _logits(rows, width, dtype, stride=-(-width // 16) * 16 + 16, seed=width + k)
                 else:
@@ -336,7 +342,7 @@ def test_row_kernel(dtype, block_mode):
                 ends[1] = k * blocks  # exactly k candidates (block mode: k blocks)
                 ends[2] = 0
                 ends[3] = -4 if kind == "randn" else width + 100  # clipped to [0, width]
-                ends[4] = (k + 1) * blocks - 7  # k + 1 candidates, a partial last group
+                ends[4] = (k + 1) * blocks - 7  # block mode: k + 1 candidates, a partial last block (token: k - 6)
                 err = _direct_mismatch(kernel, logits, ends, k, 1, block_mode)
                 if err is not None:
                     bad.append(f"k={k} width={width} {kind}: {err}")
