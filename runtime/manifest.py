@@ -185,10 +185,9 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         raise SchemaError("manifest not found.", file=path, fix=fix) from None
     except _OutsideRoot as e:
         raise _outside_root("manifest", e.real, root, arch, file=path) from None
-    except OSError as e:
-        _raise_if_process_state(e, "manifest", path)
-        raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
-    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+        if isinstance(e, OSError):
+            _raise_if_process_state(e, "manifest", path)
         raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
