@@ -478,10 +478,12 @@ def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
     if not by_decode_rows:
         _check_finish(state, q, weights, plan, tp, all_gather)
         if CHECK_METADATA_VALUES:  # the device values may have been written since the plan checked them
+            # The schedule the scoring uses (the caller's, where the plan reused it), rebuilt once; the plan
+            # checked the caller's against the same values.
             _check_schedule_current(state, plan.schedule, _rows(plan.metadata.seq_lens, plan.start, plan.end),
                                     "metadata.seq_lens", "its values changed since plan_decode_rows built the "
                                     "schedule from them; write them before the plan")
-            check_decode_metadata_values(state, plan.metadata)
+            _check_metadata_ranges(state, plan.metadata)
     if plan.end > plan.start:
         _decode_rows(state, q, weights, plan)
     if plan.shard is not None:
@@ -767,6 +769,14 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
     serving step does not call it, and a CUDA graph capture cannot; a test or an eager debugging run does, or
     sets ``SPARSE_DECODE_AOT_CHECK_METADATA`` for ``plan_decode_rows`` and ``finish_decode_rows`` to. A
     ``metadata.schedule`` must equal the scorer's schedule of ``seq_lens``' values (rebuilt here to compare)."""
+    _check_metadata_ranges(state, metadata)
+    _check_schedule_current(state, metadata.schedule, metadata.seq_lens, "metadata.schedule",
+                            "build it with the scorer's schedule(metadata.seq_lens) after seq_lens are written, "
+                            "every step")
+
+
+def _check_metadata_ranges(state: IndexerState, metadata: DecodeMetadata) -> None:
+    """``check_decode_metadata_values`` but the schedule: the layout, then each row's length and page ids."""
     _check_num_tokens(metadata)
     _check_metadata(state, metadata)
     rows = metadata.num_tokens
@@ -785,9 +795,6 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
         raise ValueError(f"metadata.block_table: row {row} reads page {page} as id {int(table[row, page])}, outside "
                          f"index_k_cache's {pages} pages; a row's first ceil(seq_lens / "
                          f"{reference.INDEX_BLOCK_KV}) ids must index the cache: fix the metadata builder")
-    _check_schedule_current(state, metadata.schedule, metadata.seq_lens, "metadata.schedule",
-                            "build it with the scorer's schedule(metadata.seq_lens) after seq_lens are written, "
-                            "every step")
 
 
 def _check_schedule_current(state: IndexerState, schedule, seq_lens: torch.Tensor, name: str, fix: str) -> None:
