@@ -225,6 +225,31 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> No
             text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
             _atomic_write(manifest_path(out, arch), text.encode())
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
+            _remove_unnamed_files(out, arch, manifest)
+
+
+def _unnamed_files(root: Path, arch: str, manifest: dict) -> list:
+    """What ``root/cubins/<arch>/`` holds that no entry of ``manifest`` names: the cubin of a variant the sources
+    no longer define, or a killed build's staged copy. No load reads them, but a plain install would ship them, and
+    a cache that holds more than its manifest says cannot be told from one that lost a manifest entry."""
+    folder = root / "cubins" / arch
+    if not folder.is_dir():
+        return []
+    named = {e.get("cubin") for e in manifest.get("kernels", []) if isinstance(e, dict)}
+    return sorted(p for p in folder.iterdir() if f"cubins/{arch}/{p.name}" not in named)
+
+
+def _remove_unnamed_files(out: Path, arch: str, manifest: dict) -> None:
+    """After the manifest is in place (under the build lock, so no load is reading and no build is staging): the
+    arch's folder keeps only the cubins the manifest names. A folder or a file it cannot remove is left and named."""
+    for path in _unnamed_files(out, arch, manifest):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                raise IsADirectoryError(f"{path} is a directory")
+            path.unlink()
+            print(f"removed {path}: named by no entry of the new manifest", flush=True)
+        except OSError as e:
+            print(f"warning: left {path}, which no manifest entry names ({e}); remove it", file=sys.stderr, flush=True)
 
 
 def _previous_manifest(path: Path, *, needed: bool) -> dict | None:
@@ -301,6 +326,9 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
         for name, o in old_by_name.items():
             if name not in built and (o.get("family") in families or o.get("family") not in FAMILIES):
                 problems.append(f"{arch} {name}: in the committed manifest but not built from the sources")
+        for path in _unnamed_files(committed, arch, old):
+            problems.append(f"{arch} {path.relative_to(committed)}: in the committed cache, named by no manifest "
+                            f"entry (a variant the sources no longer define, or a killed build's temporary file)")
         if len(problems) == before:
             # Python's == above takes 1 for true and 128.0 for 128 and a dict keeps one of two equal names: what the
             # runtime reads (exact JSON types, no duplicates, schema, arch, the contract) must accept it too.

@@ -262,6 +262,49 @@ def test_check_runs_the_loads_cubin_checks(tmp_path):
     assert len(problems) == 1 and "sm_90a: the runtime refuses the committed manifest" in problems[0], problems
 
 
+def test_check_names_files_no_manifest_entry_names(tmp_path):
+    """--check compared only what the manifests name: a cubin left from a variant the sources dropped, or a killed
+    build's staged copy, passed, and a plain install shipped it. Each such file is now one problem line."""
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    folder = committed / "cubins" / "sm_90a"
+    (folder / "probe_gone.cubin").write_bytes(b"\x7fELF")
+    (folder / ".probe_cluster2.cubin.k1ll3d").write_bytes(b"")
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a", "sm_100a"], ("probe",))
+    why = ("in the committed cache, named by no manifest entry (a variant the sources no longer define, or a "
+           "killed build's temporary file)")
+    assert problems == [f"sm_90a cubins/sm_90a/.probe_cluster2.cubin.k1ll3d: {why}",
+                        f"sm_90a cubins/sm_90a/probe_gone.cubin: {why}"], problems
+
+
+def test_a_build_leaves_only_the_cubins_its_manifest_names(tmp_path, monkeypatch, capsys):
+    """A build removes, under its lock and after the manifest is in place, every file of the arch's cubin folder
+    that the new manifest does not name; it names each. A folder there is left, with a warning naming it."""
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    variants = all_variants("sm_90a", ("probe",))
+    folder = cache / "cubins" / "sm_90a"
+    cubins = {(v.name, "sm_90a"): (folder / f"{v.name}.cubin").read_bytes() for v in variants}
+    other_arch = sorted(p.name for p in (cache / "cubins" / "sm_100a").iterdir())
+    (folder / "probe_gone.cubin").write_bytes(b"\x7fELF")
+    (folder / ".probe_cluster2.cubin.k1ll3d").write_bytes(b"")
+    (folder / "notes").mkdir()
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{v.name}.cubin" for v in variants] + ["notes"])
+    assert sorted(p.name for p in (cache / "cubins" / "sm_100a").iterdir()) == other_arch  # not built: untouched
+    out, err = capsys.readouterr()
+    assert f"removed {folder / 'probe_gone.cubin'}" in out and f"removed {folder / '.probe_cluster2.cubin.k1ll3d'}" in out
+    assert f"warning: left {folder / 'notes'}" in err
+    check_cache(cache, "sm_90a")
+
+
 def test_written_cache_files_are_readable_by_other_accounts(tmp_path):
     """The build's atomic writes (tempfile.mkstemp, 0600) left every cubin and manifest readable by its builder
     alone: a cache built as root in an image, or into a shared --out, was refused to the serving account
