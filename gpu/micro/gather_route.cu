@@ -16,6 +16,11 @@
 //  13 route 0 with an L2 prefetch size of 256 bytes on every copy (cp.async ... .L2::256B)
 //  14 route 0 with .L2::128B
 //  15 route 5 with .L2::256B
+//  16 the rows split between the two copy paths: rows 0-63 by route 0's cp.async mapping (the load/store unit),
+//     rows 64-127 by one 512-byte cp.async.bulk a row (the TMA unit, route 1), issued first, one mbarrier
+//  17 as 16, the second half by route 3's four swizzled tensor copies a row (the kernel's tile layout for all rows)
+//  18 as 16 with 96 rows by cp.async and 32 by bulk copies
+//  19 as 16 with 32 rows by cp.async and 96 by bulk copies
 //   9 no gather: index loads only (the launch and index floor)
 // (twenty-fifth session: routes 8, 10 and 12 ask whether idle SMs can speed a CTA's gather. They cannot: at 60
 // CTAs 3.25-3.49 us a launch against route 0's 3.16, benchmarks/results/sparse_mla_ab_h200_s25.json.)
@@ -103,6 +108,26 @@ __device__ __forceinline__ void warp_rows(uint32_t s, const uint8_t* pool, const
   __syncthreads();
 }
 
+// Routes 16-19: rows 0..R-1 by cp_async_rows, rows R..127 by the TMA unit (thread t < 128 - R issues row R + t's copy
+// first). The bulk rows fill the tiles' rows the cp.async part leaves free (32 - R / 4 rows of 512 bytes a tile).
+template <int R, bool TMA_SWZ>
+__device__ __forceinline__ void mixed_rows(uint32_t s, uint32_t bar, const uint8_t* pool, const int* idx, int tid,
+                                           const CUtensorMap* map) {
+  constexpr int B = ROWS - R, PER_TILE = 32 - R / 4;
+  if (tid == 0) bar_expect(bar, B * ROWB);
+  if (tid < B) {
+    const int row = idx[R + tid];
+    if (TMA_SWZ) {
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) tma2d(s + kb * 16384 + (R + tid) * 128, map, kb * 128, row, bar);
+    } else {
+      bulk(s + (tid / PER_TILE) * 16384 + R * 128 + (tid % PER_TILE) * ROWB, pool + (long long)row * ROWB, ROWB, bar);
+    }
+  }
+  cp_async_rows<R / 16>(s, pool, idx, tid);
+  bar_wait(bar, 0);
+}
+
 template <int ROUTE>
 __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, const int* __restrict__ idx_all,
                                               long long* cyc, uint8_t* dump, int launch,
@@ -124,7 +149,7 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
     }
     return;
   }
-  if (ROUTE == 1 || ROUTE == 2 || ROUTE == 3 || ROUTE == 7) {
+  if (ROUTE == 1 || ROUTE == 2 || ROUTE == 3 || ROUTE == 7 || (ROUTE >= 16 && ROUTE <= 19)) {
     if (tid == 0) {
       for (int b = 0; b < 4; ++b) bar_init(bars + 8 * b, 1);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -139,6 +164,14 @@ __global__ void __launch_bounds__(128) gather(const uint8_t* __restrict__ pool, 
   }
   if (ROUTE == 0 || ROUTE == 6 || HELPED) {
     cp_async_rows<8>(s, pool, idx, tid);
+  } else if (ROUTE == 16) {
+    mixed_rows<64, false>(s, bars, pool, idx, tid, &map);
+  } else if (ROUTE == 17) {
+    mixed_rows<64, true>(s, bars, pool, idx, tid, &map);
+  } else if (ROUTE == 18) {
+    mixed_rows<96, false>(s, bars, pool, idx, tid, &map);
+  } else if (ROUTE == 19) {
+    mixed_rows<32, false>(s, bars, pool, idx, tid, &map);
   } else if (ROUTE == 12) {
     cp_async_rows<4>(s, pool, idx, tid);
   } else if (ROUTE == 13) {
@@ -209,6 +242,11 @@ static long image_off(int route, int r, int j) {
   int kb = j / 128, c16 = (j % 128) / 16, b = j % 16;
   if (route == 1 || route == 7) return (long)r * PITCH + j;
   if (route == 2) return kb * 16384 + r * 128 + (j % 128);
+  const int split = route == 16 ? 64 : route == 18 ? 96 : route == 19 ? 32 : ROWS;
+  if (r >= split) {  // a bulk row of routes 16, 18, 19: 512 bytes in a tile's free rows
+    const int per_tile = 32 - split / 4, b2 = r - split;
+    return (b2 / per_tile) * 16384 + split * 128 + (b2 % per_tile) * ROWB + j;
+  }
   return kb * 16384 + r * 128 + ((c16 ^ (r & 7)) << 4) + b;  // 0, 3, 4, 5: 128B swizzle
 }
 
@@ -249,9 +287,10 @@ int main() {
     if (r != CUDA_SUCCESS) { printf("{\"error\": \"tensor map %d\"}\n", (int)r); return 1; }
   }
   // GATHER_ROUTES="0 8 10 12 9" runs those routes only (default: all).
-  std::vector<int> routes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15, 9};
+  std::vector<int> routes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15, 16, 17, 18, 19, 9};
   std::vector<kfn> fns = {pick<0>(), pick<1>(), pick<2>(), pick<3>(), pick<4>(), pick<5>(), pick<6>(), pick<7>(),
-                          pick<8>(), pick<10>(), pick<12>(), pick<13>(), pick<14>(), pick<15>(), pick<9>()};
+                          pick<8>(), pick<10>(), pick<12>(), pick<13>(), pick<14>(), pick<15>(), pick<16>(),
+                          pick<17>(), pick<18>(), pick<19>(), pick<9>()};
   std::vector<int> wanted;
   if (const char* env = getenv("GATHER_ROUTES")) {
     for (const char* c = env; *c;) {
