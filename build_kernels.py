@@ -367,16 +367,28 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="rebuild into a temp dir and fail if anything differs from the cache at --out")
     parser.add_argument("--warm-deepgemm", action="store_true",
-                        help="on a GPU machine: fill DeepGEMM's JIT cache for the serving shapes, then exit")
+                        help="on a GPU machine: fill DeepGEMM's JIT cache for the serving shapes below, then exit")
+    warm = parser.add_argument_group("serving shapes of --warm-deepgemm (the indexer's scoring on one rank)")
+    for option, (field_name, what) in _SERVING_SHAPE_OPTIONS.items():
+        warm.add_argument(option, type=int, dest=field_name, metavar="N",
+                          help=f"{what} (default {_serving_default(field_name)})")
+    warm.add_argument("--deepgemm-cache-dir", type=Path, metavar="DIR",
+                      help="DeepGEMM's JIT cache directory (DG_JIT_CACHE_DIR; default: DeepGEMM's own)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} must be at least 1")
+    shape_options = {}
+    for option, (field_name, _) in _SERVING_SHAPE_OPTIONS.items():
+        value = getattr(args, field_name)
+        if value is not None and value < 1:
+            parser.error(f"{option}: {value} must be at least 1")
+        if value is not None:
+            shape_options[field_name] = value
+    if not args.warm_deepgemm and (shape_options or args.deepgemm_cache_dir is not None):
+        parser.error(f"{', '.join(_SERVING_SHAPE_OPTIONS)} and --deepgemm-cache-dir go with --warm-deepgemm")
 
     if args.warm_deepgemm:
-        from runtime.scoring import warm_deepgemm
-
-        warm_deepgemm()
-        return 0
+        return _warm_deepgemm(parser, shape_options, args.deepgemm_cache_dir)
     families = tuple(args.only or FAMILIES)
     variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
     if args.check:
@@ -392,6 +404,33 @@ def main(argv=None) -> int:
     _require_writable(parser, args.out)  # before minutes of compiling, not after
     cubins = compile_all(variants_by_arch, args.jobs)
     write_cache(args.out, variants_by_arch, cubins, families)
+    return 0
+
+
+# --warm-deepgemm's shape options: the ServingShapes field each sets, and what it is.
+_SERVING_SHAPE_OPTIONS = {
+    "--max-rows": ("max_rows", "decode rows a step scores on one rank"),
+    "--index-heads": ("heads", "index heads (Hopper: 32 or 64)"),
+    "--index-head-dim": ("head_dim", "index head dim (64 or 128)"),
+}
+
+
+def _serving_default(field_name: str):
+    from runtime.scoring import ServingShapes
+
+    return getattr(ServingShapes(), field_name)
+
+
+def _warm_deepgemm(parser: argparse.ArgumentParser, shape_options: dict, cache_dir: Path | None) -> int:
+    """Fill DeepGEMM's JIT cache for the given serving shapes (the rest at ServingShapes' defaults) and print what it
+    compiled, as JSON: a deployment warms for its own model (heads, head dim) and its largest step per rank."""
+    from runtime.scoring import ServingShapes, warm_deepgemm
+
+    try:
+        report = warm_deepgemm(ServingShapes(**shape_options), cache_dir)
+    except (TypeError, ValueError) as e:  # shapes DeepGEMM does not take on this GPU: its scorer names them
+        parser.error(f"--warm-deepgemm: {e}")
+    print(json.dumps(report, indent=1), flush=True)
     return 0
 
 

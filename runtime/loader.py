@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from .arguments import cuda_device_index, whole_number
-from .contract import ARCH_CAPABILITY
+from .contract import ARCH_CAPABILITY, all_variants
 from .driver import CudaCallError, check, driver, missing_function_error
 from .errors import (
     REBUILD,
@@ -311,9 +311,16 @@ def warn_fallback(op: str, device: str, error: BaseException) -> None:
                   f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=5)
 
 
-def warn_missing_kernels(op: str, device: str, names, stacklevel: int) -> None:
-    """Say that ``op`` runs its exact torch fallback on ``device`` because the cache loaded for it lacks the kernels
-    ``names`` (a manifest may hold part of the contract: a build with ``--only``, a trimmed cache)."""
+def warn_missing_kernels(op: str, device: str, names, stacklevel: int, arch: str) -> None:
+    """Say that ``op`` runs its exact torch fallback on ``device`` because the cache loaded for it (of ``arch``) lacks
+    the kernels ``names``: a manifest may hold part of the contract (a build with ``--only``, a trimmed cache), or the
+    contract defines none of them for the arch (sparse MLA is a Hopper kernel), which no rebuild changes."""
+    if not set(names) & {v.name for v in all_variants(arch)}:
+        built_for = sorted({a for v in all_variants() if v.name in set(names) for a in v.archs})
+        warnings.warn(f"{op}: {', '.join(names)} is built for {', '.join(built_for)} only, not for {device}'s {arch}, "
+                      f"so the exact torch fallback runs instead (milliseconds, not microseconds)", RuntimeWarning,
+                      stacklevel=stacklevel + 1)
+        return
     warnings.warn(f"{op}: the AOT cache loaded for {device} has no kernel {', '.join(names)} (its manifest lacks it), "
                   f"so the exact torch fallback runs instead (milliseconds, not microseconds); rebuild the cache "
                   f"with build_kernels.py", RuntimeWarning, stacklevel=stacklevel + 1)

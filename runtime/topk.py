@@ -184,7 +184,8 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
         _plans[key] = plan if plan is not None and plan.kernels else None
         if plan is not None and not plan.kernels:  # said once: memoized first (where warnings are errors too)
             warn_missing_kernels("decode_topk", f"cuda:{device.index}",
-                                 [contract.name_for(dtype, block_mode, c) for c in contract.CLUSTERS], stacklevel=4)
+                                 [contract.name_for(dtype, block_mode, c) for c in contract.CLUSTERS], stacklevel=4,
+                                 arch=cache.arch)
     return _plans[key]
 
 

@@ -183,7 +183,9 @@ def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
 
 
 @pytest.mark.parametrize("args, match", [(["--jobs", "0"], "--jobs: 0 must be at least 1"),
-                                         (["--out", "FILE"], "not a writable directory")])
+                                         (["--out", "FILE"], "not a writable directory"),
+                                         (["--max-rows", "64"], "--deepgemm-cache-dir go with --warm-deepgemm"),
+                                         (["--warm-deepgemm", "--index-heads", "0"], "--index-heads: 0 must be")])
 def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     afile = tmp_path / "afile"
     afile.write_text("")
@@ -191,6 +193,35 @@ def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     proc = subprocess.run(BUILD + ["--only", "probe", *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and match in proc.stderr, proc.stdout + proc.stderr
     assert "compiled" not in proc.stdout
+
+
+def test_warm_deepgemm_takes_the_serving_shapes(tmp_path, monkeypatch, capsys):
+    """--warm-deepgemm warmed DeepGEMM for fixed shapes (256 rows, 64 heads of 128) and printed nothing: a model with
+    32 index heads or head dim 64, or a rank with more rows, still compiled at serving time. Its shapes and cache
+    directory are now options, and what it compiled is printed as JSON; a shape DeepGEMM refuses is a usage error."""
+    import build_kernels
+    from runtime import scoring
+
+    calls = []
+
+    def warm(shapes, cache_dir):
+        calls.append((shapes, cache_dir))
+        if shapes.heads == 48:
+            raise ValueError("q: 48 index heads; DeepGEMM on sm_90 takes 32 or 64")
+        return {"row_buckets": list(range(32, shapes.max_rows + 32, 32)), "new_files": []}
+
+    monkeypatch.setattr(scoring, "warm_deepgemm", warm)
+    assert build_kernels.main(["--warm-deepgemm", "--max-rows", "64", "--index-heads", "32", "--index-head-dim", "64",
+                               "--deepgemm-cache-dir", str(tmp_path)]) == 0
+    assert calls == [(scoring.ServingShapes(max_rows=64, heads=32, head_dim=64), tmp_path)]
+    assert json.loads(capsys.readouterr().out) == {"row_buckets": [32, 64], "new_files": []}
+    assert build_kernels.main(["--warm-deepgemm"]) == 0
+    assert calls[-1] == (scoring.ServingShapes(), None)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--warm-deepgemm", "--index-heads", "48"])
+    assert stop.value.code == 2
+    assert "--warm-deepgemm: q: 48 index heads; DeepGEMM on sm_90 takes 32 or 64" in capsys.readouterr().err
 
 
 def test_a_build_lock_it_cannot_write_is_refused_before_compiling(tmp_path):

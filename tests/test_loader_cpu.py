@@ -751,6 +751,8 @@ def test_a_refusal_is_remembered_for_its_cache_root_not_for_every_root(cache, tm
 class _KernelsOfAnotherFamily:
     """A loaded cache (a partial manifest) that holds none of the ops' kernels."""
 
+    arch = "sm_90a"
+
     def __contains__(self, name):
         return False
 
@@ -792,6 +794,30 @@ def test_a_loaded_cache_without_an_ops_kernels_says_that_the_fallback_runs(parti
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once: the memos keep the answers
         assert sparse_mla._kernel(640, True, cuda0) is None and topk._plan_for(cuda0, "f32", False) is None
+
+
+def test_an_op_without_a_kernel_for_the_arch_says_no_rebuild_adds_one(partial_cache):
+    """Sparse MLA's kernel is built for sm_90a only (the contract defines it for no other arch): on a Blackwell
+    device its warning told the user to rebuild the cache, which cannot add it. It now names the arch it is built
+    for; decode_topk, which the contract defines for sm_100a, still says to rebuild."""
+    import re
+
+    from runtime import sparse_mla, topk
+    from runtime.contract import decode_topk as topk_contract
+    from runtime.contract import sparse_mla_decode as mla_contract
+
+    partial_cache.arch = "sm_100a"
+    cuda0 = torch.device("cuda", 0)
+    name = mla_contract.variant_name(128, False)
+    with pytest.warns(RuntimeWarning) as said:
+        assert sparse_mla._kernel(128, False, cuda0) is None
+    expected = (f"sparse_mla_decode: {name} is built for sm_90a only, not for cuda:0's sm_100a, so the exact torch "
+                f"fallback runs instead (milliseconds, not microseconds)")
+    assert [str(w.message) for w in said] == [expected]
+    first = topk_contract.name_for("bf16", True, topk_contract.CLUSTERS[0])
+    with pytest.warns(RuntimeWarning, match=f"decode_topk: the AOT cache loaded for cuda:0 has no kernel "
+                                            f"{re.escape(first)}, .*rebuild the cache"):
+        assert topk._plan_for(cuda0, "bf16", True) is None
 
 
 def test_a_missing_kernel_is_said_once_where_warnings_are_errors(partial_cache):
