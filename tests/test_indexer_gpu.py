@@ -72,11 +72,17 @@ def test_deepgemm_logits_match_reference(signed_weights):
 
 
 @pytest.mark.parametrize("candidates, signed_weights", [(None, False), (512, False), (512, True)])
-def test_flow_deepgemm_aot_topk_equals_reference(candidates, signed_weights):
+def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, candidates, signed_weights):
+    from runtime import topk
+
+    fallback = []
+    real = topk.decode_topk_reference
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **kw: fallback.append(a[0].shape) or real(*a, **kw))
     scorer = _deepgemm()
     step = _step(16, candidates=candidates, signed_weights=signed_weights)
     state = make_state(step, scorer=scorer)
     decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
     md, a = step.metadata, step.state_args
     logits = scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table,
                            scorer.schedule(md.seq_lens), a["max_model_len"])
@@ -259,10 +265,14 @@ def test_logits_reference_ignores_lowered_fp32_matmul_precision(fp32_matmul_prec
         return reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], md.seq_lens,
                                                   md.block_table, a["max_model_len"])
 
+    a = torch.randn(64, 512, device="cuda")
+    b = torch.randn(512, 640, device="cuda")
     fp32_matmul_precision("highest")
     ieee = logits()
+    fp32 = torch.matmul(a, b)
     for precision in ("high", "medium"):
         fp32_matmul_precision(precision)
+        assert not torch.equal(torch.matmul(a, b), fp32), "the setting should lower FP32 matmuls"
         assert torch.equal(logits(), ieee), precision
 
 

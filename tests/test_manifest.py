@@ -265,7 +265,7 @@ def test_param_list_contradicting_the_elf(cache):
 def test_extra_param_contradicting_the_elf(cache, monkeypatch):
     edit_manifest(cache, "sm_90a", add_param)
     contract_follows_the_manifest(monkeypatch, cache)  # the cubin, not the contract, disagrees
-    with pytest.raises(errors.ParamLayoutError):
+    with pytest.raises(errors.ParamLayoutError, match="contradict the cubin's ELF"):
         check_cache(cache, "sm_90a")
 
 

@@ -429,12 +429,17 @@ def test_kernel_with_small_tensors_only_4_byte_aligned():
 
 
 def test_kernel_zero_tokens():
-    from runtime.sparse_mla import sparse_mla_decode
+    """T = 0 launches nothing (an empty grid is a launch error) and returns the given out, or a new empty one, on a
+    device whose cache takes the call."""
+    from runtime.sparse_mla import sparse_mla_decode, supports_sparse_mla
 
     args, sinks = make_case(1, 640, seed=1)
     args = tuple(a[:0] if i in (0, 3, 4) else a for i, a in enumerate(args))
+    assert supports_sparse_mla(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
     out = sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
-    assert out.shape == (0, H, D)
+    assert out.shape == (0, H, D) and out.dtype == torch.bfloat16 and out.is_cuda
+    given = poisoned(0)
+    assert sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE, out=given) is given
 
 
 @pytest.mark.parametrize("width", [128, 640])

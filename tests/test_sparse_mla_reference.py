@@ -616,6 +616,19 @@ def test_gpu_edge_case_reference_matches_loop(width, with_sinks, pools):
     assert torch.isfinite(got.float()).all()
     emu = G.emulate(*args, sinks=sinks, bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE)
     G.assert_kernel_matches(emu, args, sinks)
+    _assert_emulation_within_analytic_bounds(G, args, sinks)
+
+
+def _assert_emulation_within_analytic_bounds(G, args, sinks):
+    """The budget's emulation term (3 x the same-precision emulation's largest error, a token) lets the emulation
+    pass assert_kernel_matches by construction: here the analytic bounds alone (P's rounding, the accumulator, a BF16
+    ulp; no emulation term) must hold the emulation's error, or they would not stand for the kernel's rounding."""
+    kw = dict(sinks=sinks, bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE)
+    ref = sparse_mla_decode_reference(*args, **kw).float()
+    emu = G.emulate(*args, **kw).float()
+    _, top = G.token_terms(ref, emu)
+    over = (emu - ref).abs() - G.error_budget(torch.zeros_like(top), top, G.rounding_bounds(*args, **kw))
+    assert (over <= 0).all(), f"the emulation's error passes the analytic bounds by {float(over.max()):.3g}"
 
 
 def _mutations(G, args, sinks):
@@ -652,6 +665,7 @@ def test_gpu_tolerance_rejects_plausible_bugs(width, with_sinks):
         sinks = sinks if with_sinks else None
         G.assert_kernel_matches(G.emulate(*args, sinks=sinks, bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE),
                                 args, sinks)
+        _assert_emulation_within_analytic_bounds(G, args, sinks)
         caught = set()
         for name, got in _mutations(G, args, sinks).items():
             try:

@@ -442,10 +442,13 @@ def test_finish_ranks_a_small_bin_by_key_then_index():
     TIE_RANK_MAX items) directly: near the k-th value, copies of it and of its two neighbouring floats (the same bin
     after the first round, apart only in the last bits) are planted at random columns, so that the cut falls among
     equal and nearly equal keys (larger key first, then lower index). The twin, 16 CTAs, the short-row kernel and a
-    2-CTA build. Exact results each time."""
-    for rows, width, k, copies in ((64, 262144, 2048, 12), (1, 65536, 2048, 15), (8, 8192, 512, 10),
-                                   (64, 16384, 1024, 12)):
+    2-CTA build (each case asserts its kernel). Exact results each time."""
+    from runtime import topk
+
+    for rows, width, k, copies, kernel in ((64, 262144, 2048, 12, "c2_full_sm"), (1, 65536, 2048, 15, "c16"),
+                                           (8, 8192, 512, 10, "row"), (100, 32768, 1024, 12, "c2")):
         logits = _logits(rows, width, torch.float32, seed=width + k + copies)
+        assert topk.decode_topk_plan(logits, rows, k, False)[0] == f"decode_topk_f32_token_{kernel}", (rows, width)
         g = torch.Generator(device="cuda").manual_seed(k + copies)
         for r in range(rows):
             row = logits[r]
@@ -509,9 +512,12 @@ def test_refined_floor_with_ties_at_its_sub_bins(dtype):
     """Rows whose gathered finish takes the refined floor (CTA-tile slices on 2 and 8 CTAs, many items from the
     threshold bin up): half the rows on a 1/64 grid, so each of the threshold bin's 32 sub-bins holds one value and
     the floor falls on exact ties (lower indices win), half plain randn; one row end clipped inside a group."""
-    for rows, width in ((8, 262144 + 5), (64, 262144)):
+    from runtime import topk
+
+    for rows, width, cluster in ((8, 262144 + 5, 8), (64, 262144, 2)):
         for k in (1024, 2048):
             logits = _logits(rows, width, dtype, seed=width + k)
+            assert topk.decode_topk_plan(logits, rows, k, False)[1] == cluster, (rows, width, k)
             logits[: rows // 2] = ((logits[: rows // 2].float() * 64).round() / 64).to(dtype)
             ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
             ends[1] = width - 3
@@ -527,10 +533,11 @@ def test_refine_window_or_table_pass():
     first tile is lowered by 4 (its window lies below), with a clipped row end. Exact."""
     from runtime import topk
 
-    for rows, width in ((64, 262144), (8, 1 << 20)):
+    for rows, width, kernel in ((64, 262144, "c2_full_sm"), (8, 1 << 20, "c8")):
         for k in (1024, 2048):
             logits = _logits(rows, width, torch.float32, seed=width + k + 7)
-            cluster = topk.decode_topk_plan(logits, rows, k, False)[1]
+            name, cluster, _ = topk.decode_topk_plan(logits, rows, k, False)
+            assert name == f"decode_topk_f32_token_{kernel}", (rows, width, k, name)
             second = -(-(width // 8) // cluster) * 8  # the second CTA's first column
             logits[1::4, :4096] += 4.0
             logits[2::4, second: second + 4096] -= 4.0
@@ -560,6 +567,9 @@ def test_cuda_graph_capture(monkeypatch):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         decode_topk(logits, ends, out)
+    torch.cuda.synchronize()
+    assert (out == 0).all(), "the capture ran the op instead of recording it"
+    logits.copy_(_logits(rows, width, torch.bfloat16, seed=2))  # the replay selects from new values
     g.replay()
     torch.cuda.synchronize()
     assert not fallback, "the torch fallback was captured, not the kernel"
