@@ -265,14 +265,13 @@ def test_logits_reference_ignores_lowered_fp32_matmul_precision(fp32_matmul_prec
         return reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], md.seq_lens,
                                                   md.block_table, a["max_model_len"])
 
-    a = torch.randn(64, 512, device="cuda")
-    b = torch.randn(512, 640, device="cuda")
+    x, y = torch.randn(64, 512, device="cuda"), torch.randn(512, 640, device="cuda")
     fp32_matmul_precision("highest")
     ieee = logits()
-    fp32 = torch.matmul(a, b)
+    fp32 = torch.matmul(x, y)
     for precision in ("high", "medium"):
         fp32_matmul_precision(precision)
-        assert not torch.equal(torch.matmul(a, b), fp32), "the setting should lower FP32 matmuls"
+        assert not torch.equal(torch.matmul(x, y), fp32), "the setting should lower FP32 matmuls"
         assert torch.equal(logits(), ieee), precision
 
 
