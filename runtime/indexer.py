@@ -81,6 +81,8 @@ class IndexerState:
     # Plans made on this state: a plan carries its number, and the finish takes only the latest (an earlier step's
     # plan holds that step's rows and schedule, while the latest plan reset this step's).
     _plans: int = field(default=0, init=False, repr=False, compare=False)
+    # Whether the scorer's check_inputs takes layout_checked (the built-in ones do; the keyword is optional).
+    _lean_scorer_checks: bool = field(default=False, init=False, repr=False, compare=False)
     _checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value) -> None:
@@ -127,6 +129,7 @@ class IndexerState:
         if not _takes_keyword(self.scorer.logits, "checked"):
             raise TypeError(f"scorer: {type(self.scorer).__name__}.logits takes no keyword 'checked'; implement "
                             f"runtime.scoring.Scorer (logits(..., *, checked=False))")
+        self._lean_scorer_checks = _takes_keyword(self.scorer.check_inputs, "layout_checked")
         self._checked = True
 
     @property
@@ -544,7 +547,8 @@ def decode_rows(
         _check_row_gather(all_gather)
         _check_query(q, weights, metadata.num_tokens, state)
         _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
-        _check_scoring(state, metadata, q, weights)
+        # Its checks of q, weights and the metadata just now leave the scorer its own limits to check.
+        _check_scoring(state, metadata, q, weights, layout_checked=True)
     with _on_device(state.topk_indices.device):
         # A plan is made only for a step with rows, whose arguments were all checked above.
         plan = _plan(state, metadata, tp, _padded_tokens(state, metadata, q), by_decode_rows=has_rows)
@@ -837,13 +841,17 @@ def _rank_and_world(tp) -> tuple[int, int]:
     return rank, world_size
 
 
-def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights) -> None:
+def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights, *, layout_checked: bool = False) -> None:
     """The scorer's checks of the whole step's rows (launches nothing), then that the query rows it reads share no
-    memory with the state's buffers: the plan resets the top-k rows before the finish reads q and weights."""
+    memory with the state's buffers: the plan resets the top-k rows before the finish reads q and weights.
+    ``layout_checked``: ``_check_query`` and ``_check_metadata`` have just run on these (decode_rows), so a scorer
+    that takes the keyword checks only what they do not (``runtime.scoring.check_scoring_inputs``); the finish of a
+    separate plan passes False, since the metadata was checked at the plan."""
     n = md.num_tokens
     q_rows, weight_rows = _rows(q, 0, n), _rows(weights, 0, n)
+    lean = {"layout_checked": True} if layout_checked and state._lean_scorer_checks else {}
     state.scorer.check_inputs(q_rows, weight_rows, state.index_k_cache, _rows(md.seq_lens, 0, n),
-                              _rows(md.block_table, 0, n), state.max_model_len)
+                              _rows(md.block_table, 0, n), state.max_model_len, **lean)
     # The built-in scorers take a contiguous q and 2-D weights of unit column stride, layouts whose extents
     # first_overlap reads exactly; another scorer's other layouts are not compared.
     read = [(name, t) for name, t in (("q", q_rows), ("weights", weight_rows))

@@ -58,10 +58,15 @@ class Scorer(Protocol):
         """The work schedule of these rows (None where the scorer needs none).
         Reads only ``seq_lens``: no query, no key."""
 
-    def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len: int) -> None:
+    def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len: int, *,
+                     layout_checked: bool = False) -> None:
         """Raise TypeError/ValueError naming the argument where ``logits`` could not
         take these inputs (the tensors of ``check_scoring_inputs``); launches nothing.
-        Inputs that pass may be sliced by rows and still pass."""
+        Inputs that pass may be sliced by rows and still pass. ``layout_checked=True`` (optional
+        for a scorer; the indexer passes it where the method takes it): the caller has checked
+        what ``check_scoring_inputs`` checks but q's contiguity, weights' unit column stride and the
+        cache's storage, so only those and the scorer's own limits are checked (host time on every
+        step of every layer)."""
 
     def logits(self, q, weights, cache, seq_lens, block_table, schedule: torch.Tensor | None,
                max_model_len: int, *, checked: bool = False) -> torch.Tensor:
@@ -89,6 +94,17 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
     check_in_storage(name, cache)
 
 
+def _check_scorer_layouts(q: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor) -> None:
+    """What check_scoring_inputs(layout_checked=True) still checks: the built-in scorers' layouts that the indexer's
+    own checks of a step do not ask for, and the key cache's storage, which may shrink after the state was built."""
+    if not q.is_contiguous():
+        raise ValueError("q: must be contiguous")
+    if weights.stride(1) != 1:
+        raise ValueError(f"weights: expected [{q.shape[0]}, {q.shape[1]}] with unit column stride, got "
+                         f"{tuple(weights.shape)}")
+    check_in_storage("cache", cache)
+
+
 def check_scoring_inputs(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -96,8 +112,16 @@ def check_scoring_inputs(
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     max_model_len: int,
+    *,
+    layout_checked: bool = False,
 ) -> None:
-    """Raise TypeError/ValueError naming the argument before anything is launched."""
+    """Raise TypeError/ValueError naming the argument before anything is launched. ``layout_checked``: the caller
+    checked the rest (the indexer's checks of the step: every tensor's type, dtype, device, dense layout, shape,
+    unit last stride and storage, the cache's layout, the block table against max_model_len), so only q's
+    contiguity, weights' unit column stride and the cache's storage are checked, with the same messages."""
+    if layout_checked:
+        _check_scorer_layouts(q, weights, cache)
+        return
     for name, t in (("q", q), ("weights", weights), ("cache", cache), ("seq_lens", seq_lens),
                     ("block_table", block_table)):
         if not isinstance(t, torch.Tensor):
@@ -141,8 +165,8 @@ class TorchScorer:
     def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor | None:
         return None
 
-    def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len) -> None:
-        check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
+    def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len, *, layout_checked=False) -> None:
+        check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len, layout_checked=layout_checked)
 
     def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len, *, checked=False):
         if not checked:
@@ -206,9 +230,9 @@ class DeepGemmScorer:
         # 2-D context lengths: DeepGEMM 2.x asserts context_lens.dim() == 2.
         return self._dg.get_paged_mqa_logits_metadata(seq_lens.contiguous().view(-1, 1), BLOCK_KV, self.num_sms)
 
-    def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len) -> None:
+    def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len, *, layout_checked=False) -> None:
         """``check_scoring_inputs`` plus DeepGEMM's own limits (no launch)."""
-        check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
+        check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len, layout_checked=layout_checked)
         _check_current_device("q", q)  # every other input is on q's device (checked)
         _, heads, dim = q.shape
         takes = DEEPGEMM_HEADS.get(self.arch_major, ())

@@ -601,6 +601,59 @@ def test_finish_checks_the_scoring_inputs_once():
     assert scorer.checks == 2
 
 
+class _LayoutRecordingScorer(TorchScorer):
+    """The torch scorer, recording the layout_checked of each input check."""
+
+    def __init__(self):
+        self.asked = []
+
+    def check_inputs(self, *args, layout_checked=False):
+        self.asked.append(layout_checked)
+        super().check_inputs(*args, layout_checked=layout_checked)
+
+
+def test_decode_rows_leaves_the_scorer_its_own_checks():
+    """decode_rows checks q, weights and the metadata itself right before the scorer's input check, which repeated
+    those checks on the same tensors (host time on every layer of an eager step): a scorer that takes layout_checked
+    now checks only what they do not. The finish of a separate plan, whose metadata the plan checked, asks for the
+    whole check, and a scorer without the keyword (_CheckCountingScorer) is called as before."""
+    step = make_step(6, k=8)
+    scorer = _LayoutRecordingScorer()
+    state = make_state(step, scorer=scorer)
+    want = make_state(step, scorer=TorchScorer())
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+    assert scorer.asked == [True] and torch.equal(state.topk_indices, want.topk_indices)
+    plan = plan_decode_rows(state, step.metadata, SingleRank())
+    finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert scorer.asked == [True, False] and torch.equal(state.topk_indices, want.topk_indices)
+    strided = step.q.transpose(0, 1).contiguous().transpose(0, 1)
+    with pytest.raises(ValueError, match=r"^q: must be contiguous$"):
+        decode_rows(state, step.metadata, strided, step.weights, SingleRank())
+
+
+@pytest.mark.parametrize("bad", ["q strided", "weights column stride", "cache storage shrunk"])
+def test_lean_scorer_check_refuses_what_the_indexer_does_not_check(bad):
+    """check_inputs(layout_checked=True) still refuses what the indexer's own checks do not cover, with the message
+    of the whole check: a strided q, weights of non-unit column stride, a key cache whose storage shrank."""
+    step = make_step(4, k=8)
+    md, q, weights = step.metadata, step.q, step.weights
+    cache = step.state_args["index_k_cache"].clone()
+    if bad == "q strided":
+        q = q.transpose(0, 1).contiguous().transpose(0, 1)
+    elif bad == "weights column stride":
+        weights = weights.t().contiguous().t()
+    else:
+        cache.untyped_storage().resize_(cache.nbytes // 2)
+    said = []
+    for lean in (False, True):
+        with pytest.raises(ValueError) as refused:
+            TorchScorer().check_inputs(q, weights, cache, md.seq_lens, md.block_table,
+                                       step.state_args["max_model_len"], layout_checked=lean)
+        said.append(str(refused.value))
+    assert said[0] == said[1] and said[0].startswith(bad.split()[0]), said
+
+
 def test_state_refuses_a_scorer_without_the_interface():
     class _NoCheck:
         name = "partial"
