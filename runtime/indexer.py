@@ -428,7 +428,7 @@ def _metadata_view(md: DecodeMetadata) -> tuple:
     def where(t):
         if not isinstance(t, torch.Tensor):
             return type(t).__name__
-        return t.data_ptr(), tuple(t.shape), t.stride(), t.device
+        return t.data_ptr(), tuple(t.shape), t.stride(), t.device, t.dtype
     return (("num_tokens", md.num_tokens), ("num_requests", md.num_requests), ("max_seq_len", md.max_seq_len),
             ("num_prefills", md.num_prefills), ("seq_lens", where(md.seq_lens)),
             ("block_table", where(md.block_table)), ("schedule", where(md.schedule)))
@@ -519,10 +519,15 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
     if plan.shard is not None:
         _check_gathers(tp, all_gather)
     _check_query(q, weights, plan.num_rows, state)
+    # The plan checked the metadata's tensors, and they are laid out as it saw them (_check_metadata_unchanged):
+    # only their storage, which may have shrunk since, is checked again.
+    md = plan.metadata
+    check_in_storage("metadata.seq_lens", md.seq_lens)
+    check_in_storage("metadata.block_table", md.block_table)
     # Every rank checks the whole step's scoring inputs, not only its slice: a rank
     # with an empty slice scores nothing and would otherwise enter the gathers while
     # the others raise.
-    _check_scoring(state, plan.metadata, q, weights)
+    _check_scoring(state, md, q, weights, layout_checked=True)
 
 
 def decode_rows(
@@ -844,9 +849,9 @@ def _rank_and_world(tp) -> tuple[int, int]:
 def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights, *, layout_checked: bool = False) -> None:
     """The scorer's checks of the whole step's rows (launches nothing), then that the query rows it reads share no
     memory with the state's buffers: the plan resets the top-k rows before the finish reads q and weights.
-    ``layout_checked``: ``_check_query`` and ``_check_metadata`` have just run on these (decode_rows), so a scorer
-    that takes the keyword checks only what they do not (``runtime.scoring.check_scoring_inputs``); the finish of a
-    separate plan passes False, since the metadata was checked at the plan."""
+    ``layout_checked``: ``_check_query`` has just run on q and weights and ``_check_metadata`` on the metadata's
+    tensors (decode_rows; the finish of a separate plan checks them unchanged since its plan, and their storage), so a
+    scorer that takes the keyword checks only what those do not (``runtime.scoring.check_scoring_inputs``)."""
     n = md.num_tokens
     q_rows, weight_rows = _rows(q, 0, n), _rows(weights, 0, n)
     lean = {"layout_checked": True} if layout_checked and state._lean_scorer_checks else {}

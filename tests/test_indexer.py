@@ -612,11 +612,12 @@ class _LayoutRecordingScorer(TorchScorer):
         super().check_inputs(*args, layout_checked=layout_checked)
 
 
-def test_decode_rows_leaves_the_scorer_its_own_checks():
-    """decode_rows checks q, weights and the metadata itself right before the scorer's input check, which repeated
-    those checks on the same tensors (host time on every layer of an eager step): a scorer that takes layout_checked
-    now checks only what they do not. The finish of a separate plan, whose metadata the plan checked, asks for the
-    whole check, and a scorer without the keyword (_CheckCountingScorer) is called as before."""
+def test_the_step_leaves_the_scorer_its_own_checks():
+    """decode_rows checks q, weights and the metadata itself right before the scorer's input check, and the finish
+    of a separate plan checks q and weights and that the metadata is as the plan checked it: the scorer repeated
+    those checks on the same tensors (host time on every layer of an eager step). A scorer that takes
+    layout_checked now checks only what they do not; a scorer without the keyword (_CheckCountingScorer) is called
+    as before."""
     step = make_step(6, k=8)
     scorer = _LayoutRecordingScorer()
     state = make_state(step, scorer=scorer)
@@ -626,10 +627,34 @@ def test_decode_rows_leaves_the_scorer_its_own_checks():
     assert scorer.asked == [True] and torch.equal(state.topk_indices, want.topk_indices)
     plan = plan_decode_rows(state, step.metadata, SingleRank())
     finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
-    assert scorer.asked == [True, False] and torch.equal(state.topk_indices, want.topk_indices)
+    assert scorer.asked == [True, True] and torch.equal(state.topk_indices, want.topk_indices)
     strided = step.q.transpose(0, 1).contiguous().transpose(0, 1)
     with pytest.raises(ValueError, match=r"^q: must be contiguous$"):
         decode_rows(state, step.metadata, strided, step.weights, SingleRank())
+    plan = plan_decode_rows(state, step.metadata, SingleRank())
+    with pytest.raises(ValueError, match=r"^q: must be contiguous$"):
+        finish_decode_rows(state, strided, step.weights, plan, SingleRank())
+
+
+@pytest.mark.parametrize("change", ["storage shrunk", "dtype"])
+def test_finish_refuses_metadata_tensors_changed_since_the_plan(change):
+    """The finish relies on the plan's checks of the metadata's tensors: one whose storage shrank since, or replaced
+    by a view of the same memory as another dtype, is refused before anything is scored."""
+    step = make_step(6, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    md = step.metadata
+    md.seq_lens = md.seq_lens.clone()
+    plan = plan_decode_rows(state, md, SingleRank())
+    if change == "dtype":
+        md.seq_lens = md.seq_lens.view(torch.float32)
+        why = r"^metadata\.seq_lens: changed since plan_decode_rows"
+    else:  # the resize may move the memory (then the layout check names it) or keep it (the storage check)
+        md.seq_lens.untyped_storage().resize_(4)
+        why = r"^metadata\.seq_lens: (changed since plan_decode_rows|its view ends at byte)"
+    before = state.topk_indices.clone()
+    with pytest.raises(ValueError, match=why):
+        finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert torch.equal(state.topk_indices, before)
 
 
 @pytest.mark.parametrize("bad", ["q strided", "weights column stride", "cache storage shrunk"])
