@@ -430,6 +430,9 @@ def _warm_deepgemm(parser: argparse.ArgumentParser, shape_options: dict, cache_d
         report = warm_deepgemm(ServingShapes(**shape_options), cache_dir)
     except (TypeError, ValueError) as e:  # shapes DeepGEMM does not take on this GPU: its scorer names them
         parser.error(f"--warm-deepgemm: {e}")
+    except RuntimeError as e:  # no CUDA device, or no DeepGEMM that runs here: said without a traceback
+        print(f"build_kernels.py: --warm-deepgemm: {e}", file=sys.stderr, flush=True)
+        return 1
     print(json.dumps(report, indent=1), flush=True)
     return 0
 

@@ -223,6 +223,13 @@ def test_warm_deepgemm_takes_the_serving_shapes(tmp_path, monkeypatch, capsys):
     assert stop.value.code == 2
     assert "--warm-deepgemm: q: 48 index heads; DeepGEMM on sm_90 takes 32 or 64" in capsys.readouterr().err
 
+    def no_gpu(shapes, cache_dir):
+        raise RuntimeError("warm_deepgemm: no CUDA device")
+
+    monkeypatch.setattr(scoring, "warm_deepgemm", no_gpu)  # this machine's own answer, stood in for
+    assert build_kernels.main(["--warm-deepgemm"]) == 1
+    assert capsys.readouterr().err == "build_kernels.py: --warm-deepgemm: warm_deepgemm: no CUDA device\n"
+
 
 def test_a_build_lock_it_cannot_write_is_refused_before_compiling(tmp_path):
     """A lock file the build cannot open for writing (one a load by another account created; here a directory in its
