@@ -235,8 +235,10 @@ def _unnamed_files(root: Path, arch: str, manifest: dict) -> list:
     folder = root / "cubins" / arch
     if not folder.is_dir():
         return []
-    named = {e.get("cubin") for e in manifest.get("kernels", []) if isinstance(e, dict)}
-    return sorted(p for p in folder.iterdir() if f"cubins/{arch}/{p.name}" not in named)
+    # Compared as normalised paths: the runtime reads "cubins/sm_90a/./x.cubin" as "cubins/sm_90a/x.cubin".
+    named = {os.path.normpath(e["cubin"]) for e in manifest.get("kernels", [])
+             if isinstance(e, dict) and isinstance(e.get("cubin"), str)}
+    return sorted(p for p in folder.iterdir() if os.path.normpath(f"cubins/{arch}/{p.name}") not in named)
 
 
 def _remove_unnamed_files(out: Path, arch: str, manifest: dict) -> None:
@@ -424,15 +426,18 @@ def _serving_default(field_name: str):
 def _warm_deepgemm(parser: argparse.ArgumentParser, shape_options: dict, cache_dir: Path | None) -> int:
     """Fill DeepGEMM's JIT cache for the given serving shapes (the rest at ServingShapes' defaults) and print what it
     compiled, as JSON: a deployment warms for its own model (heads, head dim) and its largest step per rank."""
-    from runtime.scoring import ServingShapes, warm_deepgemm
+    from runtime.scoring import ServingShapes, deepgemm_status, warm_deepgemm
 
+    if cache_dir is not None:  # before DeepGEMM's first import, which reads it
+        os.environ["DG_JIT_CACHE_DIR"] = str(cache_dir)
+    ok, why = deepgemm_status()
+    if not ok:  # no CUDA device, or no DeepGEMM that runs here: said without a traceback
+        print(f"build_kernels.py: --warm-deepgemm: {why}", file=sys.stderr, flush=True)
+        return 1
     try:
         report = warm_deepgemm(ServingShapes(**shape_options), cache_dir)
-    except (TypeError, ValueError) as e:  # shapes DeepGEMM does not take on this GPU: its scorer names them
+    except ValueError as e:  # shapes DeepGEMM does not take on this GPU: its scorer names them
         parser.error(f"--warm-deepgemm: {e}")
-    except RuntimeError as e:  # no CUDA device, or no DeepGEMM that runs here: said without a traceback
-        print(f"build_kernels.py: --warm-deepgemm: {e}", file=sys.stderr, flush=True)
-        return 1
     print(json.dumps(report, indent=1), flush=True)
     return 0
 

@@ -129,7 +129,8 @@ class IndexerState:
         if not _takes_keyword(self.scorer.logits, "checked"):
             raise TypeError(f"scorer: {type(self.scorer).__name__}.logits takes no keyword 'checked'; implement "
                             f"runtime.scoring.Scorer (logits(..., *, checked=False))")
-        self._lean_scorer_checks = _takes_keyword(self.scorer.check_inputs, "layout_checked")
+        # An optional keyword: a signature that cannot be read (a compiled method) is not given it.
+        self._lean_scorer_checks = _takes_keyword(self.scorer.check_inputs, "layout_checked", unreadable=False)
         self._checked = True
 
     @property
@@ -520,14 +521,16 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
         _check_gathers(tp, all_gather)
     _check_query(q, weights, plan.num_rows, state)
     # The plan checked the metadata's tensors, and they are laid out as it saw them (_check_metadata_unchanged):
-    # only their storage, which may have shrunk since, is checked again.
+    # their storage, which may have shrunk since, is checked again, and their fit to this state's context (a state
+    # sharing the plan's buffers, e.g. dataclasses.replace of it, may have another max_model_len).
     md = plan.metadata
     check_in_storage("metadata.seq_lens", md.seq_lens)
     check_in_storage("metadata.block_table", md.block_table)
+    _check_metadata_fits_context(state, md)
     # Every rank checks the whole step's scoring inputs, not only its slice: a rank
     # with an empty slice scores nothing and would otherwise enter the gathers while
     # the others raise.
-    _check_scoring(state, md, q, weights, layout_checked=True)
+    _check_scoring(state, md, q, weights)
 
 
 def decode_rows(
@@ -553,7 +556,7 @@ def decode_rows(
         _check_query(q, weights, metadata.num_tokens, state)
         _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
         # Its checks of q, weights and the metadata just now leave the scorer its own limits to check.
-        _check_scoring(state, metadata, q, weights, layout_checked=True)
+        _check_scoring(state, metadata, q, weights)
     with _on_device(state.topk_indices.device):
         # A plan is made only for a step with rows, whose arguments were all checked above.
         plan = _plan(state, metadata, tp, _padded_tokens(state, metadata, q), by_decode_rows=has_rows)
@@ -750,12 +753,13 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
 # Input checks
 # ---------------------------------------------------------------------------
 
-def _takes_keyword(fn, name: str) -> bool:
-    """Whether ``fn`` can be called with the keyword argument ``name`` (by name or through ``**kwargs``)."""
+def _takes_keyword(fn, name: str, *, unreadable: bool = True) -> bool:
+    """Whether ``fn`` can be called with the keyword argument ``name`` (by name or through ``**kwargs``); where its
+    signature cannot be read (a builtin), ``unreadable`` (True: let the call say)."""
     try:
         params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # no signature to read (a builtin): let the call say
-        return True
+    except (TypeError, ValueError):
+        return unreadable
     return any(p.kind == p.VAR_KEYWORD or (p.name == name and p.kind != p.POSITIONAL_ONLY) for p in params)
 
 
@@ -846,15 +850,15 @@ def _rank_and_world(tp) -> tuple[int, int]:
     return rank, world_size
 
 
-def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights, *, layout_checked: bool = False) -> None:
+def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights) -> None:
     """The scorer's checks of the whole step's rows (launches nothing), then that the query rows it reads share no
     memory with the state's buffers: the plan resets the top-k rows before the finish reads q and weights.
-    ``layout_checked``: ``_check_query`` has just run on q and weights and ``_check_metadata`` on the metadata's
-    tensors (decode_rows; the finish of a separate plan checks them unchanged since its plan, and their storage), so a
-    scorer that takes the keyword checks only what those do not (``runtime.scoring.check_scoring_inputs``)."""
+    ``_check_query`` has just run on q and weights, and ``_check_metadata`` on the metadata's tensors (decode_rows; the
+    finish of a separate plan checks them unchanged since its plan, their storage and their fit to its state), so a
+    scorer that takes ``layout_checked`` checks only what those do not (``runtime.scoring.check_scoring_inputs``)."""
     n = md.num_tokens
     q_rows, weight_rows = _rows(q, 0, n), _rows(weights, 0, n)
-    lean = {"layout_checked": True} if layout_checked and state._lean_scorer_checks else {}
+    lean = {"layout_checked": True} if state._lean_scorer_checks else {}
     state.scorer.check_inputs(q_rows, weight_rows, state.index_k_cache, _rows(md.seq_lens, 0, n),
                               _rows(md.block_table, 0, n), state.max_model_len, **lean)
     # The built-in scorers take a contiguous q and 2-D weights of unit column stride, layouts whose extents
@@ -917,6 +921,12 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
         if t.shape[0] < rows:
             raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
         check_in_storage(f"metadata.{name}", t)
+    _check_metadata_fits_context(state, md)
+
+
+def _check_metadata_fits_context(state: IndexerState, md: DecodeMetadata) -> None:
+    """The metadata against the state's context length (the block table must cover it; DeepGEMM writes logits that
+    wide). The finish runs it again: its state may share the plan's buffers but not its max_model_len."""
     if md.block_table.shape[1] * reference.INDEX_BLOCK_KV < state.max_model_len:
         raise ValueError(f"metadata.block_table: {md.block_table.shape[1]} pages of {reference.INDEX_BLOCK_KV} "
                          f"do not cover max_model_len {state.max_model_len}")

@@ -65,8 +65,8 @@ class Scorer(Protocol):
         Inputs that pass may be sliced by rows and still pass. ``layout_checked=True`` (optional
         for a scorer; the indexer passes it where the method takes it): the caller has checked
         what ``check_scoring_inputs`` checks but q's contiguity, weights' unit column stride and the
-        cache's storage, so only those and the scorer's own limits are checked (host time on every
-        step of every layer)."""
+        cache, so only those and the scorer's own limits are checked (host time on every step of
+        every layer)."""
 
     def logits(self, q, weights, cache, seq_lens, block_table, schedule: torch.Tensor | None,
                max_model_len: int, *, checked: bool = False) -> torch.Tensor:
@@ -96,13 +96,16 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
 
 def _check_scorer_layouts(q: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor) -> None:
     """What check_scoring_inputs(layout_checked=True) still checks: the built-in scorers' layouts that the indexer's
-    own checks of a step do not ask for, and the key cache's storage, which may shrink after the state was built."""
+    own checks of a step do not ask for, and the key cache whole (checked when the indexer state was built, but a
+    tensor can be changed in place, and its storage shrunk, since)."""
     if not q.is_contiguous():
         raise ValueError("q: must be contiguous")
     if weights.stride(1) != 1:
         raise ValueError(f"weights: expected [{q.shape[0]}, {q.shape[1]}] with unit column stride, got "
                          f"{tuple(weights.shape)}")
-    check_in_storage("cache", cache)
+    if cache.device != q.device:
+        raise ValueError(f"cache: on {cache.device}, expected {q.device} like q")
+    check_index_k_cache(cache, "cache", q.shape[2])
 
 
 def check_scoring_inputs(
@@ -117,8 +120,8 @@ def check_scoring_inputs(
 ) -> None:
     """Raise TypeError/ValueError naming the argument before anything is launched. ``layout_checked``: the caller
     checked the rest (the indexer's checks of the step: every tensor's type, dtype, device, dense layout, shape,
-    unit last stride and storage, the cache's layout, the block table against max_model_len), so only q's
-    contiguity, weights' unit column stride and the cache's storage are checked, with the same messages."""
+    unit last stride and storage, the block table against max_model_len), so only q's contiguity, weights' unit
+    column stride and the cache are checked, with the same messages."""
     if layout_checked:
         _check_scorer_layouts(q, weights, cache)
         return

@@ -202,6 +202,7 @@ def test_warm_deepgemm_takes_the_serving_shapes(tmp_path, monkeypatch, capsys):
     import build_kernels
     from runtime import scoring
 
+    monkeypatch.delenv("DG_JIT_CACHE_DIR", raising=False)  # --deepgemm-cache-dir sets it: restored after the test
     calls = []
 
     def warm(shapes, cache_dir):
@@ -211,6 +212,7 @@ def test_warm_deepgemm_takes_the_serving_shapes(tmp_path, monkeypatch, capsys):
         return {"row_buckets": list(range(32, shapes.max_rows + 32, 32)), "new_files": []}
 
     monkeypatch.setattr(scoring, "warm_deepgemm", warm)
+    monkeypatch.setattr(scoring, "deepgemm_status", lambda: (True, "ok"))  # a GPU machine's answer, stood in for
     assert build_kernels.main(["--warm-deepgemm", "--max-rows", "64", "--index-heads", "32", "--index-head-dim", "64",
                                "--deepgemm-cache-dir", str(tmp_path)]) == 0
     assert calls == [(scoring.ServingShapes(max_rows=64, heads=32, head_dim=64), tmp_path)]
@@ -223,12 +225,10 @@ def test_warm_deepgemm_takes_the_serving_shapes(tmp_path, monkeypatch, capsys):
     assert stop.value.code == 2
     assert "--warm-deepgemm: q: 48 index heads; DeepGEMM on sm_90 takes 32 or 64" in capsys.readouterr().err
 
-    def no_gpu(shapes, cache_dir):
-        raise RuntimeError("warm_deepgemm: no CUDA device")
-
-    monkeypatch.setattr(scoring, "warm_deepgemm", no_gpu)  # this machine's own answer, stood in for
+    monkeypatch.setattr(scoring, "deepgemm_status", lambda: (False, "no CUDA device"))  # this machine's answer
     assert build_kernels.main(["--warm-deepgemm"]) == 1
-    assert capsys.readouterr().err == "build_kernels.py: --warm-deepgemm: warm_deepgemm: no CUDA device\n"
+    assert capsys.readouterr().err == "build_kernels.py: --warm-deepgemm: no CUDA device\n"
+    assert len(calls) == 3  # nothing warmed
 
 
 def test_a_build_lock_it_cannot_write_is_refused_before_compiling(tmp_path):
@@ -341,6 +341,32 @@ def test_a_build_leaves_only_the_cubins_its_manifest_names(tmp_path, monkeypatch
     assert f"removed {folder / 'probe_gone.cubin'}" in out and f"removed {folder / '.probe_cluster2.cubin.k1ll3d'}" in out
     assert f"warning: left {folder / 'notes'}" in err
     check_cache(cache, "sm_90a")
+
+
+def test_a_build_keeps_a_cubin_named_by_a_path_the_runtime_reads_alike(tmp_path, monkeypatch):
+    """A kept entry (another family, --only) may name its cubin "cubins/sm_90a/./x.cubin", which the runtime reads as
+    "cubins/sm_90a/x.cubin": the build's clean-up compares normalised paths, so it keeps that file."""
+    import shutil
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    cache = copy_probe_cache(tmp_path)
+    committed = json.loads(manifest_path(REPO, "sm_90a").read_text())
+    empty = next(e for e in committed["kernels"] if e["family"] == "empty")
+    shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
+    path = manifest_path(cache, "sm_90a")
+    data = json.loads(path.read_text())
+    data["kernels"].append(dict(empty, cubin=empty["cubin"].replace("sm_90a/", "sm_90a/./")))
+    path.write_text(json.dumps(data))
+    variants = all_variants("sm_90a", ("probe",))
+    folder = cache / "cubins" / "sm_90a"
+    cubins = {(v.name, "sm_90a"): (folder / f"{v.name}.cubin").read_bytes() for v in variants}
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert (cache / empty["cubin"]).is_file()
+    assert empty["name"] in check_cache(cache, "sm_90a").kernels
 
 
 def test_written_cache_files_are_readable_by_other_accounts(tmp_path):

@@ -636,6 +636,60 @@ def test_the_step_leaves_the_scorer_its_own_checks():
         finish_decode_rows(state, strided, step.weights, plan, SingleRank())
 
 
+def test_finish_checks_the_metadata_against_its_own_states_context():
+    """A state that shares the plan's buffers (dataclasses.replace of it) may have a longer max_model_len than the
+    plan's state: the finish checks the plan's metadata against its own state's context before scoring."""
+    import dataclasses
+
+    step = make_step(6, k=8, max_model_len=256)
+    md = step.metadata
+    state = make_state(step, scorer=TorchScorer())
+    longer = dataclasses.replace(state, max_model_len=512)
+    wide = DecodeMetadata(md.seq_lens.clone(), torch.cat([md.block_table, md.block_table], 1), md.num_requests,
+                          md.num_tokens, md.max_seq_len)
+    plan_decode_rows(longer, wide, SingleRank())  # its first plan: the serial of the other state's next one
+    plan = plan_decode_rows(state, md, SingleRank())
+    assert md.block_table.shape[1] == 4 and plan.serial == longer._plans  # pages of 64: 256 columns
+    with pytest.raises(ValueError, match=r"^metadata\.block_table: 4 pages of 64 do not cover max_model_len 512"):
+        finish_decode_rows(longer, step.q, step.weights, plan, SingleRank())
+
+
+def test_lean_scorer_check_still_checks_the_key_cache():
+    """The key cache was checked when the state was built, but a tensor can be changed in place since: the lean
+    check refuses it as the whole check does."""
+    step = make_step(6, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    cache = state.index_k_cache
+    pages, _, _, width = cache.shape  # the same bytes, pages and rows transposed: no longer contiguous
+    cache.as_strided_(cache.shape, (width, pages * width, width, 1))
+    with pytest.raises(ValueError, match=r"^index_k_cache: must be contiguous|^cache: must be contiguous"):
+        decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+
+
+def test_a_scorer_whose_signature_cannot_be_read_gets_no_optional_keyword():
+    """layout_checked is optional: a check_inputs whose signature cannot be read (a compiled method) is called
+    without it, not with a keyword it may not take."""
+
+    class _Compiled:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, []
+
+        @property
+        def __signature__(self):
+            raise ValueError("no signature found for builtin")
+
+        def __call__(self, *args):
+            self.calls.append(len(args))
+            return self.inner(*args)
+
+    step = make_step(6, k=8)
+    scorer = TorchScorer()
+    scorer.check_inputs = _Compiled(scorer.check_inputs)
+    state = make_state(step, scorer=scorer)
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    assert scorer.check_inputs.calls == [6]
+
+
 @pytest.mark.parametrize("change", ["storage shrunk", "dtype"])
 def test_finish_refuses_metadata_tensors_changed_since_the_plan(change):
     """The finish relies on the plan's checks of the metadata's tensors: one whose storage shrank since, or replaced
