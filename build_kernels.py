@@ -426,10 +426,14 @@ def _serving_default(field_name: str):
 def _warm_deepgemm(parser: argparse.ArgumentParser, shape_options: dict, cache_dir: Path | None) -> int:
     """Fill DeepGEMM's JIT cache for the given serving shapes (the rest at ServingShapes' defaults) and print what it
     compiled, as JSON: a deployment warms for its own model (heads, head dim) and its largest step per rank."""
-    from runtime.scoring import ServingShapes, deepgemm_status, warm_deepgemm
+    from runtime.scoring import (
+        ServingShapes,
+        deepgemm_status,
+        use_jit_cache_dir,
+        warm_deepgemm,
+    )
 
-    if cache_dir is not None:  # before DeepGEMM's first import, which reads it
-        os.environ["DG_JIT_CACHE_DIR"] = str(cache_dir)
+    use_jit_cache_dir(cache_dir)  # before deepgemm_status imports DeepGEMM, which reads it then
     ok, why = deepgemm_status()
     if not ok:  # no CUDA device, or no DeepGEMM that runs here: said without a traceback
         print(f"build_kernels.py: --warm-deepgemm: {why}", file=sys.stderr, flush=True)

@@ -94,17 +94,21 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
     check_in_storage(name, cache)
 
 
+def _require_on_q_device(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
+    if t.device != q.device:
+        raise ValueError(f"{name}: on {t.device}, expected {q.device} like q")
+
+
 def _check_scorer_layouts(q: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor) -> None:
-    """What check_scoring_inputs(layout_checked=True) still checks: the built-in scorers' layouts that the indexer's
-    own checks of a step do not ask for, and the key cache whole (checked when the indexer state was built, but a
-    tensor can be changed in place, and its storage shrunk, since)."""
+    """The tail of check_scoring_inputs, and all that check_scoring_inputs(layout_checked=True) checks but the
+    cache's device: the built-in scorers' layouts that the indexer's own checks of a step do not ask for (q
+    contiguous, weights of unit column stride), and the key cache whole (checked when the indexer state was built,
+    but a tensor can be changed in place, and its storage shrunk, since). q and weights' shapes are checked."""
     if not q.is_contiguous():
         raise ValueError("q: must be contiguous")
     if weights.stride(1) != 1:
         raise ValueError(f"weights: expected [{q.shape[0]}, {q.shape[1]}] with unit column stride, got "
                          f"{tuple(weights.shape)}")
-    if cache.device != q.device:
-        raise ValueError(f"cache: on {cache.device}, expected {q.device} like q")
     check_index_k_cache(cache, "cache", q.shape[2])
 
 
@@ -123,6 +127,7 @@ def check_scoring_inputs(
     unit last stride and storage, the block table against max_model_len), so only q's contiguity, weights' unit
     column stride and the cache are checked, with the same messages."""
     if layout_checked:
+        _require_on_q_device("cache", cache, q)
         _check_scorer_layouts(q, weights, cache)
         return
     for name, t in (("q", q), ("weights", weights), ("cache", cache), ("seq_lens", seq_lens),
@@ -130,20 +135,17 @@ def check_scoring_inputs(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         require_dense(name, t)
-        if t.device != q.device:
-            raise ValueError(f"{name}: on {t.device}, expected {q.device} like q")
+        _require_on_q_device(name, t, q)
     if q.dtype != torch.float8_e4m3fn:
         raise TypeError(f"q: expected float8_e4m3fn, got {q.dtype}")
     if q.dim() != 3:
         raise ValueError(f"q: expected [rows, heads, head_dim], got shape {tuple(q.shape)}")
-    rows, heads, dim = q.shape
-    if not q.is_contiguous():
-        raise ValueError("q: must be contiguous")
+    rows, heads, _ = q.shape
     if weights.dtype != torch.float32:
         raise TypeError(f"weights: expected float32, got {weights.dtype}")
-    if weights.shape != (rows, heads) or weights.stride(1) != 1:
+    if weights.shape != (rows, heads):
         raise ValueError(f"weights: expected [{rows}, {heads}] with unit column stride, got {tuple(weights.shape)}")
-    check_index_k_cache(cache, "cache", dim)
+    _check_scorer_layouts(q, weights, cache)
     for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
         if t.dtype != torch.int32:  # a dtype is a TypeError, as every other dtype refusal of the host code
             raise TypeError(f"{name}: expected int32, got {t.dtype}")
@@ -336,6 +338,13 @@ class ServingShapes:
             object.__setattr__(self, name, whole_count(f"ServingShapes.{name}", getattr(self, name), 1))
 
 
+def use_jit_cache_dir(cache_dir: str | os.PathLike | None) -> None:
+    """``DG_JIT_CACHE_DIR`` for this process (None: left as it is). DeepGEMM reads it at its first import, so it
+    takes effect only before that."""
+    if cache_dir is not None:
+        os.environ["DG_JIT_CACHE_DIR"] = str(cache_dir)
+
+
 def warm_deepgemm(shapes: ServingShapes = ServingShapes(), cache_dir: str | os.PathLike | None = None) -> dict:
     """Fill DeepGEMM's JIT cache for ``shapes`` on this GPU: run the schedule kernel
     for every 32-row bucket up to ``max_rows`` (DeepGEMM specializes it per bucket and
@@ -347,8 +356,7 @@ def warm_deepgemm(shapes: ServingShapes = ServingShapes(), cache_dir: str | os.P
     ``DG_JIT_CACHE_DIR`` for this process (it must be set before DeepGEMM's first
     import to take effect). Returns what was compiled and how long it took.
     """
-    if cache_dir is not None:
-        os.environ["DG_JIT_CACHE_DIR"] = str(cache_dir)
+    use_jit_cache_dir(cache_dir)
     ok, why = deepgemm_status()
     if not ok:
         raise RuntimeError(f"warm_deepgemm: {why}")

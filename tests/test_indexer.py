@@ -582,17 +582,23 @@ class _CheckCountingScorer(TorchScorer):
         super().check_inputs(*args)
 
 
+def _step_beside_torch_scorer(scorer):
+    """One decode_rows step of 6 rows through ``scorer`` and through a plain TorchScorer: (step, its state, the
+    plain state), the top-k rows asserted equal."""
+    step = make_step(6, k=8)
+    state, want = make_state(step, scorer=scorer), make_state(step, scorer=TorchScorer())
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+    assert torch.equal(state.topk_indices, want.topk_indices)
+    return step, state, want
+
+
 def test_finish_checks_the_scoring_inputs_once():
     """finish_decode_rows checks the whole step's scoring inputs (every rank, even with an empty slice), so
     the scorer is told not to check its slice again: one check a step, not two (~3.4 µs of host time)."""
-    step = make_step(6, k=8)
     scorer = _CheckCountingScorer()
-    state = make_state(step, scorer=scorer)
-    want = make_state(step, scorer=TorchScorer())
-    decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
-    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    step, state, _ = _step_beside_torch_scorer(scorer)
     assert scorer.checks == 1
-    assert torch.equal(state.topk_indices, want.topk_indices)
     # A direct call still checks: checked=False is the default.
     md = step.metadata
     with pytest.raises(TypeError, match="q"):
@@ -618,13 +624,9 @@ def test_the_step_leaves_the_scorer_its_own_checks():
     those checks on the same tensors (host time on every layer of an eager step). A scorer that takes
     layout_checked now checks only what they do not; a scorer without the keyword (_CheckCountingScorer) is called
     as before."""
-    step = make_step(6, k=8)
     scorer = _LayoutRecordingScorer()
-    state = make_state(step, scorer=scorer)
-    want = make_state(step, scorer=TorchScorer())
-    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
-    decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
-    assert scorer.asked == [True] and torch.equal(state.topk_indices, want.topk_indices)
+    step, state, want = _step_beside_torch_scorer(scorer)
+    assert scorer.asked == [True]
     plan = plan_decode_rows(state, step.metadata, SingleRank())
     finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
     assert scorer.asked == [True, True] and torch.equal(state.topk_indices, want.topk_indices)
