@@ -362,10 +362,11 @@ def _runtime_refusal(committed: Path, arch: str) -> str | None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", nargs="+", choices=ARCHS, default=list(ARCHS))
+    # The build options default to None so that --warm-deepgemm can tell which were given (it takes none).
+    parser.add_argument("--arch", nargs="+", choices=ARCHS, help=f"archs to build (default: {' '.join(ARCHS)})")
     parser.add_argument("--only", action="append", choices=FAMILIES, help="build only this family (repeatable)")
-    parser.add_argument("--jobs", type=int, default=1, help="parallel compile processes")
-    parser.add_argument("--out", type=Path, default=REPO, help="cache root (holds cubins/ and manifests/)")
+    parser.add_argument("--jobs", type=int, help="parallel compile processes (default 1)")
+    parser.add_argument("--out", type=Path, help="cache root (holds cubins/ and manifests/; default: this checkout)")
     parser.add_argument("--check", action="store_true",
                         help="rebuild into a temp dir and fail if anything differs from the cache at --out")
     parser.add_argument("--warm-deepgemm", action="store_true",
@@ -377,6 +378,10 @@ def main(argv=None) -> int:
     warm.add_argument("--deepgemm-cache-dir", type=Path, metavar="DIR",
                       help="DeepGEMM's JIT cache directory (DG_JIT_CACHE_DIR; default: DeepGEMM's own)")
     args = parser.parse_args(argv)
+    build_options_given = [option for option, value in _build_options(args).items() if value is not None and value is not False]
+    args.arch = args.arch or list(ARCHS)
+    args.jobs = 1 if args.jobs is None else args.jobs
+    args.out = REPO if args.out is None else args.out
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} must be at least 1")
     shape_options = {}
@@ -390,6 +395,9 @@ def main(argv=None) -> int:
         parser.error(f"{', '.join(_SERVING_SHAPE_OPTIONS)} and --deepgemm-cache-dir go with --warm-deepgemm")
 
     if args.warm_deepgemm:
+        if build_options_given:
+            parser.error(f"--warm-deepgemm fills DeepGEMM's cache and builds no cubins: drop "
+                         f"{', '.join(build_options_given)} (run the build as its own command)")
         return _warm_deepgemm(parser, shape_options, args.deepgemm_cache_dir)
     families = tuple(args.only or FAMILIES)
     variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
@@ -407,6 +415,11 @@ def main(argv=None) -> int:
     cubins = compile_all(variants_by_arch, args.jobs)
     write_cache(args.out, variants_by_arch, cubins, families)
     return 0
+
+
+def _build_options(args: argparse.Namespace) -> dict:
+    """The cubin build's options as parsed (None or False where not given), by their command-line names."""
+    return {"--arch": args.arch, "--only": args.only, "--jobs": args.jobs, "--out": args.out, "--check": args.check}
 
 
 # --warm-deepgemm's shape options: the ServingShapes field each sets, and what it is.

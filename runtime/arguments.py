@@ -16,6 +16,10 @@ def whole_number(name: str, value) -> int:
     # A bool tensor (torch.tensor(True), mask.any()) passes operator.index as 1 or 0: a flag all the same.
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise TypeError(f"{name}: expected an integer, got the bool {value!r}")
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        # Its value is on the device: reading it here would wait for the GPU, and fail inside a graph capture.
+        raise TypeError(f"{name}: expected an integer, got a tensor on {value.device}; pass a Python int (reading a "
+                        f"device tensor would wait for the GPU and cannot run during CUDA-graph capture)")
     try:
         return operator.index(value)
     except TypeError:

@@ -185,7 +185,9 @@ def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
 @pytest.mark.parametrize("args, match", [(["--jobs", "0"], "--jobs: 0 must be at least 1"),
                                          (["--out", "FILE"], "not a writable directory"),
                                          (["--max-rows", "64"], "--deepgemm-cache-dir go with --warm-deepgemm"),
-                                         (["--warm-deepgemm", "--index-heads", "0"], "--index-heads: 0 must be")])
+                                         (["--warm-deepgemm", "--index-heads", "0"], "--index-heads: 0 must be"),
+                                         (["--warm-deepgemm", "--jobs", "2", "--check"],
+                                          "builds no cubins: drop --only, --jobs, --check (run the build as its own")])
 def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     afile = tmp_path / "afile"
     afile.write_text("")

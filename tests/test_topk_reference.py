@@ -660,6 +660,21 @@ def test_counts_refuse_bool_tensors():
     assert whole_number("n", torch.tensor(3, dtype=torch.int32)) == 3  # an integer tensor is still a count
 
 
+# A count held by a tensor off the CPU is refused, not read: reading it waits for the device (and raises an unrelated
+# error during CUDA-graph capture). The meta device stands in for CUDA on CI; test_topk_gpu.py passes a CUDA one.
+def test_counts_refuse_device_tensors():
+    from runtime.arguments import whole_count, whole_number
+    from runtime.topk import supports_decode_topk
+
+    count = torch.tensor(4, dtype=torch.int32, device="meta")
+    with pytest.raises(TypeError, match=r"^n: expected an integer, got a tensor on meta; pass a Python int"):
+        whole_number("n", count)
+    with pytest.raises(TypeError, match=r"^rows: expected an integer, got a tensor on meta; pass a Python int"):
+        supports_decode_topk(torch.zeros(4, 1024), count, 512, False)
+    with pytest.raises(TypeError, match=r"^n: expected an integer, got a tensor on meta"):
+        whole_count("n", count, 0)
+
+
 # Review addition: the op (its CPU path) and the reference against the brute-force definition on ugly shapes: row ends
 # at int32's extremes and around the width and block edges, k equal to the width (or the blocks), all-equal rows,
 # NaN and infinities, a padded out, and no rows or no columns at all.
