@@ -7,11 +7,18 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
+from . import ptx
 from .compile import cubin_of, gmem_ptr, null_stream
+
+# How long each CTA holds its write back after its dependency wait (globaltimer nanoseconds): longer than a
+# dependent grid takes to start beside it (a few microseconds), so that a dependent read the wait did not order
+# would land before the write.
+HOLD_NS = 20_000
 
 
 class ClusterProbe:
-    """Each CTA sends one word to the next CTA of its cluster through DSMEM."""
+    """Each CTA sends one word to the next CTA of its cluster through DSMEM and adds it (and the seed) to its word
+    of ``out``, which the previous grid wrote."""
 
     def __init__(self, cluster: int, threads: int, smem_bytes: int):
         self.cluster = cluster
@@ -37,6 +44,10 @@ class ClusterProbe:
         mbar = smem.allocate_array(Int64, 1, byte_alignment=8)
         word = smem.allocate_array(Int32, 4, byte_alignment=16)
 
+        # The next grid may start at once: it then runs beside this one, and only its dependency wait keeps its
+        # read of `out` behind this grid's write, which comes late (HOLD_NS) so that a read not kept there sees the
+        # word from before (runtime/probe.py checks which one it saw).
+        cute.arch.griddepcontrol_launch_dependents()
         if tidx == 0:
             cute.arch.mbarrier_init(mbar, 1)
             cute.arch.mbarrier_init_fence()
@@ -51,13 +62,16 @@ class ClusterProbe:
         # The word from our predecessor has landed once the barrier's phase 0 completes.
         cute.arch.mbarrier_wait(mbar, 0)
 
-        # Only the result depends on the previous grid (programmatic dependent launch).
+        # Only `out` depends on the previous grid (programmatic dependent launch): it holds that grid's words.
         cute.arch.griddepcontrol_wait()
         if tidx == 0:
             received = cute.make_tensor(word, cute.make_layout(4))
             result = cute.make_tensor(out, cute.make_layout(bidx + 1))
-            result[bidx] = received[0] + seed
-        cute.arch.griddepcontrol_launch_dependents()
+            previous = result[bidx]
+            start = ptx.globaltimer_lo()
+            while ptx.globaltimer_lo() - start < Int32(HOLD_NS):
+                pass
+            result[bidx] = received[0] + seed + previous
         # No CTA leaves while a peer may still touch its shared memory.
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+PROBE_OK = "ok (words exchanged through DSMEM in clusters; the second launch ordered behind the first by PDL)"
+
 
 def verify(root=None) -> int:
     from . import load
@@ -43,7 +45,7 @@ def verify(root=None) -> int:
               f"{REBUILD.format(arch=m.arch)}")
         failed = 1
     for name, problem in results.items():
-        print(f"  probe {name}: {'ok' if problem is None else 'FAIL ' + problem}")
+        print(f"  probe {name}: {PROBE_OK if problem is None else 'FAIL ' + problem}")
         failed += problem is not None
     print("verify: " + ("FAILED" if failed else "all checks passed"))
     return 1 if failed else 0

@@ -56,7 +56,11 @@ def test_cuda_graph_capture_and_replay(cache):
     assert out.tolist() == [-1] * 16, "capture must not run the kernel"
     graph.replay()
     torch.cuda.synchronize()
-    assert out.tolist() == expected_probe_output(8, 2, 5)
+    once = expected_probe_output(8, 2, 5, [-1] * 16)
+    assert out.tolist() == once
+    graph.replay()  # each launch adds to the words the previous one left
+    torch.cuda.synchronize()
+    assert out.tolist() == expected_probe_output(8, 2, 5, once)
 
 
 def test_launch_rejects_bad_grid_and_arity(cache):
@@ -92,6 +96,10 @@ def test_python_m_runtime_verify_passes():
     print(proc.stdout, proc.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all checks passed" in proc.stdout
+    from runtime.__main__ import PROBE_OK
+
+    for name in ("probe_cluster2", "probe_cluster8"):
+        assert f"  probe {name}: {PROBE_OK}\n" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("edit, error, match", [

@@ -44,6 +44,13 @@ def test_probe_sass_has_cluster_dsmem_and_pdl(arch):
     for k in found:
         missing = PROBE_SASS - opcodes(str(REPO / k["cubin"]))
         assert not missing, (arch, k["name"], missing)
+        # What lets run_probe see PDL's order: the dependents released first, out read and written only after the
+        # dependency wait.
+        lines = opcode_sequence(str(REPO / k["cubin"]))
+        release, wait = lines.index("PREEXIT"), lines.index("ACQBULK")
+        accesses = [i for i, op in enumerate(lines) if op.startswith(GLOBAL_ACCESS)]
+        assert release < wait < min(accesses), (arch, k["name"], lines)
+        assert [lines[i].split(".")[0] for i in accesses] == ["LDG", "STG"], (arch, k["name"], lines)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -1,10 +1,11 @@
 """The self-test family: proves a cache works on a GPU (clusters, DSMEM, PDL).
 
-Each CTA of a cluster of n stores a word into the shared memory of the next CTA
-of its cluster (st.async, completing on that CTA's mbarrier), waits for the word
-from its predecessor, waits on the grid dependency, then writes
-``out[block] = word + seed`` where ``word = 1000 * (predecessor's rank + 1) + block
-of the predecessor``. The host checks every element.
+Each CTA of a cluster of n first releases its dependents (griddepcontrol.launch_dependents, so the next launch
+runs beside this one), stores a word into the shared memory of the next CTA of its cluster (st.async, completing
+on that CTA's mbarrier), waits for the word from its predecessor, waits on the grid dependency, reads
+``out[block]``, holds ~20 us, then writes ``out[block] += word + seed`` where ``word = 1000 * (predecessor's rank
++ 1) + block of the predecessor``. The host launches twice on one buffer and checks every element: the second
+launch adds to the first's words only where its dependency wait kept its read behind them.
 """
 
 from . import Variant, params
