@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 CLUSTERS_PER_LAUNCH = 4
+# A GPU spin ahead of the two launches (clock cycles, ~100 us on an H200): both are queued before the first runs, so
+# the second starts beside the first however long the host takes between them (gpu/jobs/probe_order_control.py).
+QUEUE_SPIN_CYCLES = 200_000
 
 
 def expected_probe_output(cluster: int, clusters: int, seed: int, previous: list[int] | None = None) -> list[int]:
@@ -16,6 +19,15 @@ def expected_probe_output(cluster: int, clusters: int, seed: int, previous: list
         pred_block = block - rank + pred
         out.append(1000 * (pred + 1) + pred_block + seed + previous[block])
     return out
+
+
+def queue_behind_spin() -> None:
+    """Hold the current stream for QUEUE_SPIN_CYCLES on the GPU (torch's test spin; nothing where torch lacks it)."""
+    import torch
+
+    spin = getattr(torch.cuda, "_sleep", None)
+    if spin is not None:
+        spin(QUEUE_SPIN_CYCLES)
 
 
 def run_probe(cache, seed: int = 7) -> dict:
@@ -32,6 +44,7 @@ def run_probe(cache, seed: int = 7) -> dict:
         cluster = kernel.entry.cluster[0]
         n = cluster * CLUSTERS_PER_LAUNCH
         out = torch.zeros((n,), dtype=torch.int32, device="cuda")
+        queue_behind_spin()
         kernel.launch(n, out.data_ptr(), seed)
         kernel.launch(n, out.data_ptr(), seed + 1)
         torch.cuda.synchronize()

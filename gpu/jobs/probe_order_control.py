@@ -2,9 +2,10 @@
 ordered second launch from an unordered one?
 
 Ordered: run_probe's launches (the second behind the first on one stream, programmatic dependent launch).
-Unordered: the same two launches on two streams with nothing between them, so the second's read of `out` races the
-first's write, which the kernel holds back 20 us. Each trial's words are classed as ordered (the second added to the
-first's words), unordered (it read the zeros from before) or other. Writes one JSON object to the path given."""
+Unordered: the same two launches on two streams with nothing between them, both queued behind one GPU spin as
+run_probe queues its pair, so the second's read of `out` races the first's write, which the kernel holds back
+20 us. Each trial's words are classed as ordered (the second added to the first's words), unordered (it read the
+zeros from before) or other. Writes one JSON object to the path given."""
 
 import json
 import sys
@@ -12,7 +13,7 @@ import sys
 import torch
 
 import runtime
-from runtime.probe import CLUSTERS_PER_LAUNCH, expected_probe_output, run_probe
+from runtime.probe import CLUSTERS_PER_LAUNCH, expected_probe_output, queue_behind_spin, run_probe
 
 TRIALS = 50
 
@@ -31,6 +32,7 @@ def two_streams(kernel, cluster, seed):
     n = cluster * CLUSTERS_PER_LAUNCH
     out = torch.zeros((n,), dtype=torch.int32, device="cuda")
     a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    queue_behind_spin()  # as run_probe does: both launches queued (behind one spin) before either runs
     a.wait_stream(torch.cuda.current_stream())
     b.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(a):
