@@ -45,18 +45,18 @@ ACCUMULATOR_REL = 2.0 ** -13  # Hopper's FP8 MMA accumulator: about 14 significa
 KERNEL_PARTIAL_REL = 2.0 ** -11 * (1 + 2.0 ** -4)
 
 
-def make_case(T: int, width: int, *, seed: int, device="cuda"):
+def make_case(T: int, width: int, *, seed: int, device="cuda", swa_rows: int = SWA_ROWS, comp_rows: int = COMP_ROWS):
     """Inputs whose tokens cycle through the masking patterns listed in the module docstring."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     q = torch.randn(T, H, D, generator=g)
     big = torch.arange(T) % 5 == 3  # large-magnitude queries: scores in the hundreds
     q[big] *= 40.0
     q = q.clamp(-448, 448).to(FP8)
-    swa = torch.randn(SWA_ROWS, D, generator=g).to(FP8)
-    comp = torch.randn(COMP_ROWS, D, generator=g).to(FP8)
-    idx = torch.randint(0, SWA_ROWS, (T, width), generator=g, dtype=torch.int32)
+    swa = torch.randn(swa_rows, D, generator=g).to(FP8)
+    comp = torch.randn(comp_rows, D, generator=g).to(FP8)
+    idx = torch.randint(0, swa_rows, (T, width), generator=g, dtype=torch.int32)
     if width > 128:
-        idx[:, 128:] = torch.randint(0, COMP_ROWS, (T, width - 128), generator=g, dtype=torch.int32)
+        idx[:, 128:] = torch.randint(0, comp_rows, (T, width - 128), generator=g, dtype=torch.int32)
     lens = torch.randint(0, width + 1, (T,), generator=g, dtype=torch.int32)
     chunks = width // 128
     for t in range(T):
@@ -75,9 +75,9 @@ def make_case(T: int, width: int, *, seed: int, device="cuda"):
         elif kind == 4:
             lens[t] = max(int(lens[t]), 1)
             past = torch.rand(width, generator=g) < 0.15  # indices at and past the pool's end
-            rows = torch.where(torch.arange(width) < 128, SWA_ROWS, COMP_ROWS).to(torch.int32)
+            rows = torch.where(torch.arange(width) < 128, swa_rows, comp_rows).to(torch.int32)
             idx[t, past] = rows[past] + torch.randint(0, 1 << 20, (int(past.sum()),), generator=g, dtype=torch.int32)
-            idx[t, 0] = SWA_ROWS
+            idx[t, 0] = swa_rows
         elif kind == 5:
             lens[t] = width
             idx[t, 1::2] = idx[t, 0::2]  # duplicates (same pool: chunks are 128 columns, even)
@@ -188,7 +188,7 @@ def error_budget(e, top, bounds, *, partial_rel=0.0):
             + (2**-8 * top + 1e-6)[:, None, None])
 
 
-def assert_kernel_matches(got, args, sinks):
+def assert_kernel_matches(got, args, sinks, **scales):
     """assert_matches with the AOT kernel's precision: FP8 P, FP16 cluster partials.
 
     On CUDA the cache must hold the call's variant: sparse_mla_decode otherwise writes the torch
@@ -197,11 +197,11 @@ def assert_kernel_matches(got, args, sinks):
         from runtime.sparse_mla import supports_sparse_mla
 
         assert supports_sparse_mla(*args, sinks=sinks), "the AOT kernel must take this call (not the reference)"
-    assert_matches(got, args, sinks, p_dtype=KERNEL_P_DTYPE, partial_rel=KERNEL_PARTIAL_REL)
+    assert_matches(got, args, sinks, p_dtype=KERNEL_P_DTYPE, partial_rel=KERNEL_PARTIAL_REL, **scales)
 
 
-def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0):
-    kw = dict(sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE):
+    kw = dict(sinks=sinks, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale)
     ref = sparse_mla_decode_reference(*args, **kw).float()
     got = got.float()
     bad = ~torch.isfinite(got)
@@ -558,3 +558,39 @@ def test_reference_ignores_lowered_fp32_matmul_precision(fp32_matmul_precision):
         assert not torch.equal(torch.matmul(a, b), fp32), "the setting should lower FP32 matmuls"
         lowered = sparse_mla_decode_reference(q, swa, comp, idx, lens, **kw), reference._products(a, b)
         assert torch.equal(lowered[0], ieee[0]) and torch.equal(lowered[1], ieee[1]), precision
+
+
+# A seeded sweep of random calls: T (0 to past one wave), width, sinks on or off, pool sizes down to one row (so that
+# "at or past the pool's end" falls on small indices too) and both scales' signs and sizes drawn at random, each
+# checked as test_kernel_matches_reference checks. FUZZ_CASES_ENV raises the count for a soak.
+FUZZ_CASES_ENV = "SPARSE_DECODE_AOT_FUZZ_CASES"
+
+
+def test_random_calls_match_the_reference():
+    import os
+    import random
+
+    from runtime.sparse_mla import sparse_mla_decode
+
+    rng = random.Random(47)
+    cases = max(1, int(os.environ.get(FUZZ_CASES_ENV, "60")) // 4)
+    bad = []
+    for i in range(cases):
+        width = rng.choice((128, 640))
+        T = rng.choice((0, 1, 2, 5, 11, 13, 47, 48, 64, 100, _max_tokens(width), _max_tokens(width) + 1))
+        swa_rows, comp_rows = rng.choice((1, 2, 127, 128, 129, 3000)), rng.choice((1, 5, 511, 512, 20000))
+        with_sinks = rng.random() < 0.5
+        scales = {"bmm1_scale": BMM1_SCALE * rng.choice((1.0, 0.25, 3.0, -1.0)),
+                  "bmm2_scale": BMM2_SCALE * rng.choice((1.0, -2.0, 0.1))}
+        args, sinks = make_case(T, width, seed=10_000 + i, swa_rows=swa_rows, comp_rows=comp_rows)
+        sinks = sinks if with_sinks else None
+        out = poisoned(T)
+        sparse_mla_decode(*args, sinks=sinks, out=out, **scales)
+        torch.cuda.synchronize()
+        try:
+            if T:
+                assert_kernel_matches(out, args, sinks, **scales)
+        except AssertionError as e:
+            bad.append(f"case {i} (T={T} width={width} pools={swa_rows},{comp_rows} sinks={with_sinks} "
+                       f"scales={scales}): {str(e)[:200]}")
+    assert not bad, (len(bad), bad[:4])

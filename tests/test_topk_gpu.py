@@ -638,3 +638,73 @@ def test_counts_on_the_gpu_are_refused_also_during_capture():
     with pytest.raises(TypeError, match=r"^rows: expected an integer, got a tensor on cuda:0"), torch.cuda.graph(graph):
         supports_decode_topk(logits, rows, 512, False)
     assert supports_decode_topk(logits, 4, 512, False)
+
+
+# A seeded sweep of random calls through the op: rows, widths (log-uniform up to 1M columns, or next to a size where the
+# routing or the kernels' tiling changes), k, dtype, mode, the row stride's padding, row ends (negative, past the width,
+# around k) and the values (the adversarial kinds, plus indexer-like rows crowded within an octave) all drawn at
+# random, so that sizes and routes no listed case names get their share. FUZZ_CASES_ENV raises the count for a soak.
+FUZZ_CASES_ENV = "SPARSE_DECODE_AOT_FUZZ_CASES"
+FUZZ_ROWS = (1, 2, 3, 5, 7, 8, 9, 14, 15, 16, 17, 31, 47, 64, 65, 100, 132, 133, 200, 264, 265, 300)
+FUZZ_EDGES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1 << 20)
+FUZZ_MAX_ITEMS = 1 << 25  # rows x columns a case (128 MiB of FP32 logits)
+
+
+def _fuzz_case(rng):
+    """(rows, width, k, dtype, block_mode, stride, kind, ends) drawn from ``rng`` (a random.Random)."""
+    k = rng.choice((512, 1024, 2048))
+    if rng.random() < 0.4:
+        width = max(1, rng.choice(FUZZ_EDGES) + rng.choice((-9, -8, -1, 0, 1, 7, 8, 9)))
+    else:
+        width = int(2 ** rng.uniform(0, 20))
+    rows = rng.choice([r for r in FUZZ_ROWS if r * width <= FUZZ_MAX_ITEMS] or [1])
+    dtype = rng.choice(DTYPES)
+    align = 16 // (4 if dtype == torch.float32 else 2)
+    stride = -(-width // align) * align + align * rng.choice((0, 0, 0, 1, 5))
+    kind = rng.choice(("randn", "narrow_positive") + ADVERSARIAL)
+    block_mode = rng.random() < 0.3
+    unit = 8 if block_mode else 1  # the row end at which the row holds k candidates
+    ends = [rng.choice((width, width, 0, -3, width + 5, k * unit, k * unit - 1, k * unit + 1, width - 1,
+                        rng.randint(0, max(width, 1)))) for _ in range(rows)]
+    return rows, width, k, dtype, block_mode, stride, kind, ends
+
+
+def _fuzz_logits(rows, width, dtype, stride, kind, seed):
+    """Logits of ``kind`` in rows of ``stride`` elements (NaN padding); indexer-like rows are positive within an
+    octave, the crowding DeepGEMM's logits with positive head weights show (benchmarks/results/HISTORY.md)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    padded = torch.full((rows, stride), float("nan"), device="cuda", dtype=dtype)
+    if kind == "randn":
+        padded[:, :width] = torch.randn(rows, width, device="cuda", generator=g).to(dtype)
+    elif kind == "narrow_positive":
+        padded[:, :width] = (1.0 + 0.9 * torch.rand(rows, width, device="cuda", generator=g)).to(dtype)
+    else:  # as bits: the NaN payloads and signs of nan_signs_inf survive
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        padded[:, :width].view(bits).copy_(_adversarial(kind, rows, width, dtype, seed=seed).view(bits))
+    return padded[:, :width]
+
+
+def test_random_calls_match_the_reference(monkeypatch):
+    import os
+    import random
+
+    from runtime.topk import decode_topk, supports_decode_topk
+
+    cases = int(os.environ.get(FUZZ_CASES_ENV, "60"))
+    rng = random.Random(47)
+    fallback_rows = _record_fallback(monkeypatch)
+    bad = []
+    for i in range(cases):
+        rows, width, k, dtype, block_mode, stride, kind, ends = case = _fuzz_case(rng)
+        logits = _fuzz_logits(rows, width, dtype, stride, kind, seed=i)
+        row_ends = torch.tensor(ends, dtype=torch.int32, device="cuda")
+        out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+        fallback_rows.clear()
+        kernel = supports_decode_topk(logits, rows, k, block_mode)
+        decode_topk(logits, row_ends, out, block_mode=block_mode)
+        try:
+            assert not (kernel and fallback_rows), "supports_decode_topk said the kernel takes it, the fallback ran"
+            _check(logits, row_ends, out, k, block_mode)
+        except AssertionError as e:
+            bad.append(f"case {i} {case[:7]}: {str(e)[:200]}")
+    assert not bad, (len(bad), bad[:5])
