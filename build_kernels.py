@@ -378,7 +378,8 @@ def main(argv=None) -> int:
     warm.add_argument("--deepgemm-cache-dir", type=Path, metavar="DIR",
                       help="DeepGEMM's JIT cache directory (DG_JIT_CACHE_DIR; default: DeepGEMM's own)")
     args = parser.parse_args(argv)
-    build_options_given = [option for option, value in _build_options(args).items() if value is not None and value is not False]
+    build_options_given = [option for option, value in _build_options(args).items()
+                           if value is not None and value is not False]
     args.arch = args.arch or list(ARCHS)
     args.jobs = 1 if args.jobs is None else args.jobs
     args.out = REPO if args.out is None else args.out

@@ -460,7 +460,8 @@ def test_finish_ranks_a_small_bin_by_key_then_index():
     for rows, width, k, copies, kernel in ((64, 262144, 2048, 12, "c2_full_sm"), (1, 65536, 2048, 15, "c16"),
                                            (8, 8192, 512, 10, "row"), (100, 32768, 1024, 12, "c2")):
         logits = _logits(rows, width, torch.float32, seed=width + k + copies)
-        _assert_route(topk.decode_topk_plan(logits, rows, k, False)[0], f"decode_topk_f32_token_{kernel}", (rows, width))
+        name = topk.decode_topk_plan(logits, rows, k, False)[0]
+        _assert_route(name, f"decode_topk_f32_token_{kernel}", (rows, width))
         g = torch.Generator(device="cuda").manual_seed(k + copies)
         for r in range(rows):
             row = logits[r]
