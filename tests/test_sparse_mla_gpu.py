@@ -200,7 +200,8 @@ def assert_kernel_matches(got, args, sinks, **scales):
     assert_matches(got, args, sinks, p_dtype=KERNEL_P_DTYPE, partial_rel=KERNEL_PARTIAL_REL, **scales)
 
 
-def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE):
+def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE,
+                   bias_check=True):
     kw = dict(sinks=sinks, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale)
     ref = sparse_mla_decode_reference(*args, **kw).float()
     got = got.float()
@@ -233,10 +234,13 @@ def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0, bmm1_scale
     # normalisation shifts it by its own size. The elementwise budget above (3 x the token's largest
     # emulation error) lets such errors of a few percent through; this does not (2^-9: half a BF16 unit).
     bias = _bias(got, ref)
-    assert abs(bias) <= BIAS_REL, f"systematic relative error {bias:.3g} (emulation {_bias(emu, ref):.3g})"
+    assert not bias_check or abs(bias) <= BIAS_REL, f"systematic relative error {bias:.3g} (emulation {_bias(emu, ref):.3g})"
 
 
 BIAS_REL = 2.0 ** -9
+# Calls with fewer tokens that have an active column than this skip that check in the random sweep (it holds on
+# the listed cases' inputs: their pools of thousands of distinct rows).
+BIAS_MIN_TOKENS = 8
 
 
 def _bias(got, ref):
@@ -587,10 +591,13 @@ def test_random_calls_match_the_reference():
         out = poisoned(T)
         sparse_mla_decode(*args, sinks=sinks, out=out, **scales)
         torch.cuda.synchronize()
+        # The systematic-error check is a statistic over many outputs: on a few tokens the same-precision emulation's
+        # own projection passes 2^-9 (0.002-0.003 on one token with pools of 129 and 1 rows, fuzz_soak_s47.log).
+        active = int(sparse_mla_active(args[3], args[4], swa_rows, comp_rows).any(1).sum())
         try:
             if T:
-                assert_kernel_matches(out, args, sinks, **scales)
+                assert_kernel_matches(out, args, sinks, bias_check=active >= BIAS_MIN_TOKENS, **scales)
         except AssertionError as e:
             bad.append(f"case {i} (T={T} width={width} pools={swa_rows},{comp_rows} sinks={with_sinks} "
-                       f"scales={scales}): {str(e)[:200]}")
+                       f"scales={scales}, {active} active tokens): {str(e)[-300:]}")
     assert not bad, (len(bad), bad[:4])

@@ -695,6 +695,7 @@ def test_random_calls_match_the_reference(monkeypatch):
     rng = random.Random(47)
     fallback_rows = _record_fallback(monkeypatch)
     bad = []
+    taken = 0
     for i in range(cases):
         rows, width, k, dtype, block_mode, stride, kind, ends = case = _fuzz_case(rng)
         logits = _fuzz_logits(rows, width, dtype, stride, kind, seed=i)
@@ -702,10 +703,14 @@ def test_random_calls_match_the_reference(monkeypatch):
         out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
         fallback_rows.clear()
         kernel = supports_decode_topk(logits, rows, k, block_mode)
+        taken += kernel
         decode_topk(logits, row_ends, out, block_mode=block_mode)
         try:
             assert not (kernel and fallback_rows), "supports_decode_topk said the kernel takes it, the fallback ran"
             _check(logits, row_ends, out, k, block_mode)
         except AssertionError as e:
-            bad.append(f"case {i} {case[:7]}: {str(e)[:200]}")
+            bad.append(f"case {i} {case[:7]}: {str(e)[-300:]}")
     assert not bad, (len(bad), bad[:5])
+    # The sweep is of the kernels: most draws are calls one wave of a cached kernel takes (the rest: past a wave,
+    # strides off 16 bytes, or rows too short to select).
+    assert taken >= cases // 2, (taken, cases)
