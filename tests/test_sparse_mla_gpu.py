@@ -234,7 +234,8 @@ def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0, bmm1_scale
     # normalisation shifts it by its own size. The elementwise budget above (3 x the token's largest
     # emulation error) lets such errors of a few percent through; this does not (2^-9: half a BF16 unit).
     bias = _bias(got, ref)
-    assert not bias_check or abs(bias) <= BIAS_REL, f"systematic relative error {bias:.3g} (emulation {_bias(emu, ref):.3g})"
+    assert not bias_check or abs(bias) <= BIAS_REL, (f"systematic relative error {bias:.3g} (emulation "
+                                                     f"{_bias(emu, ref):.3g})")
 
 
 BIAS_REL = 2.0 ** -9
