@@ -383,8 +383,6 @@ def main(argv=None) -> int:
     args.arch = args.arch or list(ARCHS)
     args.jobs = 1 if args.jobs is None else args.jobs
     args.out = REPO if args.out is None else args.out
-    if args.jobs < 1:
-        parser.error(f"--jobs: {args.jobs} must be at least 1")
     shape_options = {}
     for option, (field_name, _) in _SERVING_SHAPE_OPTIONS.items():
         value = getattr(args, field_name)
@@ -400,6 +398,8 @@ def main(argv=None) -> int:
             parser.error(f"--warm-deepgemm fills DeepGEMM's cache and builds no cubins: drop "
                          f"{', '.join(build_options_given)} (run the build as its own command)")
         return _warm_deepgemm(parser, shape_options, args.deepgemm_cache_dir)
+    if args.jobs < 1:
+        parser.error(f"--jobs: {args.jobs} must be at least 1")
     families = tuple(args.only or FAMILIES)
     variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
     if args.check:

@@ -6,7 +6,8 @@ import argparse
 import sys
 import time
 
-PROBE_OK = "ok (words exchanged through DSMEM in clusters; the second launch ordered behind the first by PDL)"
+PROBE_OK = ("ok (words exchanged through DSMEM in clusters; each second launch, released to start beside the first, "
+            "read the first's words after its dependency wait)")
 
 
 def verify(root=None) -> int:

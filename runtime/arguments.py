@@ -1,6 +1,7 @@
 """Arguments of the host code. Integers: any integer type is taken (counts often arrive as numpy or
 tensor-derived integers); a bool is not, though Python counts it as one: it is a flag passed in the
-wrong place. Tensors: dense (strided) ones only."""
+wrong place; nor is a tensor off the CPU, whose value would have to be read back from its device.
+Tensors: dense (strided) ones only."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ def whole_number(name: str, value) -> int:
     """``value`` as a Python int, or a TypeError naming ``name``."""
     if type(value) is int:  # the common case, at one comparison (a bool's type is bool, not int)
         return value
+    # First, before any repr: its value is on the device, and reading it back (here, or to print it) would wait for
+    # the device, and fail inside a CUDA-graph capture with the capture's error rather than this one.
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        raise TypeError(f"{name}: expected an integer, got a tensor on {value.device}; pass a Python int (reading a "
+                        f"device tensor's value waits for the device and cannot run during CUDA-graph capture)")
     # A bool tensor (torch.tensor(True), mask.any()) passes operator.index as 1 or 0: a flag all the same.
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise TypeError(f"{name}: expected an integer, got the bool {value!r}")
-    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-        # Its value is on the device: reading it here would wait for the GPU, and fail inside a graph capture.
-        raise TypeError(f"{name}: expected an integer, got a tensor on {value.device}; pass a Python int (reading a "
-                        f"device tensor would wait for the GPU and cannot run during CUDA-graph capture)")
     try:
         return operator.index(value)
     except TypeError:

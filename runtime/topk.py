@@ -256,7 +256,8 @@ def supports_decode_topk(logits: torch.Tensor, rows: int, k: int, block_mode: bo
     outside ``SUPPORTED_K`` or a GPU without a cache, where ``decode_topk`` uses the exact
     torch fallback; and for more rows than one wave of any cached kernel holds, which
     ``decode_topk`` launches a wave at a time. ``rows`` and ``k`` must be integers (any integer
-    type, not a bool) and ``block_mode`` a bool, else a TypeError naming it; ``rows`` < 0 is a ValueError.
+    type, not a bool, nor a tensor off the CPU) and ``block_mode`` a bool, else a TypeError naming it;
+    ``rows`` < 0 is a ValueError.
     """
     rows, k = _query_args(rows, k, block_mode)
     if not _shape_supported(logits, k):

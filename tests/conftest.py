@@ -9,6 +9,17 @@ import pytest
 REQUIRE_GPU = os.environ.get("SPARSE_DECODE_AOT_REQUIRE_GPU", "") not in ("", "0")
 
 
+# The seeded random sweeps (test_random_calls_match_the_reference in test_topk_gpu.py and test_sparse_mla_gpu.py) draw
+# this many calls (sparse MLA a quarter as many: each of its calls is a batch of tokens); a soak raises it.
+FUZZ_CASES_ENV = "SPARSE_DECODE_AOT_FUZZ_CASES"
+
+
+@pytest.fixture
+def fuzz_cases() -> int:
+    """How many random calls a sweep draws: SPARSE_DECODE_AOT_FUZZ_CASES, default 60."""
+    return int(os.environ.get(FUZZ_CASES_ENV, "60"))
+
+
 def _cuda_available() -> bool:
     try:
         import torch

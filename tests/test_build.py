@@ -187,7 +187,8 @@ def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
                                          (["--max-rows", "64"], "--deepgemm-cache-dir go with --warm-deepgemm"),
                                          (["--warm-deepgemm", "--index-heads", "0"], "--index-heads: 0 must be"),
                                          (["--warm-deepgemm", "--jobs", "2", "--check"],
-                                          "builds no cubins: drop --only, --jobs, --check (run the build as its own")])
+                                          "builds no cubins: drop --only, --jobs, --check (run the build as its own"),
+                                         (["--warm-deepgemm", "--jobs", "0"], "builds no cubins: drop --only, --jobs")])
 def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     afile = tmp_path / "afile"
     afile.write_text("")

@@ -201,7 +201,7 @@ def assert_kernel_matches(got, args, sinks, **scales):
 
 
 def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE,
-                   bias_check=True):
+                   bias_rel=None):
     kw = dict(sinks=sinks, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale)
     ref = sparse_mla_decode_reference(*args, **kw).float()
     got = got.float()
@@ -234,14 +234,15 @@ def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0, bmm1_scale
     # normalisation shifts it by its own size. The elementwise budget above (3 x the token's largest
     # emulation error) lets such errors of a few percent through; this does not (2^-9: half a BF16 unit).
     bias = _bias(got, ref)
-    assert not bias_check or abs(bias) <= BIAS_REL, (f"systematic relative error {bias:.3g} (emulation "
-                                                     f"{_bias(emu, ref):.3g})")
+    limit = BIAS_REL if bias_rel is None else bias_rel
+    assert abs(bias) <= limit, f"systematic relative error {bias:.3g} > {limit:.3g} (emulation {_bias(emu, ref):.3g})"
 
 
 BIAS_REL = 2.0 ** -9
-# Calls with fewer tokens that have an active column than this skip that check in the random sweep (it holds on
-# the listed cases' inputs: their pools of thousands of distinct rows).
+# Calls with fewer tokens that have an active column than this are held to FEW_TOKENS_BIAS_REL in the random sweep
+# (BIAS_REL holds on the listed cases' inputs: many tokens, pools of thousands of distinct rows).
 BIAS_MIN_TOKENS = 8
+FEW_TOKENS_BIAS_REL = 2.0 ** -7
 
 
 def _bias(got, ref):
@@ -567,18 +568,17 @@ def test_reference_ignores_lowered_fp32_matmul_precision(fp32_matmul_precision):
 
 # A seeded sweep of random calls: T (0 to past one wave), width, sinks on or off, pool sizes down to one row (so that
 # "at or past the pool's end" falls on small indices too) and both scales' signs and sizes drawn at random, each
-# checked as test_kernel_matches_reference checks. FUZZ_CASES_ENV raises the count for a soak.
-FUZZ_CASES_ENV = "SPARSE_DECODE_AOT_FUZZ_CASES"
+# checked as test_kernel_matches_reference checks. The count: a quarter of conftest.py's fuzz_cases (each call is a
+# batch of tokens).
 
 
-def test_random_calls_match_the_reference():
-    import os
+def test_random_calls_match_the_reference(fuzz_cases):
     import random
 
     from runtime.sparse_mla import sparse_mla_decode
 
     rng = random.Random(47)
-    cases = max(1, int(os.environ.get(FUZZ_CASES_ENV, "60")) // 4)
+    cases = max(1, fuzz_cases // 4)
     bad = []
     for i in range(cases):
         width = rng.choice((128, 640))
@@ -590,14 +590,18 @@ def test_random_calls_match_the_reference():
         args, sinks = make_case(T, width, seed=10_000 + i, swa_rows=swa_rows, comp_rows=comp_rows)
         sinks = sinks if with_sinks else None
         out = poisoned(T)
-        sparse_mla_decode(*args, sinks=sinks, out=out, **scales)
+        ret = sparse_mla_decode(*args, sinks=sinks, out=out, **scales)
         torch.cuda.synchronize()
         # The systematic-error check is a statistic over many outputs: on a few tokens the same-precision emulation's
-        # own projection passes 2^-9 (0.002-0.003 on one token with pools of 129 and 1 rows, fuzz_soak_s47.log).
+        # own projection passes 2^-9 (0.002-0.003 on one token with pools of 129 and 1 rows, fuzz_soak_s47.log; at most
+        # 0.0029 over the 123 calls of this sweep's first 500 with 1 to 5 tokens, in torch on the CPU), so there the
+        # bound is FEW_TOKENS_BIAS_REL: a scale or normalisation error of 1 % still fails.
         active = int(sparse_mla_active(args[3], args[4], swa_rows, comp_rows).any(1).sum())
         try:
+            assert ret is out and out.shape == (T, H, D)
             if T:
-                assert_kernel_matches(out, args, sinks, bias_check=active >= BIAS_MIN_TOKENS, **scales)
+                bias_rel = BIAS_REL if active >= BIAS_MIN_TOKENS else FEW_TOKENS_BIAS_REL
+                assert_kernel_matches(out, args, sinks, bias_rel=bias_rel, **scales)
         except AssertionError as e:
             bad.append(f"case {i} (T={T} width={width} pools={swa_rows},{comp_rows} sinks={with_sinks} "
                        f"scales={scales}, {active} active tokens): {str(e)[-300:]}")

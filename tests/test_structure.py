@@ -51,6 +51,10 @@ def test_probe_sass_has_cluster_dsmem_and_pdl(arch):
         accesses = [i for i, op in enumerate(lines) if op.startswith(GLOBAL_ACCESS)]
         assert release < wait < min(accesses), (arch, k["name"], lines)
         assert [lines[i].split(".")[0] for i in accesses] == ["LDG", "STG"], (arch, k["name"], lines)
+        # The load before the hold (its globaltimer reads, S2UR): a read moved past it would meet the previous
+        # grid's write at the same moment, and the probe would no longer tell a missing wait.
+        timer = next(i for i in range(wait, len(lines)) if lines[i] == "S2UR")
+        assert accesses[0] < timer < accesses[1], (arch, k["name"], lines)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -39,7 +39,7 @@ MEASURED_SMS = 132
 
 def _assert_route(got, want, context):
     """``got == want`` on a device with the SM count the routes were measured on (see MEASURED_SMS)."""
-    if torch.cuda.get_device_properties(0).multi_processor_count == MEASURED_SMS:
+    if torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count == MEASURED_SMS:
         assert got == want, (context, got, want)
 
 
@@ -454,7 +454,7 @@ def test_finish_ranks_a_small_bin_by_key_then_index():
     TIE_RANK_MAX items) directly: near the k-th value, copies of it and of its two neighbouring floats (the same bin
     after the first round, apart only in the last bits) are planted at random columns, so that the cut falls among
     equal and nearly equal keys (larger key first, then lower index). The twin, 16 CTAs, the short-row kernel and a
-    2-CTA build (each case asserts its kernel). Exact results each time."""
+    2-CTA build (each case asserts its kernel on the H200's SM count, _assert_route). Exact results each time."""
     from runtime import topk
 
     for rows, width, k, copies, kernel in ((64, 262144, 2048, 12, "c2_full_sm"), (1, 65536, 2048, 15, "c16"),
@@ -644,8 +644,7 @@ def test_counts_on_the_gpu_are_refused_also_during_capture():
 # A seeded sweep of random calls through the op: rows, widths (log-uniform up to 1M columns, or next to a size where the
 # routing or the kernels' tiling changes), k, dtype, mode, the row stride's padding, row ends (negative, past the width,
 # around k) and the values (the adversarial kinds, plus indexer-like rows crowded within an octave) all drawn at
-# random, so that sizes and routes no listed case names get their share. FUZZ_CASES_ENV raises the count for a soak.
-FUZZ_CASES_ENV = "SPARSE_DECODE_AOT_FUZZ_CASES"
+# random, so that sizes and routes no listed case names get their share. The count: conftest.py's fuzz_cases.
 FUZZ_ROWS = (1, 2, 3, 5, 7, 8, 9, 14, 15, 16, 17, 31, 47, 64, 65, 100, 132, 133, 200, 264, 265, 300)
 FUZZ_EDGES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1 << 20)
 FUZZ_MAX_ITEMS = 1 << 25  # rows x columns a case (128 MiB of FP32 logits)
@@ -685,13 +684,12 @@ def _fuzz_logits(rows, width, dtype, stride, kind, seed):
     return padded[:, :width]
 
 
-def test_random_calls_match_the_reference(monkeypatch):
-    import os
+def test_random_calls_match_the_reference(monkeypatch, fuzz_cases):
     import random
 
     from runtime.topk import decode_topk, supports_decode_topk
 
-    cases = int(os.environ.get(FUZZ_CASES_ENV, "60"))
+    cases = fuzz_cases
     rng = random.Random(47)
     fallback_rows = _record_fallback(monkeypatch)
     bad = []
@@ -711,6 +709,7 @@ def test_random_calls_match_the_reference(monkeypatch):
         except AssertionError as e:
             bad.append(f"case {i} {case[:7]}: {str(e)[-300:]}")
     assert not bad, (len(bad), bad[:5])
-    # The sweep is of the kernels: most draws are calls one wave of a cached kernel takes (the rest: past a wave,
-    # strides off 16 bytes, or rows too short to select).
+    # The sweep is of the kernels: most draws are calls one wave of a cached kernel takes (the rest, rows past a
+    # wave, run a wave at a time). Every drawn row stride is a 16-byte multiple: the fallback for the others has its
+    # own test (test_fallback_matches_for_unaligned_logits).
     assert taken >= cases // 2, (taken, cases)

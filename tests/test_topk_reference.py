@@ -673,6 +673,8 @@ def test_counts_refuse_device_tensors():
         supports_decode_topk(torch.zeros(4, 1024), count, 512, False)
     with pytest.raises(TypeError, match=r"^n: expected an integer, got a tensor on meta"):
         whole_count("n", count, 0)
+    with pytest.raises(TypeError, match=r"^n: expected an integer, got a tensor on meta"):  # not its repr first
+        whole_number("n", torch.tensor(True, device="meta"))
 
 
 # Review addition: the op (its CPU path) and the reference against the brute-force definition on ugly shapes: row ends
