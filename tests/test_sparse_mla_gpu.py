@@ -572,22 +572,34 @@ def test_reference_ignores_lowered_fp32_matmul_precision(fp32_matmul_precision):
 # batch of tokens).
 
 
+def fuzz_draw(rng, max_tokens):
+    """One call of the random sweep from ``rng`` (a random.Random): (T, width, (swa_rows, comp_rows), with_sinks,
+    scales); ``max_tokens(width)`` is one wave's tokens (test_sparse_mla_reference.py draws the same calls on the CPU
+    with the H200's)."""
+    width = rng.choice((128, 640))
+    T = rng.choice((0, 1, 2, 5, 11, 13, 47, 48, 64, 100, max_tokens(width), max_tokens(width) + 1))
+    pools = rng.choice((1, 2, 127, 128, 129, 3000)), rng.choice((1, 5, 511, 512, 20000))
+    with_sinks = rng.random() < 0.5
+    scales = {"bmm1_scale": BMM1_SCALE * rng.choice((1.0, 0.25, 3.0, -1.0)),
+              "bmm2_scale": BMM2_SCALE * rng.choice((1.0, -2.0, 0.1))}
+    return T, width, pools, with_sinks, scales
+
+
+FUZZ_SEED = 47  # the sweep's random.Random; make_case's seed is FUZZ_CASE_SEED + the call's number
+FUZZ_CASE_SEED = 10_000
+
+
 def test_random_calls_match_the_reference(fuzz_cases):
     import random
 
     from runtime.sparse_mla import sparse_mla_decode
 
-    rng = random.Random(47)
+    rng = random.Random(FUZZ_SEED)
     cases = max(1, fuzz_cases // 4)
     bad = []
     for i in range(cases):
-        width = rng.choice((128, 640))
-        T = rng.choice((0, 1, 2, 5, 11, 13, 47, 48, 64, 100, _max_tokens(width), _max_tokens(width) + 1))
-        swa_rows, comp_rows = rng.choice((1, 2, 127, 128, 129, 3000)), rng.choice((1, 5, 511, 512, 20000))
-        with_sinks = rng.random() < 0.5
-        scales = {"bmm1_scale": BMM1_SCALE * rng.choice((1.0, 0.25, 3.0, -1.0)),
-                  "bmm2_scale": BMM2_SCALE * rng.choice((1.0, -2.0, 0.1))}
-        args, sinks = make_case(T, width, seed=10_000 + i, swa_rows=swa_rows, comp_rows=comp_rows)
+        T, width, (swa_rows, comp_rows), with_sinks, scales = fuzz_draw(rng, _max_tokens)
+        args, sinks = make_case(T, width, seed=FUZZ_CASE_SEED + i, swa_rows=swa_rows, comp_rows=comp_rows)
         sinks = sinks if with_sinks else None
         out = poisoned(T)
         ret = sparse_mla_decode(*args, sinks=sinks, out=out, **scales)
