@@ -315,8 +315,9 @@ def warn_missing_kernels(op: str, device: str, names, stacklevel: int, arch: str
     """Say that ``op`` runs its exact torch fallback on ``device`` because the cache loaded for it (of ``arch``) lacks
     the kernels ``names``: a manifest may hold part of the contract (a build with ``--only``, a trimmed cache), or the
     contract defines none of them for the arch (sparse MLA is a Hopper kernel), which no rebuild changes."""
-    if not set(names) & {v.name for v in all_variants(arch)}:
-        built_for = sorted({a for v in all_variants() if v.name in set(names) for a in v.archs})
+    wanted = set(names)
+    if not wanted & {v.name for v in all_variants(arch)}:
+        built_for = sorted({a for v in all_variants() if v.name in wanted for a in v.archs})
         warnings.warn(f"{op}: {', '.join(names)} is built for {', '.join(built_for)} only, not for {device}'s {arch}, "
                       f"so the exact torch fallback runs instead (milliseconds, not microseconds)", RuntimeWarning,
                       stacklevel=stacklevel + 1)
