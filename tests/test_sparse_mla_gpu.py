@@ -173,7 +173,7 @@ def rounding_bounds(q, swa_kv, compressed_kv, indices, lens, *, sinks, bmm1_scal
         spread = (kv[:, None, :, :] - o[:, :, None, :]).abs()  # [t, H, width, D]
         acc_bound[t0:t1] = abs(bmm2_scale) * torch.einsum("thw,thwd->thd", p * ds, spread)
         spread = torch.maximum(spread, kv.abs()[:, None])
-        p_err = torch.maximum(p * u, _subnormal_step(s, m, denom) if p_dtype == FP8 else 0.0)
+        p_err = torch.maximum(p * u, _subnormal_step(s, m, denom)) if p_dtype == FP8 else p * u
         worst = torch.einsum("thw,thwd->thd", p_err, spread)
         repeats = _same_row_count(indices[t0:t1], active)[:, None]
         variance = torch.einsum("thw,thwd->thd", repeats * p_err ** 2 / 3, spread ** 2)

@@ -619,12 +619,12 @@ def test_gpu_edge_case_reference_matches_loop(width, with_sinks, pools):
     _assert_emulation_within_analytic_bounds(G, args, sinks)
 
 
-def _assert_emulation_within_analytic_bounds(G, args, sinks, **scales):
+def _assert_emulation_within_analytic_bounds(G, args, sinks, p_dtype=None, **scales):
     """The budget's emulation term (3 x the same-precision emulation's largest error, a token) lets the emulation
     pass assert_kernel_matches by construction: here the analytic bounds alone (P's rounding, the accumulator, a BF16
     ulp; no emulation term) must hold the emulation's error, or they would not stand for the kernel's rounding."""
-    kw = dict(sinks=sinks, bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE) | scales
-    ref = sparse_mla_decode_reference(*args, **kw).float()
+    kw = dict(sinks=sinks, bmm1_scale=G.BMM1_SCALE, bmm2_scale=G.BMM2_SCALE, p_dtype=p_dtype or G.FP8) | scales
+    ref = sparse_mla_decode_reference(*args, **{k: v for k, v in kw.items() if k != "p_dtype"}).float()
     emu = G.emulate(*args, **kw).float()
     _, top = G.token_terms(ref, emu)
     over = (emu - ref).abs() - G.error_budget(torch.zeros_like(top), top, G.rounding_bounds(*args, **kw))
@@ -688,6 +688,14 @@ def _emulation_in_another_order(G, args, sinks, **scales):
     out = G.emulate(q[..., perm].contiguous(), swa[:, perm].contiguous(), comp[:, perm].contiguous(), idx, lens,
                     sinks=sinks, **scales)
     return out[..., torch.argsort(perm)]
+
+
+@pytest.mark.parametrize("width", [128, 640])
+def test_bf16_p_bounds_hold_the_emulation(width):
+    """P in BF16 (the Triton peer's configurations without FP8 P): the analytic bounds hold the emulation's error."""
+    G = _gpu_helpers()
+    args, sinks = G.make_case(12, width, seed=5 + width, device="cpu")
+    _assert_emulation_within_analytic_bounds(G, args, sinks, p_dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("sink", [None, -1000.0])
