@@ -258,13 +258,15 @@ def assert_matches(got, args, sinks, *, p_dtype=FP8, partial_rel=0.0, bmm1_scale
     # error, which P's rounding sets for the kernel and the same-precision emulation alike: near 0 over many tokens
     # (<= 1e-4 on the listed cases), but up to 0.005 on a call of one or two tokens over a few distinct rows, where
     # the rounding of a handful of weights does not average out. So the kernel's must equal the emulation's to within
-    # BIAS_REL (half a BF16 unit): a 1 % error in a scale moves it by 0.01.
+    # BIAS_REL, one BF16 unit: the two differed by up to 0.0012 over the sweep's first 1,371 calls with an active token
+    # (largest on calls of one or two tokens with sharp scores; sweep_bias_margin_s48.jsonl), while a 1 %
+    # error in bmm2_scale moves it by 0.01 and 2 % in bmm1_scale by 0.005 to 0.01 (the CPU tests' mutations).
     bias, emu_bias = _bias(got, ref), _bias(emu, ref)
     assert abs(bias - emu_bias) <= BIAS_REL, (f"systematic relative error {bias:.3g}, the emulation's {emu_bias:.3g}: "
                                               f"{abs(bias - emu_bias):.3g} apart > {BIAS_REL:.3g}")
 
 
-BIAS_REL = 2.0 ** -9
+BIAS_REL = 2.0 ** -8
 
 
 def _bias(got, ref):
