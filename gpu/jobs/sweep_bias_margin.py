@@ -32,7 +32,8 @@ def main(path, calls):
         ref = sparse_mla_decode_reference(*args, sinks=sinks, **scales).float()
         emu = G.emulate(*args, sinks=sinks, p_dtype=G.KERNEL_P_DTYPE, **scales).float()
         rows.append({"call": i, "T": T, "width": width, "pools": [swa_rows, comp_rows], "sinks": with_sinks,
-                     "active_tokens": active, "limit": G.bias_limit(active), **scales, "bias_kernel": G._bias(got, ref), "bias_emulation": G._bias(emu, ref)})
+                     "active_tokens": active, "limit": G.bias_limit(active), **scales,
+                     "bias_kernel": G._bias(got, ref), "bias_emulation": G._bias(emu, ref)})
     with open(path, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
         summary = {"calls": len(rows)}
