@@ -619,6 +619,13 @@ FUZZ_SEED = 47  # the sweep's random.Random; make_case's seed is FUZZ_CASE_SEED 
 FUZZ_CASE_SEED = 10_000
 
 
+def fuzz_case(i, draw, device="cuda"):
+    """The inputs (args, sinks or None) of the sweep's call number ``i``, drawn as ``draw`` (fuzz_draw's tuple)."""
+    T, width, (swa_rows, comp_rows), with_sinks, _ = draw
+    args, sinks = make_case(T, width, seed=FUZZ_CASE_SEED + i, device=device, swa_rows=swa_rows, comp_rows=comp_rows)
+    return args, sinks if with_sinks else None
+
+
 def test_random_calls_match_the_reference(fuzz_cases):
     import random
 
@@ -628,9 +635,8 @@ def test_random_calls_match_the_reference(fuzz_cases):
     cases = max(1, fuzz_cases // 4)
     bad = []
     for i in range(cases):
-        T, width, (swa_rows, comp_rows), with_sinks, scales = fuzz_draw(rng, _max_tokens)
-        args, sinks = make_case(T, width, seed=FUZZ_CASE_SEED + i, swa_rows=swa_rows, comp_rows=comp_rows)
-        sinks = sinks if with_sinks else None
+        T, width, (swa_rows, comp_rows), with_sinks, scales = draw = fuzz_draw(rng, _max_tokens)
+        args, sinks = fuzz_case(i, draw)
         out = poisoned(T)
         ret = sparse_mla_decode(*args, sinks=sinks, out=out, **scales)
         torch.cuda.synchronize()

@@ -726,12 +726,10 @@ def test_random_sweep_draws_on_the_cpu():
     rng = random.Random(G.FUZZ_SEED)
     checked = set()
     for i in range(300):
-        T, width, (swa_rows, comp_rows), with_sinks, scales = G.fuzz_draw(rng, {128: 264, 640: 47}.get)
+        T, width, _, _, scales = draw = G.fuzz_draw(rng, {128: 264, 640: 47}.get)
         if not 1 <= T <= 13:
             continue
-        args, sinks = G.make_case(T, width, seed=G.FUZZ_CASE_SEED + i, device="cpu", swa_rows=swa_rows,
-                                  comp_rows=comp_rows)
-        sinks = sinks if with_sinks else None
+        args, sinks = G.fuzz_case(i, draw, device="cpu")
         _assert_emulation_within_analytic_bounds(G, args, sinks, **scales)
         G.assert_kernel_matches(G.emulate(*args, sinks=sinks, **scales), args, sinks, **scales)
         scaled = {**scales, "bmm2_scale": scales["bmm2_scale"] * 1.01}

@@ -21,9 +21,8 @@ def main(path, calls):
     rng = random.Random(G.FUZZ_SEED)
     rows = []
     for i in range(calls):
-        T, width, (swa_rows, comp_rows), with_sinks, scales = G.fuzz_draw(rng, G._max_tokens)
-        args, sinks = G.make_case(T, width, seed=G.FUZZ_CASE_SEED + i, swa_rows=swa_rows, comp_rows=comp_rows)
-        sinks = sinks if with_sinks else None
+        T, width, (swa_rows, comp_rows), with_sinks, scales = draw = G.fuzz_draw(rng, G._max_tokens)
+        args, sinks = G.fuzz_case(i, draw)
         active = int(sparse_mla_active(args[3], args[4], swa_rows, comp_rows).any(1).sum())
         if not active:
             continue
