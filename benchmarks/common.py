@@ -117,11 +117,12 @@ def rotation_count(bytes_per_set: int, most: int = 64) -> int:
 LEAD_CYCLES = 2_000_000  # about 1 ms of GPU clock ahead of each timed replay (time_graph)
 
 
-def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup: int = 3) -> dict:
+def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup: int = 3, configure=None) -> dict:
     """Median GPU microseconds per call of ``calls`` (zero-argument callables, one per input set).
 
     One CUDA graph runs ``launches`` calls cycling through the sets; it is replayed
-    ``repeats`` times, each timed with events.
+    ``repeats`` times, each timed with events. ``configure``, where given, is called with the captured
+    ``torch.cuda.CUDAGraph`` before it is instantiated (e.g. to set its kernel nodes' attributes).
     """
     calls = list(calls)
     launches = launches or max(len(calls), 20)
@@ -133,10 +134,13 @@ def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup:
                 c()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph(keep_graph=configure is not None)
     with torch.cuda.graph(graph):
         for i in range(launches):
             calls[i % len(calls)]()
+    if configure is not None:
+        configure(graph)
+        graph.instantiate()
     graph.replay()
     torch.cuda.synchronize()
     times = []
