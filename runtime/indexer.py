@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import operator
 import warnings
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ TopkBackend = str  # "auto": decode_topk (AOT kernel, exact fallback); "torch": 
 # The project's own small types
 # ---------------------------------------------------------------------------
 
+_PLAN_SERIALS = itertools.count(1)  # plan_decode_rows numbers its plans from one counter (next() holds the GIL)
+
+
 @dataclass
 class IndexerState:
     """One indexer layer's buffers and constants.
@@ -78,8 +82,10 @@ class IndexerState:
     candidate_block_size: int = CANDIDATE_BLOCK_SIZE
     scorer: Scorer | None = None  # None: DeepGEMM where it runs, else torch
     topk_backend: TopkBackend = "auto"
-    # Plans made on this state: a plan carries its number, and the finish takes only the latest (an earlier step's
-    # plan holds that step's rows and schedule, while the latest plan reset this step's).
+    # The serial of the latest plan made on this state (0: none). A plan carries its serial, and the finish takes only
+    # the state's latest: an earlier step's plan holds that step's rows and schedule, while the latest plan reset this
+    # step's. Serials are unique in the process (_PLAN_SERIALS), so a plan made on another state that shares these
+    # buffers (dataclasses.replace of this one, or a layer sharing the top-k buffer) never passes for this one's.
     _plans: int = field(default=0, init=False, repr=False, compare=False)
     # Whether the scorer's check_inputs takes layout_checked (the built-in ones do; the keyword is optional).
     _lean_scorer_checks: bool = field(default=False, init=False, repr=False, compare=False)
@@ -117,6 +123,8 @@ class IndexerState:
                              f"{topk.MAX_WIDTH} columns (runtime.topk.MAX_WIDTH); serve a shorter context")
         if self.topk_backend not in ("auto", "torch"):
             raise ValueError(f"topk_backend: expected 'auto' or 'torch', got {self.topk_backend!r}")
+        if self.topk_backend == "auto" and self.topk_indices.is_cuda:
+            _warn_widths_the_aot_topk_does_not_take(self)
         if self.scorer is None:
             with _on_device(self.topk_indices.device):  # DeepGemmScorer reads the current device's SMs and arch
                 self.scorer = default_scorer(self.topk_indices.device)
@@ -410,7 +418,7 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     check_in_storage("topk_indices", state.topk_indices)
     if state.candidate_blocks is not None:
         check_in_storage("candidate_blocks", state.candidate_blocks)
-    state._plans += 1
+    state._plans = next(_PLAN_SERIALS)
     _rows(state.topk_indices, 0, reset_rows).fill_(-1)
     if own_schedule:
         schedule = state.scorer.schedule(_rows(metadata.seq_lens, start, end))
@@ -483,10 +491,12 @@ def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
         _check_finish(state, q, weights, plan, tp, all_gather)
         if CHECK_METADATA_VALUES:  # the device values may have been written since the plan checked them
             # The schedule the scoring uses (the caller's, where the plan reused it), rebuilt once; the plan
-            # checked the caller's against the same values.
-            _check_schedule_current(state, plan.schedule, _rows(plan.metadata.seq_lens, plan.start, plan.end),
-                                    "metadata.seq_lens", "its values changed since plan_decode_rows built the "
-                                    "schedule from them; write them before the plan")
+            # checked the caller's against the same values. An empty slice scores nothing (its plan keeps the
+            # caller's schedule of the whole step, which no rebuild from zero rows equals).
+            if plan.end > plan.start:
+                _check_schedule_current(state, plan.schedule, _rows(plan.metadata.seq_lens, plan.start, plan.end),
+                                        "metadata.seq_lens", "its values changed since plan_decode_rows built the "
+                                        "schedule from them; write them before the plan")
             _check_metadata_ranges(state, plan.metadata)
     if plan.end > plan.start:
         _decode_rows(state, q, weights, plan)
@@ -514,15 +524,17 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
         raise ValueError("plan: made for another state's top-k or candidate buffers (it reset those rows and chose "
                          "its slices for them); pass the plan_decode_rows result of this state")
     if plan.serial != state._plans:
-        raise ValueError(f"plan: plan {plan.serial} of this state, but plan {state._plans} was made since (it reset "
-                         f"the top-k rows of its own step); pass the latest plan_decode_rows result")
+        raise ValueError(f"plan: not this state's latest plan (plan {plan.serial}; the state's latest is plan "
+                         f"{state._plans}, which reset the top-k rows of its own step): an earlier plan, or one made "
+                         f"on another state; pass the latest plan_decode_rows result of this state")
     _check_metadata_unchanged(plan)
     if plan.shard is not None:
         _check_gathers(tp, all_gather)
     _check_query(q, weights, plan.num_rows, state)
     # The plan checked the metadata's tensors, and they are laid out as it saw them (_check_metadata_unchanged):
-    # their storage, which may have shrunk since, is checked again, and their fit to this state's context (a state
-    # sharing the plan's buffers, e.g. dataclasses.replace of it, may have another max_model_len).
+    # their storage, which may have shrunk since, is checked again, and their fit to this state's context (a plan
+    # made on another state, e.g. dataclasses.replace of this one with another max_model_len, is refused above by
+    # its serial; this check stays for a plan whose fields were replaced by hand).
     md = plan.metadata
     check_in_storage("metadata.seq_lens", md.seq_lens)
     check_in_storage("metadata.block_table", md.block_table)
@@ -701,15 +713,26 @@ def _selector(state: IndexerState, logits: torch.Tensor) -> Select:
     return _reference_select
 
 
+def _warn_widths_the_aot_topk_does_not_take(state: IndexerState) -> None:
+    """Said once, when the state is built (every rank builds it): a k, or in block mode a candidate buffer width, that
+    decode_topk does not take sends every step's selection to the exact reference. Said at each step instead, only
+    ranks with rows would say it, and where warnings are errors they would raise while an empty-slice rank waits in
+    the all-gather."""
+    widths = [("k", state.k)]
+    if state.candidate_blocks is not None:  # block mode's k is the candidate buffer's width: say which to change
+        widths.append(("candidate_blocks' width", state.candidate_blocks.shape[1]))
+    for what, width in widths:
+        if width not in topk.SUPPORTED_K:
+            warnings.warn(f"indexer: {what} = {width} is not one of decode_topk's k {topk.SUPPORTED_K}, so the "
+                          f"exact torch reference selects (milliseconds); use a supported {what} for the AOT top-k",
+                          RuntimeWarning, stacklevel=4)  # the caller building the state
+
+
 def _aot_select(logits, row_ends, out, block_mode) -> None:
     """``decode_topk`` (the AOT kernel, or its exact fallback), straight into ``out`` (a column slice of a wider
-    buffer is a row stride to it, not a temporary and a copy); a k it does not take goes to the reference."""
+    buffer is a row stride to it, not a temporary and a copy); a k it does not take goes to the reference (said
+    when the state was built)."""
     if out.shape[1] not in topk.SUPPORTED_K:
-        # Block mode's k is the candidate buffer's width, not the state's k: say which to change.
-        what = "candidate_blocks' width" if block_mode else "k"
-        warnings.warn(f"indexer: {what} = {out.shape[1]} is not one of decode_topk's k {topk.SUPPORTED_K}, so the "
-                      f"exact torch reference selects (milliseconds); use a supported {what} for the AOT top-k",
-                      RuntimeWarning, stacklevel=2)
         _reference_select(logits, row_ends, out, block_mode)
     else:
         # Right behind DeepGEMM's scoring, which does not trigger its dependents early: plain stream order. A PDL

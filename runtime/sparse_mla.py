@@ -27,8 +27,14 @@ HEAD_DIM = contract.HEAD_DIM
 WIDTHS = contract.WIDTHS
 _ALIGN = 16  # bytes: the kernel moves 16-byte vectors
 _FLOAT32_MAX = 3.4028234663852886e38  # the kernel takes the scales as float32
-# The kernel folds log2(e) into bmm1_scale (base-2 softmax) in float32: the product must stay finite too.
-_BMM1_SCALE_MAX = _FLOAT32_MAX / math.log2(math.e)
+# The kernel's base-2 scores, q.kv * bmm1_scale * log2(e) in float32, must stay finite and above its stand-in for
+# -inf, -3e38 (a chunk's max is floored there so that an all-masked chunk gives 0, not NaN): past that a head
+# whose scores all sit below it gets zeros, and one past FLT_MAX NaN, where the reference is finite. E4M3 inputs
+# bound |q.kv| by 448^2 * 512 (1.03e8), so 1e30 keeps every score within +-1.5e38, half the stand-in: real scales
+# are about 1 / sqrt(576).
+_MAX_QK = 448.0 ** 2 * HEAD_DIM
+_BMM1_SCALE_MAX = 1e30
+assert _MAX_QK * _BMM1_SCALE_MAX * math.log2(math.e) < 0.5 * 3.0e38
 
 
 def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
@@ -53,7 +59,7 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     return shape
 
 
-def _check_scale(name, v, limit=_FLOAT32_MAX):
+def _check_scale(name, v, limit=_FLOAT32_MAX, why="finite as a float32"):
     if type(v) is not float:  # a float is a Real: the ABC test (~1 us) only for other types
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
@@ -62,7 +68,7 @@ def _check_scale(name, v, limit=_FLOAT32_MAX):
         except OverflowError:
             v = math.inf
     if not abs(v) <= limit:  # NaN and inf fail too
-        raise ValueError(f"{name} must be finite as a float32 (|{name}| <= {limit:.4g}), got {v}")
+        raise ValueError(f"{name} must be {why} (|{name}| <= {limit:.4g}), got {v}")
 
 
 def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out):
@@ -86,7 +92,7 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
         raise ValueError(f"lens must be [T = {T}], got {tuple(lens.shape)}")
     if sinks is not None and _check_tensor("sinks", sinks, torch.float32, 1, device, 4)[0] != HEADS:
         raise ValueError(f"sinks must be [{HEADS}], got {tuple(sinks.shape)}")
-    _check_scale("bmm1_scale", bmm1_scale, _BMM1_SCALE_MAX)
+    _check_scale("bmm1_scale", bmm1_scale, _BMM1_SCALE_MAX, "small enough that every score stays finite in the kernel")
     _check_scale("bmm2_scale", bmm2_scale)
     if out is not None:
         if _check_tensor("out", out, torch.bfloat16, 3, device) != (T, HEADS, HEAD_DIM):
@@ -156,8 +162,11 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     ``[T, width]`` int32 (width 128 or 640; the first 128 columns index swa_kv, the rest
     compressed_kv; -1, columns at or past ``lens[t]`` and indices at or past a pool's rows are
     masked); lens ``[T]`` int32; sinks ``[16]`` float32 or None (-inf: no sink; +inf or one past
-    FLT_MAX / log2(e): the sink takes all the weight, zeros, as in the reference). Every tensor
-    contiguous, on one device, 16-byte aligned (indices, lens, sinks: 4).
+    FLT_MAX / log2(e): the sink takes all the weight, zeros, as in the reference; a NaN sink leaves
+    its head's output undefined: the kernel's max drops it and gives finite values near 1e30 on the
+    H200, the reference NaN). Every tensor contiguous, on one device,
+    16-byte aligned (indices, lens, sinks: 4). ``|bmm1_scale| <= 1e30`` (every score then stays
+    finite in the kernel's base 2), ``bmm2_scale`` finite as a float32.
 
     ``pdl``: launch with programmatic dependent launch (the kernel reads the sinks and sets up its
     barriers while the previous kernel finishes; the next may be scheduled once the scores are

@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import types
+import warnings
 
 import pytest
 import torch
@@ -195,14 +196,22 @@ def test_plan_and_finish_run_on_the_state_device(monkeypatch):
     assert torch.equal(state.topk_indices[:20], _expected(step))
 
 
-def test_aot_selection_of_an_unsupported_k_is_said():
-    """A k the AOT top-k does not take goes to the exact reference with a RuntimeWarning naming it."""
+def test_aot_selection_of_an_unsupported_k_is_said_when_the_state_is_built():
+    """A k the AOT top-k does not take goes to the exact reference. The RuntimeWarning naming it is said when the state
+    is built, which every rank does, not by the selection, which only ranks with rows run: where warnings are
+    errors, those would raise while an empty-slice rank waited in the all-gather. (The state's own call is for CUDA
+    states only; the CPU selects by the reference anyway.)"""
     from runtime import indexer
 
+    state = make_state(make_step(3, k=16), scorer=TorchScorer())
+    with pytest.warns(RuntimeWarning, match="k = 16 is not one of decode_topk's") as said:
+        indexer._warn_widths_the_aot_topk_does_not_take(state)
+    assert len(said) == 1
     logits = torch.randn(3, 100)
     ends = torch.tensor([100, 5, 0], dtype=torch.int32)
     out = torch.empty(3, 16, dtype=torch.int32)
-    with pytest.warns(RuntimeWarning, match="k = 16 is not one of decode_topk's"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         indexer._aot_select(logits, ends, out, False)
     assert torch.equal(out, reference.decode_topk_reference(logits, ends, 16))
 
@@ -638,9 +647,11 @@ def test_the_step_leaves_the_scorer_its_own_checks():
         finish_decode_rows(state, strided, step.weights, plan, SingleRank())
 
 
-def test_finish_checks_the_metadata_against_its_own_states_context():
+def test_finish_refuses_the_plan_of_a_state_with_a_longer_context():
     """A state that shares the plan's buffers (dataclasses.replace of it) may have a longer max_model_len than the
-    plan's state: the finish checks the plan's metadata against its own state's context before scoring."""
+    plan's state, which the plan's metadata does not cover (4 pages of 64 against 512 columns). Until plan serials
+    were unique in the process, the other state's first plan had the same serial and the finish reached its own
+    context check; now the plan is refused as another state's, before anything is scored."""
     import dataclasses
 
     step = make_step(6, k=8, max_model_len=256)
@@ -649,11 +660,12 @@ def test_finish_checks_the_metadata_against_its_own_states_context():
     longer = dataclasses.replace(state, max_model_len=512)
     wide = DecodeMetadata(md.seq_lens.clone(), torch.cat([md.block_table, md.block_table], 1), md.num_requests,
                           md.num_tokens, md.max_seq_len)
-    plan_decode_rows(longer, wide, SingleRank())  # its first plan: the serial of the other state's next one
+    plan_decode_rows(longer, wide, SingleRank())
     plan = plan_decode_rows(state, md, SingleRank())
-    assert md.block_table.shape[1] == 4 and plan.serial == longer._plans  # pages of 64: 256 columns
-    with pytest.raises(ValueError, match=r"^metadata\.block_table: 4 pages of 64 do not cover max_model_len 512"):
+    assert md.block_table.shape[1] == 4 and plan.buffers == (longer.topk_indices.data_ptr(), None)
+    with pytest.raises(ValueError, match=r"^plan: not this state's latest plan .*another state"):
         finish_decode_rows(longer, step.q, step.weights, plan, SingleRank())
+    assert (longer.topk_indices[:6] == -1).all()  # nothing scored
 
 
 def test_lean_scorer_check_still_checks_the_key_cache():
@@ -1001,6 +1013,39 @@ def test_metadata_value_check_refuses_a_stale_schedule(monkeypatch):
         finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
 
 
+def test_metadata_value_check_passes_empty_slices_with_the_callers_schedule(monkeypatch):
+    """With the value check on, a rank whose slice is empty (18 rows over 8 ranks: ranks 6 and 7) compared the
+    caller's schedule of the whole step, which its plan keeps and never scores with, against one rebuilt from its
+    zero rows, and raised 'changed since plan_decode_rows' on correct metadata, while the other ranks went on into
+    the all-gather (a hang with a real group). Every rank now finishes, and the gathered rows equal a replicated
+    run's; a seq_lens written between plan and finish is still refused on a rank with rows."""
+    from runtime import indexer
+
+    monkeypatch.setattr(indexer, "CHECK_METADATA_VALUES", True)
+    step = make_step(18, heads=8, head_dim=32, max_model_len=192, k=16, max_rows=64)
+    scorer = _LengthScheduleScorer()
+    md = _with_schedule(step.metadata, scorer.schedule(step.metadata.seq_lens))
+    want = make_state(step, scorer=scorer)
+    decode_rows(want, md, step.q, step.weights, SingleRank())
+    world = 8
+    empty = [r for r in range(world) if len(range(*row_shard_bounds(18, md.num_requests, world, r))) == 0]
+    assert empty, "the case has no empty slice"
+    group = Loopback(world)
+    for pass_ in range(2):  # pass 1 fills the store, pass 2 gathers
+        for rank in range(world):
+            state = make_state(step, scorer=scorer)
+            plan = plan_decode_rows(state, md, group.for_rank(rank))
+            finish_decode_rows(state, step.q, step.weights, plan, group.for_rank(rank))
+            if pass_ == 1:
+                assert torch.equal(state.topk_indices[:18], want.topk_indices[:18]), rank
+    group.check_sharded(md, gathers=1)
+    state = make_state(step, scorer=scorer)
+    plan = plan_decode_rows(state, md, group.for_rank(0))
+    md.seq_lens[0] -= 1  # written between plan and finish, on a rank with rows
+    with pytest.raises(ValueError, match=r"^metadata.seq_lens: .*changed since plan_decode_rows"):
+        finish_decode_rows(state, step.q, step.weights, plan, group.for_rank(0))
+
+
 @pytest.mark.parametrize("value,enabled", [("1", True), ("0", False), ("", False)])
 def test_metadata_value_check_follows_the_environment(value, enabled):
     import subprocess
@@ -1119,9 +1164,9 @@ def test_state_fields_are_fixed_once_checked():
     with pytest.raises(ValueError, match=r"^k: "):
         dataclasses.replace(state, k=10 ** 6)
     smaller = dataclasses.replace(state, k=4)
-    plan = plan_decode_rows(smaller, step.metadata, SingleRank())  # the plan counter still counts
+    plan = plan_decode_rows(smaller, step.metadata, SingleRank())  # the plan serial is still recorded
     finish_decode_rows(smaller, step.q, step.weights, plan, SingleRank())
-    assert smaller._plans == 1
+    assert smaller._plans == plan.serial > 0
 
 
 class _NoGather:
@@ -1381,12 +1426,39 @@ def test_finish_refuses_an_earlier_steps_plan():
     earlier = plan_decode_rows(state, DecodeMetadata(md.seq_lens[:12], md.block_table[:12], 12, 12, md.max_seq_len),
                                SingleRank())
     latest = plan_decode_rows(state, md, SingleRank())
-    with pytest.raises(ValueError, match="plan: plan 1 of this state, but plan 2"):
+    with pytest.raises(ValueError, match=rf"plan: not this state's latest plan \(plan {earlier.serial}; the state's "
+                                         rf"latest is plan {latest.serial}"):
         finish_decode_rows(state, step.q, step.weights, earlier, SingleRank())
     assert (state.topk_indices == -1).all()
     for _ in range(2):
         finish_decode_rows(state, step.q, step.weights, latest, SingleRank())
         assert torch.equal(state.topk_indices, _expected(step))
+
+
+def test_finish_refuses_the_plan_of_another_state_sharing_the_buffers():
+    """Plan serials were counted per state, so a state's first plan and another state's first plan, over the same
+    buffers (dataclasses.replace of it with another scorer, as layers share the top-k buffer), had equal serials: the
+    finish took one state's plan on the other, and its scorer failed inside with an error naming no argument (here
+    the plan's schedule is not the other scorer's). Serials are unique in the process: refused naming the plan."""
+
+    class OtherScorer(TorchScorer):
+        def schedule(self, seq_lens):
+            return ("other", int(seq_lens.shape[0]))
+
+        def logits(self, *args, checked=False):
+            assert args[5] == ("other", 24), "scored with another scorer's schedule"
+            return super().logits(*args, checked=checked)
+
+    step = make_step(24, k=16, max_rows=24)
+    a = make_state(step, scorer=TorchScorer())
+    b = dataclasses.replace(a, scorer=OtherScorer())
+    plan_a = plan_decode_rows(a, step.metadata, SingleRank())
+    plan_b = plan_decode_rows(b, step.metadata, SingleRank())
+    assert plan_a.buffers == plan_b.buffers and plan_a.serial != plan_b.serial
+    with pytest.raises(ValueError, match=r"^plan: not this state's latest plan .*another state"):
+        finish_decode_rows(b, step.q, step.weights, plan_a, SingleRank())
+    finish_decode_rows(b, step.q, step.weights, plan_b, SingleRank())
+    assert torch.equal(b.topk_indices, _expected(step))
 
 
 @pytest.mark.parametrize("change", ["num_tokens", "seq_lens", "block_table", "max_seq_len", "schedule"])
@@ -1658,13 +1730,18 @@ def test_metadata_and_plan_of_another_type_are_refused_naming_them(call):
 def test_aot_selection_of_an_unsupported_candidate_width_names_the_candidate_buffer():
     """Block mode selects as many blocks as the candidate buffer is wide: a width the AOT top-k does not take was said
     as 'k = 12 is not one of decode_topk's ...; use a supported k', though the state's k may be a supported one. The
-    warning names candidate_blocks' width; the token mode's still names k."""
+    warning names candidate_blocks' width; the token mode's still names k (both said when the state is built)."""
     from runtime import indexer
 
+    state = make_state(make_step(3, k=512, max_model_len=1024, candidates=12), scorer=TorchScorer())
+    with pytest.warns(RuntimeWarning, match="candidate_blocks' width = 12 is not one of decode_topk's k .*use a "
+                                            "supported candidate_blocks' width") as said:
+        indexer._warn_widths_the_aot_topk_does_not_take(state)
+    assert len(said) == 1  # k = 512 is taken
     logits = torch.randn(3, 100)
     ends = torch.tensor([100, 5, 0], dtype=torch.int32)
     out = torch.empty(3, 12, dtype=torch.int32)
-    with pytest.warns(RuntimeWarning, match="candidate_blocks' width = 12 is not one of decode_topk's k .*use a "
-                                            "supported candidate_blocks' width"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         indexer._aot_select(logits, ends, out, True)
     assert torch.equal(out, reference.decode_topk_reference(logits, ends, 12, block_mode=True))

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -334,3 +335,21 @@ def test_deepgemm_scorer_refuses_tensors_off_the_current_device(monkeypatch):
     monkeypatch.undo()
     scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, schedule,
                   a["max_model_len"])
+
+
+def test_unsupported_k_is_said_once_when_a_cuda_state_is_built():
+    """A CUDA state whose k (or candidate buffer width) decode_topk does not take warns when it is built, which every
+    rank does; its steps select by the exact reference without a warning, so that where warnings are errors no rank
+    with rows raises while an empty-slice rank waits in the all-gather. The picks equal torch.topk's."""
+    step = make_step(16, heads=HEADS, head_dim=HEAD_DIM, max_model_len=1024, k=16, candidates=12, device="cuda")
+    with pytest.warns(RuntimeWarning) as said:
+        state = make_state(step, scorer=TorchScorer())
+    assert [str(w.message).split(" is not")[0] for w in said if w.category is RuntimeWarning] == [
+        "indexer: k = 16", "indexer: candidate_blocks' width = 12"]
+    peer = make_state(step, scorer=TorchScorer(), topk_backend="torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    decode_rows(peer, step.metadata, step.q, step.weights, SingleRank())
+    torch.cuda.synchronize()
+    assert torch.equal(_sets(state.topk_indices), _sets(peer.topk_indices))

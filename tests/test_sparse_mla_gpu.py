@@ -506,6 +506,46 @@ def test_kernel_sinks_at_the_float32_limits(width):
     assert_kernel_matches(base, args, plain)
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("with_sinks", [True, False])
+@pytest.mark.parametrize("width", [128, 640])
+def test_kernel_scores_at_the_bmm1_scale_bound(width, with_sinks, sign):
+    """At |bmm1_scale| = 1e30, the host op's bound, the largest E4M3 scores (448^2 * 512, 1.03e8) reach +-1.5e38 in the
+    kernel's base 2, half its stand-in for -inf (-3e38); past the bound (scales up to 2.4e38 were taken before) a head
+    whose scores all sat below the stand-in came out zero, where the reference is not. The query is 448 everywhere
+    and every row -448 but one a pool (+448): token 0 reads only -448 rows (equal scores), tokens 1 and 2 also the
+    +448 row (swa_kv's, compressed_kv's at width 640), whose weight is 1 at a positive scale and 0 at a negative one
+    (the other chunks' weights vanish in the cluster's merge); sinks 0 take all the weight where every score is
+    -1.5e38 and none elsewhere. Kernel and reference equal each other and the output worked out by hand."""
+    from runtime.sparse_mla import _BMM1_SCALE_MAX, sparse_mla_decode
+
+    swa = torch.full((256, D), -448.0, device="cuda")
+    comp = torch.full((1024, D), -448.0, device="cuda")
+    swa[5], comp[1023] = 448.0, 448.0
+    q = torch.full((3, H, D), 448.0, device="cuda").to(FP8)
+    first = {128: [128, 0, 0], 640: [128, 0, 128]}[width]  # each token's first swa_kv row; compressed_kv's follow
+    cols = [torch.arange(f, f + 128, device="cuda") for f in first]
+    if width == 640:
+        comp_first = [0, 0, 512]
+        cols = [torch.cat([c, torch.arange(cf, cf + 512, device="cuda")]) for c, cf in zip(cols, comp_first)]
+    indices = torch.stack(cols).to(torch.int32)
+    lens = torch.full((3,), width, dtype=torch.int32, device="cuda")
+    sinks = torch.zeros(H, device="cuda") if with_sinks else None
+    args = (q, swa.to(FP8), comp.to(FP8), indices, lens)
+    kw = {"sinks": sinks, "bmm1_scale": sign * _BMM1_SCALE_MAX, "bmm2_scale": 1.0}
+    got = sparse_mla_decode(*args, out=poisoned(3), **kw)
+    want = sparse_mla_decode_reference(*args, **kw)
+    if sign > 0:  # token 0's scores all -1.5e38 (the sink, where there is one, takes the weight); the +448 row wins
+        by_hand = [0.0 if with_sinks else -448.0, 448.0, 448.0]
+    else:  # token 0's scores all +1.5e38; the +448 row scores -1.5e38 among rows at +1.5e38
+        by_hand = [-448.0, -448.0, -448.0]
+    torch.cuda.synchronize()
+    assert not got.isnan().any()
+    expected = torch.tensor(by_hand, device="cuda").view(3, 1, 1).expand(3, H, D)
+    assert torch.equal(want.float(), expected), "the reference"
+    assert torch.equal(got.float(), expected), "the kernel"
+
+
 def make_edge_case(width: int, *, device="cuda", swa_rows=SWA_ROWS, comp_rows=COMP_ROWS, seed=0):
     """Tokens make_case never draws: lens past the width and negative (the kernel compares lens signed;
     the host op cannot check device values), one or two active columns (a sink, or a spurious one,

@@ -419,21 +419,29 @@ def test_host_op_rejects_scales_past_float32(value):
             _call_with(sparse_mla.sparse_mla_decode, name, lambda v: value)
 
 
-def test_bmm1_scale_bound_keeps_the_kernels_base2_scale_finite():
-    """The kernel computes bmm1_scale * log2(e) in float32: a scale inside float32 but past FLT_MAX / log2(e)
-    would make it inf (0 * inf = NaN scores for a zero query), so the host op refuses it; the bound itself passes."""
+def test_bmm1_scale_bound_keeps_the_kernels_base2_scores_finite():
+    """The kernel computes q.kv * bmm1_scale * log2(e) in float32 and floors a chunk's max at -3e38 (its stand-in for
+    -inf): a scale past FLT_MAX / log2(e) made the factor inf (NaN scores for a zero query), and any scale that takes
+    a score past +-3e38 gave zeros or NaN where the reference is finite. The host op bounds |bmm1_scale| by 1e30,
+    under which the largest E4M3 score (448^2 * 512) stays within half the stand-in; the bound itself passes."""
     import numpy as np
 
     from runtime import sparse_mla
-    flt_max = float(np.finfo(np.float32).max)
-    limit = flt_max / math.log2(math.e)
+    log2e = np.float32(math.log2(math.e))
+    largest = np.float32(448.0 ** 2 * 512)
+    bound = sparse_mla._BMM1_SCALE_MAX
     with np.errstate(over="ignore"):
-        assert np.isinf(np.float32(3e38) * np.float32(math.log2(math.e)))
-    with pytest.raises(ValueError, match=r"\bbmm1_scale\b"):
-        _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v: 3e38)
-    assert np.isfinite(np.float32(limit * 0.999) * np.float32(math.log2(math.e)))
-    _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v: limit * 0.999)  # checks pass (CPU: reference)
+        assert np.isfinite(np.float32(bound) * log2e * largest)
+        assert abs(float(np.float32(bound) * log2e * largest)) < 0.5 * 3.0e38
+        assert float(np.float32(2.2e38) * log2e * np.float32(-1.0)) < -3.0e38  # a score of -1 past the stand-in
+    for too_big in (3e38, 2.2e38, 1.01 * bound, -1.01 * bound):
+        with pytest.raises(ValueError, match=r"\bbmm1_scale\b.*every score stays finite"):
+            _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v, b=too_big: b)
+    for fine in (bound, -bound, 0.04):
+        _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v, b=fine: b)  # checks pass (CPU: reference)
     _call_with(sparse_mla.sparse_mla_decode, "bmm2_scale", lambda v: 3e38)  # bmm2_scale is not multiplied by log2(e)
+    with pytest.raises(ValueError, match=r"\bbmm2_scale must be finite as a float32"):
+        _call_with(sparse_mla.sparse_mla_decode, "bmm2_scale", lambda v: 3.5e38)
 
 
 @pytest.mark.parametrize("flag", ["False", 0, 1], ids=repr)
