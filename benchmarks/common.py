@@ -134,7 +134,8 @@ def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup:
                 c()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph(keep_graph=configure is not None)
+    # keep_graph (torch >= 2.9) only where a hook needs the graph before it is instantiated
+    graph = torch.cuda.CUDAGraph() if configure is None else torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(graph):
         for i in range(launches):
             calls[i % len(calls)]()

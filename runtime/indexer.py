@@ -123,8 +123,6 @@ class IndexerState:
                              f"{topk.MAX_WIDTH} columns (runtime.topk.MAX_WIDTH); serve a shorter context")
         if self.topk_backend not in ("auto", "torch"):
             raise ValueError(f"topk_backend: expected 'auto' or 'torch', got {self.topk_backend!r}")
-        if self.topk_backend == "auto" and self.topk_indices.is_cuda:
-            _warn_widths_the_aot_topk_does_not_take(self)
         if self.scorer is None:
             with _on_device(self.topk_indices.device):  # DeepGemmScorer reads the current device's SMs and arch
                 self.scorer = default_scorer(self.topk_indices.device)
@@ -139,6 +137,8 @@ class IndexerState:
                             f"runtime.scoring.Scorer (logits(..., *, checked=False))")
         # An optional keyword: a signature that cannot be read (a compiled method) is not given it.
         self._lean_scorer_checks = _takes_keyword(self.scorer.check_inputs, "layout_checked", unreadable=False)
+        if self.topk_backend == "auto" and self.topk_indices.is_cuda:  # last: a state refused above says nothing
+            _warn_widths_the_aot_topk_does_not_take(self)
         self._checked = True
 
     @property
@@ -275,7 +275,7 @@ class DecodeRowsPlan:
     world_size: int = 1
     buffer_rows: int = 0  # the planned state's top-k rows: finish checks it gets the same state's buffers
     buffers: tuple = ()  # where the planned state's buffers are (_buffers_of): finish checks it gets those
-    serial: int = 0  # the state's plan count when this plan was made: finish takes only the latest plan
+    serial: int = 0  # unique in the process (_PLAN_SERIALS): finish takes only its state's latest plan
     metadata_view: tuple = ()  # what the plan read of the metadata (_metadata_view): finish checks it is unchanged
 
 
@@ -949,7 +949,8 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
 
 def _check_metadata_fits_context(state: IndexerState, md: DecodeMetadata) -> None:
     """The metadata against the state's context length (the block table must cover it; DeepGEMM writes logits that
-    wide). The finish runs it again: its state may share the plan's buffers but not its max_model_len."""
+    wide). The finish runs it again, for a plan whose fields were replaced by hand: a plan made on another state
+    (which may share the buffers but not the max_model_len) is refused by its serial first."""
     if md.block_table.shape[1] * reference.INDEX_BLOCK_KV < state.max_model_len:
         raise ValueError(f"metadata.block_table: {md.block_table.shape[1]} pages of {reference.INDEX_BLOCK_KV} "
                          f"do not cover max_model_len {state.max_model_len}")

@@ -163,8 +163,8 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     compressed_kv; -1, columns at or past ``lens[t]`` and indices at or past a pool's rows are
     masked); lens ``[T]`` int32; sinks ``[16]`` float32 or None (-inf: no sink; +inf or one past
     FLT_MAX / log2(e): the sink takes all the weight, zeros, as in the reference; a NaN sink leaves
-    its head's output undefined: the kernel's max drops it and gives finite values near 1e30 on the
-    H200, the reference NaN). Every tensor contiguous, on one device,
+    its head's output undefined: the kernel's max drops it and gives finite values up to ~1e31, and
+    zeros on some tokens, on the H200; the reference NaN). Every tensor contiguous, on one device,
     16-byte aligned (indices, lens, sinks: 4). ``|bmm1_scale| <= 1e30`` (every score then stays
     finite in the kernel's base 2), ``bmm2_scale`` finite as a float32.
 

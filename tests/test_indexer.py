@@ -666,6 +666,11 @@ def test_finish_refuses_the_plan_of_a_state_with_a_longer_context():
     with pytest.raises(ValueError, match=r"^plan: not this state's latest plan .*another state"):
         finish_decode_rows(longer, step.q, step.weights, plan, SingleRank())
     assert (longer.topk_indices[:6] == -1).all()  # nothing scored
+    # A plan whose serial was replaced by hand still meets the finish's own context check.
+    forged = dataclasses.replace(plan, serial=longer._plans)
+    with pytest.raises(ValueError, match=r"^metadata\.block_table: 4 pages of 64 do not cover max_model_len 512"):
+        finish_decode_rows(longer, step.q, step.weights, forged, SingleRank())
+    assert (longer.topk_indices[:6] == -1).all()
 
 
 def test_lean_scorer_check_still_checks_the_key_cache():

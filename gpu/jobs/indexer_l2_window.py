@@ -13,13 +13,13 @@ This job times, side by side in alternating rounds (CUDA-graph replay, the bench
   the address span of the logits the capture allocated (``hitRatio`` = set-aside / span where the span is larger),
   with the device's persisting L2 set-aside at its maximum;
 - ``step_setaside`` / ``nosel_setaside``: the stock graphs with that set-aside but no window (what the set-aside
-  alone costs: the rest of the L2 is smaller for every kernel).
+  alone costs: the rest of the L2 is smaller for every kernel);
+
+so the selection's marginal cost in the step is ``step - nosel`` every way. Each mode's picks are checked against
+the stock step's. Usage: ``python3 gpu/jobs/indexer_l2_window.py --out FILE.json [--rounds 3]``.
 
 (A first run, ``indexer_l2_window_s49a.json``, kept the set-aside for every mode and counted warm-up logits in the
 window's span; ``indexer_l2_window_s49b.json`` kept the set-aside for every mode.)
-
-so the selection's marginal cost in the step is ``step - nosel`` both ways. Each mode's picks are checked against
-the stock step's. Usage: ``python3 gpu/jobs/indexer_l2_window.py --out FILE.json [--rounds 3]``.
 """
 
 from __future__ import annotations

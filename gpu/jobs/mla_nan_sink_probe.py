@@ -49,10 +49,11 @@ def probe(width: int, head: int = 3) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
+    args = parser.parse_args()
     out = [probe(width) for width in (128, 640)]
     for r in out:
         print(r)
-    Path(parser.parse_args().out).write_text(json.dumps(out, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
