@@ -9,7 +9,6 @@ Usage: ``python3 gpu/jobs/mla_nan_sink_probe.py --out FILE.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.common import gpu_info, write_json
 from runtime.reference import sparse_mla_decode_reference
 from runtime.sparse_mla import sparse_mla_decode
 from tests.test_sparse_mla_gpu import BMM1_SCALE, BMM2_SCALE, make_case
@@ -50,10 +50,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    out = [probe(width) for width in (128, 640)]
-    for r in out:
+    results = [probe(width) for width in (128, 640)]
+    for r in results:
         print(r)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, {"bench": "mla_nan_sink_probe", "info": gpu_info(), "results": results})
 
 
 if __name__ == "__main__":
