@@ -117,12 +117,24 @@ def rotation_count(bytes_per_set: int, most: int = 64) -> int:
 LEAD_CYCLES = 2_000_000  # about 1 ms of GPU clock ahead of each timed replay (time_graph)
 
 
+def capture_graph(run, configure=None) -> torch.cuda.CUDAGraph:
+    """``run()`` captured in a CUDA graph, ready to replay. ``configure``, where given, is called with the captured
+    ``torch.cuda.CUDAGraph`` before it is instantiated (e.g. to set its kernel nodes' attributes)."""
+    # keep_graph (torch >= 2.9) only where a hook needs the graph before it is instantiated
+    graph = torch.cuda.CUDAGraph() if configure is None else torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        run()
+    if configure is not None:
+        configure(graph)
+        graph.instantiate()
+    return graph
+
+
 def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup: int = 3, configure=None) -> dict:
     """Median GPU microseconds per call of ``calls`` (zero-argument callables, one per input set).
 
     One CUDA graph runs ``launches`` calls cycling through the sets; it is replayed
-    ``repeats`` times, each timed with events. ``configure``, where given, is called with the captured
-    ``torch.cuda.CUDAGraph`` before it is instantiated (e.g. to set its kernel nodes' attributes).
+    ``repeats`` times, each timed with events. ``configure``: as ``capture_graph``'s.
     """
     calls = list(calls)
     launches = launches or max(len(calls), 20)
@@ -134,14 +146,7 @@ def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup:
                 c()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    # keep_graph (torch >= 2.9) only where a hook needs the graph before it is instantiated
-    graph = torch.cuda.CUDAGraph() if configure is None else torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            calls[i % len(calls)]()
-    if configure is not None:
-        configure(graph)
-        graph.instantiate()
+    graph = capture_graph(lambda: [calls[i % len(calls)]() for i in range(launches)], configure)
     graph.replay()
     torch.cuda.synchronize()
     times = []

@@ -157,7 +157,7 @@ from . import ptx
 from .compile import cubin_of, gmem_ptr, null_stream
 
 LOG2E = 1.4426950408889634
-NEG_BIG = -3.0e38  # finite stand-in for -inf in (max, sum) algebra: keeps 0 * ... free of NaN
+NEG_BIG = contract.NEG_BIG  # finite stand-in for -inf in (max, sum) algebra: keeps 0 * ... free of NaN
 HEADS = contract.HEADS
 DIM = contract.HEAD_DIM
 ROWS = contract.CHUNK  # KV rows per CTA

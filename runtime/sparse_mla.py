@@ -28,13 +28,13 @@ WIDTHS = contract.WIDTHS
 _ALIGN = 16  # bytes: the kernel moves 16-byte vectors
 _FLOAT32_MAX = 3.4028234663852886e38  # the kernel takes the scales as float32
 # The kernel's base-2 scores, q.kv * bmm1_scale * log2(e) in float32, must stay finite and above its stand-in for
-# -inf, -3e38 (a chunk's max is floored there so that an all-masked chunk gives 0, not NaN): past that a head
-# whose scores all sit below it gets zeros, and one past FLT_MAX NaN, where the reference is finite. E4M3 inputs
-# bound |q.kv| by 448^2 * 512 (1.03e8), so 1e30 keeps every score within +-1.5e38, half the stand-in: real scales
-# are about 1 / sqrt(576).
-_MAX_QK = 448.0 ** 2 * HEAD_DIM
+# -inf (contract.NEG_BIG, -3e38; a chunk's max is floored there so that an all-masked chunk gives 0, not NaN): past
+# that a head whose scores all sit below it gets zeros, and one past FLT_MAX NaN, where the reference is finite.
+# E4M3 inputs bound |q.kv| by 448^2 * 512 (1.03e8), so 1e30 keeps every score within +-1.5e38, half the stand-in:
+# real scales are about 1 / sqrt(576).
+_MAX_QK = torch.finfo(FP8).max ** 2 * HEAD_DIM
 _BMM1_SCALE_MAX = 1e30
-assert _MAX_QK * _BMM1_SCALE_MAX * math.log2(math.e) < 0.5 * 3.0e38
+assert _MAX_QK * _BMM1_SCALE_MAX * math.log2(math.e) < 0.5 * -contract.NEG_BIG
 
 
 def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):

@@ -427,13 +427,15 @@ def test_bmm1_scale_bound_keeps_the_kernels_base2_scores_finite():
     import numpy as np
 
     from runtime import sparse_mla
+    from runtime.contract.sparse_mla_decode import NEG_BIG
     log2e = np.float32(math.log2(math.e))
     largest = np.float32(448.0 ** 2 * 512)
+    assert largest == sparse_mla._MAX_QK
     bound = sparse_mla._BMM1_SCALE_MAX
     with np.errstate(over="ignore"):
         assert np.isfinite(np.float32(bound) * log2e * largest)
-        assert abs(float(np.float32(bound) * log2e * largest)) < 0.5 * 3.0e38
-        assert float(np.float32(2.2e38) * log2e * np.float32(-1.0)) < -3.0e38  # a score of -1 past the stand-in
+        assert abs(float(np.float32(bound) * log2e * largest)) < 0.5 * -NEG_BIG
+        assert float(np.float32(2.2e38) * log2e * np.float32(-1.0)) < NEG_BIG  # a score of -1 past the stand-in
     for too_big in (3e38, 2.2e38, 1.01 * bound, -1.01 * bound):
         with pytest.raises(ValueError, match=r"\bbmm1_scale\b.*every score stays finite"):
             _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v, b=too_big: b)

@@ -40,7 +40,7 @@ from benchmarks.bench_indexer import (
     run_sizes,
     step_inputs,
 )
-from benchmarks.common import time_graph
+from benchmarks.common import capture_graph, time_graph
 from runtime.driver import check, driver
 from runtime.indexer import SingleRank
 from runtime.scoring import DeepGemmScorer
@@ -128,18 +128,12 @@ def timed(mode: str, inputs, scorer, recorder, limits, record) -> float:
 def picks_after(mode_window: bool, a, recorder, limits) -> torch.Tensor:
     """The stock step's picks, or the windowed graph's (one replay of a captured step)."""
     tp = SingleRank()
-    a.auto.topk_indices.fill_(-7)
-    recorder.ranges.clear()
-    graph = torch.cuda.CUDAGraph(keep_graph=mode_window)
     decode_step(a.auto, a.md, a.q, a.weights, tp)  # warm (DeepGEMM's first launch outside capture)
     torch.cuda.synchronize()
     a.auto.topk_indices.fill_(-7)
     recorder.ranges.clear()
-    with torch.cuda.graph(graph):
-        decode_step(a.auto, a.md, a.q, a.weights, tp)
-    if mode_window:
-        window_setter(recorder, limits, {})(graph)
-        graph.instantiate()
+    graph = capture_graph(lambda: decode_step(a.auto, a.md, a.q, a.weights, tp),
+                          window_setter(recorder, limits, {}) if mode_window else None)
     graph.replay()
     torch.cuda.synchronize()
     return a.auto.topk_indices.sort(dim=1).values.clone()
@@ -178,8 +172,7 @@ def main() -> None:
     torch.zeros(1, device="cuda")
     limits = persisting_limits()
     drv = driver()
-    check(drv.cuCtxSetLimit(drv.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, limits["max_persisting_l2_bytes"]),
-          "cuCtxSetLimit")
+    set_aside(limits["max_persisting_l2_bytes"])  # what the driver grants, recorded
     limits["set_aside_bytes"] = check(drv.cuCtxGetLimit(drv.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE),
                                       "cuCtxGetLimit")
     print("limits", limits, flush=True)

@@ -15,6 +15,9 @@ HEAD_DIM = 512
 CHUNK = 128  # columns per CTA
 WIDTHS = (128, 640)
 THREADS = 128
+# The kernel's finite stand-in for -inf in its (max, sum) algebra, which keeps 0 * ... free of NaN: a chunk's max
+# is floored there. The host op bounds bmm1_scale so that every score stays well above it.
+NEG_BIG = -3.0e38
 
 PARAMS = params(
     "void* out",  # [T, 16, 512] BF16
