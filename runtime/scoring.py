@@ -70,7 +70,8 @@ class Scorer(Protocol):
 
     def logits(self, q, weights, cache, seq_lens, block_table, schedule: torch.Tensor | None,
                max_model_len: int, *, checked: bool = False) -> torch.Tensor:
-        """FP32 ``[rows, max_model_len]`` logits (row stride may be padded);
+        """FP32 ``[rows, max_model_len]`` logits (row stride may be padded; the AOT top-k reads them where the
+        start and the row stride are multiples of 16 bytes, else the exact reference selects, with a warning);
         columns at or past ``seq_lens[r]`` hold anything. ``checked=True``: the
         caller already ran ``check_inputs`` on these rows or on rows they were
         sliced from, and built ``schedule`` with this scorer's ``schedule`` or ran
@@ -176,7 +177,20 @@ class TorchScorer:
     def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len, *, checked=False):
         if not checked:
             self.check_inputs(q, weights, cache, seq_lens, block_table, max_model_len)
-        return reference.indexer_logits_reference(q, weights, cache, seq_lens, block_table, max_model_len)
+        return _rows_16_bytes_apart(
+            reference.indexer_logits_reference(q, weights, cache, seq_lens, block_table, max_model_len))
+
+
+def _rows_16_bytes_apart(logits: torch.Tensor) -> torch.Tensor:
+    """``logits``, or a view of a copy whose row stride is padded to 16 bytes, as DeepGEMM's logits are: the AOT
+    top-k reads rows at such a stride only. A ``max_model_len`` that is not a multiple of 4 would otherwise send
+    each selection to the exact reference, warned only on the ranks with rows, which raise where warnings are errors
+    while an empty-slice rank waits in the all-gather."""
+    rows, width = logits.shape
+    padded = -(-width * logits.element_size() // 16) * 16 // logits.element_size()
+    if padded == width:
+        return logits
+    return torch.empty(rows, padded, dtype=logits.dtype, device=logits.device)[:, :width].copy_(logits)
 
 
 def _import_deep_gemm():

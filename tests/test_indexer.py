@@ -685,6 +685,19 @@ def test_lean_scorer_check_still_checks_the_key_cache():
         decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
 
 
+@pytest.mark.parametrize("max_model_len", [509, 510, 511, 512])
+def test_torch_scorer_logits_rows_sit_16_bytes_apart(max_model_len):
+    """The torch scorer's logits have DeepGEMM's row layout: a row stride padded to 16 bytes, so the AOT top-k can
+    read them whatever max_model_len is (contiguous rows of 509-511 FP32 columns sent every selection to the exact
+    reference, warned on ranks with rows only). The values are the reference's."""
+    step = make_step(5, max_model_len=max_model_len)
+    md, a = step.metadata, step.state_args
+    args = (step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table)
+    got = TorchScorer().logits(*args, None, max_model_len)
+    assert got.shape == (5, max_model_len) and got.stride() == (512, 1)
+    assert torch.equal(got, reference.indexer_logits_reference(*args, max_model_len))
+
+
 def test_a_scorer_whose_signature_cannot_be_read_gets_no_optional_keyword():
     """layout_checked is optional: a check_inputs whose signature cannot be read (a compiled method) is called
     without it, not with a keyword it may not take."""

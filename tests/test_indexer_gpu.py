@@ -364,3 +364,23 @@ def test_unsupported_k_is_said_once_when_a_cuda_state_is_built():
     decode_rows(peer, step.metadata, step.q, step.weights, SingleRank())
     torch.cuda.synchronize()
     assert torch.equal(_sets(state.topk_indices), _sets(peer.topk_indices))
+
+
+def test_torch_scorer_logits_of_any_context_length_take_the_aot_topk():
+    """A CUDA state scored by the torch scorer with a max_model_len that is not a multiple of 4: its logits' rows sit
+    16 bytes apart, so the AOT kernel selects (no slow-path warning, which only ranks with rows would give) and the
+    picks equal torch.topk's."""
+    from runtime.topk import decode_topk_plan
+
+    step = make_step(16, heads=HEADS, head_dim=HEAD_DIM, max_model_len=1021, k=512, candidates=512, device="cuda")
+    state, peer = make_state(step, scorer=TorchScorer()), make_state(step, scorer=TorchScorer(), topk_backend="torch")
+    md, a = step.metadata, step.state_args
+    logits = state.scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, None, 1021)
+    assert logits.stride(0) == 1024 and decode_topk_plan(logits, 16, 512, False) is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decode_rows(state, md, step.q, step.weights, SingleRank())
+    decode_rows(peer, md, step.q, step.weights, SingleRank())
+    torch.cuda.synchronize()
+    assert torch.equal(_sets(state.topk_indices), _sets(peer.topk_indices))
+    assert torch.equal(_sets(state.candidate_blocks), _sets(peer.candidate_blocks))
