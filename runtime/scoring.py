@@ -70,8 +70,10 @@ class Scorer(Protocol):
 
     def logits(self, q, weights, cache, seq_lens, block_table, schedule: torch.Tensor | None,
                max_model_len: int, *, checked: bool = False) -> torch.Tensor:
-        """FP32 ``[rows, max_model_len]`` logits (row stride may be padded; the AOT top-k reads them where the
-        start and the row stride are multiples of 16 bytes, else the exact reference selects, with a warning);
+        """FP32 ``[rows, max_model_len]`` logits (row stride may be padded; the AOT top-k reads CUDA logits
+        whose start and row stride are multiples of 16 bytes and whose last row, rounded up to 16 bytes, lies
+        within their storage, as DeepGEMM's and the torch scorer's do; other layouts are selected by the exact
+        reference, with a warning);
         columns at or past ``seq_lens[r]`` hold anything. ``checked=True``: the
         caller already ran ``check_inputs`` on these rows or on rows they were
         sliced from, and built ``schedule`` with this scorer's ``schedule`` or ran

@@ -698,6 +698,27 @@ def test_torch_scorer_logits_rows_sit_16_bytes_apart(max_model_len):
     assert torch.equal(got, reference.indexer_logits_reference(*args, max_model_len))
 
 
+@pytest.mark.parametrize("max_model_len", [509, 510, 511])
+def test_flow_selects_the_same_from_padded_torch_scorer_logits(max_model_len):
+    """The whole step on the torch scorer's padded logits, both backends, candidate blocks too, with one row as long
+    as the context (its last group ends at the padding): the picks equal the selection reference's on the contiguous
+    reference logits, and no warning is given."""
+    step = make_step(6, max_model_len=max_model_len, k=512, candidates=64)
+    step.metadata.seq_lens[0] = max_model_len
+    md, a = dataclasses.replace(step.metadata, max_seq_len=max_model_len), step.state_args
+    logits = reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table,
+                                                max_model_len)
+    want = reference.decode_topk_reference(logits, md.seq_lens, 512).sort(1).values
+    want_blocks = reference.decode_topk_reference(logits, md.seq_lens, 64, block_mode=True).sort(1).values
+    for backend in ("auto", "torch"):
+        state = make_state(step, scorer=TorchScorer(), topk_backend=backend)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            decode_rows(state, md, step.q, step.weights, SingleRank())
+        assert torch.equal(state.topk_indices[:6, :512].sort(1).values, want), backend
+        assert torch.equal(state.candidate_blocks[:6].sort(1).values, want_blocks), backend
+
+
 def test_a_scorer_whose_signature_cannot_be_read_gets_no_optional_keyword():
     """layout_checked is optional: a check_inputs whose signature cannot be read (a compiled method) is called
     without it, not with a keyword it may not take."""
