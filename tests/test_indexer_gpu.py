@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -373,8 +374,9 @@ def test_torch_scorer_logits_of_any_context_length_take_the_aot_topk():
     from runtime.topk import decode_topk_plan
 
     step = make_step(16, heads=HEADS, head_dim=HEAD_DIM, max_model_len=1021, k=512, candidates=512, device="cuda")
+    step.metadata.seq_lens[0] = 1021  # a row as long as the context: its last group ends at the padding
     state, peer = make_state(step, scorer=TorchScorer()), make_state(step, scorer=TorchScorer(), topk_backend="torch")
-    md, a = step.metadata, step.state_args
+    md, a = dataclasses.replace(step.metadata, max_seq_len=1021), step.state_args
     logits = state.scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, None, 1021)
     assert logits.stride(0) == 1024 and decode_topk_plan(logits, 16, 512, False) is not None
     with warnings.catch_warnings():
