@@ -1,8 +1,35 @@
-"""Typed errors of the kernel cache. Each names the file, the kernel and the fix."""
+"""Typed errors of the kernel cache (each names the file, the kernel and the fix), and the runtime's warnings."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import sys
+import warnings
+
 REBUILD = "python build_kernels.py --arch {arch}"
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames a call passes through on its way into the runtime and that name no line of the caller's:
+# dataclasses.replace and the __init__ a dataclass generates (exec'd, so its file is "<string>").
+_PASS_THROUGH_FILES = (os.path.abspath(dataclasses.__file__), "<string>")
+
+
+def _inside_runtime(filename: str) -> bool:
+    if filename in _PASS_THROUGH_FILES:
+        return True
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE_DIR) or path in _PASS_THROUGH_FILES
+
+
+def warn_at_caller(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """Warn at the first frame outside this package: the warning names the line of the caller's code however deep
+    in the runtime it was raised (a host op called by the indexer, a state built by dataclasses.replace), so a
+    warnings filter by module and Python's once-per-line default both act on the caller's line."""
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and _inside_runtime(frame.f_code.co_filename):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=level)
 
 
 class _LocatedError(RuntimeError):

@@ -26,7 +26,6 @@ import functools
 import inspect
 import itertools
 import operator
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -34,6 +33,7 @@ import torch
 
 from . import reference, topk
 from .arguments import require_dense, whole_count
+from .errors import warn_at_caller
 from .loader import env_flag
 from .overlap import check_in_storage, first_overlap
 from .scoring import Scorer, check_index_k_cache, default_scorer
@@ -139,6 +139,7 @@ class IndexerState:
         self._lean_scorer_checks = _takes_keyword(self.scorer.check_inputs, "layout_checked", unreadable=False)
         if self.topk_backend == "auto" and self.topk_indices.is_cuda:  # last: a state refused above says nothing
             _warn_widths_the_aot_topk_does_not_take(self)
+            _load_the_aot_topk(self)
         self._checked = True
 
     @property
@@ -723,9 +724,22 @@ def _warn_widths_the_aot_topk_does_not_take(state: IndexerState) -> None:
         widths.append(("candidate_blocks' width", state.candidate_blocks.shape[1]))
     for what, width in widths:
         if width not in topk.SUPPORTED_K:
-            warnings.warn(f"indexer: {what} = {width} is not one of decode_topk's k {topk.SUPPORTED_K}, so the "
-                          f"exact torch reference selects (milliseconds); use a supported {what} for the AOT top-k",
-                          RuntimeWarning, stacklevel=4)  # the caller building the state
+            warn_at_caller(f"indexer: {what} = {width} is not one of decode_topk's k {topk.SUPPORTED_K}, so the "
+                           f"exact torch reference selects (milliseconds); use a supported {what} for the AOT top-k")
+
+
+def _load_the_aot_topk(state: IndexerState) -> None:
+    """Load the AOT cache's top-k kernels for the state's selections (FP32 logits, token mode into the top-k buffer,
+    block mode into the candidate buffer) when the state is built, which every rank does. A refused or partial cache
+    is then said by every rank alike (a RuntimeWarning, raised where warnings are errors), and a first load cannot
+    fall inside a captured step. Left to the first selection, only ranks with rows would load, and they would warn
+    or raise while an empty-slice rank waited in the all-gather."""
+    widths = [(state.k, False)]
+    if state.candidate_blocks is not None:
+        widths.append((state.candidate_blocks.shape[1], True))
+    for width, block_mode in widths:
+        if width in topk.SUPPORTED_K:  # another width selects by the reference: no kernel to load
+            topk.load_kernels(state.topk_indices.device, torch.float32, block_mode)
 
 
 def _aot_select(logits, row_ends, out, block_mode) -> None:

@@ -25,7 +25,6 @@ import ctypes
 import os
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -44,6 +43,7 @@ from .errors import (
     SharedMemoryError,
     SymbolError,
     UnknownKernelError,
+    warn_at_caller,
 )
 from .manifest import (
     CACHE_ROOT_ENV,
@@ -307,24 +307,23 @@ def _capturing_on(device: int) -> bool:
 
 def warn_fallback(op: str, device: str, error: BaseException) -> None:
     """Say that ``op`` runs its exact torch fallback on ``device`` because the cache cannot serve it."""
-    warnings.warn(f"{op}: the AOT cache cannot serve {device}, the exact torch fallback runs instead: "
-                  f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=5)
+    warn_at_caller(f"{op}: the AOT cache cannot serve {device}, the exact torch fallback runs instead: "
+                   f"{type(error).__name__}: {error}")
 
 
-def warn_missing_kernels(op: str, device: str, names, stacklevel: int, arch: str) -> None:
+def warn_missing_kernels(op: str, device: str, names, arch: str) -> None:
     """Say that ``op`` runs its exact torch fallback on ``device`` because the cache loaded for it (of ``arch``) lacks
     the kernels ``names``: a manifest may hold part of the contract (a build with ``--only``, a trimmed cache), or the
     contract defines none of them for the arch (sparse MLA is a Hopper kernel), which no rebuild changes."""
     wanted = set(names)
     if not wanted & {v.name for v in all_variants(arch)}:
         built_for = sorted({a for v in all_variants() if v.name in wanted for a in v.archs})
-        warnings.warn(f"{op}: {', '.join(names)} is built for {', '.join(built_for)} only, not for {device}'s {arch}, "
-                      f"so the exact torch fallback runs instead (milliseconds, not microseconds)", RuntimeWarning,
-                      stacklevel=stacklevel + 1)
+        warn_at_caller(f"{op}: {', '.join(names)} is built for {', '.join(built_for)} only, not for {device}'s {arch}, "
+                       f"so the exact torch fallback runs instead (milliseconds, not microseconds)")
         return
-    warnings.warn(f"{op}: the AOT cache loaded for {device} has no kernel {', '.join(names)} (its manifest lacks it), "
-                  f"so the exact torch fallback runs instead (milliseconds, not microseconds); rebuild the cache "
-                  f"with build_kernels.py", RuntimeWarning, stacklevel=stacklevel + 1)
+    warn_at_caller(f"{op}: the AOT cache loaded for {device} has no kernel {', '.join(names)} (its manifest lacks it), "
+                   f"so the exact torch fallback runs instead (milliseconds, not microseconds); rebuild the cache "
+                   f"with build_kernels.py")
 
 
 def launch_on(device: torch.device, kernel: Kernel, grid, *args) -> None:

@@ -116,7 +116,7 @@ def _kernel(width: int, has_sinks: bool, device):
         name = contract.variant_name(width, has_sinks)
         _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
         if cache is not None and _kernels[key] is None:  # said once: memoized first (where warnings are errors too)
-            warn_missing_kernels("sparse_mla_decode", f"cuda:{index}", [name], stacklevel=3, arch=cache.arch)
+            warn_missing_kernels("sparse_mla_decode", f"cuda:{index}", [name], arch=cache.arch)
     return _kernels[key]
 
 

@@ -22,12 +22,11 @@ otherwise the exact torch reference computes the same set.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .arguments import require_dense, require_flag, whole_count, whole_number
 from .contract import decode_topk as contract
+from .errors import warn_at_caller
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
 from .reference import decode_topk_reference
@@ -184,9 +183,16 @@ def _plan_for(device: torch.device, dtype: str, block_mode: bool):
         _plans[key] = plan if plan is not None and plan.kernels else None
         if plan is not None and not plan.kernels:  # said once: memoized first (where warnings are errors too)
             warn_missing_kernels("decode_topk", f"cuda:{device.index}",
-                                 [contract.name_for(dtype, block_mode, c) for c in contract.CLUSTERS], stacklevel=4,
-                                 arch=cache.arch)
+                                 [contract.name_for(dtype, block_mode, c) for c in contract.CLUSTERS], arch=cache.arch)
     return _plans[key]
+
+
+def load_kernels(device: torch.device, dtype: torch.dtype, block_mode: bool) -> None:
+    """Load the cache's kernels that select ``dtype`` logits in this mode on ``device`` (CUDA), as the first call
+    would: a refused or partial cache is said now (once, a RuntimeWarning), and a load during CUDA-graph capture
+    raises ``runtime.CacheLoadInterrupted``. For a caller whose later calls happen on some ranks only (the indexer's
+    selection, on ranks with rows): every rank loads, and warns, alike."""
+    _plan_for(device, _DTYPES[dtype], block_mode)
 
 
 def _shape_supported(logits, k: int) -> bool:
@@ -219,8 +225,8 @@ def _layout_refusal(logits: torch.Tensor, rows: int) -> str | None:
 def _warn_slow_path(reason: str) -> None:
     """Say that a call the cache's kernels could serve runs the exact torch reference because of its layout: Python's
     default filter shows it once per reason and calling line, so a step that hits it every time says so once."""
-    warnings.warn(f"decode_topk: {reason}, so the exact torch reference runs instead of the cached kernel "
-                  f"(milliseconds, not microseconds); pass tensors the kernel can read", RuntimeWarning, stacklevel=4)
+    warn_at_caller(f"decode_topk: {reason}, so the exact torch reference runs instead of the cached kernel "
+                   f"(milliseconds, not microseconds); pass tensors the kernel can read")
 
 
 def _kernel_for(logits: torch.Tensor, rows: int, k: int, block_mode: bool):

@@ -1784,3 +1784,82 @@ def test_aot_selection_of_an_unsupported_candidate_width_names_the_candidate_buf
         warnings.simplefilter("error")
         indexer._aot_select(logits, ends, out, True)
     assert torch.equal(out, reference.decode_topk_reference(logits, ends, 12, block_mode=True))
+
+
+class _CudaLookingBuffer(torch.Tensor):
+    """CPU memory that the state's own check takes for a CUDA buffer (it warns for CUDA states only)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_a_states_width_warning_names_the_line_that_built_it():
+    """The unsupported-k warning is raised inside the state's __post_init__, under the __init__ that dataclasses
+    generate, and under dataclasses.replace where a state is rebuilt: it names the test's own line either way, so a
+    filter by module and Python's once-per-line default act on the serving code's line, not on runtime/indexer.py."""
+    step = make_step(3, k=512, max_model_len=1024)
+    a = step.state_args
+    cuda_looking = a["topk"].clone().as_subclass(_CudaLookingBuffer)
+    with pytest.warns(RuntimeWarning, match="k = 16 is not one of decode_topk's") as built:
+        state = IndexerState(topk_indices=cuda_looking, k=16, index_k_cache=a["index_k_cache"],
+                             max_model_len=a["max_model_len"], scorer=TorchScorer())
+    with pytest.warns(RuntimeWarning, match="k = 8 is not one of decode_topk's") as replaced:
+        dataclasses.replace(state, k=8)
+    for said in (built, replaced):
+        assert len(said) == 1 and said[0].filename == __file__, said[0].filename
+
+
+def test_a_cuda_state_loads_the_aot_topk_when_built(monkeypatch):
+    """The AOT top-k's kernels are loaded when a CUDA state is built, which every rank does: left to the first
+    selection, only ranks with rows loaded, and a refused or partial cache's RuntimeWarning (an error where warnings
+    are errors) or a load inside a captured step raised there while an empty-slice rank waited in the all-gather.
+    Token mode loads for k, block mode for the candidate buffer's width, each only where decode_topk takes it."""
+    from runtime import topk
+
+    loads = []
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: loads.append((dtype, block_mode)))
+    step = make_step(3, k=512, max_model_len=8192, candidates=1024)
+    a = step.state_args
+
+    def build(k, candidates):
+        IndexerState(topk_indices=a["topk"].clone().as_subclass(_CudaLookingBuffer), k=k,
+                     index_k_cache=a["index_k_cache"], max_model_len=a["max_model_len"],
+                     candidate_blocks=None if candidates is None else a["candidates"][:, :candidates].clone(),
+                     scorer=TorchScorer())
+
+    build(512, 1024)
+    assert loads == [("f32", False), ("f32", True)]
+    loads.clear()
+    with pytest.warns(RuntimeWarning, match="is not one of decode_topk's k"):
+        build(16, 12)  # neither width is decode_topk's: both select by the reference, nothing to load
+    assert loads == []
+    build(512, None)
+    assert loads == [("f32", False)]
+    make_state(step, scorer=TorchScorer())  # a CPU state selects by the reference
+    assert loads == [("f32", False)]
+
+
+def test_a_refused_cache_is_said_when_the_state_is_built(monkeypatch):
+    """A cache that cannot serve the device is said (once, a RuntimeWarning naming the line that built the state)
+    while the state is built, and the answer is memoized: the steps select by the exact reference without loading or
+    saying it again."""
+    import runtime
+    from runtime import loader, topk
+
+    def refuse(device=None, root=None):
+        raise runtime.CacheError("no manifest for this device's arch")
+
+    monkeypatch.setattr(runtime, "load", refuse)
+    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    monkeypatch.setattr(topk, "_plans", {})
+    load_kernels = topk.load_kernels  # on cuda:0, which the CUDA-looking CPU buffer cannot name
+    monkeypatch.setattr(topk, "load_kernels", lambda device, *a: load_kernels(torch.device("cuda", 0), *a))
+    step = make_step(3, k=512, max_model_len=1024)
+    a = step.state_args
+    with pytest.warns(RuntimeWarning, match="decode_topk: the AOT cache cannot serve .*no manifest") as said:
+        IndexerState(topk_indices=a["topk"].clone().as_subclass(_CudaLookingBuffer), k=512,
+                     index_k_cache=a["index_k_cache"], max_model_len=a["max_model_len"], scorer=TorchScorer())
+    assert len(said) == 1 and said[0].filename == __file__, said[0].filename
+    assert topk._plans == {(0, "f32", False): None}  # memoized: the selections take the reference

@@ -386,3 +386,38 @@ def test_torch_scorer_logits_of_any_context_length_take_the_aot_topk():
     torch.cuda.synchronize()
     assert torch.equal(_sets(state.topk_indices), _sets(peer.topk_indices))
     assert torch.equal(_sets(state.candidate_blocks), _sets(peer.candidate_blocks))
+
+
+def test_a_refused_cache_is_said_by_every_rank_when_its_state_is_built(monkeypatch, tmp_path):
+    """Where the AOT cache cannot serve the device (an empty cache root here), every rank says so when it builds its
+    state, so where warnings are errors every rank raises there, alike. Left to the first selection, only the ranks
+    with rows said it, raising while an empty-slice rank waited in the all-gather (world 7, 16 rows: three ranks hold
+    no row). Once said, every rank's sharded step selects by the exact reference without a word, and the gathered
+    rows equal torch.topk's."""
+    from runtime import loader, topk
+    from runtime.indexer import row_shard_bounds
+
+    monkeypatch.setenv("SPARSE_DECODE_AOT_CACHE", str(tmp_path))
+    step = make_step(16, heads=HEADS, head_dim=HEAD_DIM, max_model_len=1024, k=512, max_rows=32, device="cuda")
+    md, world = step.metadata, 7
+    assert [r for r in range(world) if not len(range(*row_shard_bounds(16, md.num_requests, world, r)))], "no empty"
+    for rank in range(world):  # each rank a process of its own: a refusal is said once a process
+        monkeypatch.setattr(loader, "_refusals", {})
+        monkeypatch.setattr(loader, "_refusals_said", set())
+        monkeypatch.setattr(topk, "_plans", {})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match="decode_topk: the AOT cache cannot serve cuda:"):
+                make_state(step, scorer=TorchScorer())
+    peer = make_state(step, scorer=TorchScorer(), topk_backend="torch")
+    decode_rows(peer, md, step.q, step.weights, SingleRank())
+    group = Loopback(world)
+    for rnd in range(2):  # pass 1 fills the store, pass 2 gathers
+        for rank in range(world):
+            state = make_state(step, scorer=TorchScorer())  # said in this process already: nothing to say
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                decode_rows(state, md, step.q, step.weights, group.for_rank(rank))
+            if rnd == 1:
+                torch.cuda.synchronize()
+                assert torch.equal(_sets(state.topk_indices[:16]), _sets(peer.topk_indices[:16])), rank

@@ -785,12 +785,14 @@ def test_a_loaded_cache_without_an_ops_kernels_says_that_the_fallback_runs(parti
 
     cuda0 = torch.device("cuda", 0)
     name = mla_contract.variant_name(640, True)
-    with pytest.warns(RuntimeWarning, match=f"sparse_mla_decode: the AOT cache loaded for cuda:0 has no kernel {name}"):
+    with pytest.warns(RuntimeWarning, match=f"sparse_mla_decode: the AOT cache loaded for cuda:0 has no kernel "
+                                            f"{name}") as mla_said:
         assert sparse_mla._kernel(640, True, cuda0) is None
     first = topk_contract.name_for("f32", False, topk_contract.CLUSTERS[0])
     with pytest.warns(RuntimeWarning, match=f"decode_topk: the AOT cache loaded for cuda:0 has no kernel "
-                                            f"{re.escape(first)}, .*rebuild the cache"):
+                                            f"{re.escape(first)}, .*rebuild the cache") as topk_said:
         assert topk._plan_for(cuda0, "f32", False) is None
+    assert [w.filename for w in (*mla_said, *topk_said)] == [__file__] * 2, "the warnings name the caller's line"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once: the memos keep the answers
         assert sparse_mla._kernel(640, True, cuda0) is None and topk._plan_for(cuda0, "f32", False) is None

@@ -501,8 +501,9 @@ def test_refused_cache_is_loaded_once(monkeypatch):
     monkeypatch.setattr(sparse_mla, "_kernels", {})
     _forget_refusals(monkeypatch)
     device = torch.device("cuda", 0)
-    with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*no manifest"):
+    with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*no manifest") as said:
         assert sparse_mla._kernel(640, True, device) is None
+    assert said[0].filename == __file__, "the warning names the caller's line"
     assert sparse_mla._kernel(640, True, device) is None
     assert calls == [0]
 
