@@ -278,6 +278,9 @@ class DecodeRowsPlan:
     buffers: tuple = ()  # where the planned state's buffers are (_buffers_of): finish checks it gets those
     serial: int = 0  # unique in the process (_PLAN_SERIALS): finish takes only its state's latest plan
     metadata_view: tuple = ()  # what the plan read of the metadata (_metadata_view): finish checks it is unchanged
+    # With CHECK_METADATA_VALUES: seq_lens' values as the plan read them, which finish_decode_rows compares on every
+    # rank (None otherwise).
+    seq_lens_at_plan: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -426,8 +429,9 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     # What finish_decode_rows compares against the state and metadata it is given; decode_rows finishes its plan
     # at once, with the same ones.
     buffers, view = ((), ()) if by_decode_rows else (_buffers_of(state), _metadata_view(metadata))
+    seq_lens_at_plan = metadata.seq_lens.clone() if CHECK_METADATA_VALUES and not by_decode_rows else None
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
-                          world_size, state.topk_indices.shape[0], buffers, state._plans, view)
+                          world_size, state.topk_indices.shape[0], buffers, state._plans, view, seq_lens_at_plan)
 
 
 def _metadata_view(md: DecodeMetadata) -> tuple:
@@ -491,13 +495,7 @@ def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
     if not by_decode_rows:
         _check_finish(state, q, weights, plan, tp, all_gather)
         if CHECK_METADATA_VALUES:  # the device values may have been written since the plan checked them
-            # The schedule the scoring uses (the caller's, where the plan reused it), rebuilt once; the plan
-            # checked the caller's against the same values. An empty slice scores nothing (its plan keeps the
-            # caller's schedule of the whole step, which no rebuild from zero rows equals).
-            if plan.end > plan.start:
-                _check_schedule_current(state, plan.schedule, _rows(plan.metadata.seq_lens, plan.start, plan.end),
-                                        "metadata.seq_lens", "its values changed since plan_decode_rows built the "
-                                        "schedule from them; write them before the plan")
+            _check_seq_lens_unchanged(plan)
             _check_metadata_ranges(state, plan.metadata)
     if plan.end > plan.start:
         _decode_rows(state, q, weights, plan)
@@ -845,6 +843,18 @@ def _check_metadata_ranges(state: IndexerState, metadata: DecodeMetadata) -> Non
         raise ValueError(f"metadata.block_table: row {row} reads page {page} as id {int(table[row, page])}, outside "
                          f"index_k_cache's {pages} pages; a row's first ceil(seq_lens / "
                          f"{reference.INDEX_BLOCK_KV}) ids must index the cache: fix the metadata builder")
+
+
+def _check_seq_lens_unchanged(plan: DecodeRowsPlan) -> None:
+    """The plan built its slice's schedule from seq_lens' values (or checked the caller's against them): values
+    written since would have DeepGEMM's scoring run past its rows or never end. The whole step's values are compared,
+    not the slice's, so every rank of the group raises alike, none left waiting in the all-gather (a rank whose
+    slice does not hold the row written would pass a check of its slice alone)."""
+    if plan.seq_lens_at_plan is None:  # planned before the check was switched on
+        return
+    if not torch.equal(plan.seq_lens_at_plan, plan.metadata.seq_lens):
+        raise ValueError("metadata.seq_lens: its values changed since plan_decode_rows built the schedule from "
+                         "them; write them before the plan")
 
 
 def _check_schedule_current(state: IndexerState, schedule, seq_lens: torch.Tensor, name: str, fix: str) -> None:

@@ -1057,7 +1057,9 @@ def test_metadata_value_check_passes_empty_slices_with_the_callers_schedule(monk
     caller's schedule of the whole step, which its plan keeps and never scores with, against one rebuilt from its
     zero rows, and raised 'changed since plan_decode_rows' on correct metadata, while the other ranks went on into
     the all-gather (a hang with a real group). Every rank now finishes, and the gathered rows equal a replicated
-    run's; a seq_lens written between plan and finish is still refused on a rank with rows."""
+    run's. A seq_lens written between plan and finish is refused on every rank alike: on the rank whose slice holds
+    the row, on a rank whose slice does not (it compared its own rows only, and went on into the all-gather while the
+    first raised), and on an empty slice's."""
     from runtime import indexer
 
     monkeypatch.setattr(indexer, "CHECK_METADATA_VALUES", True)
@@ -1078,11 +1080,12 @@ def test_metadata_value_check_passes_empty_slices_with_the_callers_schedule(monk
             if pass_ == 1:
                 assert torch.equal(state.topk_indices[:18], want.topk_indices[:18]), rank
     group.check_sharded(md, gathers=1)
-    state = make_state(step, scorer=scorer)
-    plan = plan_decode_rows(state, md, group.for_rank(0))
-    md.seq_lens[0] -= 1  # written between plan and finish, on a rank with rows
-    with pytest.raises(ValueError, match=r"^metadata.seq_lens: .*changed since plan_decode_rows"):
-        finish_decode_rows(state, step.q, step.weights, plan, group.for_rank(0))
+    states = [make_state(step, scorer=scorer) for _ in range(world)]
+    plans = [plan_decode_rows(states[rank], md, group.for_rank(rank)) for rank in range(world)]
+    md.seq_lens[0] -= 1  # written between plan and finish: row 0 is rank 0's
+    for rank in (0, 1, *empty):
+        with pytest.raises(ValueError, match=r"^metadata.seq_lens: .*changed since plan_decode_rows"):
+            finish_decode_rows(states[rank], step.q, step.weights, plans[rank], group.for_rank(rank))
 
 
 @pytest.mark.parametrize("value,enabled", [("1", True), ("0", False), ("", False)])
