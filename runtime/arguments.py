@@ -57,12 +57,24 @@ def cuda_device_index(name: str, device) -> int | None:
             raise ValueError(f"{name}: {device!r} names no device; pass an index or 'cuda:i'") from None
         if device.type != "cuda":
             return None
-        return torch.cuda.current_device() if device.index is None else device.index
+        if device.index is not None:
+            return device.index
+        # Where torch sees no CUDA device (current_device() would fail torch's own assertion), 'cuda' is cuda:0,
+        # which the caller then finds it cannot serve, as it would an explicit index.
+        return torch.cuda.current_device() if torch.cuda.is_available() else 0
     return whole_count(name, device, 0)
 
 
 def require_dense(name: str, t: torch.Tensor) -> None:
-    """A TypeError naming ``name`` where the tensor ``t`` is sparse (COO, CSR, ...): it has no strides to check,
-    and CSR's ``stride()`` and ``is_contiguous()`` raise torch's own RuntimeError, which names no argument."""
+    """A TypeError naming ``name`` where the tensor ``t`` is not a plain strided one: sparse (COO, CSR, ...) or
+    nested, which have no strides to check (CSR's ``stride()`` and a nested tensor's ``shape`` raise torch's own
+    errors, which name no argument); or a view with torch's lazy negation bit (``torch._neg_view``, the imaginary
+    part of a conjugate view), whose memory holds the values un-negated: the kernels read the memory."""
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; pass {name}.to_dense()")
+    if t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor; pass one padded tensor "
+                        f"({name}.to_padded_tensor(0))")
+    if t.is_neg():
+        raise TypeError(f"{name} is a lazily negated view (its memory holds the values un-negated); pass "
+                        f"{name}.resolve_neg()")

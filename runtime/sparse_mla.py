@@ -187,8 +187,11 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
         return out
     kernel = _kernel(width, sinks is not None, q.device)
     if kernel is None:
-        out.copy_(sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, sinks=sinks,
-                                              bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale))
+        # No autograd, as on the kernel's path (which has no backward): a sinks or q that requires grad gave the
+        # fallback's output a grad_fn, and an out that does refused the copy after the whole reference had run.
+        with torch.no_grad():
+            out.copy_(sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, sinks=sinks,
+                                                  bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale))
         return out
     if not pdl:
         kernel = kernel.in_stream_order()

@@ -1271,6 +1271,26 @@ def test_decode_rows_refuses_sparse_layouts_naming_them(bad):
     assert (state.topk_indices == 5).all()
 
 
+@pytest.mark.parametrize("bad", ["q", "weights", "metadata.block_table", "metadata.seq_lens"])
+def test_decode_rows_refuses_negated_views_naming_them(bad):
+    """A lazily negated view (torch._neg_view; the imaginary part of a conjugate view) holds its values un-negated in
+    memory, which DeepGEMM and the top-k read: refused naming it, before the reset."""
+    step = make_step(6, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    md, q, w = step.metadata, step.q, step.weights
+    if bad == "q":
+        q = torch._neg_view(q)
+    elif bad == "weights":
+        w = torch._neg_view(w)
+    else:
+        field_ = bad.split(".")[1]
+        md = dataclasses.replace(md, **{field_: torch._neg_view(getattr(md, field_))})
+    with pytest.raises(TypeError, match=f"{bad} is a lazily negated view"):
+        decode_rows(state, md, q, w, SingleRank())
+    assert (state.topk_indices == 5).all()
+
+
 def test_state_refuses_sparse_buffers_and_cache():
     step = make_step(6, k=8)
     state = make_state(step, scorer=TorchScorer())

@@ -767,6 +767,47 @@ def test_host_op_rejects_sparse_layouts(name):
             _call_with(fn, name, to_sparse)
 
 
+def _nested(t):
+    """``t`` as the one component of a strided-layout nested tensor (torch warns that the layout is a prototype)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor([t], layout=torch.strided)
+
+
+# Review addition (fifty-first session): a nested tensor (its shape raised torch's internal error, naming nothing) and a
+# lazily negated view (its memory holds the values un-negated, and the kernel reads the memory) are refused naming them.
+# (torch builds no nested FP8 tensor: q and the pools are checked negated only.)
+@pytest.mark.parametrize("name,mutate", [(n, torch._neg_view) for n in (*ARGS, "sinks", "out")]
+                         + [(n, _nested) for n in ("indices", "lens", "sinks", "out")],
+                         ids=lambda v: v if isinstance(v, str) else v.__name__.strip("_"))
+def test_host_op_rejects_nested_and_negated_tensors(name, mutate):
+    from runtime import sparse_mla
+
+    for fn in (sparse_mla.sparse_mla_decode, sparse_mla.supports_sparse_mla):
+        with pytest.raises(TypeError, match=rf"^{name} (must be a dense \(strided\) tensor, got a nested|is a lazily "
+                                            rf"negated view.*resolve_neg)"):
+            _call_with(fn, name, mutate)
+
+
+def test_fallback_output_carries_no_autograd_graph():
+    """The op has no backward; its kernel's output carries no graph. The exact fallback's did where sinks or q
+    required grad (a grad_fn through the reference), and an ``out`` that required grad was refused by torch only
+    after the whole reference had run. Both paths now write plain values, equal to the reference's."""
+    args, kw = _valid_call()
+    want = sparse_mla_decode_reference(*args, sinks=kw["sinks"], bmm1_scale=kw["bmm1_scale"],
+                                       bmm2_scale=kw["bmm2_scale"])
+    from runtime.sparse_mla import sparse_mla_decode
+
+    kw["sinks"] = kw["sinks"].clone().requires_grad_()
+    got = sparse_mla_decode(*args, **{**kw, "out": None})
+    assert got.grad_fn is None and not got.requires_grad and torch.equal(got, want)
+    out = torch.empty_like(want).requires_grad_()
+    assert sparse_mla_decode(*args, **{**kw, "out": out}) is out
+    assert out.grad_fn is None and torch.equal(out.detach(), want)
+
+
 def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
     """max_tokens(640, device=True) asked about cuda:1 (a bool is an int to torch.device), and runtime.load(device=1.7)
     loaded device 1 (int()): both are refused naming the device, as a string that names no device is. A device of
@@ -776,15 +817,22 @@ def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
 
     asked = []
     monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: asked.append(device))
-    monkeypatch.setattr(sparse_mla.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(sparse_mla.torch.cuda, "current_device", lambda: 5)
+    monkeypatch.setattr(sparse_mla.torch.cuda, "is_available", lambda: True)
     for device in (True, 1.7, "1"):
         with pytest.raises((TypeError, ValueError), match="device: "):
             sparse_mla.max_tokens(640, device)
     assert asked == []
     assert sparse_mla.max_tokens(640, "meta") == 0 and asked == []
-    for device, index in ((2, 2), ("cuda:3", 3), (torch.device("cuda", 1), 1), ("cuda", 0)):
+    for device, index in ((2, 2), ("cuda:3", 3), (torch.device("cuda", 1), 1), ("cuda", 5)):
         sparse_mla.max_tokens(640, device)
         assert asked.pop() == torch.device("cuda", index)
+    # Where torch sees no CUDA device, 'cuda' is cuda:0, which the cache then refuses as it would the index 0:
+    # torch.cuda.current_device() failed torch's own assertion there.
+    monkeypatch.setattr(sparse_mla.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sparse_mla.torch.cuda, "current_device", lambda: pytest.fail("asked the current device"))
+    sparse_mla.max_tokens(640, "cuda")
+    assert asked.pop() == torch.device("cuda", 0)
     monkeypatch.setattr(runtime.loader.torch.cuda, "is_available", lambda: True)
     for device in (True, 1.7, "cpu", "gpu7"):
         with pytest.raises((TypeError, ValueError), match="device: "):

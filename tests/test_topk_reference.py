@@ -620,6 +620,31 @@ def test_host_op_rejects_sparse_layouts(name, layout):
         assert decode_topk_plan(args["logits"], 3, 512, False) is None
 
 
+# Review addition (fifty-first session): a nested tensor and a lazily negated view (the kernel would read the memory,
+# which holds the values un-negated: the top-k of the negated logits is their bottom-k) are refused naming them.
+@pytest.mark.parametrize("kind", ("nested", "negated"))
+@pytest.mark.parametrize("name", ("logits", "row_ends", "out"))
+def test_host_op_rejects_nested_and_negated_tensors(name, kind):
+    import warnings
+
+    from runtime.topk import decode_topk, decode_topk_plan, supports_decode_topk
+
+    args = {"logits": torch.randn(3, 1000), "row_ends": torch.tensor([1000, 5, 0], dtype=torch.int32),
+            "out": torch.empty(3, 512, dtype=torch.int32)}
+    if kind == "negated":
+        args[name] = torch._neg_view(args[name])
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch: the strided nested layout is a prototype
+            args[name] = torch.nested.nested_tensor([args[name]], layout=torch.strided)
+    with pytest.raises(TypeError, match=rf"^{name} (must be a dense \(strided\) tensor, got a nested|is a lazily "
+                                        rf"negated view.*resolve_neg)"):
+        decode_topk(args["logits"], args["row_ends"], args["out"])
+    if name == "logits":
+        assert supports_decode_topk(args["logits"], 3, 512, False) is False
+        assert decode_topk_plan(args["logits"], 3, 512, False) is None
+
+
 # Review addition: the queries check rows, k and block_mode as the op checks its arguments (runtime.arguments): int()
 # took 3.7 rows as 3 and True as k = 1, bool() the string "False" as block mode, answering for another call.
 def test_queries_refuse_non_integer_rows_and_k_and_non_bool_block_mode(monkeypatch):
