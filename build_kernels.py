@@ -30,9 +30,13 @@ from runtime.contract import ARCHS, FAMILIES, SCHEMA_VERSION, all_variants  # no
 from runtime.cubin import read_cubin  # noqa: E402
 from runtime.errors import CacheError  # noqa: E402
 from runtime.manifest import (  # noqa: E402
+    ALLOW_MEASUREMENT_BUILD_ENV,
     BUILD_LOCK,
+    check_against_contract,
     check_cache,
     manifest_path,
+    read_checked_cubin,
+    read_manifest,
     sha256_of,
 )
 
@@ -156,14 +160,30 @@ def _fsync_directory(directory: Path) -> None:
 def toolchain_info() -> dict:
     from cutlass import Int32
 
-    from kernels.compile import compiler_versions, null_stream, toolchain
+    from kernels.compile import build_switches, compiler_versions, null_stream, toolchain
     from kernels.empty import EmptyKernel
 
     info = toolchain()
     info.update(compiler_versions(EmptyKernel(1, 32), Int32(0), null_stream()))
     # major.minor only: a patch release changes no cubin, and the manifest should not differ by it
     info["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
+    switches = build_switches()
+    if switches:  # recorded, and the runtime refuses the cache (runtime.manifest: MeasurementBuildError)
+        info["build_switches"] = switches
     return info
+
+
+def _warn_of_build_switches() -> None:
+    """Said before minutes of compiling: a build with measurement switches or CuTe DSL compile settings set makes a
+    cache that the runtime refuses (a measurement loads it on purpose)."""
+    from kernels.compile import build_switches
+
+    switches = build_switches()
+    if switches:
+        shown = ", ".join(f"{k}={v}" for k, v in switches.items())
+        print(f"warning: {shown} set: this is a measurement build, which its manifest records and the runtime "
+              f"refuses to load unless {ALLOW_MEASUREMENT_BUILD_ENV}=1; unset them for a serving cache",
+              file=sys.stderr, flush=True)
 
 
 def compile_all(variants_by_arch: dict, jobs: int):
@@ -187,15 +207,21 @@ def compile_all(variants_by_arch: dict, jobs: int):
     return results
 
 
-def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> None:
+def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, sources: str | None = None) -> None:
     """Write cubins, then each arch's manifest, each file atomically, under an exclusive lock on ``out``.
 
     The cache as a whole is not swapped atomically: a load holds the same lock shared while it reads
     (``runtime.manifest.build_settled``), so it waits for these writes to end rather than seeing new cubins under
     the old manifest. A process that had loaded before keeps its kernels (the driver holds their images).
+    ``sources``: the source hash taken before the cubins were compiled; the manifest is stamped with it only where
+    the sources are still those (an edit or a checkout during the build's minutes stops the build instead).
     """
+    _refuse_symlinked_folders(out, variants_by_arch)
     out.mkdir(parents=True, exist_ok=True)
     tools, src = toolchain_info(), source_hash()
+    if sources is not None and src != sources:
+        raise SystemExit("the kernel sources changed while the cubins compiled (source_hash): the manifest would "
+                         "stamp cubins of the earlier sources with the new ones; build again")
     whole = set(families) == set(FAMILIES)
     # Every cubin is checked against the contract before any file is written: a variant refused halfway left the
     # earlier variants' new cubins under the old manifest, whose sha256s every load then refused.
@@ -206,17 +232,18 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families) -> No
         # refused where unreadable) before any file is written.
         previous_by_arch = {arch: _previous_manifest(manifest_path(out, arch), needed=not whole)
                             for arch in variants_by_arch}
+        kept_by_arch = {arch: [] if whole else _checked_kept_entries(out, arch, previous_by_arch[arch], families)
+                        for arch in variants_by_arch}
         for arch, variants in variants_by_arch.items():
             entries = entries_by_arch[arch]
             _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)]) for v, entry in zip(variants, entries)])
-            previous = previous_by_arch[arch]
-            kept = [] if whole else _kept_entries(previous, families)
+            previous, kept = previous_by_arch[arch], kept_by_arch[arch]
             # The contract's order whatever was rebuilt, so that rebuilding some families reorders nothing.
             by_name = {e["name"]: e for e in kept + entries}
             manifest = {
                 "schema": SCHEMA_VERSION,
                 "arch": arch,
-                "toolchain": tools,
+                "toolchain": _toolchain_with_kept_switches(tools, previous if kept else None),
                 # The sources of the whole cache: a build of some families (--only) keeps the previous stamp, since
                 # the entries it kept were built from the sources that stamp names, not from today's.
                 "source_hash": src if whole or previous is None else previous.get("source_hash", ""),
@@ -283,6 +310,48 @@ def _kept_entries(previous: dict | None, families) -> list:
     if previous is None:
         return []
     return [e for e in previous.get("kernels", []) if e.get("family") not in families and e.get("family") in FAMILIES]
+
+
+def _checked_kept_entries(out: Path, arch: str, previous: dict | None, families) -> list:
+    """``_kept_entries``, after the checks a load makes of them (the contract's fields, the cubins' size, sha256,
+    ELF arch and parameters): an entry the contract has changed under since (another smem size, a new parameter)
+    was kept as it was, and the runtime then refused the whole arch, the families just rebuilt with it."""
+    kept = _kept_entries(previous, families)
+    if not kept:
+        return kept
+    names = {e["name"] for e in kept}
+    try:
+        manifest = read_manifest(out, arch)
+        manifest = manifest._replace(kernels={n: k for n, k in manifest.kernels.items() if n in names})
+        check_against_contract(manifest)
+        for entry in manifest.kernels.values():
+            read_checked_cubin(manifest, entry)
+    except CacheError as e:
+        raise SystemExit(f"{manifest_path(out, arch)}: --only keeps the other families' entries from this manifest, "
+                         f"but the runtime would refuse them: {e}; build every family (no --only), which rebuilds "
+                         f"them") from None
+    return kept
+
+
+def _toolchain_with_kept_switches(tools: dict, previous: dict | None) -> dict:
+    """The new manifest's toolchain: where it keeps entries of a measurement build (``previous``' build_switches),
+    their switches stay recorded beside this build's, so the runtime keeps refusing the cache."""
+    kept = (previous or {}).get("toolchain", {})
+    kept = kept.get("build_switches") if isinstance(kept, dict) else None
+    if not kept:
+        return tools
+    merged = dict(kept) if isinstance(kept, dict) else {"previous build": repr(kept)}
+    return {**tools, "build_switches": {**merged, **tools.get("build_switches", {})}}
+
+
+def _refuse_symlinked_folders(out: Path, archs) -> None:
+    """The build writes into and removes files from ``out/cubins/<arch>/`` and writes ``out/manifests/``: through a
+    symlinked folder it would write into, and delete from, another cache outside this one's lock, and make a cache
+    that its own runtime refuses (every cache file must resolve inside the root)."""
+    for folder in (out / "cubins", *(out / "cubins" / arch for arch in archs), out / "manifests"):
+        if folder.is_symlink():
+            raise SystemExit(f"{folder}: a symlink (to {os.readlink(folder)}); the build writes only into folders of "
+                             f"the cache root itself: replace it with a directory, or build with --out at its target")
 
 
 def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
@@ -404,8 +473,9 @@ def main(argv=None) -> int:
     variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
     if args.check:
         with tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
+            sources = source_hash()
             cubins = compile_all(variants_by_arch, args.jobs)
-            write_cache(Path(tmp), variants_by_arch, cubins, FAMILIES)
+            write_cache(Path(tmp), variants_by_arch, cubins, FAMILIES, sources=sources)
             problems = check_against(args.out, Path(tmp), args.arch, families)
         for p in problems:
             print(f"CHECK FAILED: {p}")
@@ -413,8 +483,11 @@ def main(argv=None) -> int:
               f"run: python build_kernels.py --arch {' '.join(args.arch)}")
         return 1 if problems else 0
     _require_writable(parser, args.out)  # before minutes of compiling, not after
+    _refuse_symlinked_folders(args.out, args.arch)
+    _warn_of_build_switches()
+    sources = source_hash()
     cubins = compile_all(variants_by_arch, args.jobs)
-    write_cache(args.out, variants_by_arch, cubins, families)
+    write_cache(args.out, variants_by_arch, cubins, families, sources=sources)
     return 0
 
 

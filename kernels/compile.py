@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 import cutlass
@@ -48,6 +49,38 @@ def toolchain() -> dict:
             pass
     out["cutlass"] = getattr(cutlass, "__version__", "")
     return out
+
+
+# The kernels' own measurement switches, read at build time (timing marks written over an input, a product left out):
+# a cubin built with one computes something else than the op. Each kernel module reads its switch by this name.
+DECODE_TOPK_SWITCH = "DECODE_TOPK_EXPERIMENT"
+SPARSE_MLA_SWITCH = "SPARSE_MLA_EXPERIMENT"
+MEASUREMENT_SWITCHES = (DECODE_TOPK_SWITCH, SPARSE_MLA_SWITCH)
+
+
+def _compile_affecting_dsl_variables() -> list:
+    """The CUTE_DSL_* variables that CuTe DSL itself declares as changing what it compiles (its settings marked
+    affects_compile: debug, line info, compiler options, assertions, ...); every CUTE_DSL_* name where the
+    declarations cannot be read (another release's layout)."""
+    try:
+        from cutlass.base_dsl.env_manager import EnvVar
+        import cutlass.base_dsl.env_manager as env_manager
+
+        names = {f"CUTE_DSL_{v.source}" for cls in vars(env_manager).values() if isinstance(cls, type)
+                 for v in vars(cls).values()
+                 if isinstance(v, EnvVar) and v.affects_compile and isinstance(v.source, str)}
+    except (ImportError, AttributeError):
+        names = set()
+    return sorted(names) if names else sorted(n for n in os.environ if n.startswith("CUTE_DSL_"))
+
+
+def build_switches() -> dict:
+    """The environment variables set for this build that change the cubins' bytes or behaviour: the kernels'
+    measurement switches and CuTe DSL's compile settings. The manifest records them, and the runtime refuses a cache
+    built with any (a measurement build computes something else than the op, and only --check, which compares with
+    a clean build, would tell otherwise)."""
+    names = (*MEASUREMENT_SWITCHES, *_compile_affecting_dsl_variables())
+    return {n: os.environ[n] for n in names if os.environ.get(n)}
 
 
 def compiler_versions(launch_fn, *args) -> dict:

@@ -154,7 +154,7 @@ from cutlass import Float32, Int32, Int64, Uint8
 from runtime.contract import sparse_mla_decode as contract
 
 from . import ptx
-from .compile import cubin_of, gmem_ptr, null_stream
+from .compile import SPARSE_MLA_SWITCH, cubin_of, gmem_ptr, null_stream
 
 LOG2E = 1.4426950408889634
 NEG_BIG = contract.NEG_BIG  # finite stand-in for -inf in (max, sum) algebra: keeps 0 * ... free of NaN
@@ -225,8 +225,8 @@ class SparseMlaDecodeSm90:
         # The contract's only route: staging + bulk copies into the owner's KV tile (DESIGN.md).
         assert reduce == "bulk"
         # Timing experiment (never in a committed cache): leave out the second product.
-        self.skip_pv = os.environ.get("SPARSE_MLA_EXPERIMENT") == "skip_pv"
-        self.timeline = os.environ.get("SPARSE_MLA_EXPERIMENT") == "timeline"
+        self.skip_pv = os.environ.get(SPARSE_MLA_SWITCH) == "skip_pv"
+        self.timeline = os.environ.get(SPARSE_MLA_SWITCH) == "timeline"
 
     @cute.jit
     def __call__(self, out: cute.Pointer, q: cute.Pointer, swa_kv: cute.Pointer, ckv: cute.Pointer,

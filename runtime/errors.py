@@ -66,6 +66,12 @@ class PathError(CacheError):
     """A cubin path points outside the cache root, or a cache file resolves outside it (a symlink leads out)."""
 
 
+class MeasurementBuildError(CacheError):
+    """The cache was built with measurement switches or CuTe DSL compile settings set (the manifest's
+    ``toolchain.build_switches``): its kernels compute something else than the ops (timing marks written over an
+    input, a product left out) or were compiled otherwise than the committed build."""
+
+
 class DuplicateKernelError(CacheError):
     """Two manifest entries share a kernel name."""
 

@@ -32,6 +32,7 @@ from .errors import (
     CubinArchError,
     CubinIntegrityError,
     DuplicateKernelError,
+    MeasurementBuildError,
     MissingCubinError,
     ParamLayoutError,
     PathError,
@@ -205,6 +206,7 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     if bad:
         raise SchemaError(f"manifest fields {', '.join(bad)} have the wrong type (toolchain an object, source_hash "
                           f"a string).", file=path, fix=fix)
+    _refuse_a_measurement_build(toolchain, path, fix)
     kernels = {}
     for raw in data["kernels"]:
         entry = _entry(raw, path, fix)
@@ -213,6 +215,23 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
                                        fix=fix)
         kernels[entry.name] = entry
     return Manifest(path, root, arch, toolchain, source_hash, kernels)
+
+
+# Set to 1 by a measurement job that loads a cache built with its switches (gpu/jobs: the timeline builds).
+ALLOW_MEASUREMENT_BUILD_ENV = "SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD"
+
+
+def _refuse_a_measurement_build(toolchain: dict, path: Path, fix: str) -> None:
+    """A MeasurementBuildError where the build recorded switches (build_kernels.py: the kernels' measurement switches
+    and CuTe DSL's compile settings set while it compiled), unless a measurement asks for such a cache."""
+    switches = toolchain.get("build_switches")
+    if switches is None or os.environ.get(ALLOW_MEASUREMENT_BUILD_ENV) == "1":
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in switches.items()) if type(switches) is dict else repr(switches)
+    raise MeasurementBuildError(
+        f"the cache was built with {shown} set: a measurement build, whose kernels compute something else than the "
+        f"ops (or were compiled otherwise than the committed build).", file=path,
+        fix=f"unset them and rebuild: {fix} (a measurement that means to load it sets {ALLOW_MEASUREMENT_BUILD_ENV}=1)")
 
 
 def _entry(raw, path: Path, fix: str) -> KernelEntry:

@@ -491,3 +491,164 @@ def test_partial_build_refuses_a_previous_manifest_it_cannot_read(tmp_path, dama
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode != 0 and "--only keeps the other families' entries" in proc.stderr, proc.stdout + proc.stderr
     assert path.read_text() == damage and cubin.read_bytes() == b"left as it was", "written before the refusal"
+
+
+# --- fifty-first session review: what a build may not leave behind ---------------------------------------------------
+
+def _probe_cubins(cache):
+    variants = all_variants("sm_90a", ("probe",))
+    folder = cache / "cubins" / "sm_90a"
+    return variants, {(v.name, "sm_90a"): (folder / f"{v.name}.cubin").read_bytes() for v in variants}
+
+
+def test_a_measurement_build_is_recorded_and_refused_by_the_runtime(tmp_path):
+    """A build with a kernel's measurement switch set (SPARSE_MLA_EXPERIMENT=skip_pv leaves out the second product)
+    or a CuTe DSL compile setting made cubins the runtime loaded as the op's, with the same manifest as a clean build.
+    The build now says so before compiling, the manifest records the switches, and the runtime refuses the cache
+    unless a measurement asks for it."""
+    import os
+
+    env = {**os.environ, "SPARSE_MLA_EXPERIMENT": "timeline", "CUTE_DSL_LINEINFO": "1"}
+    proc = subprocess.run(BUILD + ["--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warning: SPARSE_MLA_EXPERIMENT=timeline, CUTE_DSL_LINEINFO=1 set: this is a measurement build" in proc.stderr
+    recorded = json.loads(manifest_path(tmp_path, "sm_90a").read_text())["toolchain"]["build_switches"]
+    assert recorded == {"SPARSE_MLA_EXPERIMENT": "timeline", "CUTE_DSL_LINEINFO": "1"}
+    with pytest.raises(errors.MeasurementBuildError, match="built with SPARSE_MLA_EXPERIMENT=timeline, "
+                                                           "CUTE_DSL_LINEINFO=1 set.*SPARSE_DECODE_AOT_ALLOW"):
+        check_cache(tmp_path, "sm_90a")
+
+
+def test_a_measurement_cache_loads_only_where_asked(tmp_path, monkeypatch):
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    cache = copy_probe_cache(tmp_path)
+    check_cache(cache, "sm_90a")
+    edit_manifest(cache, "sm_90a", lambda d: d["toolchain"].update(build_switches={"DECODE_TOPK_EXPERIMENT": "x"}))
+    with pytest.raises(errors.MeasurementBuildError, match="DECODE_TOPK_EXPERIMENT=x"):
+        check_cache(cache, "sm_90a")
+    monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")
+    check_cache(cache, "sm_90a")
+
+
+def test_the_recorded_switches_are_every_variable_the_kernels_read():
+    """Each kernel module reads its measurement switch by the name kernels.compile records; a variable read under
+    another name would change cubins without the manifest saying so. CuTe DSL's compile settings are taken from its
+    own declarations."""
+    from kernels import compile as kc
+
+    read = set()
+    for path in (REPO / "kernels").rglob("*.py"):
+        text = path.read_text()
+        literal = re.search(r"os\.(environ\.get\(|getenv\(|environ\[)\s*[\"']", text)
+        assert not literal, f"{path}: reads a variable by a literal name"
+        if path.name != "compile.py":  # the recorder itself reads every name it records
+            read |= set(re.findall(r"os\.environ\.get\((\w+)", text))
+    assert read == {"DECODE_TOPK_SWITCH", "SPARSE_MLA_SWITCH"}
+    assert set(kc.MEASUREMENT_SWITCHES) == {kc.DECODE_TOPK_SWITCH, kc.SPARSE_MLA_SWITCH}
+    dsl = kc._compile_affecting_dsl_variables()
+    assert {"CUTE_DSL_LINEINFO", "CUTE_DSL_COMPILER_OPT", "CUTE_DSL_DEBUG"} <= set(dsl)
+    assert "CUTE_DSL_LOG_LEVEL" not in dsl  # declared as not changing what it compiles
+
+
+def test_a_symlinked_cubin_folder_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """Through a symlinked cubins/ the build wrote into, and removed the other files of, another cache outside its
+    lock (38 cubins of it in the reviewer's run), and left a cache its own runtime refuses."""
+    import os
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    other = copy_probe_cache(tmp_path / "other")
+    before = sorted(p.name for p in (other / "cubins" / "sm_90a").iterdir())
+    (other / "cubins" / "sm_90a" / "unrelated.cubin").write_bytes(b"x")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.symlink(other / "cubins", cache / "cubins")
+    variants, cubins = _probe_cubins(other)
+    with pytest.raises(SystemExit, match=r"cubins: a symlink .*replace it with a directory"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert sorted(p.name for p in (other / "cubins" / "sm_90a").iterdir()) == sorted(before + ["unrelated.cubin"])
+    assert not (cache / "manifests").exists()
+    proc = subprocess.run(BUILD + ["--only", "probe", "--out", str(cache)], capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode != 0 and "a symlink" in proc.stderr and "compiled" not in proc.stdout
+
+
+def test_a_partial_build_refuses_kept_entries_the_runtime_would_refuse(tmp_path, monkeypatch):
+    """--only kept the other families' entries as they were: one the contract has changed under since (here its
+    smem_bytes), or whose cubin no longer matches, was written into the new manifest, and the runtime then refused
+    the whole arch, the family just rebuilt with it. The build now stops before writing anything."""
+    import shutil
+
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    cache = copy_probe_cache(tmp_path)
+    committed = json.loads(manifest_path(REPO, "sm_90a").read_text())
+    empty = next(e for e in committed["kernels"] if e["family"] == "empty")
+    shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"].append(dict(empty, smem_bytes=empty["smem_bytes"] + 16)))
+    variants, cubins = _probe_cubins(cache)
+    new_cubins = {key: data + b"\0" * 16 for key, data in cubins.items()}
+    manifest_before = manifest_path(cache, "sm_90a").read_bytes()
+    with pytest.raises(SystemExit, match=rf"--only keeps .*{empty['name']}.*smem_bytes.*build every family"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, new_cubins, ("probe",))
+    assert manifest_path(cache, "sm_90a").read_bytes() == manifest_before
+    assert _probe_cubins(cache)[1] == cubins  # no cubin replaced
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][-1].update(smem_bytes=empty["smem_bytes"]))
+    (cache / empty["cubin"]).write_bytes(b"\0" + (REPO / empty["cubin"]).read_bytes()[1:])  # its bytes changed
+    with pytest.raises(SystemExit, match=rf"--only keeps .*{empty['name']}"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, new_cubins, ("probe",))
+    shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
+    build_kernels.write_cache(cache, {"sm_90a": variants}, new_cubins, ("probe",))
+    assert empty["name"] in check_cache(cache, "sm_90a").kernels
+
+
+def test_a_partial_build_over_a_measurement_build_keeps_its_switches(tmp_path, monkeypatch):
+    """Entries kept from a measurement build stay measurement entries: the new manifest keeps their switches
+    recorded (beside the clean build's none), so the runtime goes on refusing the cache."""
+    import shutil
+
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")  # the kept entries are read as a load would
+    cache = copy_probe_cache(tmp_path)
+    committed = json.loads(manifest_path(REPO, "sm_90a").read_text())
+    empty = next(e for e in committed["kernels"] if e["family"] == "empty")
+    shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
+
+    def measured(d):
+        d["kernels"].append(empty)
+        d["toolchain"]["build_switches"] = {"DECODE_TOPK_EXPERIMENT": "timeline"}
+
+    edit_manifest(cache, "sm_90a", measured)
+    variants, cubins = _probe_cubins(cache)
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    toolchain = json.loads(manifest_path(cache, "sm_90a").read_text())["toolchain"]
+    assert toolchain == {"python": "3", "build_switches": {"DECODE_TOPK_EXPERIMENT": "timeline"}}
+
+
+def test_sources_edited_during_the_build_stop_it(tmp_path, monkeypatch):
+    """The source hash was taken after the minutes of compiling: an edit or checkout in between stamped cubins of
+    the earlier sources with the new ones. The build takes it before and refuses to write where it changed."""
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    cache = copy_probe_cache(tmp_path)
+    manifest_before = manifest_path(cache, "sm_90a").read_bytes()
+    variants, cubins = _probe_cubins(cache)
+    with pytest.raises(SystemExit, match="sources changed while the cubins compiled"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",), sources="0" * 64)
+    assert manifest_path(cache, "sm_90a").read_bytes() == manifest_before
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",), sources=build_kernels.source_hash())

@@ -5,7 +5,7 @@ the op launched with PDL (its default) and in plain stream order (pdl=False), tw
 beside the empty kernel of the same grid and cluster shape.
 
 With ``--marks`` the cache must be a timeline build (SPARSE_MLA_EXPERIMENT=timeline, the runtime pointed at it
-by SPARSE_DECODE_AOT_CACHE): a graph of back-to-back launches over the rotated pools is replayed both ways, and
+by SPARSE_DECODE_AOT_CACHE, and SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1, since its manifest records the switch): a graph of back-to-back launches over the rotated pools is replayed both ways, and
 its last launch leaves its per-step clocks over the shared query. Its "wait" step (kernel entry to the
 grid-dependency wait's return) says whether its CTAs were resident before the previous grid ended.
 

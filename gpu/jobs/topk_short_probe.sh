@@ -5,6 +5,8 @@
 # timing probe of atomic contention whose selections are wrong; built from a local one-line patch of step 1's
 # atomic address that is not in the tree), and ncu stall sampling of the committed cache.
 set -u
+# The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
+export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 for root in .gl/tl_s1 .gl/tl_nc; do
   echo "== $root"

@@ -3,6 +3,8 @@
 # decode_topk per-phase clocks from carried timeline builds (.gl/tl_*: DECODE_TOPK_EXPERIMENT=timeline), one
 # process each.
 set -u
+# The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
+export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 for root in .gl/tl_*; do
   echo "== $root"
   timeout 25 python3 gpu/jobs/topk_timeline.py "$root" "$JOB_OUT/topk_timeline_$(basename "$root").json"

@@ -5,6 +5,8 @@
 # split), each parsed with its own marks (gpu/jobs/timeline_roots.sh); with the DeepGEMM wheel carried, .gl/tl_plain
 # on the indexer's logits too.
 set -u
+# The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
+export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 export TOPK_TIMELINE_CASES=${TOPK_TIMELINE_CASES:-long}
 TL_ROOTS="$(ls -d .gl/tl_plain .gl/tl_gather 2>/dev/null)" bash gpu/jobs/timeline_roots.sh

@@ -12,6 +12,7 @@ from cutlass import Int32, Int64, Uint32, const_expr
 from cutlass.memory.smem import SmemAllocator
 
 from .. import ptx
+from ..compile import DECODE_TOPK_SWITCH
 from .common import (WARP, LIST_VEC, PREFETCH_PIECE_BYTES, GATHER_STAGE, ASYNC_PUSH_MIN_CLUSTER, RAW_BINS_STEP1,
                      STEP1_BULK_DTYPES, STEP1_BULK_BYTES, EARLY_PREFETCH_MAX_CLUSTER, EARLY_PREFETCH_MIN_TILES,
                      EARLY_PREFETCH_TILES, EVICT_FIRST_MAX_CLUSTER, GATHER_STAGE_MIN_CLUSTER, TABLE_KEY_BITS,
@@ -83,7 +84,7 @@ class DecodeTopK(Step1Mixin, GatherMixin, FinishMixin, SelectMixin, ScanMixin, K
         # Timing experiment (never in a committed cache): thread 0's SM clock at each phase's end
         # (DecodeTopK.mark), written over the row's logits at the end (gpu/jobs/topk_timeline.py).
         # (DECODE_TOPK_EXPERIMENT: a comma-separated set of the switches below.)
-        experiment = set(os.environ.get("DECODE_TOPK_EXPERIMENT", "").split(","))
+        experiment = set(os.environ.get(DECODE_TOPK_SWITCH, "").split(","))
         self.timeline = bool(experiment & {"timeline", "timeline_step1", "timeline_gather", "timeline_refine",
                                            "timeline_finish"})
         # timeline_step1: marks 13 and 14 split step 1's first CTA tile (its loads landed, its histogram
