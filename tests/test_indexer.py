@@ -982,6 +982,9 @@ def test_metadata_value_check_catches_each_bad_value():
     table[4:, :] = -7  # rows past the step
     check_decode_metadata_values(state, DecodeMetadata(lens, table, 4, 4, 256))
 
+    edges = md.seq_lens.clone()
+    edges[0], edges[1] = 0, 256  # both ends of [0, max_model_len] are lengths a step may hold
+    check_decode_metadata_values(state, _with(md, seq_lens=edges))
     for value, where in ((257, "row 3 holds 257"), (-1, "row 3 holds -1")):
         bad = md.seq_lens.clone()
         bad[3] = value
@@ -1178,6 +1181,9 @@ def test_state_and_plan_refuse_buffers_sharing_memory():
     with pytest.raises(ValueError, match="topk_indices overlaps index_k_cache"):  # the cache's last 512 bytes
         IndexerState(shared[cache_bytes - 512:cache_bytes + 512].view(torch.int32).view(32, 8), a["k"], cache,
                      a["max_model_len"], scorer=TorchScorer())
+    with pytest.raises(ValueError, match="candidate_blocks overlaps index_k_cache"):  # the cache's last 384 bytes
+        IndexerState(topk, a["k"], cache, a["max_model_len"], scorer=TorchScorer(),
+                     candidate_blocks=shared[cache_bytes - 384:cache_bytes + 384].view(torch.int32).view(16, 12))
     state = make_state(step, scorer=TorchScorer())
     md = step.metadata
     state.topk_indices.fill_(5)

@@ -53,3 +53,39 @@ def test_check_step_compiles_nothing_needs_a_steady_state(repeats, monkeypatch):
     with pytest.raises((TypeError, ValueError), match="repeats: expected"):
         scoring.check_step_compiles_nothing(lambda: ran.append(1), repeats=repeats)
     assert ran == [], "the step ran before the refusal"
+
+
+def test_check_step_compiles_nothing_refuses_each_sign_of_a_compile(tmp_path, monkeypatch):
+    """The zero-JIT proof's own refusals (its GPU test only sees it pass): an empty cache before the step, a file the
+    step adds to DeepGEMM's cache or rewrites there, and a first step slower than the steady state allows each raise;
+    a step that touches nothing passes with its timings. (The device sync is stood in for: CPU steps.)"""
+    import time
+
+    cache = tmp_path / "dg_cache"
+    monkeypatch.setattr(scoring, "jit_cache_dir", lambda: cache)
+    monkeypatch.setattr(scoring.torch.cuda, "synchronize", lambda *a: None)
+    with pytest.raises(RuntimeError, match="cache .* is empty; run build_kernels.py --warm-deepgemm"):
+        scoring.check_step_compiles_nothing(lambda: None)
+    (cache / "kernels").mkdir(parents=True)
+    (cache / "kernels" / "a.cubin").write_bytes(b"x")
+    result = scoring.check_step_compiles_nothing(lambda: None, repeats=3)
+    assert result["changed"] == [] and result["cache_files"] == 1 and result["steady_ms"] >= 0
+
+    def adds_a_kernel():
+        (cache / "kernels" / "b.cubin").write_bytes(b"y")
+
+    def rewrites_a_kernel():
+        (cache / "kernels" / "a.cubin").write_bytes(b"longer")
+
+    for step, name in ((adds_a_kernel, "b.cubin"), (rewrites_a_kernel, "a.cubin")):
+        with pytest.raises(RuntimeError, match=rf"compiled DeepGEMM kernels at serving time: .*kernels/{name}"):
+            scoring.check_step_compiles_nothing(step, repeats=2)
+    calls = []
+
+    def slow_first():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.05)
+
+    with pytest.raises(RuntimeError, match="first decode step took .* steady: something compiled or loaded"):
+        scoring.check_step_compiles_nothing(slow_first, repeats=3, first_step_factor=2.0, first_step_slack_ms=1.0)

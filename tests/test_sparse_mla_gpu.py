@@ -517,7 +517,7 @@ def test_kernel_scores_at_the_bmm1_scale_bound(width, with_sinks, sign):
     +448 row (swa_kv's, compressed_kv's at width 640), whose weight is 1 at a positive scale and 0 at a negative one
     (the other chunks' weights vanish in the cluster's merge); sinks 0 take all the weight where every score is
     -1.5e38 and none elsewhere. Kernel and reference equal each other and the output worked out by hand."""
-    from runtime.sparse_mla import _BMM1_SCALE_MAX, sparse_mla_decode
+    from runtime.sparse_mla import _BMM1_SCALE_MAX, sparse_mla_decode, supports_sparse_mla
 
     swa = torch.full((256, D), -448.0, device="cuda")
     comp = torch.full((1024, D), -448.0, device="cuda")
@@ -533,6 +533,7 @@ def test_kernel_scores_at_the_bmm1_scale_bound(width, with_sinks, sign):
     sinks = torch.zeros(H, device="cuda") if with_sinks else None
     args = (q, swa.to(FP8), comp.to(FP8), indices, lens)
     kw = {"sinks": sinks, "bmm1_scale": sign * _BMM1_SCALE_MAX, "bmm2_scale": 1.0}
+    assert supports_sparse_mla(*args, **kw), "the kernel must take the call (else the reference meets itself)"
     got = sparse_mla_decode(*args, out=poisoned(3), **kw)
     want = sparse_mla_decode_reference(*args, **kw)
     if sign > 0:  # token 0's scores all -1.5e38 (the sink, where there is one, takes the weight); the +448 row wins

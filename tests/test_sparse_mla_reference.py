@@ -408,6 +408,28 @@ def test_host_op_rejects_out_overlapping_an_input():
     torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", (*ARGS, "sinks"))
+def test_host_op_rejects_out_overlapping_each_input(name):
+    """Every input the kernel reads is checked against out, not only q and lens: each placed so that its first bytes
+    are out's last (a partial overlap) is refused naming it, by the op and by its query."""
+    from runtime import sparse_mla
+
+    args, kw = _valid_call(T=3)
+    value = args[ARGS.index(name)] if name in ARGS else kw[name]
+    out_bytes, in_bytes = 3 * H * D * 2, value.numel() * value.element_size()
+    raw = torch.zeros(out_bytes + in_bytes, dtype=torch.uint8)
+    out = raw[:out_bytes].view(torch.bfloat16).view(3, H, D)
+    start = out_bytes - 16  # 16-byte aligned, as every input must be
+    inside = raw[start:start + in_bytes].view(value.dtype).view(value.shape).copy_(value)
+    if name in ARGS:
+        args[ARGS.index(name)] = inside
+    else:
+        kw[name] = inside
+    for fn in (sparse_mla.sparse_mla_decode, sparse_mla.supports_sparse_mla):
+        with pytest.raises(ValueError, match=rf"out overlaps {name}\b"):
+            fn(*args, **{**kw, "out": out})
+
+
 @pytest.mark.parametrize("value", [1e39, -1e39, 10 ** 400, 10 ** 5000], ids=("1e39", "-1e39", "10**400", "10**5000"))
 def test_host_op_rejects_scales_past_float32(value):
     """The kernel takes the scales as float32: a finite double past its range would become inf there (NaN outputs),
