@@ -160,7 +160,12 @@ def _fsync_directory(directory: Path) -> None:
 def toolchain_info() -> dict:
     from cutlass import Int32
 
-    from kernels.compile import build_switches, compiler_versions, null_stream, toolchain
+    from kernels.compile import (
+        build_switches,
+        compiler_versions,
+        null_stream,
+        toolchain,
+    )
     from kernels.empty import EmptyKernel
 
     info = toolchain()

@@ -63,12 +63,11 @@ def _compile_affecting_dsl_variables() -> list:
     affects_compile: debug, line info, compiler options, assertions, ...); every CUTE_DSL_* name where the
     declarations cannot be read (another release's layout)."""
     try:
-        from cutlass.base_dsl.env_manager import EnvVar
-        import cutlass.base_dsl.env_manager as env_manager
+        from cutlass.base_dsl import env_manager
 
         names = {f"CUTE_DSL_{v.source}" for cls in vars(env_manager).values() if isinstance(cls, type)
                  for v in vars(cls).values()
-                 if isinstance(v, EnvVar) and v.affects_compile and isinstance(v.source, str)}
+                 if isinstance(v, env_manager.EnvVar) and v.affects_compile and isinstance(v.source, str)}
     except (ImportError, AttributeError):
         names = set()
     return sorted(names) if names else sorted(n for n in os.environ if n.startswith("CUTE_DSL_"))

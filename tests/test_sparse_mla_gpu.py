@@ -517,7 +517,11 @@ def test_kernel_scores_at_the_bmm1_scale_bound(width, with_sinks, sign):
     +448 row (swa_kv's, compressed_kv's at width 640), whose weight is 1 at a positive scale and 0 at a negative one
     (the other chunks' weights vanish in the cluster's merge); sinks 0 take all the weight where every score is
     -1.5e38 and none elsewhere. Kernel and reference equal each other and the output worked out by hand."""
-    from runtime.sparse_mla import _BMM1_SCALE_MAX, sparse_mla_decode, supports_sparse_mla
+    from runtime.sparse_mla import (
+        _BMM1_SCALE_MAX,
+        sparse_mla_decode,
+        supports_sparse_mla,
+    )
 
     swa = torch.full((256, D), -448.0, device="cuda")
     comp = torch.full((1024, D), -448.0, device="cuda")
