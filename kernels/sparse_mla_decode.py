@@ -234,7 +234,7 @@ class SparseMlaDecodeSm90:
                  c_rows: Int32, bmm1_scale: Float32, bmm2_scale: Float32, stream):
         # The runtime sets the grid (T * n CTAs); this one only has to be a multiple of n.
         self.kernel(out, q, swa_kv, ckv, indices, lens, sinks, swa_rows, c_rows, bmm1_scale,
-                    bmm2_scale).launch(grid=[self.n, 1, 1], block=[128, 1, 1], cluster=[self.n, 1, 1],
+                    bmm2_scale).launch(grid=[self.n, 1, 1], block=[contract.THREADS, 1, 1], cluster=[self.n, 1, 1],
                                        smem=self.smem_bytes, stream=stream)
 
     @cute.kernel

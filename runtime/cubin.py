@@ -14,6 +14,7 @@ from typing import NamedTuple
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
 _EIATTR_KPARAM_INFO = 0x17
+_EIATTR_REQNTID = 0x10  # the block shape the kernel was compiled for (.reqntid): three uint32
 _EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
 _EF_CUDA_ACCELERATORS_V1 = 0x800  # the "a" of sm_90a in the ABI-v1 flag layout
 _EF_CUDA_ACCELERATORS_V2 = 0x8  # the "a" of sm_100a in the ABI-v2 flag layout
@@ -162,12 +163,31 @@ def kernel_param_count(data: bytes, symbol: str) -> int | None:
     H200's driver 580, has no ``cuFuncGetParamCount``, and probing past the last index is a
     failing API call that sanitizers report).
     """
+    info = _kernel_info(data, symbol)
+    return None if info is None else sum(_is_param(attr, value) for attr, value in _attributes(info))
+
+
+def kernel_required_block(data: bytes, symbol: str) -> tuple[int, int, int] | None:
+    """The block shape kernel ``symbol`` was compiled to require (``EIATTR_REQNTID``), or None where its attribute
+    list names none: the driver refuses a launch of another shape, so the loader compares it with the manifest's
+    threads instead."""
+    info = _kernel_info(data, symbol)
+    for attr, value in _attributes(info or b""):
+        if attr == _EIATTR_REQNTID:
+            if len(value) != 12:
+                raise CubinFormatError(f"kernel {symbol}'s required block shape is {len(value)} bytes, not 12")
+            return struct.unpack("<III", value)
+    return None
+
+
+def _kernel_info(data: bytes, symbol: str) -> bytes | None:
+    """The ``.nv.info.<symbol>`` section of the ELF (its attribute list), read from the section headers alone."""
     heads, shstrndx = _section_heads(data)
     strtab = heads[shstrndx][4]
     name = b".nv.info." + symbol.encode() + b"\0"
     for h in heads:
         if data.startswith(name, strtab + h[0]):
-            return sum(_is_param(attr, value) for attr, value in _attributes(data[h[4] : h[4] + h[5]]))
+            return data[h[4] : h[4] + h[5]]
     return None
 
 

@@ -110,6 +110,11 @@ class ParamLayoutError(CacheError):
     """The manifest's parameter list contradicts the binary's."""
 
 
+class BlockShapeError(CacheError):
+    """The cubin was compiled for another thread-block shape than the manifest's threads (its EIATTR_REQNTID): the
+    driver would refuse every launch."""
+
+
 class SharedMemoryError(CacheError):
     """The kernel asks for more shared memory than the device allows."""
 

@@ -51,6 +51,7 @@ from .manifest import (
     Manifest,
     build_settled,
     check_against_contract,
+    check_block_shape,
     check_param_count,
     check_param_layout,
     no_tick,
@@ -632,6 +633,7 @@ class _KernelLoader:
                            "cuFuncGetParamInfo")
         tick("cuFuncGetParamInfo")
         check_param_count(data, entry, path, manifest.arch)
+        check_block_shape(data, entry, path, manifest.arch)
         tick("elf_param_count")
 
         static_smem = check(drv.cuFuncGetAttribute(self.static_smem, function), "cuFuncGetAttribute")

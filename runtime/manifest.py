@@ -24,9 +24,17 @@ except ImportError:  # pragma: no cover - not on Linux: build_settled reads ungu
     fcntl = None
 
 from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION, all_variants
-from .cubin import CubinFormatError, check_section_table, kernel_param_count, read_cubin, read_header
+from .cubin import (
+    CubinFormatError,
+    check_section_table,
+    kernel_param_count,
+    kernel_required_block,
+    read_cubin,
+    read_header,
+)
 from .errors import (
     REBUILD,
+    BlockShapeError,
     CacheLoadInterrupted,
     ContractMismatchError,
     CubinArchError,
@@ -554,8 +562,23 @@ def check_param_count(data: bytes, entry: KernelEntry, path, arch: str) -> None:
         )
 
 
+def check_block_shape(data: bytes, entry: KernelEntry, path, arch: str) -> None:
+    """The block shape the kernel was compiled for (EIATTR_REQNTID, where it names one) is the manifest's threads,
+    the shape every launch uses: the driver refuses a launch of another, so it is refused at load instead."""
+    try:
+        required = kernel_required_block(data, entry.symbol)
+    except CubinFormatError as e:
+        raise _unreadable_elf(e, entry, path, arch) from None
+    if required is not None and required != (entry.threads, 1, 1):
+        raise BlockShapeError(
+            f"the cubin's kernel requires blocks of {list(required)} threads, the manifest launches "
+            f"[{entry.threads}, 1, 1].", file=Path(path), kernel=entry.name,
+            fix=f"the contract and the kernel disagree; {REBUILD.format(arch=arch)}",
+        )
+
+
 def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) -> None:
-    """ELF-level checks: the SM, the symbol, and each parameter's offset and size."""
+    """ELF-level checks: the SM, the symbol, the required block shape, and each parameter's offset and size."""
     fix = REBUILD.format(arch=arch)
     check_cubin_arch(data, entry, path, arch)
     try:
@@ -564,6 +587,7 @@ def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) 
         raise _unreadable_elf(e, entry, path, arch) from None
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
+    check_block_shape(data, entry, path, arch)
     check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF")
 
 

@@ -613,3 +613,59 @@ def test_a_user_install_finds_its_own_data_before_the_schemes(tmp_path, monkeypa
     monkeypatch.setattr(manifest, "__file__", str(usr / "lib/python3/site-packages/runtime/manifest.py"))
     at_prefix = copy_probe_cache(usr / "share" / "sparse_decode_aot")
     assert manifest.default_root() == at_prefix
+
+
+# --- fifty-first session's review: the block shape a kernel was compiled for -------------------------------------
+
+_REQNTID_128 = b"\x04\x10\x0c\x00" + (128).to_bytes(4, "little") + (1).to_bytes(4, "little") * 2
+
+
+def _require_block(threads: int):
+    """An edit of a cubin's bytes: its kernel's EIATTR_REQNTID record (128 threads in the committed probes) says
+    ``threads``."""
+    def edit(data):
+        at = bytes(data).index(_REQNTID_128)
+        data[at + 4: at + 8] = threads.to_bytes(4, "little")
+    return edit
+
+
+def test_every_committed_kernel_requires_the_manifests_block_shape():
+    """Each committed cubin's kernel names the block shape it was compiled for, and it is the manifest's threads."""
+    from runtime.cubin import kernel_required_block
+
+    for arch in ("sm_90a", "sm_100a"):
+        for entry in check_cache(REPO, arch).kernels.values():
+            data = (REPO / entry.cubin).read_bytes()
+            assert kernel_required_block(data, entry.symbol) == (entry.threads, 1, 1), (arch, entry.name)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_a_cubin_compiled_for_another_block_shape_is_refused(cache, arch):
+    """The manifest's threads were compared with the contract only: a cubin compiled for another block shape passed
+    every check of a load, and the driver then refused each launch. It is refused at load, naming both shapes (the
+    loader's own path calls the same check after the driver's parameter checks)."""
+    from runtime.manifest import check_block_shape, read_manifest
+
+    _rewrite_first_cubin(cache, arch, _require_block(256))
+    with pytest.raises(errors.BlockShapeError, match=r"requires blocks of \[256, 1, 1\] threads, the manifest "
+                                                     r"launches \[128, 1, 1\]"):
+        check_cache(cache, arch)
+    manifest = read_manifest(cache, arch)
+    entry = next(iter(manifest.kernels.values()))
+    with pytest.raises(errors.BlockShapeError):
+        check_block_shape(first_cubin(cache, arch).read_bytes(), entry, first_cubin(cache, arch), arch)
+
+
+def test_the_build_refuses_a_kernel_compiled_for_another_block_shape():
+    """The build checks the same against the contract before it writes an entry."""
+    import dataclasses
+
+    import build_kernels
+    from runtime.contract import all_variants
+
+    variant = next(v for v in all_variants("sm_90a", ("probe",)) if v.name == "probe_cluster2")
+    data = (REPO / "cubins" / "sm_90a" / "probe_cluster2.cubin").read_bytes()
+    assert build_kernels.manifest_entry(variant, "sm_90a", data)["threads"] == 128
+    with pytest.raises(SystemExit, match=r"compiled for blocks of \[128, 1, 1\] threads, the contract launches "
+                                         r"\[256, 1, 1\]"):
+        build_kernels.manifest_entry(dataclasses.replace(variant, threads=256), "sm_90a", data)
