@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 
 from runtime.contract import ARCHS, FAMILIES, SCHEMA_VERSION, all_variants  # noqa: E402
-from runtime.cubin import kernel_required_block, read_cubin  # noqa: E402
+from runtime.cubin import kernel_attributes, read_cubin  # noqa: E402
 from runtime.errors import CacheError  # noqa: E402
 from runtime.manifest import (  # noqa: E402
     ALLOW_MEASUREMENT_BUILD_ENV,
@@ -71,7 +71,7 @@ def manifest_entry(variant, arch: str, cubin: bytes) -> dict:
     if len(info.kernels) != 1:
         raise SystemExit(f"{variant.name} ({arch}): expected one kernel in the cubin, found {sorted(info.kernels)}")
     (symbol, layout), = info.kernels.items()
-    required = kernel_required_block(cubin, symbol)
+    required = kernel_attributes(cubin, symbol).required_block
     if required is not None and required != (variant.threads, 1, 1):
         raise SystemExit(f"{variant.name} ({arch}): the kernel was compiled for blocks of {list(required)} threads, "
                          f"the contract launches [{variant.threads}, 1, 1]")

@@ -155,29 +155,32 @@ def _kernel_params(info: bytes) -> tuple[KernelParam, ...]:
     return tuple(sorted(params, key=lambda p: p.ordinal))
 
 
-def kernel_param_count(data: bytes, symbol: str) -> int | None:
-    """How many parameters the ELF's attribute list gives kernel ``symbol`` (None: no such list).
+class KernelAttributes(NamedTuple):
+    param_count: int  # parameters in the attribute list
+    required_block: tuple | None  # (x, y, z) the kernel was compiled for (EIATTR_REQNTID), or None where it names none
 
-    Reads only the section headers and that kernel's ``.nv.info.<symbol>`` section: the loader
-    pins the parameter count with it, which ``cuFuncGetParamInfo`` alone cannot (CUDA 13.0, the
-    H200's driver 580, has no ``cuFuncGetParamCount``, and probing past the last index is a
-    failing API call that sanitizers report).
+
+def kernel_attributes(data: bytes, symbol: str) -> KernelAttributes | None:
+    """What the ELF's attribute list says of kernel ``symbol`` (None: no such list), in one pass over it.
+
+    Reads only the section headers and that kernel's ``.nv.info.<symbol>`` section. The loader pins the
+    parameter count with it, which ``cuFuncGetParamInfo`` alone cannot (CUDA 13.0, the H200's driver 580,
+    has no ``cuFuncGetParamCount``, and probing past the last index is a failing API call that sanitizers
+    report), and compares the required block shape with the manifest's threads, since the driver refuses a
+    launch of another shape.
     """
     info = _kernel_info(data, symbol)
-    return None if info is None else sum(_is_param(attr, value) for attr, value in _attributes(info))
-
-
-def kernel_required_block(data: bytes, symbol: str) -> tuple[int, int, int] | None:
-    """The block shape kernel ``symbol`` was compiled to require (``EIATTR_REQNTID``), or None where its attribute
-    list names none: the driver refuses a launch of another shape, so the loader compares it with the manifest's
-    threads instead."""
-    info = _kernel_info(data, symbol)
-    for attr, value in _attributes(info or b""):
-        if attr == _EIATTR_REQNTID:
+    if info is None:
+        return None
+    count, required = 0, None
+    for attr, value in _attributes(info):
+        if _is_param(attr, value):
+            count += 1
+        elif attr == _EIATTR_REQNTID:
             if len(value) != 12:
                 raise CubinFormatError(f"kernel {symbol}'s required block shape is {len(value)} bytes, not 12")
-            return struct.unpack("<III", value)
-    return None
+            required = struct.unpack("<III", value)
+    return KernelAttributes(count, required)
 
 
 def _kernel_info(data: bytes, symbol: str) -> bytes | None:

@@ -12,14 +12,14 @@ REBUILD = "python build_kernels.py --arch {arch}"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Frames a call passes through on its way into the runtime and that name no line of the caller's:
 # dataclasses.replace and the __init__ a dataclass generates (exec'd, so its file is "<string>").
-_PASS_THROUGH_FILES = (os.path.abspath(dataclasses.__file__), "<string>")
+_DATACLASSES_FILE = os.path.abspath(dataclasses.__file__)
 
 
 def _inside_runtime(filename: str) -> bool:
-    if filename in _PASS_THROUGH_FILES:
+    if filename == "<string>":
         return True
     path = os.path.abspath(filename)
-    return path.startswith(_PACKAGE_DIR) or path in _PASS_THROUGH_FILES
+    return path.startswith(_PACKAGE_DIR) or path == _DATACLASSES_FILE
 
 
 def warn_at_caller(message: str, category: type[Warning] = RuntimeWarning) -> None:

@@ -712,15 +712,21 @@ def _selector(state: IndexerState, logits: torch.Tensor) -> Select:
     return _reference_select
 
 
+def _selection_widths(state: IndexerState) -> list:
+    """(what, width, block_mode) of each selection a step makes: token mode k wide into the top-k buffer, and block
+    mode, whose k is the candidate buffer's width, into that buffer."""
+    widths = [("k", state.k, False)]
+    if state.candidate_blocks is not None:
+        widths.append(("candidate_blocks' width", state.candidate_blocks.shape[1], True))
+    return widths
+
+
 def _warn_widths_the_aot_topk_does_not_take(state: IndexerState) -> None:
     """Said once, when the state is built (every rank builds it): a k, or in block mode a candidate buffer width, that
     decode_topk does not take sends every step's selection to the exact reference. Said at each step instead, only
     ranks with rows would say it, and where warnings are errors they would raise while an empty-slice rank waits in
     the all-gather."""
-    widths = [("k", state.k)]
-    if state.candidate_blocks is not None:  # block mode's k is the candidate buffer's width: say which to change
-        widths.append(("candidate_blocks' width", state.candidate_blocks.shape[1]))
-    for what, width in widths:
+    for what, width, _ in _selection_widths(state):
         if width not in topk.SUPPORTED_K:
             warn_at_caller(f"indexer: {what} = {width} is not one of decode_topk's k {topk.SUPPORTED_K}, so the "
                            f"exact torch reference selects (milliseconds); use a supported {what} for the AOT top-k")
@@ -732,10 +738,7 @@ def _load_the_aot_topk(state: IndexerState) -> None:
     is then said by every rank alike (a RuntimeWarning, raised where warnings are errors), and a first load cannot
     fall inside a captured step. Left to the first selection, only ranks with rows would load, and they would warn
     or raise while an empty-slice rank waited in the all-gather."""
-    widths = [(state.k, False)]
-    if state.candidate_blocks is not None:
-        widths.append((state.candidate_blocks.shape[1], True))
-    for width, block_mode in widths:
+    for _, width, block_mode in _selection_widths(state):
         if width in topk.SUPPORTED_K:  # another width selects by the reference: no kernel to load
             topk.load_kernels(state.topk_indices.device, torch.float32, block_mode)
 

@@ -51,8 +51,7 @@ from .manifest import (
     Manifest,
     build_settled,
     check_against_contract,
-    check_block_shape,
-    check_param_count,
+    check_elf_attributes,
     check_param_layout,
     no_tick,
     read_checked_cubin,
@@ -632,9 +631,8 @@ class _KernelLoader:
         check_param_layout(entry, _driver_param_layout(drv, function, len(entry.params)), path, manifest.arch,
                            "cuFuncGetParamInfo")
         tick("cuFuncGetParamInfo")
-        check_param_count(data, entry, path, manifest.arch)
-        check_block_shape(data, entry, path, manifest.arch)
-        tick("elf_param_count")
+        check_elf_attributes(data, entry, path, manifest.arch)
+        tick("elf_param_count")  # the profile's phase name since the thirty-fifth session (now with the block shape)
 
         static_smem = check(drv.cuFuncGetAttribute(self.static_smem, function), "cuFuncGetAttribute")
         if entry.smem_bytes + static_smem > self.smem_optin:

@@ -27,8 +27,7 @@ from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION, all_variants
 from .cubin import (
     CubinFormatError,
     check_section_table,
-    kernel_param_count,
-    kernel_required_block,
+    kernel_attributes,
     read_cubin,
     read_header,
 )
@@ -542,33 +541,32 @@ def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str):
     return info
 
 
-def check_param_count(data: bytes, entry: KernelEntry, path, arch: str) -> None:
-    """The manifest lists as many parameters as the ELF's attribute list of the kernel has.
+def check_elf_attributes(data: bytes, entry: KernelEntry, path, arch: str) -> None:
+    """The manifest lists as many parameters as the ELF's attribute list of the kernel has, and its threads are the
+    block shape the kernel was compiled for (where the list names one).
 
     The loader's one ELF read past the header: ``cuFuncGetParamInfo`` is asked for the manifest's
     parameters only, so a kernel with more parameters than the manifest lists needs this.
     """
     try:
-        count = kernel_param_count(data, entry.symbol)
+        attributes = kernel_attributes(data, entry.symbol)
     except CubinFormatError as e:
         raise _unreadable_elf(e, entry, path, arch) from None
-    if count is None:
+    if attributes is None:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=Path(path), kernel=entry.name,
                           fix=REBUILD.format(arch=arch))
-    if count != len(entry.params):
+    if attributes.param_count != len(entry.params):
         raise ParamLayoutError(
-            f"the manifest lists {len(entry.params)} parameters, the cubin's ELF has {count}.", file=Path(path),
-            kernel=entry.name, fix=f"the contract and the kernel disagree; {REBUILD.format(arch=arch)}",
+            f"the manifest lists {len(entry.params)} parameters, the cubin's ELF has {attributes.param_count}.",
+            file=Path(path), kernel=entry.name,
+            fix=f"the contract and the kernel disagree; {REBUILD.format(arch=arch)}",
         )
+    check_block_shape(attributes.required_block, entry, path, arch)
 
 
-def check_block_shape(data: bytes, entry: KernelEntry, path, arch: str) -> None:
-    """The block shape the kernel was compiled for (EIATTR_REQNTID, where it names one) is the manifest's threads,
-    the shape every launch uses: the driver refuses a launch of another, so it is refused at load instead."""
-    try:
-        required = kernel_required_block(data, entry.symbol)
-    except CubinFormatError as e:
-        raise _unreadable_elf(e, entry, path, arch) from None
+def check_block_shape(required: tuple | None, entry: KernelEntry, path, arch: str) -> None:
+    """The block shape the kernel was compiled for (EIATTR_REQNTID; None where it names none) is the manifest's
+    threads, the shape every launch uses: the driver refuses a launch of another, so it is refused at load instead."""
     if required is not None and required != (entry.threads, 1, 1):
         raise BlockShapeError(
             f"the cubin's kernel requires blocks of {list(required)} threads, the manifest launches "
@@ -587,8 +585,8 @@ def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) 
         raise _unreadable_elf(e, entry, path, arch) from None
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
-    check_block_shape(data, entry, path, arch)
     check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF")
+    check_elf_attributes(data, entry, path, arch)  # the count agrees with the layout just checked: the block shape
 
 
 def check_param_layout(entry: KernelEntry, actual, path, arch: str, source: str) -> None:

@@ -346,20 +346,27 @@ def test_a_build_leaves_only_the_cubins_its_manifest_names(tmp_path, monkeypatch
     check_cache(cache, "sm_90a")
 
 
+def _copy_an_empty_kernel(cache) -> dict:
+    """The committed manifest entry of an ``empty`` family kernel (sm_90a), its cubin copied into ``cache``: an entry
+    of another family than the probes, which a ``--only probe`` build keeps."""
+    import shutil
+
+    committed = json.loads(manifest_path(REPO, "sm_90a").read_text())
+    empty = next(e for e in committed["kernels"] if e["family"] == "empty")
+    shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
+    return empty
+
+
 def test_a_build_keeps_a_cubin_named_by_a_path_the_runtime_reads_alike(tmp_path, monkeypatch):
     """A kept entry (another family, --only) may name its cubin "cubins/sm_90a/./x.cubin", which the runtime reads as
     "cubins/sm_90a/x.cubin": the build's clean-up compares normalised paths, so it keeps that file."""
-    import shutil
-
     from crafted_cache import copy_probe_cache
 
     import build_kernels
 
     monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
     cache = copy_probe_cache(tmp_path)
-    committed = json.loads(manifest_path(REPO, "sm_90a").read_text())
-    empty = next(e for e in committed["kernels"] if e["family"] == "empty")
-    shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
+    empty = _copy_an_empty_kernel(cache)
     path = manifest_path(cache, "sm_90a")
     data = json.loads(path.read_text())
     data["kernels"].append(dict(empty, cubin=empty["cubin"].replace("sm_90a/", "sm_90a/./")))
@@ -590,9 +597,7 @@ def test_a_partial_build_refuses_kept_entries_the_runtime_would_refuse(tmp_path,
 
     monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
     cache = copy_probe_cache(tmp_path)
-    committed = json.loads(manifest_path(REPO, "sm_90a").read_text())
-    empty = next(e for e in committed["kernels"] if e["family"] == "empty")
-    shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
+    empty = _copy_an_empty_kernel(cache)
     edit_manifest(cache, "sm_90a", lambda d: d["kernels"].append(dict(empty, smem_bytes=empty["smem_bytes"] + 16)))
     variants, cubins = _probe_cubins(cache)
     new_cubins = {key: data + b"\0" * 16 for key, data in cubins.items()}
@@ -613,8 +618,6 @@ def test_a_partial_build_refuses_kept_entries_the_runtime_would_refuse(tmp_path,
 def test_a_partial_build_over_a_measurement_build_keeps_its_switches(tmp_path, monkeypatch):
     """Entries kept from a measurement build stay measurement entries: the new manifest keeps their switches
     recorded (beside the clean build's none), so the runtime goes on refusing the cache."""
-    import shutil
-
     from crafted_cache import copy_probe_cache, edit_manifest
 
     import build_kernels
@@ -622,9 +625,7 @@ def test_a_partial_build_over_a_measurement_build_keeps_its_switches(tmp_path, m
     monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
     monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")  # the kept entries are read as a load would
     cache = copy_probe_cache(tmp_path)
-    committed = json.loads(manifest_path(REPO, "sm_90a").read_text())
-    empty = next(e for e in committed["kernels"] if e["family"] == "empty")
-    shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
+    empty = _copy_an_empty_kernel(cache)
 
     def measured(d):
         d["kernels"].append(empty)

@@ -631,12 +631,12 @@ def _require_block(threads: int):
 
 def test_every_committed_kernel_requires_the_manifests_block_shape():
     """Each committed cubin's kernel names the block shape it was compiled for, and it is the manifest's threads."""
-    from runtime.cubin import kernel_required_block
+    from runtime.cubin import kernel_attributes
 
     for arch in ("sm_90a", "sm_100a"):
         for entry in check_cache(REPO, arch).kernels.values():
             data = (REPO / entry.cubin).read_bytes()
-            assert kernel_required_block(data, entry.symbol) == (entry.threads, 1, 1), (arch, entry.name)
+            assert kernel_attributes(data, entry.symbol).required_block == (entry.threads, 1, 1), (arch, entry.name)
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -644,7 +644,7 @@ def test_a_cubin_compiled_for_another_block_shape_is_refused(cache, arch):
     """The manifest's threads were compared with the contract only: a cubin compiled for another block shape passed
     every check of a load, and the driver then refused each launch. It is refused at load, naming both shapes (the
     loader's own path calls the same check after the driver's parameter checks)."""
-    from runtime.manifest import check_block_shape, read_manifest
+    from runtime.manifest import check_elf_attributes, read_manifest
 
     _rewrite_first_cubin(cache, arch, _require_block(256))
     with pytest.raises(errors.BlockShapeError, match=r"requires blocks of \[256, 1, 1\] threads, the manifest "
@@ -653,7 +653,7 @@ def test_a_cubin_compiled_for_another_block_shape_is_refused(cache, arch):
     manifest = read_manifest(cache, arch)
     entry = next(iter(manifest.kernels.values()))
     with pytest.raises(errors.BlockShapeError):
-        check_block_shape(first_cubin(cache, arch).read_bytes(), entry, first_cubin(cache, arch), arch)
+        check_elf_attributes(first_cubin(cache, arch).read_bytes(), entry, first_cubin(cache, arch), arch)
 
 
 def test_the_build_refuses_a_kernel_compiled_for_another_block_shape():
