@@ -90,9 +90,13 @@ def test_decode_topk_waits_before_any_global_access(arch):
 
 def test_sparse_mla_reads_only_constant_weights_before_the_dependency_wait():
     """sparse_mla_decode is launched with programmatic dependent launch: before griddepcontrol.wait (ACQBULK)
-    it may read the sinks (weights of the model, LDG.E.CONSTANT) and nothing the previous grid writes."""
+    it may read the sinks (weights of the model, LDG.E.CONSTANT) and nothing the previous grid writes. The
+    constant loads are counted too, so that a non-coherent load of a grid-produced input (the query, indices) cannot
+    pass for a sink read: none where the variant has no sinks, at most a thread's four heads' where it has them."""
     found = entries("sm_90a", "sparse_mla_decode")
     assert len(found) == 4
     for k in found:
         touched = global_accesses_before_wait(k, allowed=("LDG.E.CONSTANT",))
         assert not touched, (k["name"], touched)
+        sink_loads = global_accesses_before_wait(k).count("LDG.E.CONSTANT")
+        assert sink_loads <= (4 if k["config"]["has_sinks"] else 0), (k["name"], sink_loads)
