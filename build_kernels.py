@@ -26,7 +26,13 @@ from filelock import FileLock
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 
-from runtime.contract import ARCHS, FAMILIES, SCHEMA_VERSION, all_variants  # noqa: E402
+from runtime.contract import (  # noqa: E402
+    ARCHS,
+    FAMILIES,
+    SCHEMA_VERSION,
+    all_variants,
+    family_contract_hash,
+)
 from runtime.cubin import kernel_attributes, read_cubin  # noqa: E402
 from runtime.errors import CacheError  # noqa: E402
 from runtime.manifest import (  # noqa: E402
@@ -98,6 +104,7 @@ def manifest_entry(variant, arch: str, cubin: bytes) -> dict:
             {"name": p.name, "ctype": p.ctype, "offset": q.offset, "size": q.size}
             for p, q in zip(variant.params, layout)
         ],
+        "contract_hash": family_contract_hash(variant.family),
     }
 
 

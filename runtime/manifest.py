@@ -23,7 +23,13 @@ try:
 except ImportError:  # pragma: no cover - not on Linux: build_settled reads unguarded
     fcntl = None
 
-from .contract import ARCHS, C_TYPE_SIZES, SCHEMA_VERSION, all_variants
+from .contract import (
+    ARCHS,
+    C_TYPE_SIZES,
+    SCHEMA_VERSION,
+    all_variants,
+    family_contract_hash,
+)
 from .cubin import (
     CubinFormatError,
     check_section_table,
@@ -55,7 +61,7 @@ BUILD_WAIT_S = 30.0  # a build holds the lock for its writes only (milliseconds)
 
 _ENTRY_FIELDS = (
     "name", "family", "config", "symbol", "cubin", "sha256", "size", "threads",
-    "cluster", "non_portable_cluster", "smem_bytes", "pdl", "params",
+    "cluster", "non_portable_cluster", "smem_bytes", "pdl", "params", "contract_hash",
 )
 
 
@@ -83,6 +89,7 @@ class KernelEntry(NamedTuple):
     smem_bytes: int
     pdl: bool
     params: tuple  # of ParamEntry
+    contract_hash: str  # the contract sources it was compiled against (contract.family_contract_hash)
 
     @property
     def cluster_size(self) -> int:
@@ -246,7 +253,7 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
     missing = [f for f in _ENTRY_FIELDS if not isinstance(raw, dict) or f not in raw]
     if missing:
         raise SchemaError(f"manifest entry lacks {', '.join(missing)}.", file=path, kernel=name, fix=fix)
-    not_text = [f for f in ("name", "family", "symbol", "cubin", "sha256") if type(raw[f]) is not str]
+    not_text = [f for f in ("name", "family", "symbol", "cubin", "sha256", "contract_hash") if type(raw[f]) is not str]
     if not_text:
         raise SchemaError(f"manifest entry fields {', '.join(not_text)} must be strings.", file=path, kernel=name,
                           fix=fix)
@@ -276,6 +283,7 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
         cubin=raw["cubin"], sha256=raw["sha256"], size=raw["size"], threads=raw["threads"], cluster=tuple(cluster),
         non_portable_cluster=raw["non_portable_cluster"], smem_bytes=raw["smem_bytes"], pdl=raw["pdl"],
         params=tuple([ParamEntry(p["name"], p["ctype"], p["offset"], p["size"]) for p in params]),
+        contract_hash=raw["contract_hash"],
     )
 
 
@@ -303,7 +311,9 @@ def _shown(kernel, field: str):
 def check_against_contract(manifest: Manifest) -> None:
     """Every entry equals the contract's variant of its name for the manifest's arch in CONTRACT_FIELDS.
 
-    A manifest may hold a subset of the contract's kernels; an entry the contract does not know is refused.
+    A manifest may hold a subset of the contract's kernels; an entry the contract does not know is refused, and so
+    is one compiled against other contract sources than this runtime's (``contract_hash``), whose compiled-in
+    constants may differ from those the host ops use although every field agrees.
     The contract is read once a call (the load path's cold start pays it once).
     """
     contract = {v.name: v for v in all_variants(manifest.arch)}
@@ -319,6 +329,13 @@ def check_against_contract(manifest: Manifest) -> None:
             details = "; ".join(f"{f} {_shown(entry, f)!r}, contract {_shown(variant, f)!r}" for f in fields)
             raise ContractMismatchError(f"the entry differs from this runtime's contract in {', '.join(fields)} "
                                         f"({details}).", file=manifest.path, kernel=entry.name, fix=fix)
+        ours = family_contract_hash(entry.family)
+        if entry.contract_hash != ours:
+            raise ContractMismatchError(
+                f"the kernel was compiled against other contract sources (runtime/contract/__init__.py and "
+                f"{entry.family}.py: sha256 {entry.contract_hash[:12]!r}, this runtime's {ours[:12]!r}); a constant "
+                f"it compiles in may differ from the one the host op uses.", file=manifest.path, kernel=entry.name,
+                fix=fix)
 
 
 # The build lock is opened as the build's filelock opens it: not through a symlink (filelock refuses one, so no build

@@ -1,5 +1,6 @@
 """The loader's CPU-side validation on crafted caches: every refusal is a typed CacheError."""
 
+import hashlib
 import shutil
 
 import pytest
@@ -15,6 +16,7 @@ from crafted_cache import (
 )
 
 from runtime import errors
+from runtime.contract import FAMILIES, family_contract_hash
 from runtime.manifest import check_cache, manifest_path
 
 
@@ -76,6 +78,38 @@ def test_entry_the_contract_does_not_know(cache, arch, name):
     with pytest.raises(errors.ContractMismatchError, match=f"kernel {name}: this runtime's contract has no kernel "
                                                            f"of this name for {arch}"):
         check_cache(cache, arch)
+
+
+@pytest.mark.parametrize("stamp", ["0" * 64, ""])
+def test_entry_compiled_against_other_contract_sources_is_refused(cache, stamp):
+    """Every field may agree while a constant the kernel compiles in (sparse MLA's finite -inf, a row bound of the
+    top-k) differs from the host op's: an entry stamped with other contract sources than this runtime's is
+    refused, naming both hashes and the rebuild."""
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(contract_hash=stamp))
+    with pytest.raises(errors.ContractMismatchError, match=f"kernel probe_cluster2: the kernel was compiled against "
+                                                           f"other contract sources .*probe.py: sha256 '{stamp[:12]}', "
+                                                           f"this runtime's '{family_contract_hash('probe')[:12]}'"
+                                                           f".*Fix: .*build_kernels.py --arch sm_90a"):
+        check_cache(cache, "sm_90a")
+
+
+def test_entry_without_a_contract_stamp_is_refused(cache):
+    """A manifest written before entries were stamped: refused as one of an older build."""
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].pop("contract_hash"))
+    with pytest.raises(errors.SchemaError, match="probe_cluster2: manifest entry lacks contract_hash"):
+        check_cache(cache, "sm_90a")
+
+
+def test_the_contract_stamp_covers_the_shared_module_and_the_familys_own():
+    contract = REPO / "runtime" / "contract"
+    for family in FAMILIES:
+        h = hashlib.sha256()
+        for path in (contract / "__init__.py", contract / f"{family}.py"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        assert family_contract_hash(family) == h.hexdigest(), family
+    assert len({family_contract_hash(f) for f in FAMILIES}) == len(FAMILIES)
+    with pytest.raises(ValueError, match="unknown kernel family 'nope'"):
+        family_contract_hash("nope")
 
 
 def test_missing_cubin(cache):

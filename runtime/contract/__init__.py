@@ -10,8 +10,11 @@ no CuTe DSL, so both sides can import it.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SCHEMA_VERSION = 1
 
@@ -81,6 +84,20 @@ def family_variants(family: str) -> tuple[Variant, ...]:
     if family not in FAMILIES:
         raise ValueError(f"unknown kernel family {family!r}; known: {', '.join(FAMILIES)}")
     return importlib.import_module(f"{__name__}.{family}").VARIANTS
+
+
+@functools.cache
+def family_contract_hash(family: str) -> str:
+    """sha256 of the contract sources a family's kernels are compiled against: this module (the types, the C type
+    sizes) and the family's own (its constants). The build stamps every manifest entry with it and a load refuses an
+    entry stamped otherwise: the kernels compile in constants that the host ops use too (a finite -inf, the heads,
+    a row bound), and such a constant can change with no field the manifest repeats changing. Read once a process."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}; known: {', '.join(FAMILIES)}")
+    h = hashlib.sha256()
+    for path in (Path(__file__), Path(__file__).with_name(f"{family}.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def all_variants(arch: str | None = None, families=None) -> list[Variant]:
