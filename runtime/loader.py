@@ -91,6 +91,7 @@ class Kernel:
         # The CUkernel, not a context's CUfunction: launches work from any context.
         self._function = cu_kernel
         self._launch = drv.cuLaunchKernelEx
+        self._no_context = drv.CUresult.CUDA_ERROR_INVALID_CONTEXT
         # Argument storage and the void* array pointing at it, built once; a launch
         # only writes values (the driver copies them, so graph capture is safe).
         self._slots = [_CTYPES[p.ctype]() for p in entry.params]
@@ -173,6 +174,9 @@ class Kernel:
             if current != self.device and self.device is not None:  # the one comparison when they match
                 raise self._other_device(f"torch's current device is cuda:{current}")
             stream = _raw_stream_of(current)
+        elif stream == 0 and type(stream) is int:  # the legacy default stream: of the current device's context
+            if self.device is not None and _current_device() != self.device:
+                raise self._other_device(f"stream 0 is the default stream of cuda:{_current_device()}")
         elif type(stream) is not int:
             index = getattr(stream, "device_index", None)
             if self.device is not None and index is not None and index != self.device:
@@ -188,6 +192,12 @@ class Kernel:
             for slot, value in zip(self._slots, args):
                 slot.value = value
             (err,) = self._launch(config, self._function, self._params_address, 0)
+            if err == self._no_context:
+                # A thread whose first CUDA work is this launch has no context current (torch binds one at its
+                # first runtime call, which an op given every buffer need not make), and a CUkernel launched on
+                # the default stream runs in the current context: bind the device's primary context, as torch does.
+                _make_primary_context_current(_current_device() if self.device is None else self.device)
+                (err,) = self._launch(config, self._function, self._params_address, 0)
         if err:
             check((err,), f"cuLaunchKernelEx({self.name}, grid={grid})")
 
@@ -241,42 +251,61 @@ class _LaunchAttributes:
         return self._pdl
 
 
-# Keyed as runtime.load's own memo is, by the cache root it reads and the device: a root set or changed after a
-# refusal (SPARSE_DECODE_AOT_CACHE) is read, as one changed after a load is, instead of the old root's refusal sticking.
-_refusals: dict = {}  # (cache root, device index) -> the CacheError that runtime.load raised for them
-_refusals_said: set = set()  # (op, cache root, device index) whose fallback was said
-_refusals_lock = threading.Lock()
+# The host ops bind each device, at their first call there, to the cache that runtime.load() reads at that moment
+# ($SPARSE_DECODE_AOT_CACHE or the default root) or to its refusal, and every op uses that one answer on the device for
+# the life of the process: no two ops run kernels of two builds, and no call pays a lookup of the root. A start-up
+# runtime.load(device=i) of that root binds the device first, its refusal included (so that a capture's first op call
+# does not try to load again), and a later successful one replaces a bound refusal.
+_bound: dict = {}  # device index -> the KernelCache the host ops use there, or the CacheError that refused it
+_refusals_said: set = set()  # (op, device index) whose fallback was said
+_bound_lock = threading.RLock()  # re-entered by load() where cache_or_fallback calls it
 
 
 def cache_or_fallback(op: str, device: int):
-    """The host ops' first question for a device: ``runtime.load(device=device)``, or None where the cache refuses
-    it, so that ``op`` runs its exact torch fallback there.
+    """The host ops' question for a device: the cache bound to it (``runtime.load(device=device)`` at the first
+    call), or None where the cache refused it, so that ``op`` runs its exact torch fallback there.
 
-    A refusal is remembered for its cache root and device (a refused load costs tens of milliseconds, which every
-    call would pay again) and said once an op, root and device (RuntimeWarning naming it); concurrent first calls
-    make one load. Only a CacheError is a
+    A refusal is remembered (a refused load costs tens of milliseconds, which every call would pay again) and said
+    once an op and device (RuntimeWarning naming it); concurrent first calls make one load. Only a CacheError is a
     refusal: any other error is raised, CacheLoadInterrupted among them (out of GPU memory or a stream capture at
     the load: the next call loads again). (Through the package's ``load``, which a caller or test may replace.)
     """
-    with _refusals_lock:
-        root, root_refusal = _root_now()
-        key = (root, device)
-        refusal = _refusals.get(key)
-        if refusal is None:
-            import runtime  # noqa: PLC0415 - the package: load() is memoized per root and device
-
-            try:
-                if root_refusal is not None:
-                    raise root_refusal
-                if not is_loaded(device, root):  # only a call that would load asks about capture
-                    _refuse_a_load_in_capture(op, device)
-                return runtime.load(device=device)
-            except CacheError as e:
-                refusal = _refusals[key] = e
-        if (op, *key) not in _refusals_said:
-            _refusals_said.add((op, *key))
-            warn_fallback(op, f"cuda:{device}", refusal)
+    with _bound_lock:
+        answer = _bound.get(device)
+        if answer is None:
+            answer = _bind(op, device)
+        if not isinstance(answer, CacheError):
+            return answer
+        if (op, device) not in _refusals_said:
+            _refusals_said.add((op, device))
+            warn_fallback(op, f"cuda:{device}", answer)
         return None
+
+
+def _bind(op: str, device: int):
+    """Load the cache of the root runtime.load() reads now for ``device`` and bind the device to it or its refusal."""
+    import runtime  # noqa: PLC0415 - the package: load() is memoized per root and device
+
+    root, root_refusal = _root_now()
+    try:
+        if root_refusal is not None:
+            raise root_refusal
+        if not is_loaded(device, root):  # only a call that would load asks about capture
+            _refuse_a_load_in_capture(op, device)
+        answer = runtime.load(device=device)
+    except CacheError as e:
+        answer = e
+    _bound[device] = answer
+    return answer
+
+
+def _bind_a_start_up_load(device: int, answer) -> None:
+    """runtime.load() of the ops' root (no root given) binds a device nothing is bound to, and a successful one
+    replaces a bound refusal (the cache was built, or the variable set, since)."""
+    with _bound_lock:
+        if _bound.get(device) is None or (isinstance(_bound[device], CacheError)
+                                          and not isinstance(answer, CacheError)):
+            _bound[device] = answer
 
 
 def _root_now() -> tuple[str, CacheError | None]:
@@ -411,7 +440,9 @@ class _PhaseClock:
 def load(root: str | Path | None = None, device: int | None = None) -> KernelCache:
     """Load and validate every kernel for ``device`` (default: torch's current device).
 
-    Memoized per (root, device): call it once before CUDA graph capture.
+    Memoized per (root, device): call it once before CUDA graph capture. Without ``root`` (the root of
+    $SPARSE_DECODE_AOT_CACHE or the default, which the host ops use) it also binds the host ops on the device to its
+    cache, or to its refusal (``cache_or_fallback``); a cache loaded from another root serves direct launches only.
     """
     clock = _PhaseClock() if env_flag(PROFILE_ENV) else None
     tick = clock or no_tick
@@ -424,20 +455,29 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
     if device >= torch.cuda.device_count():  # torch would fail an assertion
         raise ValueError(f"device: cuda:{device} does not exist, this process sees {torch.cuda.device_count()} CUDA "
                          f"device(s); pass an index below that")
+    ops_root = root is None
     root = resolved_root(root)
     key = (str(root), device)
     tick("torch_device_and_root")
-    with _caches_lock:
-        if key not in _caches:
-            _caches[key] = _load(root, device, tick)
-            if clock is not None:
-                import json
-                import sys
+    try:
+        with _caches_lock:
+            if key not in _caches:
+                _caches[key] = _load(root, device, tick)
+                if clock is not None:
+                    import json
+                    import sys
 
-                profile = clock.report(len(_caches[key].names()))
-                _caches[key].load_profile = profile
-                print(f"runtime.load profile: {json.dumps(profile)}", file=sys.stderr)
-        return _caches[key]
+                    profile = clock.report(len(_caches[key].names()))
+                    _caches[key].load_profile = profile
+                    print(f"runtime.load profile: {json.dumps(profile)}", file=sys.stderr)
+            cache = _caches[key]
+    except CacheError as e:
+        if ops_root:  # outside _caches_lock: cache_or_fallback takes the two locks in the other order
+            _bind_a_start_up_load(device, e)
+        raise
+    if ops_root:
+        _bind_a_start_up_load(device, cache)
+    return cache
 
 
 def is_loaded(device: int, root: str | Path | None = None) -> bool:

@@ -1880,7 +1880,7 @@ def test_a_refused_cache_is_said_when_the_state_is_built(monkeypatch):
         raise runtime.CacheError("no manifest for this device's arch")
 
     monkeypatch.setattr(runtime, "load", refuse)
-    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_bound", {})
     monkeypatch.setattr(loader, "_refusals_said", set())
     monkeypatch.setattr(topk, "_plans", {})
     load_kernels = topk.load_kernels  # on cuda:0, which the CUDA-looking CPU buffer cannot name

@@ -402,7 +402,7 @@ def test_a_refused_cache_is_said_by_every_rank_when_its_state_is_built(monkeypat
     md, world = step.metadata, 7
     assert [r for r in range(world) if not len(range(*row_shard_bounds(16, md.num_requests, world, r)))], "no empty"
     for rank in range(world):  # each rank a process of its own: a refusal is said once a process
-        monkeypatch.setattr(loader, "_refusals", {})
+        monkeypatch.setattr(loader, "_bound", {})
         monkeypatch.setattr(loader, "_refusals_said", set())
         monkeypatch.setattr(topk, "_plans", {})
         with warnings.catch_warnings():

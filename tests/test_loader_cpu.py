@@ -280,6 +280,40 @@ def test_default_stream_of_another_device_is_refused(cache, stand_in, monkeypatc
         assert launched == [1000, 1000]
 
 
+def test_stream_zero_of_another_device_is_refused(cache, stand_in, monkeypatch):
+    """Stream 0 is the legacy default stream of the current context, so it names a device as None does: refused where
+    torch's current device is not the kernel's, launched where it is. Another raw handle cannot say its device."""
+    stand_in()
+    kernel = loader.load(cache, device=0).kernel("probe_cluster2")
+    launched = _recording_launches(kernel)
+    with _switching_device(monkeypatch, current=1) as state:
+        with pytest.raises(ValueError, match="probe_cluster2: stream 0 is the default stream of cuda:1, the kernel was "
+                                             "loaded for cuda:0"):
+            kernel.launch(2, 0, 0, stream=0)
+        kernel.launch(2, 0, 0, stream=7)
+        state["index"] = 0
+        kernel.launch(2, 0, 0, stream=0)
+    assert launched == [7, 0]
+
+
+def test_a_launch_without_a_current_context_binds_the_devices_and_launches(cache, stand_in, monkeypatch):
+    """A thread whose first CUDA work is a launch (an op given every buffer) has no current context, and a CUkernel on
+    the default stream runs in the current one: the driver answers CUDA_ERROR_INVALID_CONTEXT. The launch makes its
+    device's primary context current, as torch's first call in a thread does, and launches again, once."""
+    stand_in()
+    kernel = loader.load(cache, device=1).kernel("probe_cluster2")
+    answers = [real.CUresult.CUDA_ERROR_INVALID_CONTEXT, OK]
+    kernel._launch = lambda config, function, params, extra: (answers.pop(0),)
+    bound = []
+    monkeypatch.setattr(loader, "_make_primary_context_current", bound.append)
+    kernel.launch(2, 0, 0, stream=7)
+    assert bound == [1] and answers == []
+    answers[:] = [real.CUresult.CUDA_ERROR_INVALID_CONTEXT, real.CUresult.CUDA_ERROR_INVALID_CONTEXT]
+    with pytest.raises(Exception, match="CUDA_ERROR_INVALID_CONTEXT"):
+        kernel.launch(2, 0, 0, stream=7)  # still none: said, not retried again
+    assert bound == [1, 1] and answers == []
+
+
 def test_load_reads_only_the_elf_header(cache, stand_in, monkeypatch):
     import runtime.manifest
 
@@ -467,14 +501,15 @@ def ops_cache(cache, stand_in, monkeypatch):
 
     drv = stand_in()
     monkeypatch.setattr(runtime, "load", lambda device=None: loader.load(cache, device=device))
-    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_bound", {})
     monkeypatch.setattr(loader, "_refusals_said", set())
     return drv
 
 
 def _refusal_of(device: int):
-    """The one refusal cache_or_fallback remembers for ``device`` (its memo is keyed by cache root and device)."""
-    (refusal,) = [e for (_, index), e in loader._refusals.items() if index == device]
+    """The refusal cache_or_fallback has bound ``device`` to."""
+    refusal = loader._bound[device]
+    assert isinstance(refusal, errors.CacheError), refusal
     return refusal
 
 
@@ -510,7 +545,7 @@ def test_load_stopped_by_memory_or_capture_is_raised_not_remembered(ops_cache, k
     else:
         assert "runtime.load(device=i)" in e.value.fix and "before any CUDA graph capture" in e.value.fix
     assert drv.loaded and sorted(drv.unloaded) == sorted(drv.loaded), "the failed load keeps no library"
-    assert loader._refusals == {}
+    assert loader._bound == {}
     drv.load_error = drv.occupancy_error = drv.symbol_error = drv.param_error = None
     assert set(loader.cache_or_fallback("decode_topk", 0).names()) == {"probe_cluster2", "probe_cluster8"}
 
@@ -523,7 +558,7 @@ def test_first_call_during_graph_capture_is_refused_with_the_fix(cache, stand_in
 
     drv = stand_in()
     monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))  # runtime.load(device=i), as the ops call it, reads this cache
-    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_bound", {})
     capturing = {"now": True, "asked": 0}
 
     def is_current_stream_capturing():
@@ -536,7 +571,7 @@ def test_first_call_during_graph_capture_is_refused_with_the_fix(cache, stand_in
                                                           "CUDA graph stream capture") as e:
         loader.cache_or_fallback("sparse_mla_decode", 0)
     assert not isinstance(e.value, errors.CacheError) and "runtime.load(device=0)" in e.value.fix
-    assert not drv.loaded and loader._refusals == {} and not loader.is_loaded(0)
+    assert not drv.loaded and loader._bound == {} and not loader.is_loaded(0)
     capturing["now"] = False
     loaded = loader.cache_or_fallback("sparse_mla_decode", 0)
     assert loader.is_loaded(0) and "probe_cluster2" in loaded
@@ -583,7 +618,7 @@ def test_a_bug_in_a_driver_call_is_not_a_refusal(ops_cache):
     ops_cache.cuFuncGetParamInfo = broken
     with pytest.raises(RuntimeError, match="^a bug$"):
         loader.cache_or_fallback("decode_topk", 0)
-    assert loader._refusals == {}
+    assert loader._bound == {}
 
 
 def test_malformed_section_table_never_reaches_the_driver(cache, stand_in):
@@ -687,7 +722,7 @@ def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, 
 
     drv = stand_in()
     monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_bound", {})
     monkeypatch.setattr(loader, "_refusals_said", set())
     monkeypatch.setenv(CACHE_ROOT_ENV, "relative/cache")
     with pytest.warns(RuntimeWarning, match="PathError.*relative path 'relative/cache'"):
@@ -704,7 +739,7 @@ def test_a_cache_root_that_is_a_symlink_loop_is_a_refusal(tmp_path, stand_in, mo
 
     drv = stand_in()
     monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_bound", {})
     monkeypatch.setattr(loader, "_refusals_said", set())
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
@@ -717,35 +752,81 @@ def test_a_cache_root_that_is_a_symlink_loop_is_a_refusal(tmp_path, stand_in, mo
     assert loader.cache_or_fallback("decode_topk", 0) is None and not drv.loaded
 
 
-def test_a_refusal_is_remembered_for_its_cache_root_not_for_every_root(cache, tmp_path, stand_in, monkeypatch):
-    """runtime.load memoizes a cache per (root, device), so a root set after a load is read; the refusals were
-    memoized per device alone, so after one root's refusal a root set later (SPARSE_DECODE_AOT_CACHE) was never read:
-    an op's first call ran the fallback with the old root's reason. Now a refusal holds for its own root only, still
-    read once and said once there."""
+def test_the_first_call_binds_the_device_for_every_op(cache, tmp_path, stand_in, monkeypatch):
+    """The host ops bind a device at their first call there, to the cache root of that moment or its refusal, and
+    keep it: the ops' own memos (decode_topk's plans, sparse MLA's kernels) are keyed by device, so a refusal memo
+    keyed by root as well let a later root serve one op while another kept the first root's answer. Now every op
+    answers alike on the device, read once and said once an op, and a start-up runtime.load() that succeeds on the
+    root set since replaces the bound refusal."""
+    import warnings
+
     import runtime
     from runtime.manifest import CACHE_ROOT_ENV
 
     drv = stand_in()
     monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_bound", {})
     monkeypatch.setattr(loader, "_refusals_said", set())
     empty = tmp_path / "not_built"
     empty.mkdir()
     monkeypatch.setenv(CACHE_ROOT_ENV, str(empty))
-    with pytest.warns(RuntimeWarning, match="SchemaError.*not_built.*manifest not found"):
+    with pytest.warns(RuntimeWarning, match="decode_topk: .*SchemaError.*not_built.*manifest not found"):
         assert loader.cache_or_fallback("decode_topk", 0) is None
     monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
-    assert set(loader.cache_or_fallback("decode_topk", 0).names()) == {"probe_cluster2", "probe_cluster8"}
-    loads = len(drv.loaded)
-    monkeypatch.setenv(CACHE_ROOT_ENV, str(empty))
-    with pytest.warns(RuntimeWarning, match="sparse_mla_decode: .*SchemaError"):  # said once for each op
-        assert loader.cache_or_fallback("sparse_mla_decode", 0) is None  # the first root's refusal: not read again
-    import warnings
-
+    with pytest.warns(RuntimeWarning, match="sparse_mla_decode: .*SchemaError.*not_built"):  # said once for each op
+        assert loader.cache_or_fallback("sparse_mla_decode", 0) is None  # the bound refusal: the root is not read
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert loader.cache_or_fallback("decode_topk", 0) is None  # and not said again for this op
-    assert len(drv.loaded) == loads and len(loader._refusals) == 1
+    assert not drv.loaded
+    loaded = runtime.load(device=0)  # the root set since, loaded at start-up: it replaces the refusal
+    assert loader.cache_or_fallback("decode_topk", 0) is loaded
+    assert loader.cache_or_fallback("sparse_mla_decode", 0) is loaded
+
+
+def test_a_start_up_load_binds_the_ops_to_its_cache_or_refusal(cache, tmp_path, stand_in, monkeypatch):
+    """runtime.load(device=i) at start-up, before any graph capture, as the README says: where it is refused (a GPU
+    no cache arch serves, an unbuilt root) the ops' first call inside a capture used to find nothing loaded and
+    nothing refused and raised CacheLoadInterrupted, whose fix is the load that was made. Now the refusal is bound,
+    and the first call runs the fallback, saying why once, without asking about capture. A load of another root
+    (root given) binds nothing: the ops read $SPARSE_DECODE_AOT_CACHE or the default root only."""
+    import runtime
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    stand_in()
+    monkeypatch.setattr(runtime, "load", loader.load)
+    monkeypatch.setattr(loader, "_bound", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    empty = tmp_path / "not_built"
+    empty.mkdir()
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(empty))
+    loader.load(cache, device=0)
+    assert loader._bound == {}
+    with pytest.raises(errors.SchemaError, match="manifest not found"):
+        runtime.load(device=0)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: pytest.fail("asked about capture"))
+    with pytest.warns(RuntimeWarning, match="decode_topk: the AOT cache cannot serve cuda:0.*SchemaError"):
+        assert loader.cache_or_fallback("decode_topk", 0) is None
+    assert isinstance(_refusal_of(0), errors.SchemaError)
+
+
+def test_a_bound_cache_is_not_replaced_by_a_later_load(cache, stand_in, monkeypatch):
+    """Once the ops run a cache's kernels on a device (graphs may hold them), a later runtime.load() of the root, set
+    to another cache since or refused now, changes nothing for them."""
+    import runtime
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    stand_in()
+    monkeypatch.setattr(runtime, "load", loader.load)
+    monkeypatch.setattr(loader, "_bound", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
+    bound = loader.cache_or_fallback("decode_topk", 0)
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(cache / "elsewhere"))
+    with pytest.raises(errors.SchemaError):
+        runtime.load(device=0)
+    assert loader.cache_or_fallback("sparse_mla_decode", 0) is bound
 
 
 class _KernelsOfAnotherFamily:

@@ -176,3 +176,41 @@ def test_first_call_during_capture_is_refused_then_loads():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "refused:" in proc.stdout and "runtime.load(device=0)" in proc.stdout, proc.stdout
     assert "kernel after capture: True" in proc.stdout, proc.stdout
+
+
+def test_a_thread_whose_first_cuda_work_is_an_op_launches_it(cache):
+    """A worker thread has no CUDA context current until its first CUDA call, and decode_topk given every buffer makes
+    none before its launch; a CUkernel launched on the default stream runs in the current context, so the driver
+    would refuse it (CUDA_ERROR_INVALID_CONTEXT). The launch binds the device's primary context and runs: the thread's
+    rows equal the reference's, by the AOT kernel."""
+    import threading
+
+    import torch
+
+    from runtime.reference import decode_topk_reference
+    from runtime.topk import decode_topk, decode_topk_plan
+
+    rows, width, k = 4, 8192, 512
+    logits = torch.randn(rows, width, device="cuda")
+    row_ends = torch.tensor([width, 5000, 0, 700], dtype=torch.int32, device="cuda")
+    out = torch.full((rows, k), -2, dtype=torch.int32, device="cuda")
+    assert decode_topk_plan(logits, rows, k, False) is not None, "the kernel takes the call"
+    decode_topk(logits, row_ends, out)  # loaded on this thread; the worker's call finds it loaded
+    torch.cuda.synchronize()
+    out.fill_(-2)
+    torch.cuda.synchronize()
+    raised = []
+
+    def worker():
+        try:
+            decode_topk(logits, row_ends, out)
+        except BaseException as e:  # reported by the main thread
+            raised.append(e)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert not raised, raised
+    torch.cuda.synchronize()
+    ref = decode_topk_reference(logits, row_ends, k)
+    assert torch.equal(torch.sort(out, dim=1).values, torch.sort(ref, dim=1).values)

@@ -503,7 +503,7 @@ def _forget_refusals(monkeypatch):
     """A fresh memo of the devices the cache refused (runtime.loader.cache_or_fallback) for this test."""
     from runtime import loader
 
-    monkeypatch.setattr(loader, "_refusals", {})
+    monkeypatch.setattr(loader, "_bound", {})
     monkeypatch.setattr(loader, "_refusals_said", set())
 
 

@@ -544,7 +544,7 @@ def test_refused_cache_is_said_once(monkeypatch):
 
     monkeypatch.setattr(runtime, "load", refuse)
     monkeypatch.setattr(topk, "_plans", {})
-    monkeypatch.setattr(runtime.loader, "_refusals", {})  # a fresh memo of refused devices
+    monkeypatch.setattr(runtime.loader, "_bound", {})  # a fresh memo of bound devices
     monkeypatch.setattr(runtime.loader, "_refusals_said", set())
     device = torch.device("cuda", 0)
     with pytest.warns(RuntimeWarning, match="cannot serve cuda:0.*no manifest"):
@@ -563,7 +563,7 @@ def test_plan_error_other_than_a_refusal_is_raised(monkeypatch):
 
     monkeypatch.setattr(runtime, "load", broken)
     monkeypatch.setattr(topk, "_plans", {})
-    monkeypatch.setattr(runtime.loader, "_refusals", {})  # a fresh memo of refused devices
+    monkeypatch.setattr(runtime.loader, "_bound", {})  # a fresh memo of bound devices
     monkeypatch.setattr(runtime.loader, "_refusals_said", set())
     with pytest.raises(AttributeError, match="a bug in the loader"):
         topk._plan_for(torch.device("cuda", 0), "f32", False)
