@@ -43,7 +43,7 @@ def bench_cell(rows: int, length: int, k: int, dtype: str, block_mode: bool = Fa
     plan = decode_topk_plan(logits[0], rows, k, block_mode)
     cell["kernel"] = None if plan is None else {"name": plan[0], "cluster": plan[1], "grid": plan[2]}
     decode_topk(logits[0], ends, outs[0], block_mode=block_mode)  # load the cache before capture
-    torch.cuda.synchronize()
+    check_rows(outs[0], logits[0], ends, k, block_mode)
     cell["op"] = common.time_graph(
         [lambda x=x, o=o: decode_topk(x, ends, o, block_mode=block_mode) for x, o in zip(logits, outs)])
     if plan is not None:  # the same kernel without programmatic dependent launch
@@ -63,6 +63,17 @@ def bench_cell(rows: int, length: int, k: int, dtype: str, block_mode: bool = Fa
     cell["fraction_of_copy_bw"] = cell["achieved_gbs"] / bw
     del logits, outs
     return cell
+
+
+def check_rows(out: torch.Tensor, logits: torch.Tensor, ends: torch.Tensor, k: int, block_mode: bool) -> None:
+    """Before a cell is timed: the op's rows hold the exact reference's sets, else the cell is not timed."""
+    from runtime.reference import decode_topk_reference
+
+    want = decode_topk_reference(logits, ends, k, block_mode=block_mode)
+    differ = (out.sort(dim=1).values != want.sort(dim=1).values).any(dim=1)
+    if bool(differ.any()):
+        raise RuntimeError(f"decode_topk's rows {differ.nonzero().flatten().tolist()[:8]} differ from the exact "
+                           f"reference's: the cell is not timed")
 
 
 def cluster_sweep(rows: int, length: int, k: int, dtype: str) -> dict:

@@ -47,7 +47,37 @@ def gpu_info() -> dict:
         # gives a commit's digest to compare).
         "manifest_sha256": manifest_digests(),
         "source_sha256": source_digest(),
+        "packages": package_versions(),
+        "switches": run_switches(),
     }
+
+
+# The installed packages that a measurement's peers and scorer come from (the Triton peer, DeepGEMM's logits).
+MEASURED_PACKAGES = ("triton", "cuda-bindings", "sgl-deep-gemm", "deep-gemm", "tokenspeed-deepgemm", "apache-tvm-ffi")
+
+
+def package_versions(names=MEASURED_PACKAGES) -> dict:
+    """{distribution: version} of those of ``names`` installed (metadata only: nothing is imported)."""
+    from importlib import metadata
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+# Environment variables that change what a run measures: the runtime's (the cache root, the metadata value check,
+# a measurement build's load), DeepGEMM's (its JIT cache, SM count) and CUDA's launch settings.
+SWITCH_PREFIXES = ("SPARSE_DECODE_AOT_", "DG_", "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING", "CUDA_VISIBLE_DEVICES")
+
+
+def run_switches(environ=None) -> dict:
+    """{name: value} of the environment variables of SWITCH_PREFIXES set for this run."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(SWITCH_PREFIXES)}
 
 
 def files_differ_from_head(root: Path) -> bool | None:
