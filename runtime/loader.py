@@ -291,6 +291,7 @@ def _bind(op: str, device: int):
         if root_refusal is not None:
             raise root_refusal
         if not is_loaded(device, root):  # only a call that would load asks about capture
+            device_arch(device)  # a GPU no arch serves is refused without a load, so inside a capture too
             _refuse_a_load_in_capture(op, device)
         answer = runtime.load(device=device)
     except CacheError as e:
@@ -485,7 +486,9 @@ def is_loaded(device: int, root: str | Path | None = None) -> bool:
     return (str(resolved_root(root)), int(device)) in _caches
 
 
-def _load(root: Path, device: int, tick=no_tick) -> KernelCache:
+def device_arch(device: int) -> str:
+    """The cache arch that serves ``device``, from torch's device properties (no CUDA call, so it may be asked inside
+    a graph capture), or a DeviceArchError where none does."""
     capability = torch.cuda.get_device_capability(device)
     arch = arch_for_capability(capability)
     if arch is None:
@@ -494,11 +497,17 @@ def _load(root: Path, device: int, tick=no_tick) -> KernelCache:
             f"serves ({', '.join(f'{a}: {c[0]}.{c[1]}' for a, c in ARCH_CAPABILITY.items())}).",
             fix="use the torch fallbacks on this GPU",
         )
+    return arch
+
+
+def _load(root: Path, device: int, tick=no_tick) -> KernelCache:
+    arch = device_arch(device)
     tick("torch_device_and_root")
     with build_settled(root):  # no build's writes between the manifest and the cubins it names
         manifest = read_manifest(root, arch)
         tick("read_manifest")
-        return load_manifest(manifest, device, tick=tick, capability=capability)
+        # The device's capability is the arch's exactly (arch_for_capability): not asked of torch again.
+        return load_manifest(manifest, device, tick=tick, capability=ARCH_CAPABILITY[arch])
 
 
 def load_manifest(manifest: Manifest, device: int, *, tick=no_tick, capability=None) -> KernelCache:

@@ -811,6 +811,27 @@ def test_a_start_up_load_binds_the_ops_to_its_cache_or_refusal(cache, tmp_path, 
     assert isinstance(_refusal_of(0), errors.SchemaError)
 
 
+def test_a_gpu_no_arch_serves_takes_the_fallback_at_a_first_call_inside_a_capture(cache, stand_in, monkeypatch):
+    """A GPU of compute capability 8.0 (or 10.3) is refused by its capability alone, which torch's device properties
+    give without a CUDA call: a first op call inside a graph capture binds that refusal and runs the fallback, as it
+    would outside one, instead of raising CacheLoadInterrupted for a load that could never serve the device."""
+    import runtime
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    drv = stand_in()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(runtime, "load", loader.load)
+    monkeypatch.setattr(loader, "_bound", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.warns(RuntimeWarning, match="sparse_mla_decode: the AOT cache cannot serve cuda:0.*DeviceArchError"
+                                            ".*compute capability 8.0"):
+        assert loader.cache_or_fallback("sparse_mla_decode", 0) is None
+    assert isinstance(_refusal_of(0), errors.DeviceArchError) and not drv.loaded
+
+
 def test_a_bound_cache_is_not_replaced_by_a_later_load(cache, stand_in, monkeypatch):
     """Once the ops run a cache's kernels on a device (graphs may hold them), a later runtime.load() of the root, set
     to another cache since or refused now, changes nothing for them."""
