@@ -253,9 +253,10 @@ class _LaunchAttributes:
 
 # The host ops bind each device, at their first call there, to the cache that runtime.load() reads at that moment
 # ($SPARSE_DECODE_AOT_CACHE or the default root) or to its refusal, and every op uses that one answer on the device for
-# the life of the process: no two ops run kernels of two builds, and no call pays a lookup of the root. A start-up
-# runtime.load(device=i) of that root binds the device first, its refusal included (so that a capture's first op call
-# does not try to load again), and a later successful one replaces a bound refusal.
+# the life of the process: no two ops run kernels of two builds (the ops' own memos of kernels and plans are per device
+# too, so a binding that changed later would reach only the calls not yet made), and no call pays a lookup of the root.
+# A start-up runtime.load(device=i) of that root binds the device first, its refusal included, so that a capture's
+# first op call does not try to load again.
 _bound: dict = {}  # device index -> the KernelCache the host ops use there, or the CacheError that refused it
 _refusals_said: set = set()  # (op, device index) whose fallback was said
 _bound_lock = threading.RLock()  # re-entered by load() where cache_or_fallback calls it
@@ -301,12 +302,9 @@ def _bind(op: str, device: int):
 
 
 def _bind_a_start_up_load(device: int, answer) -> None:
-    """runtime.load() of the ops' root (no root given) binds a device nothing is bound to, and a successful one
-    replaces a bound refusal (the cache was built, or the variable set, since)."""
+    """runtime.load() of the ops' root (no root given) binds a device nothing is bound to yet."""
     with _bound_lock:
-        if _bound.get(device) is None or (isinstance(_bound[device], CacheError)
-                                          and not isinstance(answer, CacheError)):
-            _bound[device] = answer
+        _bound.setdefault(device, answer)
 
 
 def _root_now() -> tuple[str, CacheError | None]:
