@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# limit: 120
+# Does an op launched from a thread whose first CUDA work it is fail without the launch's context binding (fifty-second
+# session, Kernel.launch)? The GPU test test_a_thread_whose_first_cuda_work_is_an_op_launches_it, run on the
+# fifty-first session's runtime (0b57140, carried as .whl/runtime_s51.tgz: `git archive 0b57140 runtime | gzip`) and
+# then on the tree's. A pass on the old runtime says the driver found a context anyway (the mend is then defensive
+# only); a failure there and a pass here says the mend is needed.
+set -uo pipefail
+rm -rf /tmp/oldrt && mkdir -p /tmp/oldrt && tar -xzf .whl/runtime_s51.tgz -C /tmp/oldrt
+TEST=tests/test_runtime_gpu.py::test_a_thread_whose_first_cuda_work_is_an_op_launches_it
+echo "== the fifty-first session's runtime"
+PYTHONPATH=/tmp/oldrt:$PWD python3 -c "import runtime, sys; print(runtime.__file__)"
+PYTHONPATH=/tmp/oldrt:$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider "$TEST" 2>&1 | tail -12
+echo "== this tree's runtime"
+PYTHONPATH=$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider "$TEST" 2>&1 | tail -5
