@@ -9,7 +9,7 @@ set -uo pipefail
 rm -rf /tmp/oldrt && mkdir -p /tmp/oldrt && tar -xzf .whl/runtime_s51.tgz -C /tmp/oldrt
 TEST=tests/test_runtime_gpu.py::test_a_thread_whose_first_cuda_work_is_an_op_launches_it
 echo "== the fifty-first session's runtime"
-PYTHONPATH=/tmp/oldrt:$PWD python3 -c "import runtime, sys; print(runtime.__file__)"
-PYTHONPATH=/tmp/oldrt:$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider "$TEST" 2>&1 | tail -12
+PYTHONPATH=/tmp/oldrt:$PWD python3 -P -c "import runtime; print(runtime.__file__)"  # -P: no cwd first on sys.path
+PYTHONPATH=/tmp/oldrt:$PWD timeout 100 python3 -P -m pytest -q -p no:cacheprovider "$TEST" 2>&1 | tail -12
 echo "== this tree's runtime"
 PYTHONPATH=$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider "$TEST" 2>&1 | tail -5
