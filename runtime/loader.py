@@ -455,10 +455,10 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
         raise ValueError(f"device: cuda:{device} does not exist, this process sees {torch.cuda.device_count()} CUDA "
                          f"device(s); pass an index below that")
     ops_root = root is None
-    root = resolved_root(root)
-    key = (str(root), device)
-    tick("torch_device_and_root")
     try:
+        root = resolved_root(root)  # a refused root (a relative $SPARSE_DECODE_AOT_CACHE) is bound as any refusal
+        key = (str(root), device)
+        tick("torch_device_and_root")
         with _caches_lock:
             if key not in _caches:
                 _caches[key] = _load(root, device, tick)

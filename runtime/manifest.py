@@ -329,13 +329,24 @@ def check_against_contract(manifest: Manifest) -> None:
             details = "; ".join(f"{f} {_shown(entry, f)!r}, contract {_shown(variant, f)!r}" for f in fields)
             raise ContractMismatchError(f"the entry differs from this runtime's contract in {', '.join(fields)} "
                                         f"({details}).", file=manifest.path, kernel=entry.name, fix=fix)
-        ours = family_contract_hash(entry.family)
+        ours = _contract_hash_or_refusal(entry.family, manifest.path)
         if entry.contract_hash != ours:
             raise ContractMismatchError(
                 f"the kernel was compiled against other contract sources (runtime/contract/__init__.py and "
                 f"{entry.family}.py: sha256 {entry.contract_hash[:12]!r}, this runtime's {ours[:12]!r}); a constant "
                 f"it compiles in may differ from the one the host op uses.", file=manifest.path, kernel=entry.name,
                 fix=fix)
+
+
+def _contract_hash_or_refusal(family: str, path: Path) -> str:
+    """``family_contract_hash``, or a refusal where this runtime ships without its contract's sources (.pyc only, a
+    zipped package): the stamp cannot be compared, and an OSError would escape every op call instead of a fallback."""
+    try:
+        return family_contract_hash(family)
+    except OSError as e:
+        raise ContractMismatchError(f"this runtime's contract sources cannot be read to compare the entries' stamps "
+                                    f"({e}).", file=path,
+                                    fix="install the runtime with its sources (runtime/contract/*.py)") from None
 
 
 # The build lock is opened as the build's filelock opens it: not through a symlink (filelock refuses one, so no build

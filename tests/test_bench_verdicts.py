@@ -62,6 +62,11 @@ def test_the_mla_speedup_is_judged_against_a_fully_swept_triton_peer_only(tmp_pa
         case["speedup_vs_best_peer"] = case["speedup_vs"]["reference"]
     finish(no_triton, tmp_path / "no_triton.json")
     assert no_triton["target_check"]["speedup_ok"] is None
+    no_plain_peer = _mla_result()
+    for case in no_plain_peer["cases"]:
+        case["triton_in_stream_order"] = {"error": "no config of the sweep gave a right output without PDL"}
+    finish(no_plain_peer, tmp_path / "no_plain_peer.json")
+    assert no_plain_peer["target_check"]["speedup_ok"] is None
     quick = _mla_result()
     quick["quick_sweep"] = True
     finish(quick, tmp_path / "quick.json")

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import types
+import warnings
 
 import pytest
 import torch
@@ -830,6 +831,77 @@ def test_a_gpu_no_arch_serves_takes_the_fallback_at_a_first_call_inside_a_captur
                                             ".*compute capability 8.0"):
         assert loader.cache_or_fallback("sparse_mla_decode", 0) is None
     assert isinstance(_refusal_of(0), errors.DeviceArchError) and not drv.loaded
+
+
+def test_a_start_up_load_stopped_by_the_process_state_binds_nothing(cache, stand_in, monkeypatch):
+    """Out of GPU memory at a start-up runtime.load(): CacheLoadInterrupted reaches the caller and nothing is bound
+    (the state passes; the ops' first call loads again), where a refused root, such as a relative
+    $SPARSE_DECODE_AOT_CACHE, is bound as any refusal."""
+    import runtime
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    drv = stand_in(load_error=real.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
+    monkeypatch.setattr(runtime, "load", loader.load)
+    monkeypatch.setattr(loader, "_bound", {})
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
+    with pytest.raises(errors.CacheLoadInterrupted, match="out of memory"):
+        runtime.load(device=0)
+    assert loader._bound == {}
+    drv.load_error = None
+    assert "probe_cluster2" in loader.cache_or_fallback("decode_topk", 0)
+    monkeypatch.setattr(loader, "_bound", {})
+    monkeypatch.setenv(CACHE_ROOT_ENV, "relative/cache")
+    with pytest.raises(errors.PathError):
+        runtime.load(device=0)
+    assert isinstance(_refusal_of(0), errors.PathError)
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["served", "refused"])
+def test_an_op_and_a_start_up_load_racing_bind_one_answer_without_deadlock(cache, tmp_path, stand_in, monkeypatch,
+                                                                        refused):
+    """An op's first call takes the binding lock, then the load's; runtime.load() takes the load's and binds after
+    releasing it. Racing from two threads, both end, and both see the one bound answer."""
+    import threading
+
+    import runtime
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    stand_in()
+    monkeypatch.setattr(runtime, "load", loader.load)
+    monkeypatch.setattr(loader, "_refusals_said", set())
+    root = tmp_path / "not_built" if refused else cache
+    root.mkdir(exist_ok=True)
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(root))
+    for _ in range(20):
+        monkeypatch.setattr(loader, "_bound", {})
+        monkeypatch.setattr(loader, "_caches", {})
+        answers, start = {}, threading.Barrier(2)
+
+        def op():
+            start.wait()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                answers["op"] = loader.cache_or_fallback("decode_topk", 0)
+
+        def load():
+            start.wait()
+            try:
+                answers["load"] = runtime.load(device=0)
+            except errors.CacheError as e:
+                answers["load"] = e
+
+        threads = [threading.Thread(target=op), threading.Thread(target=load)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+        assert not any(t.is_alive() for t in threads), "deadlock"
+        bound = loader._bound[0]
+        assert isinstance(bound, errors.CacheError) == refused
+        assert answers["op"] is (None if refused else bound)
+        if not refused:
+            assert answers["load"] is bound
 
 
 def test_a_bound_cache_is_not_replaced_by_a_later_load(cache, stand_in, monkeypatch):

@@ -100,6 +100,20 @@ def test_entry_without_a_contract_stamp_is_refused(cache):
         check_cache(cache, "sm_90a")
 
 
+def test_a_runtime_without_its_contract_sources_refuses_the_cache(cache, monkeypatch):
+    """Shipped as .pyc only, the runtime cannot hash its contract: a ContractMismatchError (a refusal, so the ops fall
+    back and say why), not an OSError escaping every op call."""
+    import runtime.manifest as manifest_module
+
+    def unreadable(family):
+        raise FileNotFoundError(f"no such file: runtime/contract/{family}.py")
+
+    monkeypatch.setattr(manifest_module, "family_contract_hash", unreadable)
+    with pytest.raises(errors.ContractMismatchError, match="contract sources cannot be read.*probe.py.*Fix: install "
+                                                           "the runtime with its sources"):
+        check_cache(cache, "sm_90a")
+
+
 def test_the_contract_stamp_covers_the_shared_module_and_the_familys_own():
     contract = REPO / "runtime" / "contract"
     for family in FAMILIES:
