@@ -891,7 +891,7 @@ def test_an_op_and_a_start_up_load_racing_bind_one_answer_without_deadlock(cache
             except errors.CacheError as e:
                 answers["load"] = e
 
-        threads = [threading.Thread(target=op), threading.Thread(target=load)]
+        threads = [threading.Thread(target=op, daemon=True), threading.Thread(target=load, daemon=True)]
         for t in threads:
             t.start()
         for t in threads:
