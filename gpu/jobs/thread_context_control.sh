@@ -6,10 +6,14 @@
 # then on the tree's. A pass on the old runtime says the driver found a context anyway (the mend is then defensive
 # only); a failure there and a pass here says the mend is needed.
 set -uo pipefail
+# The old runtime looks for its cache next to its own package (/tmp/oldrt has none): both read this checkout's.
+export SPARSE_DECODE_AOT_CACHE=$PWD
 rm -rf /tmp/oldrt && mkdir -p /tmp/oldrt && tar -xzf .whl/runtime_s51.tgz -C /tmp/oldrt
 TEST=tests/test_runtime_gpu.py::test_a_thread_whose_first_cuda_work_is_an_op_launches_it
 echo "== the fifty-first session's runtime"
 PYTHONPATH=/tmp/oldrt:$PWD python3 -P -c "import runtime; print(runtime.__file__)"  # -P: no cwd first on sys.path
-PYTHONPATH=/tmp/oldrt:$PWD timeout 100 python3 -P -m pytest -q -p no:cacheprovider "$TEST" 2>&1 | tail -12
+PYTHONPATH=/tmp/oldrt:$PWD timeout 100 python3 -P -m pytest -q -p no:cacheprovider "$TEST" > /tmp/old.log 2>&1
+tail -12 /tmp/old.log
+echo "the old runtime's failure names CUDA_ERROR_INVALID_CONTEXT: $(grep -c CUDA_ERROR_INVALID_CONTEXT /tmp/old.log) line(s)"
 echo "== this tree's runtime"
 PYTHONPATH=$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider "$TEST" 2>&1 | tail -5
