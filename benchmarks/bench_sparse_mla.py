@@ -166,14 +166,10 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
             sweep.sort(key=lambda x: x[0])
             best_cfg = best = check = None
             for _, cfg in sweep:  # the fastest config whose output is right
-                op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
-                try:
-                    check = check_output(op, inp)
-                except RuntimeError as e:
-                    log(f"  triton {cfg}: {e}")
-                    continue
-                best_cfg, best = cfg, op
-                break
+                checked = checked_triton(tsm, T, width, cfg, inp, log)
+                if checked is not None:
+                    best_cfg, (best, check) = cfg, checked
+                    break
         if best is not None:
             r = time_op(best, inp, inp.sets)
             r["check_rel_err"] = check
@@ -241,6 +237,17 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
 STREAM_ORDER_CANDIDATES = 4  # the PDL sweep's fastest configs, timed again without PDL for the stream-order peer
 
 
+def checked_triton(tsm, T: int, width: int, cfg, inp, log):
+    """(the Triton peer of ``cfg``, its output's relative error against the reference), or None where its output is
+    wrong (logged)."""
+    op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
+    try:
+        return op, check_output(op, inp)
+    except RuntimeError as e:
+        log(f"  triton {cfg}: {e}")
+        return None
+
+
 def best_in_stream_order(tsm, T: int, width: int, best_cfg, sweep, inp, log) -> dict:
     """The Triton peer in stream order (no programmatic dependent launch, no overlap with the call before): the
     fastest right output of the PDL winner ``best_cfg`` (checked already) and the next fastest configs of the sweep,
@@ -249,12 +256,10 @@ def best_in_stream_order(tsm, T: int, width: int, best_cfg, sweep, inp, log) -> 
     others = [cfg for _, cfg in sweep if cfg != best_cfg]
     for cfg in [best_cfg, *others[:STREAM_ORDER_CANDIDATES - 1]]:
         plain_cfg = dataclasses.replace(cfg, pdl=False)
-        op = tsm.TritonSparseMla(T, width, DEVICE, plain_cfg)
-        try:
-            check = check_output(op, inp)
-        except RuntimeError as e:
-            log(f"  triton {plain_cfg}: {e}")
+        checked = checked_triton(tsm, T, width, plain_cfg, inp, log)
+        if checked is None:
             continue
+        op, check = checked
         r = time_op(op, inp, inp.sets)
         r["check_rel_err"], r["config"] = check, vars(plain_cfg)
         timed.append(r)

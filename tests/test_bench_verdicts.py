@@ -94,3 +94,41 @@ def test_a_result_records_the_switches_and_packages_that_change_a_measurement():
     assert run_switches(environ) == {"CUDA_LAUNCH_BLOCKING": "1", "DG_JIT_CACHE_DIR": "/c",
                                      "SPARSE_DECODE_AOT_CHECK_METADATA": "1"}
     assert set(package_versions(("pytest", "no-such-package-here"))) == {"pytest"}
+
+
+def test_the_stream_order_peer_is_the_fastest_right_config_without_pdl(monkeypatch):
+    """best_in_stream_order on stand-ins (its timings are GPU work): the PDL winner and the sweep's next fastest are
+    run without PDL, a wrong output is left out, and the fastest right one is the peer, with every candidate's time."""
+    import dataclasses
+
+    import benchmarks.bench_sparse_mla as bench
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        block_n: int
+        pdl: bool = True
+
+    class Op:
+        def __init__(self, T, width, device, cfg):
+            self.cfg = cfg
+
+    wrong = {Cfg(16, pdl=False)}
+    times = {Cfg(64, pdl=False): 9.0, Cfg(32, pdl=False): 8.0, Cfg(128, pdl=False): 8.5, Cfg(256, pdl=False): 1.0}
+
+    def check_output(op, inp):
+        if op.cfg in wrong:
+            raise RuntimeError("output differs from the reference")
+        return 0.01
+
+    monkeypatch.setattr(bench, "check_output", check_output)
+    monkeypatch.setattr(bench, "time_op", lambda op, inp, sets: {"median_us": times[op.cfg]})
+    tsm = type("tsm", (), {"TritonSparseMla": Op})
+    sweep = [(5.0, Cfg(16)), (6.0, Cfg(32)), (7.0, Cfg(64)), (7.5, Cfg(128)), (9.0, Cfg(256))]
+    inp = type("inp", (), {"sets": 4})
+    logged = []
+    best = bench.best_in_stream_order(tsm, 12, 640, Cfg(64), sweep, inp, logged.append)
+    assert best["config"] == {"block_n": 32, "pdl": False} and best["median_us"] == 8.0
+    assert set(best["candidates_us"].values()) == {9.0, 8.0, 8.5}  # the winner and three more; 256 not among them
+    assert len(logged) == 1 and "differs" in logged[0]
+    wrong.update(times)
+    assert "error" in bench.best_in_stream_order(tsm, 12, 640, Cfg(64), sweep, inp, logged.append)
