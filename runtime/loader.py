@@ -292,7 +292,6 @@ def _bind(op: str, device: int):
         if root_refusal is not None:
             raise root_refusal
         if not is_loaded(device, root):  # only a call that would load asks about capture
-            device_arch(device)  # a GPU no arch serves is refused without a load, so inside a capture too
             _refuse_a_load_in_capture(op, device)
         answer = runtime.load(device=device)
     except CacheError as e:
@@ -320,6 +319,7 @@ def _refuse_a_load_in_capture(op: str, device: int) -> None:
     """A first call inside CUDA graph stream capture would load the cache there: torch's context set-up and the
     driver's module loading cannot be captured (the load would fail, or its work land in the graph)."""
     if torch.cuda.is_initialized() and _capturing_on(device):  # no CUDA yet: nothing can be capturing
+        device_arch(device)  # a GPU no arch serves is refused (and bound) without a load, as outside a capture
         raise CacheLoadInterrupted(
             f"{op}: the first call on cuda:{device} came during CUDA graph stream capture and would load the AOT "
             f"cache there, which cannot be captured.",
