@@ -22,6 +22,7 @@ from runtime.indexer import (
     SingleRank,
     check_decode_metadata_values,
     decode_rows,
+    row_shard_bounds,
 )
 from runtime.scoring import TorchScorer, deepgemm_status
 
@@ -51,6 +52,29 @@ def _sets(t):
     return t.sort(dim=1).values
 
 
+@pytest.fixture
+def topk_launches(monkeypatch):
+    """The names of the decode_topk kernels a test's steps launch. The flow could select by an exact torch path (the
+    indexer's own reference, torch.topk) that gives the same sets, which neither a comparison of sets nor a watch on
+    decode_topk's fallback tells from the AOT kernel: a flow test counts the kernels launched instead."""
+    from runtime import topk
+
+    names = []
+    launch_on = topk.launch_on
+
+    def recorded(device, kernel, grid, *args):
+        names.append(kernel.name)
+        return launch_on(device, kernel, grid, *args)
+
+    monkeypatch.setattr(topk, "launch_on", recorded)
+    return names
+
+
+def _launched(names, mode: str) -> int:
+    """How many of ``names`` select in ``mode`` ("token" or "block")."""
+    return sum(f"_{mode}_" in name for name in names)
+
+
 @pytest.mark.parametrize("signed_weights", [False, True])
 def test_deepgemm_logits_match_reference(signed_weights):
     scorer = _deepgemm()
@@ -74,7 +98,7 @@ def test_deepgemm_logits_match_reference(signed_weights):
 
 
 @pytest.mark.parametrize("candidates, signed_weights", [(None, False), (512, False), (512, True)])
-def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, candidates, signed_weights):
+def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, topk_launches, candidates, signed_weights):
     from runtime import topk
 
     fallback = []
@@ -85,6 +109,8 @@ def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, candidates, signed
     state = make_state(step, scorer=scorer)
     decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
     assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
+    assert (_launched(topk_launches, "token"), _launched(topk_launches, "block")) == (1, 1 if candidates else 0), \
+        topk_launches
     md, a = step.metadata, step.state_args
     logits = scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table,
                            scorer.schedule(md.seq_lens), a["max_model_len"])
@@ -103,7 +129,7 @@ def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, candidates, signed
 
 
 @pytest.mark.parametrize("world,rows", [(2, 18), (4, 18), (4, 20), (4, 64)])
-def test_flow_sharded_equals_replicated(monkeypatch, world, rows):
+def test_flow_sharded_equals_replicated(monkeypatch, topk_launches, world, rows):
     """Every rank's slice (short and empty last ones at world 4) scored by DeepGEMM and selected by the AOT top-k,
     gathered, equals the replicated step. decode_topk's exact fallback must not run, in the slices or in the
     replicated step: it would select the same sets, so without this check the sharded steps could pass on the
@@ -117,11 +143,17 @@ def test_flow_sharded_equals_replicated(monkeypatch, world, rows):
     step = _step(rows, candidates=512, max_rows=64, seed=rows)
     want = make_state(step, scorer=scorer)
     decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+    assert (_launched(topk_launches, "token"), _launched(topk_launches, "block")) == (1, 1), topk_launches
     group = Loopback(world)
     for rnd in range(2):
         for rank in range(world):
             got = make_state(step, scorer=scorer)
+            before = len(topk_launches)
             decode_rows(got, step.metadata, step.q, step.weights, group.for_rank(rank))
+            mine = topk_launches[before:]
+            has_rows = bool(len(range(*row_shard_bounds(rows, step.metadata.num_requests, world, rank))))
+            assert (_launched(mine, "token"), _launched(mine, "block")) == ((1, 1) if has_rows else (0, 0)), \
+                (rank, mine)
             if rnd == 1:
                 assert torch.equal(_sets(got.topk_indices[:rows]), _sets(want.topk_indices[:rows])), rank
                 assert torch.equal(_sets(got.candidate_blocks[:rows]), _sets(want.candidate_blocks[:rows])), rank
@@ -165,8 +197,12 @@ def test_flow_under_cuda_graph_follows_new_inputs(monkeypatch, schedule_in_graph
     real = topk.decode_topk_reference
     monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **kw: fallback.append(a[0].shape) or real(*a, **kw))
     graph = torch.cuda.CUDAGraph()
+    captured, launch_on = [], topk.launch_on
+    monkeypatch.setattr(topk, "launch_on", lambda device, kernel, grid, *args: captured.append(kernel.name)
+                        or launch_on(device, kernel, grid, *args))
     with torch.cuda.graph(graph):
         step()
+    assert (_launched(captured, "token"), _launched(captured, "block")) == (1, 1), f"captured {captured}"
     a = static.state_args
     for new in steps[1:]:
         seq = new.metadata.seq_lens.clone()
@@ -395,7 +431,6 @@ def test_a_refused_cache_is_said_by_every_rank_when_its_state_is_built(monkeypat
     no row). Once said, every rank's sharded step selects by the exact reference without a word, and the gathered
     rows equal torch.topk's."""
     from runtime import loader, topk
-    from runtime.indexer import row_shard_bounds
 
     monkeypatch.setenv("SPARSE_DECODE_AOT_CACHE", str(tmp_path))
     step = make_step(16, heads=HEADS, head_dim=HEAD_DIM, max_model_len=1024, k=512, max_rows=32, device="cuda")

@@ -178,7 +178,7 @@ def test_first_call_during_capture_is_refused_then_loads():
     assert "kernel after capture: True" in proc.stdout, proc.stdout
 
 
-def test_a_thread_whose_first_cuda_work_is_an_op_launches_it(cache):
+def test_a_thread_whose_first_cuda_work_is_an_op_launches_it(cache, monkeypatch):
     """A worker thread has no CUDA context current until its first CUDA call, and decode_topk given every buffer makes
     none before its launch; a CUkernel launched on the default stream runs in the current context, so the driver
     would refuse it (CUDA_ERROR_INVALID_CONTEXT). The launch binds the device's primary context and runs: the thread's
@@ -187,6 +187,7 @@ def test_a_thread_whose_first_cuda_work_is_an_op_launches_it(cache):
 
     import torch
 
+    from runtime import topk
     from runtime.reference import decode_topk_reference
     from runtime.topk import decode_topk, decode_topk_plan
 
@@ -199,7 +200,10 @@ def test_a_thread_whose_first_cuda_work_is_an_op_launches_it(cache):
     torch.cuda.synchronize()
     out.fill_(-2)
     torch.cuda.synchronize()
-    raised = []
+    raised, launched, launch_on = [], [], topk.launch_on
+    monkeypatch.setattr(topk, "launch_on", lambda device, kernel, *args: launched.append(kernel.name)
+                        or launch_on(device, kernel, *args))
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **kw: pytest.fail("the fallback ran"))
 
     def worker():
         try:
@@ -211,6 +215,7 @@ def test_a_thread_whose_first_cuda_work_is_an_op_launches_it(cache):
     thread.start()
     thread.join()
     assert not raised, raised
+    assert len(launched) == 1, launched
     torch.cuda.synchronize()
     ref = decode_topk_reference(logits, row_ends, k)
     assert torch.equal(torch.sort(out, dim=1).values, torch.sort(ref, dim=1).values)

@@ -6,6 +6,8 @@ and every selected key is >= the k-th best key. Each case first asserts that the
 kernel (not the torch fallback) takes it.
 """
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -21,13 +23,20 @@ def _lengths(k):
 
 
 def _run(logits, row_ends, k, block_mode, *, expect_kernel=True):
+    """decode_topk's rows; where ``expect_kernel``, by the AOT kernel: supports_decode_topk says only that the cache
+    holds one, and a routing change could still send the call to the exact fallback, which meets the reference."""
+    from unittest import mock
+
+    from runtime import topk
     from runtime.topk import decode_topk, supports_decode_topk
 
     rows = logits.shape[0]
     if expect_kernel:
         assert supports_decode_topk(logits, rows, k, block_mode), "the kernel should take this case"
     out = torch.full((rows, k), -7, dtype=torch.int32, device=logits.device)
-    decode_topk(logits, row_ends, out, block_mode=block_mode)
+    fallback = AssertionError("decode_topk ran its torch fallback where the kernel should take the case")
+    with mock.patch.object(topk, "decode_topk_reference", side_effect=fallback) if expect_kernel else nullcontext():
+        decode_topk(logits, row_ends, out, block_mode=block_mode)
     return out
 
 

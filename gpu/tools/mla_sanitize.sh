@@ -8,8 +8,10 @@ echo "== compute-sanitizer memcheck, racecheck, synccheck (in parallel)"
 # --report-api-errors no: cuda.bindings probes driver entry points at import (cuGetProcAddress_v2 answers
 # CUDA_ERROR_INVALID_VALUE for the ones this driver lacks: 34 host-side "errors", in every run since the
 # twenty-fourth session); the summary then counts only what the kernels do.
+# PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor its own allocation, so that a read past a pool's end is outside any
+# allocation memcheck knows (inside torch's cached block it would be a valid address; fifty-second session's review).
 for tool in memcheck racecheck synccheck; do
-  timeout "$t" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$t" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 \
     python3 gpu/jobs/mla_support_sanitize.py 5 > "$JOB_OUT/sanitizer_$tool.txt" 2>&1 &
 done
 for tool in memcheck racecheck synccheck; do wait -n; done
