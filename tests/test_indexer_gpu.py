@@ -97,15 +97,18 @@ def test_deepgemm_logits_match_reference(signed_weights):
         assert (want[valid] < 0).any() and (want[valid] > 0).any()
 
 
-@pytest.mark.parametrize("candidates, signed_weights", [(None, False), (512, False), (512, True)])
-def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, topk_launches, candidates, signed_weights):
+# 64K: rows past the short-row kernel's 16K, so the cluster kernels select DeepGEMM's logits in a flow test too.
+@pytest.mark.parametrize("candidates, signed_weights, max_model_len",
+                         [(None, False, 8192), (512, False, 8192), (512, True, 8192), (512, False, 65536)])
+def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, topk_launches, candidates, signed_weights,
+                                                 max_model_len):
     from runtime import topk
 
     fallback = []
     real = topk.decode_topk_reference
     monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **kw: fallback.append(a[0].shape) or real(*a, **kw))
     scorer = _deepgemm()
-    step = _step(16, candidates=candidates, signed_weights=signed_weights)
+    step = _step(16, candidates=candidates, signed_weights=signed_weights, max_model_len=max_model_len)
     state = make_state(step, scorer=scorer)
     decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
     assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
