@@ -174,7 +174,7 @@ class Kernel:
             if current != self.device and self.device is not None:  # the one comparison when they match
                 raise self._other_device(f"torch's current device is cuda:{current}")
             stream = _raw_stream_of(current)
-        elif stream == 0 and type(stream) is int:  # the legacy default stream: of the current device's context
+        elif type(stream) is int and stream == 0:  # the legacy default stream: of the current device's context
             if self.device is not None and _current_device() != self.device:
                 raise self._other_device(f"stream 0 is the default stream of cuda:{_current_device()}")
         elif type(stream) is not int:
