@@ -878,13 +878,13 @@ def test_an_op_and_a_start_up_load_racing_bind_one_answer_without_deadlock(cache
         monkeypatch.setattr(loader, "_caches", {})
         answers, start = {}, threading.Barrier(2)
 
-        def op():
+        def op(answers=answers, start=start):
             start.wait()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 answers["op"] = loader.cache_or_fallback("decode_topk", 0)
 
-        def load():
+        def load(answers=answers, start=start):
             start.wait()
             try:
                 answers["load"] = runtime.load(device=0)

@@ -208,7 +208,7 @@ def test_a_thread_whose_first_cuda_work_is_an_op_launches_it(cache, monkeypatch)
     def worker():
         try:
             decode_topk(logits, row_ends, out)
-        except BaseException as e:  # reported by the main thread
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
             raised.append(e)
 
     thread = threading.Thread(target=worker)
