@@ -46,7 +46,6 @@ from .errors import (
     warn_at_caller,
 )
 from .manifest import (
-    CACHE_ROOT_ENV,
     KernelEntry,
     Manifest,
     build_settled,
@@ -192,12 +191,18 @@ class Kernel:
             for slot, value in zip(self._slots, args):
                 slot.value = value
             (err,) = self._launch(config, self._function, self._params_address, 0)
-            if err == self._no_context:
-                # A thread whose first CUDA work is this launch has no context current (torch binds one at its
-                # first runtime call, which an op given every buffer need not make), and a CUkernel launched on
-                # the default stream runs in the current context: bind the device's primary context, as torch does.
-                _make_primary_context_current(_current_device() if self.device is None else self.device)
-                (err,) = self._launch(config, self._function, self._params_address, 0)
+            if err:  # the launch path's one test of the result
+                self._failed_launch(err, config, grid)
+
+    def _failed_launch(self, err, config, grid) -> None:
+        """Raise the driver's refusal of a launch, or, where no context was current, launch again once with one.
+
+        A thread whose first CUDA work is this launch has no context current (torch binds one at its first runtime
+        call, which an op given every buffer need not make), and a CUkernel launched on the default stream runs in
+        the current context: bind the device's primary context, as torch does. (Called under the kernel's lock.)"""
+        if err == self._no_context:
+            _make_primary_context_current(_current_device() if self.device is None else self.device)
+            (err,) = self._launch(config, self._function, self._params_address, 0)
         if err:
             check((err,), f"cuLaunchKernelEx({self.name}, grid={grid})")
 
@@ -287,11 +292,10 @@ def _bind(op: str, device: int):
     """Load the cache of the root runtime.load() reads now for ``device`` and bind the device to it or its refusal."""
     import runtime  # noqa: PLC0415 - the package: load() is memoized per root and device
 
-    root, root_refusal = _root_now()
     try:
-        if root_refusal is not None:
-            raise root_refusal
-        if not is_loaded(device, root):  # only a call that would load asks about capture
+        # Only a call that would load asks about capture; is_loaded resolves the root, so a root refused as such (a
+        # relative $SPARSE_DECODE_AOT_CACHE, a symlink loop) raises its PathError here and is bound as any refusal.
+        if not is_loaded(device):
             _refuse_a_load_in_capture(op, device)
         answer = runtime.load(device=device)
     except CacheError as e:
@@ -304,15 +308,6 @@ def _bind_a_start_up_load(device: int, answer) -> None:
     """runtime.load() of the ops' root (no root given) binds a device nothing is bound to yet."""
     with _bound_lock:
         _bound.setdefault(device, answer)
-
-
-def _root_now() -> tuple[str, CacheError | None]:
-    """The cache root that ``runtime.load()`` reads now, as its memo keys it, and None; or, where that root is itself
-    refused (a relative $SPARSE_DECODE_AOT_CACHE, a symlink loop), the variable's text and the refusal."""
-    try:
-        return str(resolved_root(None)), None
-    except CacheError as e:
-        return f"${CACHE_ROOT_ENV}={os.environ.get(CACHE_ROOT_ENV, '')}", e
 
 
 def _refuse_a_load_in_capture(op: str, device: int) -> None:

@@ -243,6 +243,12 @@ def _recording_launches(kernel) -> list:
     return launched
 
 
+def _probe_on_device_0(cache):
+    """probe_cluster2 loaded for cuda:0, and the stream of each of its launches from now on."""
+    kernel = loader.load(cache, device=0).kernel("probe_cluster2")
+    return kernel, _recording_launches(kernel)
+
+
 @contextlib.contextmanager
 def _switching_device(monkeypatch, current: int):
     """torch's current device starts at ``current``; torch.cuda.device(d) makes d current inside the block.
@@ -267,8 +273,7 @@ def test_default_stream_of_another_device_is_refused(cache, stand_in, monkeypatc
     """kernel.launch(grid, *args) takes torch's current stream: where the current device is not the kernel's, it is
     refused (the kernel's attributes are its device's); launch_on switches to the tensors' device and launches."""
     stand_in()
-    kernel = loader.load(cache, device=0).kernel("probe_cluster2")
-    launched = _recording_launches(kernel)
+    kernel, launched = _probe_on_device_0(cache)
     with _switching_device(monkeypatch, current=1) as state:
         with pytest.raises(ValueError, match="probe_cluster2: torch's current device is cuda:1, the kernel was loaded "
                                              "for cuda:0.*runtime.load\\(device=i\\)"):
@@ -285,8 +290,7 @@ def test_stream_zero_of_another_device_is_refused(cache, stand_in, monkeypatch):
     """Stream 0 is the legacy default stream of the current context, so it names a device as None does: refused where
     torch's current device is not the kernel's, launched where it is. Another raw handle cannot say its device."""
     stand_in()
-    kernel = loader.load(cache, device=0).kernel("probe_cluster2")
-    launched = _recording_launches(kernel)
+    kernel, launched = _probe_on_device_0(cache)
     with _switching_device(monkeypatch, current=1) as state:
         with pytest.raises(ValueError, match="probe_cluster2: stream 0 is the default stream of cuda:1, the kernel was "
                                              "loaded for cuda:0"):
@@ -714,17 +718,24 @@ def test_load_waits_for_a_build_writing_the_cache(cache, stand_in, monkeypatch):
     assert set(loader.load(cache).names()) == {"probe_cluster2", "probe_cluster8"}
 
 
-def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, monkeypatch):
-    """A relative $SPARSE_DECODE_AOT_CACHE is a PathError (a CacheError): the ops run their fallback and say so once,
-    as for every refusal. The root's check in is_loaded ran outside the refusal's handling, so every op call raised
-    it instead."""
+@pytest.fixture
+def ops_binding(monkeypatch):
+    """The host ops' binding as a fresh process has it: runtime.load is the loader's own (not a test's stand-in),
+    no device bound, no fallback said."""
     import runtime
-    from runtime.manifest import CACHE_ROOT_ENV
 
-    drv = stand_in()
     monkeypatch.setattr(runtime, "load", loader.load)
     monkeypatch.setattr(loader, "_bound", {})
     monkeypatch.setattr(loader, "_refusals_said", set())
+
+
+def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, monkeypatch, ops_binding):
+    """A relative $SPARSE_DECODE_AOT_CACHE is a PathError (a CacheError): the ops run their fallback and say so once,
+    as for every refusal. The root's check in is_loaded ran outside the refusal's handling, so every op call raised
+    it instead."""
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    drv = stand_in()
     monkeypatch.setenv(CACHE_ROOT_ENV, "relative/cache")
     with pytest.warns(RuntimeWarning, match="PathError.*relative path 'relative/cache'"):
         assert loader.cache_or_fallback("decode_topk", 0) is None
@@ -732,16 +743,12 @@ def test_a_refused_cache_root_is_a_refusal_not_an_error_of_every_call(stand_in, 
     assert loader.cache_or_fallback("decode_topk", 0) is None  # remembered: not read again, not said again
 
 
-def test_a_cache_root_that_is_a_symlink_loop_is_a_refusal(tmp_path, stand_in, monkeypatch):
+def test_a_cache_root_that_is_a_symlink_loop_is_a_refusal(tmp_path, stand_in, monkeypatch, ops_binding):
     """$SPARSE_DECODE_AOT_CACHE naming a symlink loop: pathlib's RuntimeError (Python < 3.13) escaped from every op
     call, not a refusal; now a PathError naming the root, remembered, the fallback said once."""
-    import runtime
     from runtime.manifest import CACHE_ROOT_ENV, check_cache
 
     drv = stand_in()
-    monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_bound", {})
-    monkeypatch.setattr(loader, "_refusals_said", set())
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     monkeypatch.setenv(CACHE_ROOT_ENV, str(tmp_path / "a"))
@@ -753,7 +760,7 @@ def test_a_cache_root_that_is_a_symlink_loop_is_a_refusal(tmp_path, stand_in, mo
     assert loader.cache_or_fallback("decode_topk", 0) is None and not drv.loaded
 
 
-def test_the_first_call_binds_the_device_for_every_op(cache, tmp_path, stand_in, monkeypatch):
+def test_the_first_call_binds_the_device_for_every_op(cache, tmp_path, stand_in, monkeypatch, ops_binding):
     """The host ops bind a device at their first call there, to the cache root of that moment or its refusal, and
     keep it: the ops' own memos (decode_topk's plans, sparse MLA's kernels) are keyed by device, so a refusal memo
     keyed by root as well let a later root serve one op while another kept the first root's answer. Now every op
@@ -765,9 +772,6 @@ def test_the_first_call_binds_the_device_for_every_op(cache, tmp_path, stand_in,
     from runtime.manifest import CACHE_ROOT_ENV
 
     drv = stand_in()
-    monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_bound", {})
-    monkeypatch.setattr(loader, "_refusals_said", set())
     empty = tmp_path / "not_built"
     empty.mkdir()
     monkeypatch.setenv(CACHE_ROOT_ENV, str(empty))
@@ -785,7 +789,7 @@ def test_the_first_call_binds_the_device_for_every_op(cache, tmp_path, stand_in,
     assert loader.cache_or_fallback("sparse_mla_decode", 0) is None
 
 
-def test_a_start_up_load_binds_the_ops_to_its_cache_or_refusal(cache, tmp_path, stand_in, monkeypatch):
+def test_a_start_up_load_binds_the_ops_to_its_cache_or_refusal(cache, tmp_path, stand_in, monkeypatch, ops_binding):
     """runtime.load(device=i) at start-up, before any graph capture, as the README says: where it is refused (a GPU
     no cache arch serves, an unbuilt root) the ops' first call inside a capture used to find nothing loaded and
     nothing refused and raised CacheLoadInterrupted, whose fix is the load that was made. Now the refusal is bound,
@@ -795,9 +799,6 @@ def test_a_start_up_load_binds_the_ops_to_its_cache_or_refusal(cache, tmp_path, 
     from runtime.manifest import CACHE_ROOT_ENV
 
     stand_in()
-    monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_bound", {})
-    monkeypatch.setattr(loader, "_refusals_said", set())
     empty = tmp_path / "not_built"
     empty.mkdir()
     monkeypatch.setenv(CACHE_ROOT_ENV, str(empty))
@@ -812,18 +813,15 @@ def test_a_start_up_load_binds_the_ops_to_its_cache_or_refusal(cache, tmp_path, 
     assert isinstance(_refusal_of(0), errors.SchemaError)
 
 
-def test_a_gpu_no_arch_serves_takes_the_fallback_at_a_first_call_inside_a_capture(cache, stand_in, monkeypatch):
+def test_a_gpu_no_arch_serves_takes_the_fallback_at_a_first_call_inside_a_capture(cache, stand_in, monkeypatch,
+                                                                                   ops_binding):
     """A GPU of compute capability 8.0 (or 10.3) is refused by its capability alone, which torch's device properties
     give without a CUDA call: a first op call inside a graph capture binds that refusal and runs the fallback, as it
     would outside one, instead of raising CacheLoadInterrupted for a load that could never serve the device."""
-    import runtime
     from runtime.manifest import CACHE_ROOT_ENV
 
     drv = stand_in()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_bound", {})
-    monkeypatch.setattr(loader, "_refusals_said", set())
     monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
@@ -833,7 +831,7 @@ def test_a_gpu_no_arch_serves_takes_the_fallback_at_a_first_call_inside_a_captur
     assert isinstance(_refusal_of(0), errors.DeviceArchError) and not drv.loaded
 
 
-def test_a_start_up_load_stopped_by_the_process_state_binds_nothing(cache, stand_in, monkeypatch):
+def test_a_start_up_load_stopped_by_the_process_state_binds_nothing(cache, stand_in, monkeypatch, ops_binding):
     """Out of GPU memory at a start-up runtime.load(): CacheLoadInterrupted reaches the caller and nothing is bound
     (the state passes; the ops' first call loads again), where a refused root, such as a relative
     $SPARSE_DECODE_AOT_CACHE, is bound as any refusal."""
@@ -841,9 +839,6 @@ def test_a_start_up_load_stopped_by_the_process_state_binds_nothing(cache, stand
     from runtime.manifest import CACHE_ROOT_ENV
 
     drv = stand_in(load_error=real.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
-    monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_bound", {})
-    monkeypatch.setattr(loader, "_refusals_said", set())
     monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
     with pytest.raises(errors.CacheLoadInterrupted, match="out of memory"):
         runtime.load(device=0)
@@ -904,16 +899,13 @@ def test_an_op_and_a_start_up_load_racing_bind_one_answer_without_deadlock(cache
             assert answers["load"] is bound
 
 
-def test_a_bound_cache_is_not_replaced_by_a_later_load(cache, stand_in, monkeypatch):
+def test_a_bound_cache_is_not_replaced_by_a_later_load(cache, stand_in, monkeypatch, ops_binding):
     """Once the ops run a cache's kernels on a device (graphs may hold them), a later runtime.load() of the root, set
     to another cache since or refused now, changes nothing for them."""
     import runtime
     from runtime.manifest import CACHE_ROOT_ENV
 
     stand_in()
-    monkeypatch.setattr(runtime, "load", loader.load)
-    monkeypatch.setattr(loader, "_bound", {})
-    monkeypatch.setattr(loader, "_refusals_said", set())
     monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
     bound = loader.cache_or_fallback("decode_topk", 0)
     monkeypatch.setenv(CACHE_ROOT_ENV, str(cache / "elsewhere"))
