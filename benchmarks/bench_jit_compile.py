@@ -24,12 +24,28 @@ import cutlass  # noqa: F401  (import time is part of what a JIT design pays)
 t1 = time.perf_counter()
 sys.path.insert(0, sys.argv[1])
 from kernels import compile_variant
+from kernels.compile import build_switches, toolchain
 from runtime.contract import all_variants
 per = {}
 for v in all_variants("sm_90a"):
     s = time.perf_counter(); compile_variant(v, "sm_90a"); per[v.name] = time.perf_counter() - s
-print(json.dumps({"import_s": t1 - t0, "compile_s": per}))
+print(json.dumps({"import_s": t1 - t0, "compile_s": per, "toolchain": toolchain(), "build_switches": build_switches()}))
 """
+
+
+def provenance() -> dict:
+    """What the compiled kernels were: the commit, whether the files differ from it, and the kernel sources' hash
+    (the manifests' ``source_hash``, so a record names the same sources as a build of them)."""
+    sys.path.insert(0, str(REPO))  # run as a script: the repository's packages
+    from benchmarks.common import files_differ_from_head
+    from build_kernels import source_hash
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True, cwd=REPO).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"commit": commit, "files_differ_from_commit": files_differ_from_head(REPO),
+            "kernel_source_hash": source_hash()}
 
 
 def main() -> None:
@@ -50,6 +66,10 @@ def main() -> None:
         "compile_total_s": total,
         "process_wall_s": wall,
         "compile_s": data["compile_s"],
+        "toolchain": data["toolchain"],
+        # A CuTe DSL compile setting or a kernel's measurement switch changes what compiles (kernels/compile.py).
+        "build_switches": data["build_switches"],
+        **provenance(),
     }
     print(json.dumps({k: v for k, v in result.items() if k != "compile_s"}, indent=1))
     path = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "benchmarks/results/jit_compile_cpu.json")
