@@ -41,7 +41,8 @@ def provenance() -> dict:
     from build_kernels import source_hash
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True, cwd=REPO).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True,
+                                cwd=REPO).stdout.strip()
     except OSError:
         commit = ""
     return {"commit": commit, "files_differ_from_commit": files_differ_from_head(REPO),
