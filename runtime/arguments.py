@@ -78,3 +78,13 @@ def require_dense(name: str, t: torch.Tensor) -> None:
     if t.is_neg():
         raise TypeError(f"{name} is a lazily negated view (its memory holds the values un-negated); pass "
                         f"{name}.resolve_neg()")
+
+
+def require_element_aligned(name: str, t: torch.Tensor) -> None:
+    """A ValueError naming ``name`` where ``t``'s data starts off a multiple of its element size, as over a storage
+    sliced at a byte offset: a kernel's element-wide loads and stores of it (the AOT kernels', DeepGEMM's) would
+    fault on the device, which leaves the process's CUDA context unusable. An empty tensor is never read."""
+    size = t.element_size()
+    if t.data_ptr() % size and t.numel():
+        raise ValueError(f"{name} must start at a {size}-byte aligned address (its data_ptr is "
+                         f"{t.data_ptr() % size} bytes past one): pass a tensor that torch allocated, or a view of one")

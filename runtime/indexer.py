@@ -32,7 +32,7 @@ from typing import Callable, Protocol
 import torch
 
 from . import reference, topk
-from .arguments import require_dense, whole_count
+from .arguments import require_dense, require_element_aligned, whole_count
 from .errors import warn_at_caller
 from .loader import env_flag
 from .overlap import check_in_storage, first_overlap
@@ -810,6 +810,7 @@ def _check_int32_rows(name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
     check_in_storage(name, t)
+    require_element_aligned(name, t)  # decode_topk's out: written by 4-byte stores
 
 
 def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) -> None:
@@ -971,6 +972,7 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
         if t.shape[0] < rows:
             raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
         check_in_storage(f"metadata.{name}", t)
+        require_element_aligned(f"metadata.{name}", t)  # read by 4-byte loads: DeepGEMM's, decode_topk's row ends
     _check_metadata_fits_context(state, md)
 
 

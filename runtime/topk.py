@@ -24,7 +24,13 @@ from __future__ import annotations
 
 import torch
 
-from .arguments import require_dense, require_flag, whole_count, whole_number
+from .arguments import (
+    require_dense,
+    require_element_aligned,
+    require_flag,
+    whole_count,
+    whole_number,
+)
 from .contract import decode_topk as contract
 from .errors import warn_at_caller
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
@@ -109,6 +115,10 @@ def _check_args(logits, row_ends, out, block_mode):
                          f"{row_ends.device} and {out.device}")
     for name, t in (("logits", logits), ("row_ends", row_ends), ("out", out)):
         check_in_storage(name, t)
+    # The kernels read row_ends and write out by 4-byte accesses (misaligned logits take the exact fallback instead:
+    # _layout_refusal).
+    require_element_aligned("row_ends", row_ends)
+    require_element_aligned("out", out)
     check_out_apart(out, (("logits", logits), ("row_ends", row_ends)))
     return rows, width, k
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from indexer_cases import Loopback, gathers_taken, make_state, make_step
+from misaligned import int32_at_byte_offset
 
 from runtime import reference
 from runtime.indexer import (
@@ -1306,6 +1307,24 @@ def test_state_refuses_sparse_buffers_and_cache():
     with pytest.raises(TypeError, match="must be a dense"):
         IndexerState(state.topk_indices, 8, state.index_k_cache.to_sparse(), state.max_model_len,
                      scorer=TorchScorer())
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_int32_tensors_off_a_word_boundary_are_refused_naming_them(offset):
+    """DeepGEMM and decode_topk read seq_lens and block_table, and decode_topk writes the state's buffers, by 4-byte
+    accesses, which fault on the device off a 4-byte boundary: refused when the state is built, and before a step's
+    reset for the metadata's."""
+    step = make_step(6, k=8, candidates=8)
+    state = make_state(step, scorer=TorchScorer())
+    for name in ("topk_indices", "candidate_blocks"):
+        with pytest.raises(ValueError, match=f"^{name} must start at a 4-byte aligned address"):
+            dataclasses.replace(state, **{name: int32_at_byte_offset(getattr(state, name), offset)})
+    state.topk_indices.fill_(5)
+    for name in ("seq_lens", "block_table"):
+        md = dataclasses.replace(step.metadata, **{name: int32_at_byte_offset(getattr(step.metadata, name), offset)})
+        with pytest.raises(ValueError, match=rf"^metadata\.{name} must start at a 4-byte aligned address"):
+            decode_rows(state, md, step.q, step.weights, SingleRank())
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
 
 
 # ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import types
 
 import pytest
 import torch
+from misaligned import int32_at_byte_offset
 
 from runtime.reference import decode_topk_keys, decode_topk_reference
 
@@ -138,6 +139,11 @@ def test_host_op_cpu_fallback_and_checks():
         decode_topk(logits, ends, torch.empty(3, 512, dtype=torch.int32, device="meta"))
     with pytest.raises(TypeError, match="block_mode"):
         decode_topk(logits, ends, out, block_mode=1)
+    for offset in (1, 2, 3):  # an int32 tensor over a storage sliced at a byte offset: the kernel's words would fault
+        with pytest.raises(ValueError, match=r"^row_ends must start at a 4-byte aligned address"):
+            decode_topk(logits, int32_at_byte_offset(ends, offset), out)
+        with pytest.raises(ValueError, match=r"^out must start at a 4-byte aligned address"):
+            decode_topk(logits, ends, int32_at_byte_offset(out, offset))
     np = pytest.importorskip("numpy")
     with pytest.raises(TypeError, match=r"block_mode must be a Python bool, got numpy\.bool_? .*True_?; pass bool"):
         decode_topk(logits, ends, out, block_mode=np.bool_(True))  # numpy names its type "bool" too
