@@ -240,11 +240,11 @@ STREAM_ORDER_CANDIDATES = 4  # the PDL sweep's fastest configs, timed again with
 def checked_triton(tsm, T: int, width: int, cfg, inp, log):
     """(the Triton peer of ``cfg``, its output's relative error against the reference), or None where its output is
     wrong (logged)."""
-    op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
     try:
+        op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
         return op, check_output(op, inp)
-    except RuntimeError as e:
-        log(f"  triton {cfg}: {e}")
+    except Exception as e:  # noqa: BLE001 - a wrong output, or a config Triton cannot compile: the next one runs
+        log(f"  triton {cfg}: {type(e).__name__}: {e}")
         return None
 
 
@@ -282,7 +282,8 @@ def table(result) -> str:
     info = result["info"]
     other_files = " with other files" if info.get("files_differ_from_commit") else ""
     lines = [f"sparse_mla_decode on {info.get('gpu')} (driver {info.get('driver')}, "
-             f"commit {info.get('commit', '')[:10]}{other_files}, host code {info.get('source_sha256', '?')}, manifests {info.get('manifest_sha256', '?')}), "
+             f"commit {info.get('commit', '')[:10]}{other_files}, host code {info.get('source_sha256', '?')}, "
+             f"manifests {info.get('manifest_sha256', '?')}), "
              f"sinks on, every column active; GPU us, median of CUDA-graph replays; KV pools rotated past the L2 "
              f"(queries, indices and lens hot, as written by the previous kernels); in brackets: every input "
              f"rotated (all cold); copy bandwidth {result['copy_gbs']:.0f} GB/s.", "",
@@ -384,7 +385,9 @@ def finish(result, out) -> None:
                 >= TARGET["speedup_vs_best_peer_min"],
                 "over_floor": case.get("kernel_over_floor"),
                 "over_floor_in_stream_order": case.get("kernel_in_stream_order_over_floor"),
-                "over_floor_ok": case.get("kernel_in_stream_order_over_floor", 1e9) <= TARGET["over_floor_max"],
+                # Judged both ways, as the table says (as launched with PDL, in stream order).
+                "over_floor_ok": max(case.get("kernel_over_floor") or 1e9,
+                                     case.get("kernel_in_stream_order_over_floor") or 1e9) <= TARGET["over_floor_max"],
             }
     common.write_json(out, result)
     with open(str(out).rsplit(".", 1)[0] + ".md", "w") as f:

@@ -7,4 +7,7 @@ export SPARSE_DECODE_AOT_REQUIRE_GPU=1  # a GPU test that would skip fails here
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
 python3 -m runtime verify 2>&1 | tail -3
-timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rs 2>&1 | tail -15
+# -rfEs: the failures' and errors' names in the summary too (-rs alone names the skips only); the whole output
+# goes to a file beside the job's reports, since the tail below keeps one traceback's end at most.
+timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rfEs 2>&1 \
+  | tee "${JOB_OUT:-/tmp}/all_gpu_tests_pytest.log" | tail -15

@@ -56,7 +56,9 @@ def main() -> int:
             kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster, full_sm=True))
         else:
             kernel = cache.kernel(contract.name_for(dtype, block_mode, cluster))
-        k = 512 if quick else (512, 1024, 2048)[index % 3]
+        # Cycled within each shard (a shard takes every parts-th case: index % 3 alone would give a shard of 6 one k,
+        # and two of them every case at k = 2048, the slowest under racecheck).
+        k = 512 if quick else (512, 1024, 2048)[(index // parts) % 3]
         stride = width + 5
         for kind in (("randn", "equal") if quick else ("randn", "equal", "ties")):
             x = torch.randn(3, stride, device="cuda")
