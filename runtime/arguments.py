@@ -78,6 +78,11 @@ def require_dense(name: str, t: torch.Tensor) -> None:
     if t.is_neg():
         raise TypeError(f"{name} is a lazily negated view (its memory holds the values un-negated); pass "
                         f"{name}.resolve_neg()")
+    if not t.data_ptr() and t.numel() and not t.is_meta:
+        # A wrapper subclass (DTensor, ...) reports a plain layout, shape and storage size but holds no memory: its
+        # data_ptr is 0, which a kernel would dereference. (A meta tensor has none either; no kernel takes one.)
+        raise TypeError(f"{name} is a {type(t).__name__} without memory of its own (data_ptr 0); pass a plain tensor "
+                        f"(a DTensor's {name}.to_local(), or {name}.full_tensor() where it is sharded)")
 
 
 def require_element_aligned(name: str, t: torch.Tensor) -> None:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from indexer_cases import Loopback, gathers_taken, make_state, make_step
-from misaligned import int32_at_byte_offset
+from odd_tensors import Storageless, int32_at_byte_offset
 
 from runtime import reference
 from runtime.indexer import (
@@ -1324,6 +1324,28 @@ def test_int32_tensors_off_a_word_boundary_are_refused_naming_them(offset):
         md = dataclasses.replace(step.metadata, **{name: int32_at_byte_offset(getattr(step.metadata, name), offset)})
         with pytest.raises(ValueError, match=rf"^metadata\.{name} must start at a 4-byte aligned address"):
             decode_rows(state, md, step.q, step.weights, SingleRank())
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
+
+
+def test_storageless_wrappers_are_refused_naming_them():
+    """A DTensor-like wrapper reports a plain layout, shape and storage size but data_ptr 0, which DeepGEMM and the
+    top-k would dereference: refused when the state is built, and before a step's reset for the step's tensors."""
+    step = make_step(6, k=8, candidates=8)
+    state = make_state(step, scorer=TorchScorer())
+    for name in ("topk_indices", "candidate_blocks", "index_k_cache"):
+        with pytest.raises(TypeError, match=f"^{name} is a Storageless without memory of its own"):
+            dataclasses.replace(state, **{name: Storageless(getattr(state, name))})
+    state.topk_indices.fill_(5)
+    md, q, w = step.metadata, step.q, step.weights
+    for name in ("metadata.seq_lens", "metadata.block_table", "q", "weights"):
+        args = {"md": md, "q": q, "w": w}
+        if name.startswith("metadata."):
+            field_ = name.split(".")[1]
+            args["md"] = dataclasses.replace(md, **{field_: Storageless(getattr(md, field_))})
+        else:
+            args[name[0]] = Storageless(args[name[0]])
+        with pytest.raises(TypeError, match=rf"^{name} is a Storageless without memory of its own"):
+            decode_rows(state, args["md"], args["q"], args["w"], SingleRank())
     assert (state.topk_indices == 5).all(), "reset before the refusal"
 
 

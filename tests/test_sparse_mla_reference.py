@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from odd_tensors import Storageless
 
 from runtime.reference import sparse_mla_active, sparse_mla_decode_reference
 
@@ -231,6 +232,8 @@ BAD = [
     ("out", lambda v: v.transpose(1, 2).contiguous().transpose(1, 2), ValueError),
     ("out", lambda v: _misaligned(v, 2), ValueError),
     ("out", lambda v: v.to("meta"), ValueError),
+    # DTensor-like wrappers (data_ptr 0, which the kernel would dereference)
+    *[(name, Storageless, TypeError) for name in ("q", "swa_kv", "compressed_kv", "indices", "lens", "sinks", "out")],
     ("bmm1_scale", lambda v: "0.5", TypeError),
     ("bmm1_scale", lambda v: float("nan"), ValueError),
     ("bmm2_scale", lambda v: float("inf"), ValueError),
@@ -310,8 +313,15 @@ def test_p_word_stores_build_the_p_tile():
     _p_word_addr. Emulated for every lane of every warp, the tile must equal its definition: head h's K index
     k = _pv_k(row) holds P[row, h] at byte (k & 15) of the swizzled chunk _swz(h, k >> 4), every byte written once."""
     pytest.importorskip("cutlass")
-    from kernels.sparse_mla_decode import (P_PAIRS_PACK, P_WORD_EVEN, P_WORD_ODD, _acc_heads, _p_word_addr, _pv_k,
-                                           _swz)
+    from kernels.sparse_mla_decode import (
+        P_PAIRS_PACK,
+        P_WORD_EVEN,
+        P_WORD_ODD,
+        _acc_heads,
+        _p_word_addr,
+        _pv_k,
+        _swz,
+    )
 
     heads_n, rows_n = 16, 128
     value = {(row, h): (7 * row + 31 * h + 1) & 0xFF for row in range(rows_n) for h in range(heads_n)}

@@ -9,7 +9,7 @@ import types
 
 import pytest
 import torch
-from misaligned import int32_at_byte_offset
+from odd_tensors import Storageless, int32_at_byte_offset
 
 from runtime.reference import decode_topk_keys, decode_topk_reference
 
@@ -144,6 +144,11 @@ def test_host_op_cpu_fallback_and_checks():
             decode_topk(logits, int32_at_byte_offset(ends, offset), out)
         with pytest.raises(ValueError, match=r"^out must start at a 4-byte aligned address"):
             decode_topk(logits, ends, int32_at_byte_offset(out, offset))
+    for name in ("logits", "row_ends", "out"):  # a DTensor-like wrapper: data_ptr 0, which the kernel would read
+        args = {"logits": logits, "row_ends": ends, "out": out}
+        args[name] = Storageless(args[name])
+        with pytest.raises(TypeError, match=rf"^{name} is a Storageless without memory of its own"):
+            decode_topk(*args.values())
     np = pytest.importorskip("numpy")
     with pytest.raises(TypeError, match=r"block_mode must be a Python bool, got numpy\.bool_? .*True_?; pass bool"):
         decode_topk(logits, ends, out, block_mode=np.bool_(True))  # numpy names its type "bool" too
