@@ -90,6 +90,9 @@ class IndexerState:
     # Whether the scorer's check_inputs takes layout_checked (the built-in ones do; the keyword is optional).
     _lean_scorer_checks: bool = field(default=False, init=False, repr=False, compare=False)
     _checked: bool = field(default=False, init=False, repr=False, compare=False)
+    # Where the buffers are and how they are laid out when the state is checked: a plan refuses a buffer changed in
+    # place since (set_, as_strided_), which no field assignment shows and which may no longer pass the checks.
+    _layout: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value) -> None:
         # The fields are checked once, here, and every step trusts them: one reassigned afterwards would bypass the
@@ -140,6 +143,7 @@ class IndexerState:
         if self.topk_backend == "auto" and self.topk_indices.is_cuda:  # last: a state refused above says nothing
             _warn_widths_the_aot_topk_does_not_take(self)
             _load_the_aot_topk(self)
+        self._layout = _buffer_layouts(self)
         self._checked = True
 
     @property
@@ -419,13 +423,16 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
 
     # The state's buffers were checked when it was built; a storage shrunk since (FSDP-style) would take the reset
     # and the finish's writes into freed memory: torch's slice assignment does not check it.
+    _check_buffers_unchanged(state)
     check_in_storage("topk_indices", state.topk_indices)
     if state.candidate_blocks is not None:
         check_in_storage("candidate_blocks", state.candidate_blocks)
+    if own_schedule:
+        # Before the reset: a schedule the scorer refuses (too many rows for DeepGEMM's) leaves the buffers as
+        # they were.
+        schedule = state.scorer.schedule(_rows(metadata.seq_lens, start, end))
     state._plans = next(_PLAN_SERIALS)
     _rows(state.topk_indices, 0, reset_rows).fill_(-1)
-    if own_schedule:
-        schedule = state.scorer.schedule(_rows(metadata.seq_lens, start, end))
     # What finish_decode_rows compares against the state and metadata it is given; decode_rows finishes its plan
     # at once, with the same ones.
     buffers, view = ((), ()) if by_decode_rows else (_buffers_of(state), _metadata_view(metadata))
@@ -456,6 +463,21 @@ def _check_metadata_unchanged(plan: DecodeRowsPlan) -> None:
             raise ValueError(f"metadata.{name}: changed since plan_decode_rows (the plan chose its rows, slices and "
                              f"schedule from the earlier one); leave the metadata as it is between plan and finish, "
                              f"or plan again")
+
+
+def _buffer_layouts(state: IndexerState) -> tuple:
+    """(name, address, shape, strides) of each buffer of the state (None for no candidate buffer)."""
+    return tuple(None if t is None else (name, t.data_ptr(), t.shape, t.stride())
+                 for name, t in (("topk_indices", state.topk_indices), ("candidate_blocks", state.candidate_blocks)))
+
+
+def _check_buffers_unchanged(state: IndexerState) -> None:
+    for was, now in zip(state._layout, _buffer_layouts(state), strict=True):
+        if was != now:
+            raise ValueError(f"{was[0]}: changed in place since the state was built (now at {now[1]:#x}, "
+                             f"{tuple(now[2])} with strides {now[3]}; it was {was[1]:#x}, {tuple(was[2])}, {was[3]}), "
+                             f"past the checks the state made of it; build another state for it "
+                             f"(dataclasses.replace(state, {was[0]}=...))")
 
 
 def _buffers_of(state: IndexerState) -> tuple:
@@ -506,6 +528,16 @@ def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
     return state.topk_indices
 
 
+def _check_schedule_for_sms_now(state: IndexerState, plan: DecodeRowsPlan) -> None:
+    """DeepGEMM's logits launch its SM count's CTAs and assert the schedule holds as many rows plus one: a
+    ``deep_gemm.set_num_sms`` between plan and finish would stop the step there, after the plan's reset and only on
+    the ranks with rows."""
+    sms = getattr(state.scorer, "num_sms", None)
+    if isinstance(plan.schedule, torch.Tensor) and isinstance(sms, int) and plan.schedule.shape[0] != sms + 1:
+        raise ValueError(f"plan: its schedule is for {plan.schedule.shape[0] - 1} SMs, the scorer now launches {sms} "
+                         f"(deep_gemm.set_num_sms since the plan); plan the step again")
+
+
 def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
     """What finish_decode_rows refuses before it scores: a plan of another group or state, or not the state's
     latest; metadata changed since the plan; a sharded step's gathers; the query."""
@@ -527,6 +559,7 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
                          f"{state._plans}, which reset the top-k rows of its own step): an earlier plan, or one made "
                          f"on another state; pass the latest plan_decode_rows result of this state")
     _check_metadata_unchanged(plan)
+    _check_schedule_for_sms_now(state, plan)
     if plan.shard is not None:
         _check_gathers(tp, all_gather)
     _check_query(q, weights, plan.num_rows, state)
@@ -592,18 +625,14 @@ def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads:
     and the AOT top-k's cluster variants, loaded lazily by the driver) is resident before
     the first real step: that step then costs what a steady one does. Leaves the buffers'
     first ``max_rows`` rows at -1. Compiles nothing when DeepGEMM's cache was warmed
-    (``runtime.scoring.warm_deepgemm``). Raises ValueError for an ``index_k_cache`` of no
-    page (the dummy rows read page 0)."""
+    (``runtime.scoring.warm_deepgemm``). Its dummy rows read page 0 of the key cache (a state's
+    cache has at least one)."""
     # A step's rows fit both buffers (the plan refuses more rows than the candidate buffer holds).
     most = state.max_rows if state.candidate_blocks is None else min(state.max_rows, state.candidate_blocks.shape[0])
-    max_rows = most if max_rows is None else max_rows
+    max_rows = most if max_rows is None else whole_count("max_rows", max_rows, 1)
+    heads = whole_count("heads", heads, 1)
     if not 0 < max_rows <= most:
         raise ValueError(f"max_rows: {max_rows} must be in [1, {most}] (the top-k and candidate buffers' rows)")
-    if state.index_k_cache.shape[0] == 0:
-        # Its dummy rows score one token each from page 0, which a cache of no page does not hold (DeepGEMM would
-        # read past it).
-        raise ValueError("index_k_cache: has no page; preload_decode_rows scores one token a row from page 0: "
-                         "preload a state whose cache holds at least one page")
     dev = state.topk_indices.device
     dim = state.index_k_cache.shape[-1] - reference.INDEX_SCALE_BYTES
     pages = _pages_for(state.max_model_len)
@@ -656,7 +685,18 @@ def _all_gather_rows(
     else:
         gathered, source = tp.all_gather(local), "tp.all_gather"
     _check_gathered(source, gathered, local, tp.world_size)
-    buffer[:num_rows].copy_(gathered[:num_rows])
+    rows_now, gathered_rows = buffer[:num_rows], gathered[:num_rows]
+    if _shares_memory_elsewhere(gathered_rows, rows_now):
+        raise ValueError(f"{source}: returned rows that share memory with the buffer rows they are copied into, at "
+                         f"other positions; return them in memory of their own (or exactly in those rows)")
+    rows_now.copy_(gathered_rows)
+
+
+def _shares_memory_elsewhere(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether ``src`` overlaps ``dst`` other than as the very same elements (a gather that wrote the rows in place
+    leaves nothing to copy)."""
+    same = src.data_ptr() == dst.data_ptr() and src.stride() == dst.stride()
+    return not same and first_overlap(dst, (("src", src),)) is not None
 
 
 def _check_gathered(source: str, gathered, local: torch.Tensor, world_size: int) -> None:
@@ -673,6 +713,7 @@ def _check_gathered(source: str, gathered, local: torch.Tensor, world_size: int)
         raise TypeError(f"{source}: returned {got}; {fix}")
     if gathered.shape != want or gathered.device != local.device:
         raise ValueError(f"{source}: returned {list(gathered.shape)} on {gathered.device}; {fix}")
+    require_dense(f"{source}'s result", gathered)  # a sparse result, or a wrapper without memory of its own
 
 
 def _same_layout_on_every_rank(local: torch.Tensor) -> torch.Tensor:

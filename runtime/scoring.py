@@ -47,6 +47,13 @@ BLACKWELL_HEADS = (8, 16, 32, 64)
 DEEPGEMM_HEADS = {9: HOPPER_HEADS, 10: BLACKWELL_HEADS}
 MAX_HEAD_DIM = 128
 METADATA_BATCH_ALIGN = 32  # DeepGEMM specializes its schedule kernel per 32 rows
+# The most rows one DeepGEMM schedule takes: its schedule kernel keeps a 4-byte word a row, the rows rounded up to 32,
+# in shared memory, and its host code asserts that within the arch's 232,448 bytes (sm_90 and sm_100; DeepGEMM 2.5's
+# `smem_size <= meta_smem_cap`, read from its compiled host code), which stops the process with a message naming
+# nothing. Not run on a GPU at this size.
+MAX_SCHEDULE_ROWS = 232448 // 4 // METADATA_BATCH_ALIGN * METADATA_BATCH_ALIGN
+# DeepGEMM reads a schedule in 8-byte pairs (a uint2 a SM): off an 8-byte boundary that load faults on the device.
+SCHEDULE_ALIGN = 8
 
 
 class Scorer(Protocol):
@@ -92,6 +99,10 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
     width_ok = cache.shape[3] > reference.INDEX_SCALE_BYTES if head_dim is None else cache.shape[3] == row
     if cache.shape[1] != BLOCK_KV or cache.shape[2] != 1 or not width_ok:
         raise ValueError(f"{name}: expected [blocks, {BLOCK_KV}, 1, {row}], got {tuple(cache.shape)}")
+    if cache.shape[0] == 0:
+        # Nothing to score from, and neither scorer takes it: DeepGEMM's key descriptor would span no page, the torch
+        # scorer's gather raises an IndexError naming nothing (after the plan's reset).
+        raise ValueError(f"{name}: has no page; give the key cache at least one page of {BLOCK_KV} tokens")
     if not cache.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
     check_in_storage(name, cache)
@@ -244,6 +255,10 @@ class DeepGemmScorer:
     def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor:
         if not isinstance(seq_lens, torch.Tensor):
             raise TypeError(f"seq_lens: expected a CUDA int32 tensor [rows], got {type(seq_lens).__name__}")
+        if seq_lens.numel() > MAX_SCHEDULE_ROWS:
+            raise ValueError(f"seq_lens: {seq_lens.numel()} rows; one DeepGEMM schedule takes at most "
+                             f"{MAX_SCHEDULE_ROWS} (its schedule kernel's shared memory): score the rows in steps "
+                             f"of at most that many, or shard them over more ranks")
         if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or not seq_lens.is_cuda:
             raise ValueError(f"seq_lens: expected CUDA int32 [rows], got {seq_lens.dtype} {tuple(seq_lens.shape)} "
                              f"on {seq_lens.device}")
@@ -288,7 +303,12 @@ class DeepGemmScorer:
                    if isinstance(schedule, torch.Tensor) else type(schedule).__name__)
             raise ValueError(f"{name}: expected [{want[0]}, 2] from DeepGemmScorer.schedule (contiguous int32 on "
                              f"{device}), got {got}; build it with the scorer's schedule, or pass None")
+        require_dense(name, schedule)
         check_in_storage(name, schedule)
+        if schedule.data_ptr() % SCHEDULE_ALIGN:
+            raise ValueError(f"{name}: DeepGEMM reads it in {SCHEDULE_ALIGN}-byte pairs, so it must start at an "
+                             f"{SCHEDULE_ALIGN}-byte aligned address, got one {schedule.data_ptr() % SCHEDULE_ALIGN} "
+                             f"bytes past; pass {name}.clone(), or the scorer's schedule itself")
 
     def logits(self, q, weights, cache, seq_lens, block_table, schedule, max_model_len, *, checked=False):
         if not checked:
@@ -352,6 +372,9 @@ class ServingShapes:
         # warm_deepgemm's loop over row buckets would warm nothing for max_rows <= 0 and still report success.
         for name in ("max_rows", "heads", "head_dim", "max_model_len"):
             object.__setattr__(self, name, whole_count(f"ServingShapes.{name}", getattr(self, name), 1))
+        if self.max_rows > MAX_SCHEDULE_ROWS:
+            raise ValueError(f"ServingShapes.max_rows: {self.max_rows} exceeds the {MAX_SCHEDULE_ROWS} rows one "
+                             f"DeepGEMM schedule takes; a rank scores at most that many rows a step")
 
 
 def use_jit_cache_dir(cache_dir: str | os.PathLike | None) -> None:

@@ -318,17 +318,20 @@ def test_preload_runs_every_row_count_and_clears():
         preload_decode_rows(state, 7)
 
 
-def test_preload_refuses_a_cache_of_no_page():
-    """preload's dummy rows read one token from page 0 each: a cache of no page would send DeepGEMM past it."""
-    from runtime.indexer import IndexerState, preload_decode_rows
+def test_state_refuses_a_cache_of_no_page():
+    """A key cache of no page has nothing to score: DeepGEMM's key descriptor would span no page and the torch scorer's
+    gather raised an IndexError naming nothing, after the plan's reset (with every seq_lens 0 the metadata met its
+    contract); preload's dummy rows read page 0. Refused when the state is built, and by the scorers' own check."""
+    from runtime.indexer import IndexerState
+    from runtime.scoring import check_scoring_inputs
 
     step = make_step(2, heads=4, head_dim=32, max_model_len=128, k=8, max_rows=2)
     a = step.state_args
-    state = IndexerState(a["topk"].clone(), a["k"], a["index_k_cache"][:0], a["max_model_len"], scorer=TorchScorer())
-    before = state.topk_indices.clone()
-    with pytest.raises(ValueError, match="index_k_cache: has no page"):
-        preload_decode_rows(state, heads=4)
-    assert torch.equal(state.topk_indices, before)  # refused before any step
+    with pytest.raises(ValueError, match="^index_k_cache: has no page"):
+        IndexerState(a["topk"].clone(), a["k"], a["index_k_cache"][:0], a["max_model_len"], scorer=TorchScorer())
+    md = step.metadata
+    with pytest.raises(ValueError, match="^cache: has no page"):
+        check_scoring_inputs(step.q, step.weights, a["index_k_cache"][:0], md.seq_lens, md.block_table, 128)
 
 
 def test_input_checks_name_the_argument():
@@ -1441,27 +1444,100 @@ def _cpu_deepgemm_scorer(num_sms=4):
     return scorer
 
 
-@pytest.mark.parametrize("bad", ["shape", "dtype", "device"])
+@pytest.mark.parametrize("bad", ["shape", "dtype", "device", "4 bytes off", "storageless"])
 def test_plan_refuses_a_caller_schedule_deepgemm_cannot_take(bad):
     """A replicated step reuses metadata.schedule as DeepGEMM's schedule. One of another shape, dtype or device is
     refused by the plan, naming metadata.schedule, before the top-k rows are reset: DeepGEMM does not check its
     device (its kernel would read another device's or the host's address), and the others raised only from the
     finish, after the reset."""
     step = make_step(8, heads=32, head_dim=64, k=16)
+    # DeepGEMM reads a schedule in 8-byte pairs: 4 bytes off, as a caller's buffer of seq_lens then the schedule
+    # would put it, faults on the device.
     schedule = {"shape": torch.zeros(3, 2, dtype=torch.int32), "dtype": torch.zeros(5, 2, dtype=torch.int64),
-                "device": torch.zeros(5, 2, dtype=torch.int32, device="meta")}[bad]
+                "device": torch.zeros(5, 2, dtype=torch.int32, device="meta"),
+                "4 bytes off": torch.zeros(11, dtype=torch.int32)[1:].view(5, 2),
+                "storageless": Storageless(torch.zeros(5, 2, dtype=torch.int32))}[bad]
     md = step.metadata
     with_schedule = DecodeMetadata(md.seq_lens, md.block_table, md.num_requests, md.num_tokens, md.max_seq_len,
                                    schedule=schedule)
     state = make_state(step, scorer=_cpu_deepgemm_scorer())
     state.topk_indices.fill_(5)
-    with pytest.raises(ValueError, match="metadata.schedule: expected"):
+    match = {"4 bytes off": "metadata.schedule: DeepGEMM reads it in 8-byte pairs",
+             "storageless": "metadata.schedule is a Storageless"}.get(bad, "metadata.schedule: expected")
+    with pytest.raises((ValueError, TypeError), match=match):
         plan_decode_rows(state, with_schedule, SingleRank())
     assert (state.topk_indices == 5).all(), "reset before the refusal"
     good = DecodeMetadata(md.seq_lens, md.block_table, md.num_requests, md.num_tokens, md.max_seq_len,
                           schedule=torch.zeros(5, 2, dtype=torch.int32))
     plan = plan_decode_rows(state, good, SingleRank())
     assert plan.schedule is good.schedule
+
+
+def test_finish_refuses_a_schedule_for_another_sm_count():
+    """DeepGEMM's logits assert the schedule has its SM count's rows plus one: a set_num_sms between plan and finish
+    stopped the step inside DeepGEMM, after the reset and only on ranks with rows."""
+    step = make_step(8, heads=32, head_dim=64, k=16)
+    md = step.metadata
+    scorer = _cpu_deepgemm_scorer(num_sms=4)
+    state = make_state(step, scorer=scorer)
+    with_schedule = dataclasses.replace(md, schedule=torch.zeros(5, 2, dtype=torch.int32))
+    plan = plan_decode_rows(state, with_schedule, SingleRank())
+    scorer._dg.set_num_sms(8)
+    with pytest.raises(ValueError, match=r"^plan: its schedule is for 4 SMs, the scorer now launches 8"):
+        finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert scorer._dg.logits_schedules == []
+
+
+def test_plan_builds_its_schedule_before_the_reset():
+    """A schedule the scorer refuses (DeepGEMM's takes at most MAX_SCHEDULE_ROWS rows, its schedule kernel's shared
+    memory) leaves the buffers as they were."""
+    from runtime.scoring import MAX_SCHEDULE_ROWS
+
+    class Refusing(TorchScorer):
+        def schedule(self, seq_lens):
+            raise ValueError("seq_lens: refused")
+
+    step = make_step(8, k=8)
+    state = make_state(step, scorer=Refusing())
+    state.topk_indices.fill_(5)
+    with pytest.raises(ValueError, match="seq_lens: refused"):
+        plan_decode_rows(state, step.metadata, SingleRank())
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
+    with pytest.raises(ValueError, match=rf"^seq_lens: {MAX_SCHEDULE_ROWS + 1} rows; one DeepGEMM schedule takes"):
+        _cpu_deepgemm_scorer().schedule(torch.zeros(MAX_SCHEDULE_ROWS + 1, dtype=torch.int32))
+    assert MAX_SCHEDULE_ROWS == 58112
+
+
+@pytest.mark.parametrize("change", ["set_ over the key cache", "as_strided_ overlapping rows", "candidate rows"])
+def test_plan_refuses_a_buffer_changed_in_place(change):
+    """A state's fields cannot be reassigned, but a buffer can be changed in place (set_, as_strided_): the checks
+    made when the state was built (apart from the key cache, rows of their own) then no longer held, and a step wrote
+    the top-k rows into the key cache or into each other's rows."""
+    step = make_step(6, k=8, candidates=8)
+    state = make_state(step, scorer=TorchScorer(), topk_backend="torch")
+    if change == "set_ over the key cache":
+        state.topk_indices.set_(state.index_k_cache.untyped_storage(), 0, state.topk_indices.shape,
+                                state.topk_indices.stride())
+    elif change == "as_strided_ overlapping rows":
+        state.topk_indices.as_strided_((6, 8), (2, 1))
+    else:
+        state.candidate_blocks.as_strided_((6, 8), (2, 1))
+    name = "candidate_blocks" if change == "candidate rows" else "topk_indices"
+    with pytest.raises(ValueError, match=f"^{name}: changed in place since the state was built"):
+        decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+
+
+def test_preload_checks_its_counts():
+    from runtime.indexer import preload_decode_rows
+
+    step = make_step(4, heads=4, head_dim=32, max_model_len=128, k=8, max_rows=4)
+    state = make_state(step, scorer=TorchScorer())
+    with pytest.raises(TypeError, match="^max_rows"):
+        preload_decode_rows(state, 2.5, heads=4)
+    with pytest.raises(TypeError, match="^heads"):
+        preload_decode_rows(state, 2, heads=True)
+    with pytest.raises(ValueError, match="^heads"):
+        preload_decode_rows(state, 2, heads=-1)
 
 
 def test_decode_rows_checks_the_metadata_once_a_step(monkeypatch):
@@ -1755,6 +1831,38 @@ def test_gather_result_of_another_form_is_refused(form, exc, through):
                                   r"\[20, 16\] on cpu"):
         decode_rows(state, step.metadata, step.q, step.weights, tp, gather)
     assert (state.topk_indices[10:18] == -1).all(), "rows copied from the refused result"
+
+
+class _OddGather(_WrongGather):
+    """Every rank's slice concatenated as asked, but sparse, or in ``buffer``'s own memory one row off (rows that
+    the copy into the buffer would read after writing them)."""
+
+    def __init__(self, form, buffer):
+        super().__init__(form)
+        self.buffer = buffer
+
+    def __call__(self, local):
+        whole = torch.cat([local] * self.world_size)
+        if self.form == "sparse":
+            return whole.to_sparse()
+        b = self.buffer
+        shifted = torch.empty(0, dtype=b.dtype).set_(b.untyped_storage(), b.storage_offset() + b.stride(0),
+                                                     whole.shape, b.stride())
+        return shifted.copy_(whole)
+
+    all_gather = __call__
+
+
+@pytest.mark.parametrize("form, exc, match", [
+    ("sparse", TypeError, "all_gather's result must be a dense"),
+    ("one row off", ValueError, "all_gather: returned rows that share memory"),
+])
+def test_gather_result_sparse_or_over_the_buffer_is_refused(form, exc, match):
+    """torch's own errors (a sparse copy, a partly overlapping one) named no gather."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    state = make_state(step, scorer=TorchScorer())
+    with pytest.raises(exc, match=f"^{match}"):
+        decode_rows(state, step.metadata, step.q, step.weights, Loopback(2), _OddGather(form, state.topk_indices))
 
 
 def test_decode_rows_does_not_check_its_own_plan_again(monkeypatch):
