@@ -252,7 +252,17 @@ class DistGroup:
         self.world_size = dist.get_world_size(group)
         # "nccl", or a backend per device type ("cpu:gloo,cuda:nccl", what init_process_group() without a backend
         # makes): CUDA tensors gather through NCCL there too, straight into one tensor.
-        self._nccl = "nccl" in str(dist.get_backend(group))
+        backend = str(dist.get_backend(group))
+        self._nccl = "nccl" in backend
+        self._device_types = _device_types_served(backend)
+
+    def check_device(self, device: torch.device) -> None:
+        """Refuse (ValueError naming ``tp``) rows on a device type this group's backend does not gather, e.g. CPU
+        buffers on an NCCL group: the gather would fail inside torch.distributed after the step was scored."""
+        if self._device_types is not None and device.type not in self._device_types:
+            raise ValueError(f"tp: its backend gathers {sorted(self._device_types)} tensors, the state's rows are on "
+                             f"{device}; give the state buffers on one of those, or a group of a backend for "
+                             f"{device.type} (gloo for cpu)")
 
     def all_gather(self, local: torch.Tensor) -> torch.Tensor:
         local = local.contiguous()
@@ -263,6 +273,14 @@ class DistGroup:
         parts = [torch.empty_like(local) for _ in range(self.world_size)]
         self._dist.all_gather(parts, local, group=self.group)
         return torch.cat(parts, dim=0)
+
+
+def _device_types_served(backend: str) -> set | None:
+    """The device types a ``torch.distributed`` backend string gathers (None: not known here, not checked): NCCL
+    CUDA only, gloo CPU and CUDA; "cpu:gloo,cuda:nccl" names one backend a device type."""
+    if ":" in backend:
+        return {part.split(":", 1)[0] for part in backend.split(",") if ":" in part}
+    return {"nccl": {"cuda"}, "gloo": {"cpu", "cuda"}}.get(backend)
 
 
 @dataclass
@@ -408,7 +426,7 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     bounds = None if shard is None else row_shard_bounds(num_rows, metadata.num_requests, world_size, rank)
     start, end = bounds or (0, num_rows)
     if shard is not None:
-        _check_tp_gather(tp)  # the finish gathers through it: refused here, before the reset
+        _check_tp_gather(tp, state.topk_indices.device)  # the finish gathers through it: refused before the reset
     schedule = metadata.schedule
     # The caller's schedule spans all of seq_lens (which may hold more rows than the
     # step's): reuse it only where the slice is exactly those rows.
@@ -565,7 +583,7 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
     _check_metadata_unchanged(plan)
     _check_schedule_for_sms_now(state, plan)
     if plan.shard is not None:
-        _check_gathers(tp, all_gather)
+        _check_gathers(tp, all_gather, state.topk_indices.device)
     _check_query(q, weights, plan.num_rows, state)
     # The plan checked the metadata's tensors, and they are laid out as it saw them (_check_metadata_unchanged):
     # their storage, which may have shrunk since, is checked again, and their fit to this state's context (a plan
@@ -964,11 +982,11 @@ def _check_scoring(state: IndexerState, md: DecodeMetadata, q, weights) -> None:
     _check_read_apart(state, read, "give the query memory of its own")
 
 
-def _check_gathers(tp, all_gather) -> None:
+def _check_gathers(tp, all_gather, device: torch.device) -> None:
     """A sharded step gathers the rows back: by ``all_gather`` where it accepts them, else by ``tp.all_gather``.
     Checked before anything is scored, so no rank launches work and then raises."""
     _check_row_gather(all_gather)
-    _check_tp_gather(tp)
+    _check_tp_gather(tp, device)
 
 
 def _check_row_gather(all_gather) -> None:
@@ -977,10 +995,12 @@ def _check_row_gather(all_gather) -> None:
                         f"{type(all_gather).__name__}")
 
 
-def _check_tp_gather(tp) -> None:
+def _check_tp_gather(tp, device: torch.device) -> None:
     if not callable(getattr(tp, "all_gather", None)):
         raise TypeError(f"tp: {type(tp).__name__} has no callable all_gather, which a sharded step needs; implement "
                         f"runtime.indexer.TPGroup")
+    if isinstance(tp, DistGroup):
+        tp.check_device(device)
 
 
 def _check_metadata_apart(state: IndexerState, md: DecodeMetadata) -> None:
