@@ -78,9 +78,10 @@ def require_dense(name: str, t: torch.Tensor) -> None:
     if t.is_neg():
         raise TypeError(f"{name} is a lazily negated view (its memory holds the values un-negated); pass "
                         f"{name}.resolve_neg()")
-    if not t.data_ptr() and t.numel() and not t.is_meta:
+    if not t.data_ptr() and t.numel() and not t.is_meta and t.untyped_storage().nbytes():
         # A wrapper subclass (DTensor, ...) reports a plain layout, shape and storage size but holds no memory: its
-        # data_ptr is 0, which a kernel would dereference. (A meta tensor has none either; no kernel takes one.)
+        # data_ptr is 0, which a kernel would dereference. (A meta tensor has none either, and no kernel takes one; a
+        # storage shrunk to nothing is named by check_in_storage.)
         raise TypeError(f"{name} is a {type(t).__name__} without memory of its own (data_ptr 0); pass a plain tensor "
                         f"(a DTensor's {name}.to_local(), or {name}.full_tensor() where it is sharded)")
 

@@ -441,10 +441,10 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
 
     # The state's buffers were checked when it was built; a storage shrunk since (FSDP-style) would take the reset
     # and the finish's writes into freed memory: torch's slice assignment does not check it.
-    _check_buffers_unchanged(state)
     check_in_storage("topk_indices", state.topk_indices)
     if state.candidate_blocks is not None:
         check_in_storage("candidate_blocks", state.candidate_blocks)
+    _check_buffers_unchanged(state)
     if own_schedule:
         # Before the reset: a schedule the scorer refuses (too many rows for DeepGEMM's) leaves the buffers as
         # they were.
