@@ -869,3 +869,21 @@ def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
     for device in (True, 1.7, "cpu", "gpu7"):
         with pytest.raises((TypeError, ValueError), match="device: "):
             runtime.load(device=device)
+
+
+@pytest.mark.parametrize("width", [128, 640])
+def test_p_rounding_check_tells_e4m3_from_e5m2(width):
+    """The GPU tests' check of how coarsely the kernel rounds P (test_sparse_mla_gpu.p_rounding_ratio), on its own
+    inputs on the CPU: an E4M3 emulation whose every score is off within the FP8 accumulator's bound (what a right
+    kernel may do) passes it, an E5M2 one fails it. The elementwise budget alone passes both."""
+    import test_sparse_mla_gpu as gpu_tests
+
+    args, sinks = gpu_tests.make_case(12, width, seed=7, device="cpu")
+    kw = {"sinks": sinks, "bmm1_scale": gpu_tests.BMM1_SCALE, "bmm2_scale": gpu_tests.BMM2_SCALE}
+    right = gpu_tests.emulate(*args, score_noise=torch.Generator().manual_seed(1), **kw)
+    coarse = gpu_tests.emulate(*args, p_dtype=torch.float8_e5m2, **kw)
+    checked = gpu_tests.assert_matches(coarse, args, sinks)  # the elementwise budget: E5M2 passes
+    ratio_right, tokens = gpu_tests.p_rounding_ratio(right, checked)
+    ratio_coarse, _ = gpu_tests.p_rounding_ratio(coarse, checked)
+    assert tokens >= 6
+    assert ratio_right <= 1.1 < gpu_tests.P_ROUNDING_RATIO_MAX < 1.6 <= ratio_coarse, (ratio_right, ratio_coarse)
