@@ -16,6 +16,7 @@ import torch
 from indexer_cases import make_state, make_step
 from odd_tensors import int32_at_byte_offset
 from test_indexer import _cpu_deepgemm_scorer
+from test_scoring_args import _inputs as _scoring
 
 from runtime.indexer import (
     IndexerState,
@@ -210,15 +211,6 @@ def test_weights_of_fewer_heads():
     with pytest.raises(ValueError, match=r"weights: expected \[>= 4, 32\]"):
         decode_rows(state, step.metadata, step.q, step.weights[:, :16].contiguous(), SingleRank())
     assert (state.topk_indices == 5).all()
-
-
-def _scoring(**replace):
-    step = make_step(4, heads=32, head_dim=64, k=16)
-    md = step.metadata
-    args = {"q": step.q, "weights": step.weights, "cache": step.state_args["index_k_cache"],
-            "seq_lens": md.seq_lens, "block_table": md.block_table, "max_model_len": step.state_args["max_model_len"]}
-    args.update(replace)
-    return args
 
 
 def test_lean_check_refuses_cache_on_another_device():
