@@ -49,8 +49,9 @@ MAX_HEAD_DIM = 128
 METADATA_BATCH_ALIGN = 32  # DeepGEMM specializes its schedule kernel per 32 rows
 # The most rows one DeepGEMM schedule takes: its schedule kernel keeps a 4-byte word a row, the rows rounded up to 32,
 # in shared memory, and its host code asserts that within the arch's 232,448 bytes (sm_90 and sm_100; DeepGEMM 2.5's
-# `smem_size <= meta_smem_cap`, read from its compiled host code), which stops the process with a message naming
-# nothing. Not run on a GPU at this size.
+# `smem_size <= meta_smem_cap`), which raises a RuntimeError naming no argument. Run on the H200
+# (benchmarks/results/schedule_rows_s54.json, gpu/jobs/schedule_rows_probe.py): 58,112 rows build a schedule, 58,113
+# and 58,144 hit that assert.
 MAX_SCHEDULE_ROWS = 232448 // 4 // METADATA_BATCH_ALIGN * METADATA_BATCH_ALIGN
 # DeepGEMM reads a schedule in 8-byte pairs (a uint2 a SM): off an 8-byte boundary that load faults on the device.
 SCHEDULE_ALIGN = 8

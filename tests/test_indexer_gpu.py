@@ -395,6 +395,24 @@ def test_deepgemm_scorer_refuses_tensors_off_the_current_device(monkeypatch):
                   a["max_model_len"])
 
 
+def test_deepgemm_schedule_takes_exactly_max_schedule_rows():
+    """MAX_SCHEDULE_ROWS is DeepGEMM's own limit, not a guess: its schedule kernel builds a schedule of that many rows
+    (the last SM's end is the whole batch), one row more hits its shared-memory assert (a RuntimeError naming no
+    argument), and the scorer refuses that row count itself, naming seq_lens. A DeepGEMM whose limit moved fails
+    here. (Each row count compiles DeepGEMM's schedule kernel once, ~5 s.)"""
+    from runtime.scoring import BLOCK_KV, MAX_SCHEDULE_ROWS
+
+    scorer = _deepgemm()
+    seq_lens = torch.full((MAX_SCHEDULE_ROWS + 1,), 4096, dtype=torch.int32, device="cuda")
+    schedule = scorer.schedule(seq_lens[:MAX_SCHEDULE_ROWS])
+    assert tuple(schedule.shape) == (scorer.num_sms + 1, 2)
+    assert schedule[-1].tolist() == [MAX_SCHEDULE_ROWS, 0] and schedule[0].tolist() == [0, 0]
+    with pytest.raises(RuntimeError, match="smem_size <= meta_smem_cap"):
+        scorer._dg.get_paged_mqa_logits_metadata(seq_lens.view(-1, 1), BLOCK_KV, scorer.num_sms)
+    with pytest.raises(ValueError, match=rf"^seq_lens: {MAX_SCHEDULE_ROWS + 1} rows; one DeepGEMM schedule takes"):
+        scorer.schedule(seq_lens)
+
+
 def test_unsupported_k_is_said_once_when_a_cuda_state_is_built():
     """A CUDA state whose k (or candidate buffer width) decode_topk does not take warns when it is built, which every
     rank does; its steps select by the exact reference without a warning, so that where warnings are errors no rank
