@@ -252,7 +252,10 @@ class DistGroup:
         self.world_size = dist.get_world_size(group)
         # "nccl", or a backend per device type ("cpu:gloo,cuda:nccl", what init_process_group() without a backend
         # makes): CUDA tensors gather through NCCL there too, straight into one tensor.
-        backend = str(dist.get_backend(group))
+        self._read_backend(str(dist.get_backend(group)))
+
+    def _read_backend(self, backend: str) -> None:
+        """How this group's rows travel: straight into one tensor through NCCL, and which device types it gathers."""
         self._nccl = "nccl" in backend
         self._device_types = _device_types_served(backend)
 

@@ -489,11 +489,9 @@ def test_dist_group_reads_a_backend_per_device_type():
 def test_dist_group_refuses_rows_on_a_device_its_backend_does_not_gather(backend, takes_cpu):
     """CPU buffers on an NCCL group: the gather failed inside torch.distributed after every rank with rows had scored.
     Refused by the plan, naming tp, before the reset (a backend this check does not know, such as mpi, is trusted)."""
-    import runtime.indexer as ix
-
     group = object.__new__(DistGroup)  # a group of this backend, at rank 0 of 2 (NCCL cannot start on this CPU)
     group.rank, group.world_size, group.group = 0, 2, None
-    group._nccl, group._device_types = "nccl" in backend, ix._device_types_served(backend)
+    group._read_backend(backend)
     group._dist = None
     step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
     state = make_state(step, scorer=TorchScorer())

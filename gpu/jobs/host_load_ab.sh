@@ -10,9 +10,8 @@
 # Carry .whl (DeepGEMM wheel for the indexer step, the old runtime). Results: $JOB_OUT (or $OUT).
 set -uo pipefail
 OUTDIR=${JOB_OUT:-$OUT}
-export PYTHONUNBUFFERED=1 SPARSE_DECODE_AOT_CACHE=$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=$PWD:/tmp/site || { echo "no wheels under .whl (carry .whl)"; exit 1; }
+export PYTHONUNBUFFERED=1 SPARSE_DECODE_AOT_CACHE=$PWD PYTHONPATH=$PWD
+source gpu/tools/deepgemm_env.sh  # the carried DeepGEMM wheel into /tmp/site, its libraries, its JIT cache
 OLD=/tmp/ab_s46
 rm -rf "$OLD" ab && mkdir -p "$OLD/benchmarks" ab/old ab/new
 tar -xzf .whl/runtime_s46.tgz -C "$OLD" || { echo "no .whl/runtime_s46.tgz (carry .whl)"; exit 1; }
