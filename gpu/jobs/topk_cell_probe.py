@@ -1,0 +1,92 @@
+"""One decode_topk benchmark cell looked at closer: the op (as launched and in stream order) for several k and input
+seeds, and each cached kernel of that shape launched directly, with the exact reference checked before timing.
+
+Written for the fifty-fifth session's H100 run, where FP32 64 x 1M k2048 took 183 us against 111 us at k512
+(bench_topk on the H200: 107 against 97): is it the cell's data, k, PDL, or the kernel the op routes it to?
+
+    PYTHONPATH=. python3 gpu/jobs/topk_cell_probe.py OUT.json [--rows 64 --length 1048576 --dtype f32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from benchmarks import common
+from benchmarks.bench_topk import DTYPES, check_rows
+
+
+def kernels_of_shape(cache, rows: int, dtype: str):
+    """(name, cluster) of every cached token-mode kernel whose one wave holds ``rows`` rows."""
+    from runtime.contract import decode_topk as contract
+
+    names = []
+    for c in contract.CLUSTERS:
+        for full_sm in (False, True):
+            if full_sm and not contract.has_full_sm_twin(False, c):
+                continue
+            name = contract.name_for(dtype, False, c, full_sm)
+            kernel = cache.kernel(name)
+            if rows <= kernel.max_active_clusters:
+                names.append((name, c, kernel))
+    return names
+
+
+def probe(rows: int, length: int, dtype: str, ks, seeds) -> list[dict]:
+    import runtime
+    from runtime.topk import decode_topk, decode_topk_plan
+
+    cache = runtime.load()
+    tdtype = DTYPES[dtype]
+    nbytes = rows * length * torch.tensor([], dtype=tdtype).element_size()
+    sets = common.rotation_count(nbytes, most=8192)
+    ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+    found = []
+    for seed in seeds:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        logits = [torch.randn(rows, length, device="cuda", generator=g).to(tdtype) for _ in range(sets)]
+        for k in ks:
+            outs = [torch.empty(rows, k, dtype=torch.int32, device="cuda") for _ in range(sets)]
+            plan = decode_topk_plan(logits[0], rows, k, False)
+            decode_topk(logits[0], ends, outs[0])
+            check_rows(outs[0], logits[0], ends, k, False)
+            res = {"seed": seed, "k": k, "routed_to": plan[0], "sets": sets,
+                   "op_us": common.time_graph([lambda x=x, o=o: decode_topk(x, ends, o)
+                                               for x, o in zip(logits, outs)])["median_us"],
+                   "op_in_stream_order_us": common.time_graph(
+                       [lambda x=x, o=o: decode_topk(x, ends, o, pdl=False) for x, o in zip(logits, outs)])["median_us"],
+                   "by_kernel_us": {}}
+            for name, c, kernel in kernels_of_shape(cache, rows, dtype):
+                def call(x, o, kernel=kernel, c=c, k=k):
+                    kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(), o.data_ptr(), length, x.stride(0),
+                                  o.stride(0), k)
+                call(logits[0], outs[0])
+                check_rows(outs[0], logits[0], ends, k, False)
+                res["by_kernel_us"][name] = common.time_graph(
+                    [lambda x=x, o=o: call(x, o) for x, o in zip(logits, outs)])["median_us"]
+            print(json.dumps(res), flush=True)
+            found.append(res)
+        del logits
+    return found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--length", type=int, default=1 << 20)
+    ap.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
+    ap.add_argument("--ks", default="512,1024,2048")
+    ap.add_argument("--seeds", default="", help="comma-separated; default: the benchmark's seed, then two others")
+    a = ap.parse_args()
+    bench_seed = a.rows * 31 + a.length  # bench_topk.bench_cell's
+    seeds = [int(s) for s in a.seeds.split(",") if s] or [bench_seed, 1, 2]
+    cells = probe(a.rows, a.length, a.dtype, [int(k) for k in a.ks.split(",")], seeds)
+    common.write_json(a.out, {"info": common.gpu_info(), "rows": a.rows, "length": a.length, "dtype": a.dtype,
+                              "copy_gbs": common.copy_bandwidth_gbs(), "cells": cells})
+
+
+if __name__ == "__main__":
+    main()
