@@ -4,7 +4,11 @@ seeds, and each cached kernel of that shape launched directly, with the exact re
 Written for the fifty-fifth session's H100 run, where FP32 64 x 1M k2048 took 183 us against 111 us at k512
 (bench_topk on the H200: 107 against 97): is it the cell's data, k, PDL, or the kernel the op routes it to?
 
+The recorded run (topk_cell_probe_s55_h100.json) took the defaults; --scales (factors on the normal logits, which
+move the first digit's bin edges against the row's largest values) came after it and has not run yet.
+
     PYTHONPATH=. python3 gpu/jobs/topk_cell_probe.py OUT.json [--rows 64 --length 1048576 --dtype f32]
+        [--ks 512,1024,2048] [--seeds S,...] [--scales 0.8,1,1.25]
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def kernels_of_shape(cache, rows: int, dtype: str):
     return names
 
 
-def probe(rows: int, length: int, dtype: str, ks, seeds) -> list[dict]:
+def probe(rows: int, length: int, dtype: str, ks, seeds, scales=(1.0,)) -> list[dict]:
     import runtime
     from runtime.topk import decode_topk, decode_topk_plan
 
@@ -44,15 +48,17 @@ def probe(rows: int, length: int, dtype: str, ks, seeds) -> list[dict]:
     sets = common.rotation_count(nbytes, most=8192)
     ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
     found = []
-    for seed in seeds:
+    for seed, scale in [(seed, scale) for seed in seeds for scale in scales]:
         g = torch.Generator(device="cuda").manual_seed(seed)
-        logits = [torch.randn(rows, length, device="cuda", generator=g).to(tdtype) for _ in range(sets)]
+        # scale: where the first digit's bin edges fall among the row's largest values (a bin of FP32 keys spans
+        # a quarter of an octave), which sets how many items a warp's list segment holds at a given bound.
+        logits = [(torch.randn(rows, length, device="cuda", generator=g) * scale).to(tdtype) for _ in range(sets)]
         for k in ks:
             outs = [torch.empty(rows, k, dtype=torch.int32, device="cuda") for _ in range(sets)]
             plan = decode_topk_plan(logits[0], rows, k, False)
             decode_topk(logits[0], ends, outs[0])
             check_rows(outs[0], logits[0], ends, k, False)
-            res = {"seed": seed, "k": k, "routed_to": plan[0], "sets": sets,
+            res = {"seed": seed, "scale": scale, "k": k, "routed_to": plan[0], "sets": sets,
                    "op_us": common.time_graph([lambda x=x, o=o: decode_topk(x, ends, o)
                                                for x, o in zip(logits, outs)])["median_us"],
                    "op_in_stream_order_us": common.time_graph(
@@ -80,10 +86,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
     ap.add_argument("--ks", default="512,1024,2048")
     ap.add_argument("--seeds", default="", help="comma-separated; default: the benchmark's seed, then two others")
+    ap.add_argument("--scales", default="1", help="comma-separated factors on the standard normal logits")
     a = ap.parse_args()
     bench_seed = a.rows * 31 + a.length  # bench_topk.bench_cell's
     seeds = [int(s) for s in a.seeds.split(",") if s] or [bench_seed, 1, 2]
-    cells = probe(a.rows, a.length, a.dtype, [int(k) for k in a.ks.split(",")], seeds)
+    cells = probe(a.rows, a.length, a.dtype, [int(k) for k in a.ks.split(",")], seeds,
+                  [float(x) for x in a.scales.split(",")])
     common.write_json(a.out, {"info": common.gpu_info(), "rows": a.rows, "length": a.length, "dtype": a.dtype,
                               "copy_gbs": common.copy_bandwidth_gbs(), "cells": cells})
 

@@ -1,0 +1,104 @@
+"""How often decode_topk's step-1 warp loop gives up its candidate list on a long slice (CPU emulation).
+
+On a slice of at least the warp loop's length (kernels/decode_topk/step1.py: step1_warp), each of a CTA's 16
+warps reads its own contiguous part, 256 columns an iteration, into its own segment of the list: the items whose
+first digit (the top 11 bits of the order-preserving key) is at or above the warp's bound, each also counted in
+the CTA's histogram. When the next iteration's items would not fit above ``refresh`` slots, the warp raises its
+bound to the bin of the CTA's k-th largest item counted so far and drops the segment's items below it; if they
+still would not fit in the segment (``capacity`` / 16 slots) the warp gives the list up, and the CTA re-reads
+its whole slice in the later steps.
+
+Warps run at their own speed (a fixed time an iteration each, 1 + ``spread`` x a standard normal draw): a warp that
+ends its part early can fill its segment while the CTA's k-th largest so far, which needs every warp's items,
+still sits a bin low. This prints, per configuration, how many of ``--ctas`` emulated CTAs gave a list up and
+where in their parts those warps were. The spread is a model parameter, not a measurement.
+
+    python3 benchmarks/step1_list_emulation.py [--columns 524288] [--ks 512,2048] [--spreads 0,0.2,0.5]
+        [--capacities 12032,16384] [--refresh 12032] [--scales 1] [--ctas 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runtime.reference import decode_topk_keys
+
+WARPS = 16
+ITERATION_COLUMNS = 256  # a warp's 32 groups of 8 columns
+BINS = 2048  # the first digit: the key's top 11 bits
+
+
+def kth_bin(hist: torch.Tensor, k: int, bound: int) -> int:
+    """The bin of the k-th largest item counted in ``hist``, never below ``bound`` (selection.warp_kth_bin)."""
+    from_top = torch.cumsum(hist.flip(0), 0)
+    reached = int(torch.searchsorted(from_top, k))
+    return bound if reached >= BINS else max(bound, BINS - 1 - reached)
+
+
+def emulate_cta(bins: torch.Tensor, k: int, capacity: int, refresh: int, speeds: list[float]) -> list[float]:
+    """Where in its part (0-1) each warp that gave its list up was; ``bins``: the slice's first digits."""
+    seg_cap, refresh_at = capacity // WARPS, min(refresh // WARPS, capacity // WARPS)
+    per = bins.numel() // WARPS
+    parts = bins.split(per)
+    hist = torch.zeros(BINS, dtype=torch.int64)
+    segment = [bins.new_empty(0) for _ in range(WARPS)]
+    bound, pos, listed = [0] * WARPS, [0] * WARPS, [True] * WARPS
+    gave_up = []
+    queue = [(speeds[w], w) for w in range(WARPS)]
+    heapq.heapify(queue)
+    while queue:
+        t, w = heapq.heappop(queue)
+        items = parts[w][pos[w]:pos[w] + ITERATION_COLUMNS]
+        pos[w] += ITERATION_COLUMNS
+        passing = items[items >= bound[w]]
+        if listed[w] and segment[w].numel() + passing.numel() > refresh_at:
+            bound[w] = kth_bin(hist, k, bound[w])
+            segment[w] = segment[w][segment[w] >= bound[w]]
+            passing = items[items >= bound[w]]
+            if segment[w].numel() + passing.numel() > seg_cap:
+                listed[w] = False
+                gave_up.append(pos[w] / per)
+        if listed[w]:
+            segment[w] = torch.cat([segment[w], passing])
+        hist += torch.bincount(passing, minlength=BINS)
+        if pos[w] < per:
+            heapq.heappush(queue, (t + speeds[w], w))
+    return gave_up
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--columns", type=int, default=1 << 19, help="a CTA's slice (64 x 1M on the 2-CTA twin: 512K)")
+    ap.add_argument("--ks", default="512,2048")
+    ap.add_argument("--spreads", default="0,0.2,0.5")
+    ap.add_argument("--capacities", default="12032,16384", help="list capacities (the kernel's LIST_CAPACITY: 12032)")
+    ap.add_argument("--refresh", type=int, default=12032, help="the capacity whose share triggers a refresh")
+    ap.add_argument("--scales", default="1", help="factors on the standard normal logits")
+    ap.add_argument("--ctas", type=int, default=40)
+    a = ap.parse_args()
+    for capacity in [int(c) for c in a.capacities.split(",")]:
+        for k in [int(x) for x in a.ks.split(",")]:
+            for scale in [float(x) for x in a.scales.split(",")]:
+                for spread in [float(x) for x in a.spreads.split(",")]:
+                    g = torch.Generator().manual_seed(7)
+                    where = []
+                    for _ in range(a.ctas):
+                        logits = torch.randn(a.columns, generator=g) * scale
+                        bins = (decode_topk_keys(logits).to(torch.int64) & 0xFFFFFFFF) >> 21
+                        speeds = (1 + spread * torch.randn(WARPS, generator=g)).clamp(min=0.3).tolist()
+                        where.append(emulate_cta(bins, k, capacity, a.refresh, speeds))
+                    lost = [w for w in where if w]
+                    print(f"capacity {capacity} (refresh at {a.refresh}) k {k} scale {scale} spread {spread}: "
+                          f"{len(lost)} of {a.ctas} CTAs re-read their slice; the warps that gave up were at "
+                          f"{sorted(round(x, 2) for w in lost for x in w)[:12]} of their parts", flush=True)
+
+
+if __name__ == "__main__":
+    main()
