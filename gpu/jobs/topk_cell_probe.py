@@ -2,7 +2,7 @@
 seeds, and each cached kernel of that shape launched directly, with the exact reference checked before timing.
 
 Written for the fifty-fifth session's H100 run, where FP32 64 x 1M k2048 took 183 us against 111 us at k512
-(bench_topk on the H200: 107 against 97): is it the cell's data, k, PDL, or the kernel the op routes it to?
+(decode_topk_s40.json on the H200: 104.7 against 95.0): is it the cell's data, k, PDL, or the kernel the op routes it to?
 
 The recorded run (topk_cell_probe_s55_h100.json) took the defaults; --scales (factors on the normal logits, which
 move the first digit's bin edges against the row's largest values) came after it and has not run yet.
@@ -23,7 +23,7 @@ from benchmarks.bench_topk import DTYPES, check_rows
 
 
 def kernels_of_shape(cache, rows: int, dtype: str):
-    """(name, cluster) of every cached token-mode kernel whose one wave holds ``rows`` rows."""
+    """(name, cluster, kernel) of every cached token-mode kernel whose one wave holds ``rows`` rows."""
     from runtime.contract import decode_topk as contract
 
     names = []
