@@ -79,7 +79,6 @@ def check_rows(out: torch.Tensor, logits: torch.Tensor, ends: torch.Tensor, k: i
 def cluster_sweep(rows: int, length: int, k: int, dtype: str) -> dict:
     """Each cluster size that fits one wave, launched directly: data for the op's cluster choice."""
     import runtime
-    from runtime.contract import decode_topk as contract
 
     cache = runtime.load()
     tdtype = DTYPES[dtype]
@@ -89,16 +88,32 @@ def cluster_sweep(rows: int, length: int, k: int, dtype: str) -> dict:
     ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
     out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
     res = {"rows": rows, "length": length, "k": k, "dtype": dtype, "by_cluster": {}}
-    for c in contract.CLUSTERS:
-        kernel = cache.kernel(contract.name_for(dtype, False, c))
-        if rows > kernel.max_active_clusters:
-            continue
-        calls = [lambda x=x, kernel=kernel, c=c: kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(),
-                                                             out.data_ptr(), length, x.stride(0), out.stride(0), k)
-                 for x in logits]
+    for _, c, kernel in kernels_for_rows(cache, rows, dtype):
+        calls = [lambda x=x, kernel=kernel, c=c: launch_direct(kernel, c, x, ends, out, k) for x in logits]
         res["by_cluster"][c] = {"median_us": common.time_graph(calls)["median_us"],
                                 "max_active_clusters": kernel.max_active_clusters}
     return res
+
+
+def kernels_for_rows(cache, rows: int, dtype: str, twins: bool = False) -> list:
+    """(name, cluster, kernel) of each cached token-mode cluster kernel whose one wave holds ``rows`` rows; with
+    ``twins``, the one-CTA-an-SM twins too."""
+    from runtime.contract import decode_topk as contract
+
+    found = []
+    for c in contract.CLUSTERS:
+        for full_sm in (False, True) if twins and contract.has_full_sm_twin(False, c) else (False,):
+            name = contract.name_for(dtype, False, c, full_sm)
+            kernel = cache.kernel(name)
+            if rows <= kernel.max_active_clusters:
+                found.append((name, c, kernel))
+    return found
+
+
+def launch_direct(kernel, cluster: int, logits: torch.Tensor, ends: torch.Tensor, out: torch.Tensor, k: int) -> None:
+    """One launch of a cached decode_topk cluster kernel over every row of ``logits``, past the op's routing."""
+    kernel.launch(logits.shape[0] * cluster, logits.data_ptr(), ends.data_ptr(), out.data_ptr(), logits.shape[1],
+                  logits.stride(0), out.stride(0), k)
 
 
 def targets(cells) -> list[dict]:

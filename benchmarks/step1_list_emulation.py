@@ -91,7 +91,7 @@ def main() -> None:
                     where = []
                     for _ in range(a.ctas):
                         logits = torch.randn(a.columns, generator=g) * scale
-                        bins = (decode_topk_keys(logits).to(torch.int64) & 0xFFFFFFFF) >> 21
+                        bins = decode_topk_keys(logits) >> 21  # the first digit: the key's top 11 bits
                         speeds = (1 + spread * torch.randn(WARPS, generator=g)).clamp(min=0.3).tolist()
                         where.append(emulate_cta(bins, k, capacity, a.refresh, speeds))
                     lost = [w for w in where if w]

@@ -2,7 +2,8 @@
 seeds, and each cached kernel of that shape launched directly, with the exact reference checked before timing.
 
 Written for the fifty-fifth session's H100 run, where FP32 64 x 1M k2048 took 183 us against 111 us at k512
-(decode_topk_s40.json on the H200: 104.7 against 95.0): is it the cell's data, k, PDL, or the kernel the op routes it to?
+(decode_topk_s40.json on the H200: 104.7 against 95.0): is it the cell's data, k, PDL, or the kernel the op routes
+it to?
 
 The recorded run (topk_cell_probe_s55_h100.json) took the defaults; --scales (factors on the normal logits, which
 move the first digit's bin edges against the row's largest values) came after it and has not run yet.
@@ -19,23 +20,7 @@ import json
 import torch
 
 from benchmarks import common
-from benchmarks.bench_topk import DTYPES, check_rows
-
-
-def kernels_of_shape(cache, rows: int, dtype: str):
-    """(name, cluster, kernel) of every cached token-mode kernel whose one wave holds ``rows`` rows."""
-    from runtime.contract import decode_topk as contract
-
-    names = []
-    for c in contract.CLUSTERS:
-        for full_sm in (False, True):
-            if full_sm and not contract.has_full_sm_twin(False, c):
-                continue
-            name = contract.name_for(dtype, False, c, full_sm)
-            kernel = cache.kernel(name)
-            if rows <= kernel.max_active_clusters:
-                names.append((name, c, kernel))
-    return names
+from benchmarks.bench_topk import DTYPES, check_rows, kernels_for_rows, launch_direct
 
 
 def probe(rows: int, length: int, dtype: str, ks, seeds, scales=(1.0,)) -> list[dict]:
@@ -58,20 +43,20 @@ def probe(rows: int, length: int, dtype: str, ks, seeds, scales=(1.0,)) -> list[
             plan = decode_topk_plan(logits[0], rows, k, False)
             decode_topk(logits[0], ends, outs[0])
             check_rows(outs[0], logits[0], ends, k, False)
+
+            def median_us(call, logits=logits, outs=outs):
+                """Median us of ``call(x, o)`` over the input sets, by CUDA-graph replay."""
+                return common.time_graph([lambda x=x, o=o: call(x, o) for x, o in zip(logits, outs)])["median_us"]
+
             res = {"seed": seed, "scale": scale, "k": k, "routed_to": plan[0], "sets": sets,
-                   "op_us": common.time_graph([lambda x=x, o=o: decode_topk(x, ends, o)
-                                               for x, o in zip(logits, outs)])["median_us"],
-                   "op_in_stream_order_us": common.time_graph(
-                       [lambda x=x, o=o: decode_topk(x, ends, o, pdl=False) for x, o in zip(logits, outs)])["median_us"],
+                   "op_us": median_us(lambda x, o: decode_topk(x, ends, o)),
+                   "op_in_stream_order_us": median_us(lambda x, o: decode_topk(x, ends, o, pdl=False)),
                    "by_kernel_us": {}}
-            for name, c, kernel in kernels_of_shape(cache, rows, dtype):
-                def call(x, o, kernel=kernel, c=c, k=k):
-                    kernel.launch(rows * c, x.data_ptr(), ends.data_ptr(), o.data_ptr(), length, x.stride(0),
-                                  o.stride(0), k)
-                call(logits[0], outs[0])
+            for name, c, kernel in kernels_for_rows(cache, rows, dtype, twins=True):
+                launch_direct(kernel, c, logits[0], ends, outs[0], k)
                 check_rows(outs[0], logits[0], ends, k, False)
-                res["by_kernel_us"][name] = common.time_graph(
-                    [lambda x=x, o=o: call(x, o) for x, o in zip(logits, outs)])["median_us"]
+                res["by_kernel_us"][name] = median_us(
+                    lambda x, o, kernel=kernel, c=c, k=k: launch_direct(kernel, c, x, ends, o, k))
             print(json.dumps(res), flush=True)
             found.append(res)
         del logits
