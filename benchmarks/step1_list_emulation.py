@@ -73,6 +73,36 @@ def emulate_cta(bins: torch.Tensor, k: int, capacity: int, refresh: int, speeds:
     return gave_up
 
 
+def crowded_warp_slice(columns: int, k: int, generator: torch.Generator, warp: int = 5,
+                       held: int = 880) -> torch.Tensor:
+    """A CTA's slice (FP32, on the CPU) that makes one warp hold a list segment between LIST_CAPACITY's share (752)
+    and 1024 slots: standard normal logits, and in the last quarter of ``warp``'s part, the smallest number of
+    values of 8-9 (16 at a time) that puts ``held`` of that part's items at or above the slice's k-th largest bin.
+    A warp keeps at least those items whatever its bound, so with 752 slots it gives its list up (the CTA re-reads
+    its slice); with 1024 it keeps it where that warp's bound has caught up with the CTA's by then (in this
+    emulation, 139264-column slices at k 1024 and 2048 on every spread tried: tests/test_topk_reference.py)."""
+    logits = torch.randn(columns, generator=generator)
+    per = columns // WARPS
+    tail = warp * per + per * 3 // 4 + torch.randperm(per // 4, generator=generator)
+    for highs in range(16, k, 16):
+        crowded = logits.clone()
+        crowded[tail[:highs]] = 8 + torch.rand(highs, generator=generator)
+        bins = decode_topk_keys(crowded) >> 21
+        bound = kth_bin(torch.bincount(bins, minlength=BINS), k, 0)
+        if int((bins[warp * per:(warp + 1) * per] >= bound).sum()) >= held:
+            return crowded
+    raise ValueError(f"no slice of {columns} columns crowds {held} of k = {k} items into one warp's part")
+
+
+
+def crowded_warp_rows(rows: int, ctas: int, cta_columns: int, k: int, seed: int) -> torch.Tensor:
+    """``rows`` rows of ``ctas`` crowded slices each (crowded_warp_slice), FP32 on the CPU: on a cluster of ``ctas``
+    CTAs a row of ``ctas * cta_columns`` columns gives every CTA one such slice."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.cat([crowded_warp_slice(cta_columns, k, g) for _ in range(ctas)])
+                        for _ in range(rows)])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--columns", type=int, default=1 << 19, help="a CTA's slice (64 x 1M on the 2-CTA twin: 512K)")

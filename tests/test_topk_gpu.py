@@ -576,6 +576,33 @@ def test_refine_window_or_table_pass():
             _check(logits, ends, out, k, False)
 
 
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
+def test_twin_warp_loop_with_one_crowded_warp(dtype):
+    """The one-CTA-an-SM twins (2 and 4 CTAs) launched directly on slices past their table's tiles (step 1's warp
+    loop), each slice crowding one warp with more items at or above its k-th largest bin than LIST_CAPACITY's share
+    (benchmarks/step1_list_emulation.py: crowded_warp_slice), so that the warp gives its list up and its CTA re-reads
+    the slice (or, with a longer list, keeps it); a row end short of the width. Exact results each time."""
+    import runtime
+    from benchmarks.step1_list_emulation import crowded_warp_rows
+    from runtime.contract import decode_topk as contract
+
+    cache = runtime.load()
+    name = "f32" if dtype == torch.float32 else "bf16"
+    cta_columns = 139264  # past STEP1_TABLE_TILES x THREADS groups of 8
+    assert cta_columns // 8 >= contract.warp_step1_min_groups(False, 1)
+    bad = []
+    for cluster in (2, 4):
+        kernel = cache.kernel(contract.name_for(name, False, cluster, full_sm=True))
+        for k in (1024, 2048):
+            logits = crowded_warp_rows(2, cluster, cta_columns, k, seed=cluster + k).to("cuda", dtype)
+            width = logits.shape[1]
+            ends = torch.tensor([width, width - 5], dtype=torch.int32, device="cuda")
+            err = _direct_mismatch(kernel, logits, ends, k, cluster, False)
+            if err is not None:
+                bad.append(f"c{cluster} k={k}: {err}")
+    assert not bad, bad
+
 def _max_active_clusters(name):
     import runtime
 

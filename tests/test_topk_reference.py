@@ -819,3 +819,20 @@ def test_reference_and_op_at_the_width_limit(block_mode):
         decode_topk_reference(too_wide, torch.ones(1, dtype=torch.int32), k)
     with pytest.raises(ValueError, match="width 2097152 exceeds 2097151 columns"):
         decode_topk(too_wide, torch.ones(1, dtype=torch.int32), torch.empty(1, k, dtype=torch.int32))
+
+
+def test_crowded_warp_slices_overflow_only_the_list_share():
+    """The GPU tests' and sanitizer's crowded-warp rows (benchmarks/step1_list_emulation.py: crowded_warp_slice) do
+    what they claim, in the CPU emulation of step 1's warp loop: on a 139264-column slice (the warp loop's, past the
+    twins' table) one warp holds more than LIST_CAPACITY's share, so with this kernel's list a CTA gives its list up
+    (at any spread of the warps' speeds), and a list of 1024 slots a warp would keep it."""
+    from benchmarks.step1_list_emulation import WARPS, crowded_warp_slice, emulate_cta
+    from runtime.contract.decode_topk import LIST_CAPACITY
+
+    for k in (1024, 2048):
+        g = torch.Generator().manual_seed(k)
+        bins = decode_topk_keys(crowded_warp_slice(139264, k, g)) >> 21
+        for spread in (0.0, 0.2, 0.5):
+            speeds = (1 + spread * torch.randn(WARPS, generator=g)).clamp(min=0.3).tolist()
+            assert emulate_cta(bins, k, LIST_CAPACITY, LIST_CAPACITY, speeds), (k, spread)
+            assert not emulate_cta(bins, k, 1024 * WARPS, LIST_CAPACITY, speeds), (k, spread)

@@ -4,7 +4,8 @@
 
 Covers cluster sizes 1, 2 and 16, the 2-CTA one-CTA-an-SM twin ("twin2": step 1's table on a pair) and the
 short-row kernel, FP32/BF16, token/block mode, both step-1 loops (a
-110K-column slice of one CTA takes the warp loop), the gathered and the cluster-wide
+110K-column slice of one CTA takes the warp loop; the twins take it past 128K, on rows that crowd one warp's list
+segment), the gathered and the cluster-wide
 finish, the list path, the global-memory fallback path (all-equal rows overflow the
 list), ordered ties, short rows and a partial last group. k is 512 in --quick; the full mode takes k = 512, 1024
 and 2048 in turn over its cases (k sets the list's and the output's sizes; until the fifty-second session every
@@ -15,6 +16,10 @@ import sys
 
 import torch
 
+from benchmarks.step1_list_emulation import crowded_warp_rows
+
+# A CTA's slice past the one-CTA-an-SM twins' table (STEP1_TABLE_TILES x THREADS groups of 8 columns).
+CROWDED_CTA_COLUMNS = 139264
 
 def main() -> int:
     quick = "--quick" in sys.argv
@@ -29,6 +34,10 @@ def main() -> int:
               for b in (False, True) for c in (1, 2, 4, 8, 16) for w in (40003, 110003)]
     combos += [(d, t, False, twin, 110003) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for twin in ("twin2", "twin4")]
+    # The twins past their table's tiles (step 1's warp loop), on crowded-warp slices (one warp's list segment
+    # overflows: benchmarks/step1_list_emulation.py) and all-equal rows (every segment fills to its last slot).
+    combos += [(d, t, False, twin, int(twin[-1]) * CROWDED_CTA_COLUMNS)
+               for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16)) for twin in ("twin2", "twin4")]
     # The short-row kernel ("row": one CTA a row) at its widest rows and a shorter one.
     combos += [(d, t, b, "row", w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for b in (False, True) for w in (contract.ROW_MAX_WIDTH - 5, 5003)]
@@ -59,16 +68,23 @@ def main() -> int:
         # Cycled within each shard (a shard takes every parts-th case: index % 3 alone would give a shard of 6 one k,
         # and two of them every case at k = 2048, the slowest under racecheck).
         k = 512 if quick else (512, 1024, 2048)[(index // parts) % 3]
+        if width == cluster * CROWDED_CTA_COLUMNS:
+            k = max(k, 1024)  # at k 512 no warp can hold more than its list share of items at the k-th bin or above
         stride = width + 5
-        for kind in (("randn", "equal") if quick else ("randn", "equal", "ties")):
+        kinds = ("randn", "equal") if quick else ("randn", "equal", "ties")
+        if width == cluster * CROWDED_CTA_COLUMNS:
+            kinds = ("crowded_warp", "equal")
+        for kind in kinds:
             x = torch.randn(3, stride, device="cuda")
-            if kind == "equal":
+            if kind == "crowded_warp":
+                x[:, :width] = crowded_warp_rows(3, cluster, CROWDED_CTA_COLUMNS, k, seed=index).to("cuda")
+            elif kind == "equal":
                 x[:] = 1.5
             elif kind == "ties":
                 x = torch.randint(0, 7, (3, stride), device="cuda").float()
             x = x.to(tdtype)
             # Row ends: full, short of k, clipped past the width, and (ties) none or negative.
-            last = {"randn": width - 5, "equal": width + 7, "ties": -3}[kind]
+            last = {"randn": width - 5, "crowded_warp": width - 5, "equal": width + 7, "ties": -3}[kind]
             ends = torch.tensor([width, 300 if kind != "ties" else 0, last], dtype=torch.int32, device="cuda")
             out = torch.full((3, k), -7, dtype=torch.int32, device="cuda")
             kernel.launch(3 * cluster, x.data_ptr(), ends.data_ptr(), out.data_ptr(), width, stride,

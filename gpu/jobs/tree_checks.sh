@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# limit: 560
+# A candidate tree's checks (CAND=NAME: .whl/NAME.tgz from gpu/tools/candidate_tree.sh; carry .whl), run from the
+# candidate tree: the loader's verification, decode_topk's and the indexer's GPU tests, then decode_topk's three
+# sanitizers in full mode side by side (racecheck in 6 shards), as gpu/jobs/verify_all.sh runs them on the checkout.
+# Its timing is gpu/jobs/tree_ab.sh. Reports in $JOB_OUT/tree_checks.tgz.
+set -u
+export PYTHONUNBUFFERED=1
+JOB_OUT=${JOB_OUT:?}
+source gpu/tools/candidate_env.sh
+work=$(mktemp -d /tmp/tree_checks.XXXXXX)
+in_tree "$cand" "$cand_rev" python3 -m runtime verify 2>&1 | tail -3
+in_tree "$cand" "$cand_rev" env SPARSE_DECODE_AOT_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider \
+  -m gpu tests/test_topk_gpu.py tests/test_indexer_gpu.py -rfEs > "$work/gpu_tests.log" 2>&1
+tail -5 "$work/gpu_tests.log"
+echo "=== sanitizers (${SECONDS}s)"
+left=$((540 - SECONDS))
+for tool in memcheck synccheck racecheck; do
+  shards=1; [ $tool = racecheck ] && shards=6
+  in_tree "$cand" "$cand_rev" env TOOL=$tool SHARDS=$shards SECONDS_EACH=$left JOB_OUT="$work" \
+    bash gpu/jobs/topk_sanitize_full.sh > "$work/topk_${tool}_summary.txt" 2>&1 &
+done
+wait
+for tool in memcheck synccheck racecheck; do
+  echo "-- topk $tool (full mode)"; cat "$work/topk_${tool}_summary.txt"
+done
+echo "=== tree_checks took ${SECONDS}s"
+tar czf "$JOB_OUT/tree_checks.tgz" -C "$work" .

@@ -1,0 +1,18 @@
+# Sourced by gpu/jobs/tree_ab.sh and tree_checks.sh: the candidate tree CAND=NAME (.whl/NAME.tgz, from
+# gpu/tools/candidate_tree.sh) unpacked to $cand, DeepGEMM's environment (gpu/tools/deepgemm_env.sh), the two trees'
+# labels, and `in_tree DIR LABEL CMD...`: CMD run from DIR with DIR's runtime first on the path and LABEL as the
+# results' commit (GIT_COMMIT: the candidate tree has no git metadata).
+name=${CAND:?name the candidate: CAND=NAME for .whl/NAME.tgz}
+base=$PWD
+cand=/tmp/cand_tree
+rm -rf "$cand" && mkdir -p "$cand" && tar -xzf ".whl/$name.tgz" -C "$cand" || exit 1
+cat "$cand/CANDIDATE.txt"
+source gpu/tools/deepgemm_env.sh
+extra=; [ -d /tmp/site ] && extra=:/tmp/site  # where deepgemm_env.sh installed the carried wheel
+base_rev=$(git rev-parse --short=12 HEAD 2>/dev/null || echo checkout)
+cand_rev="$(sed -n 's/^base //p' "$cand/CANDIDATE.txt" | cut -c1-12)+$name"
+in_tree() {
+  local dir=$1 label=$2
+  shift 2
+  (cd "$dir" && PYTHONPATH="$dir$extra" GIT_COMMIT="$label" "$@")
+}
