@@ -11,10 +11,13 @@ its whole slice in the later steps.
 Warps run at their own speed (a fixed time an iteration each, 1 + ``spread`` x a standard normal draw): a warp that
 ends its part early can fill its segment while the CTA's k-th largest so far, which needs every warp's items,
 still sits a bin low. This prints, per configuration, how many of ``--ctas`` emulated CTAs gave a list up and
-where in their parts those warps were. The spread is a model parameter, not a measurement.
+where in their parts those warps were, and the refreshes' work a CTA (emulate_cta's counts). The spread is a model
+parameter, not a measurement, and a refresh costs no time here (a warp that refreshes often would, in the kernel,
+fall behind the others and let the CTA's bound catch up). --crowded takes crowded_warp_slice's slices, which the GPU
+tests and the sanitizer use.
 
     python3 benchmarks/step1_list_emulation.py [--columns 524288] [--ks 512,2048] [--spreads 0,0.2,0.5]
-        [--capacities 12032,16384] [--refresh 12032] [--scales 1] [--ctas 40]
+        [--capacities 12032,16384] [--refresh 12032] [--scales 1] [--ctas 40] [--crowded]
 """
 
 from __future__ import annotations
@@ -42,8 +45,15 @@ def kth_bin(hist: torch.Tensor, k: int, bound: int) -> int:
     return bound if reached >= BINS else max(bound, BINS - 1 - reached)
 
 
-def emulate_cta(bins: torch.Tensor, k: int, capacity: int, refresh: int, speeds: list[float]) -> list[float]:
-    """Where in its part (0-1) each warp that gave its list up was; ``bins``: the slice's first digits."""
+def emulate_cta(bins: torch.Tensor, k: int, capacity: int, refresh: int, speeds: list[float],
+                counts: dict | None = None) -> list[float]:
+    """Where in its part (0-1) each warp that gave its list up was; ``bins``: the slice's first digits. ``counts``
+    (a dict) gets the work the refreshes cost: "refreshes" (k-th bin searches, each a warp's pass over the CTA's
+    histogram), "filters" and "filtered_slots" (segment compactions whose bound rose, and the slots they read), and
+    "idle_filters" (those whose bound did not rise: a kernel that compacts anyway reads the segment for nothing)."""
+    counts = {} if counts is None else counts
+    for key in ("refreshes", "filters", "filtered_slots", "idle_filters"):
+        counts.setdefault(key, 0)
     seg_cap, refresh_at = capacity // WARPS, min(refresh // WARPS, capacity // WARPS)
     per = bins.numel() // WARPS
     parts = bins.split(per)
@@ -59,7 +69,14 @@ def emulate_cta(bins: torch.Tensor, k: int, capacity: int, refresh: int, speeds:
         pos[w] += ITERATION_COLUMNS
         passing = items[items >= bound[w]]
         if listed[w] and segment[w].numel() + passing.numel() > refresh_at:
-            bound[w] = kth_bin(hist, k, bound[w])
+            risen = kth_bin(hist, k, bound[w])
+            counts["refreshes"] += 1
+            if risen > bound[w]:
+                counts["filters"] += 1
+                counts["filtered_slots"] += segment[w].numel()
+            else:
+                counts["idle_filters"] += 1
+            bound[w] = risen
             segment[w] = segment[w][segment[w] >= bound[w]]
             passing = items[items >= bound[w]]
             if segment[w].numel() + passing.numel() > seg_cap:
@@ -94,7 +111,6 @@ def crowded_warp_slice(columns: int, k: int, generator: torch.Generator, warp: i
     raise ValueError(f"no slice of {columns} columns crowds {held} of k = {k} items into one warp's part")
 
 
-
 def crowded_warp_rows(rows: int, ctas: int, cta_columns: int, k: int, seed: int) -> torch.Tensor:
     """``rows`` rows of ``ctas`` crowded slices each (crowded_warp_slice), FP32 on the CPU: on a cluster of ``ctas``
     CTAs a row of ``ctas * cta_columns`` columns gives every CTA one such slice."""
@@ -112,22 +128,27 @@ def main() -> None:
     ap.add_argument("--refresh", type=int, default=12032, help="the capacity whose share triggers a refresh")
     ap.add_argument("--scales", default="1", help="factors on the standard normal logits")
     ap.add_argument("--ctas", type=int, default=40)
+    ap.add_argument("--crowded", action="store_true", help="crowded_warp_slice's slices instead of normal logits")
     a = ap.parse_args()
     for capacity in [int(c) for c in a.capacities.split(",")]:
         for k in [int(x) for x in a.ks.split(",")]:
             for scale in [float(x) for x in a.scales.split(",")]:
                 for spread in [float(x) for x in a.spreads.split(",")]:
                     g = torch.Generator().manual_seed(7)
-                    where = []
+                    where, counts = [], {}
                     for _ in range(a.ctas):
-                        logits = torch.randn(a.columns, generator=g) * scale
+                        if a.crowded:
+                            logits = crowded_warp_slice(a.columns, k, g) * scale
+                        else:
+                            logits = torch.randn(a.columns, generator=g) * scale
                         bins = decode_topk_keys(logits) >> 21  # the first digit: the key's top 11 bits
                         speeds = (1 + spread * torch.randn(WARPS, generator=g)).clamp(min=0.3).tolist()
-                        where.append(emulate_cta(bins, k, capacity, a.refresh, speeds))
+                        where.append(emulate_cta(bins, k, capacity, a.refresh, speeds, counts))
                     lost = [w for w in where if w]
                     print(f"capacity {capacity} (refresh at {a.refresh}) k {k} scale {scale} spread {spread}: "
                           f"{len(lost)} of {a.ctas} CTAs re-read their slice; the warps that gave up were at "
-                          f"{sorted(round(x, 2) for w in lost for x in w)[:12]} of their parts", flush=True)
+                          f"{sorted(round(x, 2) for w in lost for x in w)[:12]} of their parts; a CTA's refresh work: "
+                          f"{ {name: round(n / a.ctas, 1) for name, n in counts.items()} }", flush=True)
 
 
 if __name__ == "__main__":
