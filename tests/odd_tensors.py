@@ -4,11 +4,15 @@ storage sliced at a byte offset), and wrapper subclasses that hold no memory (DT
 import torch
 
 
-def int32_at_byte_offset(t: torch.Tensor, offset: int) -> torch.Tensor:
-    """A contiguous CPU copy of int32 ``t`` whose data starts ``offset`` bytes past a 4-byte boundary."""
-    storage = torch.zeros(t.numel() * 4 + 8, dtype=torch.uint8).untyped_storage()[offset:]
-    view = torch.empty(0, dtype=torch.int32).set_(storage, 0, t.shape, t.contiguous().stride()).copy_(t)
-    assert view.data_ptr() % 4 == offset % 4
+def at_byte_offset(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous CPU copy of ``t`` whose data starts ``offset`` bytes past a 64-byte boundary (a storage sliced
+    there: a dtype view of a byte tensor would refuse an offset off the element size)."""
+    nbytes = t.numel() * t.element_size()
+    raw = torch.zeros(nbytes + 64 + offset, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % 64 + offset
+    storage = raw.untyped_storage()[start:start + nbytes]
+    view = torch.empty(0, dtype=t.dtype).set_(storage, 0, t.shape, t.contiguous().stride()).copy_(t)
+    assert view.data_ptr() % 64 == offset % 64
     return view
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 from indexer_cases import make_state, make_step
-from odd_tensors import int32_at_byte_offset
+from odd_tensors import at_byte_offset
 from test_indexer import _cpu_deepgemm_scorer
 from test_scoring_args import _inputs as _scoring
 
@@ -41,7 +41,7 @@ def _mla(T=3, width=128):
 
 
 def test_one_element_misaligned_row_ends():
-    ends = int32_at_byte_offset(torch.tensor([4], dtype=torch.int32), 2)
+    ends = at_byte_offset(torch.tensor([4], dtype=torch.int32), 2)
     with pytest.raises(ValueError, match="row_ends must start at a 4-byte aligned address"):
         decode_topk(torch.zeros(1, 4), ends, torch.zeros(1, 512, dtype=torch.int32))
 
@@ -66,13 +66,13 @@ def test_out_with_extra_rows():
 def test_indices_two_bytes_off():
     q, pool, idx, lens = _mla()
     with pytest.raises(ValueError, match="indices must start at a 4-byte aligned address"):
-        sparse_mla_decode(q, pool, pool, int32_at_byte_offset(idx, 2), lens, bmm1_scale=1.0, bmm2_scale=1.0)
+        sparse_mla_decode(q, pool, pool, at_byte_offset(idx, 2), lens, bmm1_scale=1.0, bmm2_scale=1.0)
 
 
 def test_one_token_lens_two_bytes_off():
     q, pool, idx, lens = _mla(T=1)
     with pytest.raises(ValueError, match="lens must start at a 4-byte aligned address"):
-        sparse_mla_decode(q, pool, pool, idx, int32_at_byte_offset(lens, 2), bmm1_scale=1.0, bmm2_scale=1.0)
+        sparse_mla_decode(q, pool, pool, idx, at_byte_offset(lens, 2), bmm1_scale=1.0, bmm2_scale=1.0)
 
 
 def test_pool_of_2_31_rows():

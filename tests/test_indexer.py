@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from indexer_cases import Loopback, gathers_taken, make_state, make_step
-from odd_tensors import Storageless, int32_at_byte_offset
+from odd_tensors import Storageless, at_byte_offset
 
 from runtime import reference
 from runtime.indexer import (
@@ -1341,10 +1341,10 @@ def test_int32_tensors_off_a_word_boundary_are_refused_naming_them(offset):
     state = make_state(step, scorer=TorchScorer())
     for name in ("topk_indices", "candidate_blocks"):
         with pytest.raises(ValueError, match=f"^{name} must start at a 4-byte aligned address"):
-            dataclasses.replace(state, **{name: int32_at_byte_offset(getattr(state, name), offset)})
+            dataclasses.replace(state, **{name: at_byte_offset(getattr(state, name), offset)})
     state.topk_indices.fill_(5)
     for name in ("seq_lens", "block_table"):
-        md = dataclasses.replace(step.metadata, **{name: int32_at_byte_offset(getattr(step.metadata, name), offset)})
+        md = dataclasses.replace(step.metadata, **{name: at_byte_offset(getattr(step.metadata, name), offset)})
         with pytest.raises(ValueError, match=rf"^metadata\.{name} must start at a 4-byte aligned address"):
             decode_rows(state, md, step.q, step.weights, SingleRank())
     assert (state.topk_indices == 5).all(), "reset before the refusal"

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from odd_tensors import Storageless
+from odd_tensors import Storageless, at_byte_offset
 
 from runtime.reference import sparse_mla_active, sparse_mla_decode_reference
 
@@ -181,16 +181,6 @@ def _valid_call(T=3, width=640):
 ARGS = ("q", "swa_kv", "compressed_kv", "indices", "lens")
 
 
-def _misaligned(t, offset_bytes):
-    """A contiguous copy of ``t`` whose data starts ``offset_bytes`` past an aligned address."""
-    nbytes = t.numel() * t.element_size()
-    raw = torch.zeros(nbytes + 64, dtype=torch.uint8)
-    start = (-raw.data_ptr()) % 64 + offset_bytes
-    view = raw[start:start + nbytes].view(t.dtype).view(t.shape)
-    view.copy_(t)
-    return view
-
-
 BAD = [
     # (argument, mutation of the valid value, expected exception)
     ("q", lambda v: v.float(), TypeError),
@@ -199,17 +189,17 @@ BAD = [
     ("q", lambda v: v[..., :256].contiguous(), ValueError),  # head dim 256
     ("q", lambda v: v[0], ValueError),  # 2-D
     ("q", lambda v: v.transpose(1, 2).contiguous().transpose(1, 2), ValueError),  # not contiguous
-    ("q", lambda v: _misaligned(v, 8), ValueError),
+    ("q", lambda v: at_byte_offset(v, 8), ValueError),
     ("q", lambda v: [1, 2], TypeError),
     ("swa_kv", lambda v: v.to(torch.bfloat16), TypeError),
     ("swa_kv", lambda v: v[:, :256].contiguous(), ValueError),
     ("swa_kv", lambda v: v.view(-1), ValueError),
-    ("swa_kv", lambda v: _misaligned(v, 4), ValueError),
+    ("swa_kv", lambda v: at_byte_offset(v, 4), ValueError),
     ("swa_kv", lambda v: v.to("meta"), ValueError),  # another device than q
     ("compressed_kv", lambda v: v.view(torch.uint8), TypeError),
     ("compressed_kv", lambda v: v.view(-1, 1024), ValueError),
     ("compressed_kv", lambda v: v.t(), ValueError),
-    ("compressed_kv", lambda v: _misaligned(v, 8), ValueError),
+    ("compressed_kv", lambda v: at_byte_offset(v, 8), ValueError),
     ("compressed_kv", lambda v: v.to("meta"), ValueError),
     ("indices", lambda v: v.long(), TypeError),
     ("indices", lambda v: v[:, :256].contiguous(), ValueError),  # width 256 unsupported
@@ -230,7 +220,7 @@ BAD = [
     ("out", lambda v: v.float(), TypeError),
     ("out", lambda v: v[:2].contiguous(), ValueError),
     ("out", lambda v: v.transpose(1, 2).contiguous().transpose(1, 2), ValueError),
-    ("out", lambda v: _misaligned(v, 2), ValueError),
+    ("out", lambda v: at_byte_offset(v, 2), ValueError),
     ("out", lambda v: v.to("meta"), ValueError),
     # DTensor-like wrappers (data_ptr 0, which the kernel would dereference)
     *[(name, Storageless, TypeError) for name in ("q", "swa_kv", "compressed_kv", "indices", "lens", "sinks", "out")],

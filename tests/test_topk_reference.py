@@ -9,7 +9,7 @@ import types
 
 import pytest
 import torch
-from odd_tensors import Storageless, int32_at_byte_offset
+from odd_tensors import Storageless, at_byte_offset
 
 from runtime.reference import decode_topk_keys, decode_topk_reference
 
@@ -141,9 +141,9 @@ def test_host_op_cpu_fallback_and_checks():
         decode_topk(logits, ends, out, block_mode=1)
     for offset in (1, 2, 3):  # an int32 tensor over a storage sliced at a byte offset: the kernel's words would fault
         with pytest.raises(ValueError, match=r"^row_ends must start at a 4-byte aligned address"):
-            decode_topk(logits, int32_at_byte_offset(ends, offset), out)
+            decode_topk(logits, at_byte_offset(ends, offset), out)
         with pytest.raises(ValueError, match=r"^out must start at a 4-byte aligned address"):
-            decode_topk(logits, ends, int32_at_byte_offset(out, offset))
+            decode_topk(logits, ends, at_byte_offset(out, offset))
     for name in ("logits", "row_ends", "out"):  # a DTensor-like wrapper: data_ptr 0, which the kernel would read
         args = {"logits": logits, "row_ends": ends, "out": out}
         args[name] = Storageless(args[name])
