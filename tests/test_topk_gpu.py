@@ -576,7 +576,6 @@ def test_refine_window_or_table_pass():
             _check(logits, ends, out, k, False)
 
 
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=("f32", "bf16"))
 def test_twin_warp_loop_with_one_crowded_warp(dtype):
     """The one-CTA-an-SM twins (2 and 4 CTAs) launched directly on slices past their table's tiles (step 1's warp
@@ -602,6 +601,7 @@ def test_twin_warp_loop_with_one_crowded_warp(dtype):
             if err is not None:
                 bad.append(f"c{cluster} k={k}: {err}")
     assert not bad, bad
+
 
 def _max_active_clusters(name):
     import runtime

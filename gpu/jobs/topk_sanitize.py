@@ -21,6 +21,7 @@ from benchmarks.step1_list_emulation import crowded_warp_rows
 # A CTA's slice past the one-CTA-an-SM twins' table (STEP1_TABLE_TILES x THREADS groups of 8 columns).
 CROWDED_CTA_COLUMNS = 139264
 
+
 def main() -> int:
     quick = "--quick" in sys.argv
     import runtime
