@@ -10,7 +10,13 @@ cat "$cand/CANDIDATE.txt"
 source gpu/tools/deepgemm_env.sh
 extra=; [ -d /tmp/site ] && extra=:/tmp/site  # where deepgemm_env.sh installed the carried wheel
 base_rev=$(git rev-parse --short=12 HEAD 2>/dev/null || echo checkout)
-cand_rev="$(sed -n 's/^base //p' "$cand/CANDIDATE.txt" | cut -c1-12)+$name"
+cand_base=$(sed -n 's/^base //p' "$cand/CANDIDATE.txt")
+cand_rev="$(cut -c1-12 <<< "$cand_base")+$name"
+# The A/B compares the patch only where the rest of the host code is the checkout's: say so where it is not.
+if ! git diff --quiet "$cand_base" HEAD -- 'runtime/*.py' 'kernels/*.py' 'benchmarks/*.py' 2>/dev/null; then
+  echo "note: the .py files of runtime/, kernels/ or benchmarks/ differ between the candidate's base $cand_base" \
+    "and the checkout's HEAD (or git cannot tell): rebuild the pack on HEAD for a clean A/B"
+fi
 in_tree() {
   local dir=$1 label=$2
   shift 2
