@@ -97,7 +97,8 @@ def crowded_warp_slice(columns: int, k: int, generator: torch.Generator, warp: i
     values of 8-9 (16 at a time) that puts ``held`` of that part's items at or above the slice's k-th largest bin.
     A warp keeps at least those items whatever its bound, so with 752 slots it gives its list up (the CTA re-reads
     its slice); with 1024 it keeps it where that warp's bound has caught up with the CTA's by then (in this
-    emulation, 139264-column slices at k 1024 and 2048 on every spread tried: tests/test_topk_reference.py)."""
+    emulation of 139264-column slices at k 1024 and 2048, spreads up to 0.5: on the tests' seeds always,
+    tests/test_topk_reference.py; on 1 of 120 CTAs in step1_list_emulation_s56.txt not)."""
     logits = torch.randn(columns, generator=generator)
     per = columns // WARPS
     tail = warp * per + per * 3 // 4 + torch.randperm(per // 4, generator=generator)
