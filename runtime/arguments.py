@@ -69,7 +69,9 @@ def require_dense(name: str, t: torch.Tensor) -> None:
     """A TypeError naming ``name`` where the tensor ``t`` is not a plain strided one: sparse (COO, CSR, ...) or
     nested, which have no strides to check (CSR's ``stride()`` and a nested tensor's ``shape`` raise torch's own
     errors, which name no argument); or a view with torch's lazy negation bit (``torch._neg_view``, the imaginary
-    part of a conjugate view), whose memory holds the values un-negated: the kernels read the memory."""
+    part of a conjugate view), whose memory holds the values un-negated: the kernels read the memory; or one without
+    memory to read (a wrapper subclass such as DTensor, a FakeTensor of torch.compile's tracing or a FakeTensorMode,
+    a tensor whose data pointer torch refuses)."""
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; pass {name}.to_dense()")
     if t.is_nested:
@@ -78,12 +80,31 @@ def require_dense(name: str, t: torch.Tensor) -> None:
     if t.is_neg():
         raise TypeError(f"{name} is a lazily negated view (its memory holds the values un-negated); pass "
                         f"{name}.resolve_neg()")
-    if not t.data_ptr() and t.numel() and not t.is_meta and t.untyped_storage().nbytes():
+    # A FakeTensor (torch.compile's tracing, a FakeTensorMode) is named before its data_ptr() read, which torch
+    # warns about or refuses (versions differ) with a message naming no argument; a plain tensor pays one type
+    # comparison here (inline: the checks run on every eager call).
+    if type(t) is not _PLAIN_TENSOR and getattr(t, "fake_mode", None) is not None:
+        raise TypeError(f"{name} is a FakeTensor: a shape without memory, which the kernels would read; "
+                        + _NO_MEMORY_FIX.format(name=name))
+    try:
+        ptr = t.data_ptr()
+    except RuntimeError as e:
+        raise TypeError(f"{name} is a {type(t).__name__} whose data pointer torch does not give ({e}); "
+                        + _NO_MEMORY_FIX.format(name=name)) from None
+    if not ptr and t.numel() and not t.is_meta and t.untyped_storage().nbytes():
         # A wrapper subclass (DTensor, ...) reports a plain layout, shape and storage size but holds no memory: its
         # data_ptr is 0, which a kernel would dereference. (A meta tensor has none either, and no kernel takes one; a
         # storage shrunk to nothing is named by check_in_storage.)
-        raise TypeError(f"{name} is a {type(t).__name__} without memory of its own (data_ptr 0); pass a plain tensor "
-                        f"(a DTensor's {name}.to_local(), or {name}.full_tensor() where it is sharded)")
+        raise TypeError(f"{name} is a {type(t).__name__} without memory of its own (data_ptr 0); "
+                        + _NO_MEMORY_FIX.format(name=name))
+
+
+_PLAIN_TENSOR = torch.Tensor
+# Tensors with a shape and no memory the kernels could read: wrapper subclasses (DTensor) and the tensors of
+# torch.compile's tracing and of a FakeTensorMode.
+_NO_MEMORY_FIX = ("pass a plain tensor: a DTensor's {name}.to_local() (or {name}.full_tensor() where it is sharded); "
+                  "under torch.compile's tracing or a FakeTensorMode, call the op eagerly on real tensors (in a "
+                  "compiled model, from a function under torch.compiler.disable)")
 
 
 def require_element_aligned(name: str, t: torch.Tensor) -> None:

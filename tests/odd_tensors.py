@@ -27,3 +27,11 @@ class Storageless(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise NotImplementedError(f"Storageless holds no data: {func}")
+
+
+class PointerRefused(torch.Tensor):
+    """A plain tensor's subclass whose ``data_ptr()`` raises torch's RuntimeError, as some torch versions do for the
+    tensors of torch.compile's tracing (FakeTensor, FunctionalTensor)."""
+
+    def data_ptr(self):
+        raise RuntimeError("Cannot access data pointer of Tensor (e.g. FakeTensor, FunctionalTensor)")
