@@ -9,6 +9,11 @@ import operator
 
 import torch
 
+# The namespace of the host ops' torch.compile custom ops (torch.ops.sparse_decode_aot.decode_topk, ...). A second copy
+# of this package imported under another name in the same process (gpu/jobs/host_ab.py's side-by-side trees)
+# registers its own, since torch refuses a name twice.
+OP_NAMESPACE = "sparse_decode_aot" if __package__ == "runtime" else f"sparse_decode_aot_{__package__}"
+
 
 def whole_number(name: str, value) -> int:
     """``value`` as a Python int, or a TypeError naming ``name``."""
@@ -70,8 +75,8 @@ def require_dense(name: str, t: torch.Tensor) -> None:
     nested, which have no strides to check (CSR's ``stride()`` and a nested tensor's ``shape`` raise torch's own
     errors, which name no argument); or a view with torch's lazy negation bit (``torch._neg_view``, the imaginary
     part of a conjugate view), whose memory holds the values un-negated: the kernels read the memory; or one without
-    memory to read (a wrapper subclass such as DTensor, a FakeTensor of torch.compile's tracing or a FakeTensorMode,
-    a tensor whose data pointer torch refuses)."""
+    memory to read (a wrapper subclass such as DTensor, a FakeTensor of a FakeTensorMode or make_fx's tracing, a
+    tensor whose data pointer torch refuses)."""
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; pass {name}.to_dense()")
     if t.is_nested:
@@ -80,7 +85,7 @@ def require_dense(name: str, t: torch.Tensor) -> None:
     if t.is_neg():
         raise TypeError(f"{name} is a lazily negated view (its memory holds the values un-negated); pass "
                         f"{name}.resolve_neg()")
-    # A FakeTensor (torch.compile's tracing, a FakeTensorMode) is named before its data_ptr() read, which torch
+    # A FakeTensor (a FakeTensorMode, make_fx's tracing) is named before its data_ptr() read, which torch
     # warns about or refuses (versions differ) with a message naming no argument; a plain tensor pays one type
     # comparison here (inline: the checks run on every eager call).
     if type(t) is not _PLAIN_TENSOR and getattr(t, "fake_mode", None) is not None:
@@ -100,11 +105,12 @@ def require_dense(name: str, t: torch.Tensor) -> None:
 
 
 _PLAIN_TENSOR = torch.Tensor
-# Tensors with a shape and no memory the kernels could read: wrapper subclasses (DTensor) and the tensors of
-# torch.compile's tracing and of a FakeTensorMode.
+# Tensors with a shape and no memory the kernels could read: wrapper subclasses (DTensor) and the tensors of a
+# FakeTensorMode or make_fx's tracing (torch.compile takes decode_topk and sparse_mla_decode as custom ops, and runs
+# the indexer's steps eagerly, so none of its FakeTensors reaches these checks).
 _NO_MEMORY_FIX = ("pass a plain tensor: a DTensor's {name}.to_local() (or {name}.full_tensor() where it is sharded); "
-                  "under torch.compile's tracing or a FakeTensorMode, call the op eagerly on real tensors (in a "
-                  "compiled model, from a function under torch.compiler.disable)")
+                  "a traced program (a FakeTensorMode, make_fx) calls the op on real tensors, or decode_topk and "
+                  "sparse_mla_decode through torch.compile or their custom ops (torch.ops." + OP_NAMESPACE + ")")
 
 
 def require_element_aligned(name: str, t: torch.Tensor) -> None:

@@ -384,6 +384,8 @@ def plan_decode_rows(
     ``padded_tokens``: the step's tokens including a CUDA graph's padding (default
     ``metadata.num_tokens``), in ``[metadata.num_tokens, state.max_rows]``. The reset
     spans them all, so padded rows hold -1, not an earlier step's indices."""
+    if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
+        return _plan_decode_rows_eagerly(state, metadata, tp, padded_tokens=padded_tokens)
     _check_metadata_type(metadata)
     return _plan(state, metadata, tp, padded_tokens, by_decode_rows=False)
 
@@ -531,6 +533,8 @@ def finish_decode_rows(
     the block table's device values may change, ``seq_lens``' may not: the plan built the
     schedule from them), and ``q`` and ``weights`` may not share
     memory with the state's buffers, which the plan reset before they are read."""
+    if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
+        return _finish_decode_rows_eagerly(state, q, weights, plan, tp, all_gather)
     return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=False)
 
 
@@ -616,6 +620,8 @@ def decode_rows(
     Everything the finish would refuse is refused before the plan's reset, so an
     ``all_gather`` that is not a RowGather is refused on every step with rows, not
     only on one that shards (``finish_decode_rows`` looks at it only where it shards)."""
+    if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
+        return _decode_rows_eagerly(state, metadata, q, weights, tp, all_gather)
     _check_metadata_type(metadata)
     if metadata is not None and metadata.num_prefills == 0:
         _check_num_tokens(metadata)
@@ -630,6 +636,14 @@ def decode_rows(
         # A plan is made only for a step with rows, whose arguments were all checked above.
         plan = _plan(state, metadata, tp, _padded_tokens(state, metadata, q), by_decode_rows=has_rows)
         return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=has_rows)
+
+
+# Traced by torch.compile, the indexer's steps run eagerly: each is a graph break, where the tracer would otherwise
+# follow host logic it cannot take (checks of tensors' storage sizes, which symbolic shapes refuse; the scorer's
+# and the all-gather's calls) and fail the compile. Selection inside them is decode_topk, a custom op.
+_plan_decode_rows_eagerly = torch.compiler.disable(plan_decode_rows)
+_finish_decode_rows_eagerly = torch.compiler.disable(finish_decode_rows)
+_decode_rows_eagerly = torch.compiler.disable(decode_rows)
 
 
 def _padded_tokens(state: IndexerState, metadata: DecodeMetadata | None, q) -> int | None:

@@ -15,7 +15,13 @@ import numbers
 
 import torch
 
-from .arguments import cuda_device_index, require_dense, require_flag, whole_number
+from .arguments import (
+    OP_NAMESPACE,
+    cuda_device_index,
+    require_dense,
+    require_flag,
+    whole_number,
+)
 from .contract import sparse_mla_decode as contract
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
 from .overlap import check_in_storage, check_out_apart
@@ -71,6 +77,11 @@ def _check_scale(name, v, limit=_FLOAT32_MAX, why="finite as a float32"):
         raise ValueError(f"{name} must be {why} (|{name}| <= {limit:.4g}), got {v}")
 
 
+def _check_scales(bmm1_scale, bmm2_scale):
+    _check_scale("bmm1_scale", bmm1_scale, _BMM1_SCALE_MAX, "small enough that every score stays finite in the kernel")
+    _check_scale("bmm2_scale", bmm2_scale)
+
+
 def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out):
     """Validate everything; return (T, width). Raises TypeError/ValueError naming the argument."""
     T, heads, dim = _check_tensor("q", q, FP8, 3)
@@ -92,8 +103,7 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
         raise ValueError(f"lens must be [T = {T}], got {tuple(lens.shape)}")
     if sinks is not None and _check_tensor("sinks", sinks, torch.float32, 1, device, 4)[0] != HEADS:
         raise ValueError(f"sinks must be [{HEADS}], got {tuple(sinks.shape)}")
-    _check_scale("bmm1_scale", bmm1_scale, _BMM1_SCALE_MAX, "small enough that every score stays finite in the kernel")
-    _check_scale("bmm2_scale", bmm2_scale)
+    _check_scales(bmm1_scale, bmm2_scale)
     if out is not None:
         if _check_tensor("out", out, torch.bfloat16, 3, device) != (T, HEADS, HEAD_DIM):
             raise ValueError(f"out must be [{T}, {HEADS}, {HEAD_DIM}], got {tuple(out.shape)}")
@@ -178,7 +188,21 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     The first call on a device loads the AOT cache, which cannot happen inside CUDA graph stream capture:
     load it first (``runtime.load(device=i)`` at start-up, or one call before capturing); a first call
     during capture raises ``runtime.CacheLoadInterrupted``.
+
+    Inside a function that torch.compile traces, the call is one custom op (``sparse_decode_aot::sparse_mla_decode``,
+    mutating ``out``, which is allocated first where None): the graph keeps it whole, and it runs this function on the
+    real tensors.
     """
+    if torch.compiler.is_compiling():
+        # Traced by torch.compile: the Python scalars checked here (the tracer specializes on them), the tensors by
+        # the real call.
+        _check_scales(bmm1_scale, bmm2_scale)
+        require_flag("pdl", pdl)
+        if out is None:
+            out = torch.empty(q.shape[0], HEADS, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+        _sparse_mla_decode_op(q, swa_kv, compressed_kv, indices, lens, sinks, float(bmm1_scale), float(bmm2_scale),
+                              out, pdl)
+        return out
     T, width = _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out)
     require_flag("pdl", pdl)  # "False" would launch with PDL, reading the sinks before the previous grid's writes
     if out is None:
@@ -201,3 +225,19 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
             float(bmm1_scale), float(bmm2_scale))
     launch_on(q.device, kernel, T * n, *args)
     return out
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::sparse_mla_decode", mutates_args=("out",))
+def _sparse_mla_decode_op(q: torch.Tensor, swa_kv: torch.Tensor, compressed_kv: torch.Tensor, indices: torch.Tensor,
+                          lens: torch.Tensor, sinks: torch.Tensor | None, bmm1_scale: float, bmm2_scale: float,
+                          out: torch.Tensor, pdl: bool) -> None:
+    """sparse_mla_decode as torch.compile sees it: an opaque op writing ``out``, so that the tracer neither follows
+    the host checks and launches (pointer reads, driver calls) nor breaks the graph there."""
+    sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, sinks=sinks, bmm1_scale=bmm1_scale,
+                      bmm2_scale=bmm2_scale, out=out, pdl=pdl)
+
+
+@_sparse_mla_decode_op.register_fake
+def _sparse_mla_decode_fake(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out,
+                            pdl) -> None:
+    """Shapes only: the op writes ``out`` and returns nothing; the real call checks every argument."""

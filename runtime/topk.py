@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from .arguments import (
+    OP_NAMESPACE,
     require_dense,
     require_element_aligned,
     require_flag,
@@ -298,7 +299,16 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
     The first call on a device loads the AOT cache, which cannot happen inside CUDA graph stream capture:
     load it first (``runtime.load(device=i)`` at start-up, or one call before capturing); a first call
     during capture raises ``runtime.CacheLoadInterrupted``.
+
+    Inside a function that torch.compile traces, the call is one custom op (``sparse_decode_aot::decode_topk``,
+    mutating ``out``): the graph keeps it whole, and it runs this function on the real tensors.
     """
+    if torch.compiler.is_compiling():
+        # Traced by torch.compile: one opaque node (_decode_topk_op), which runs this function on real tensors.
+        require_flag("block_mode", block_mode)
+        require_flag("pdl", pdl)
+        _decode_topk_op(logits, row_ends, out, block_mode, pdl)
+        return
     rows, width, k = _check_args(logits, row_ends, out, block_mode)
     require_flag("pdl", pdl)  # "False" would launch with PDL
     if rows == 0:
@@ -348,3 +358,16 @@ def decode_topk_plan(logits: torch.Tensor, rows: int, k: int, block_mode: bool):
         return None
     kernel, cluster = chosen
     return kernel.name, cluster, rows * cluster
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::decode_topk", mutates_args=("out",))
+def _decode_topk_op(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor, block_mode: bool,
+                    pdl: bool) -> None:
+    """decode_topk as torch.compile sees it: an opaque op, so that the tracer neither follows the host checks and
+    launches (pointer reads, driver calls, which a traced tensor cannot take) nor breaks the graph there."""
+    decode_topk(logits, row_ends, out, block_mode=block_mode, pdl=pdl)
+
+
+@_decode_topk_op.register_fake
+def _decode_topk_fake(logits, row_ends, out, block_mode, pdl) -> None:
+    """Shapes only: the op writes ``out`` and returns nothing; the real call checks every argument."""

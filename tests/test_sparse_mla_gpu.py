@@ -469,6 +469,27 @@ def test_kernel_under_cuda_graph():
     assert_kernel_matches(out, args, sinks)
 
 
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_kernel_inside_torch_compile(backend, kernel_launches):
+    """A compiled function (one graph: fullgraph) holds the op as its custom op, whose call launches the kernel: the
+    same bits as the eager launch, with out given and allocated."""
+    from runtime.sparse_mla import sparse_mla_decode
+
+    args, sinks = make_case(12, 640, seed=12)
+    kw = dict(sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    eager = sparse_mla_decode(*args, **kw)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a, out=None: sparse_mla_decode(*a, out=out, **kw).float() * 2.0,
+                             backend=backend, fullgraph=True)
+    out = poisoned(12)
+    given = compiled(*args, out=out)
+    allocated = compiled(*args)
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager), "out written by the compiled call"
+    assert torch.equal(given, eager.float() * 2.0) and torch.equal(allocated, eager.float() * 2.0)
+    assert len(kernel_launches) == 3, kernel_launches
+
 # --- the Triton peer of the benchmark: it must be right to be a fair peer -------------------------
 
 def _triton():

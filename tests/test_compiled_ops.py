@@ -1,0 +1,131 @@
+"""The host ops inside torch.compile (CPU here: the exact fallbacks run; the kernels' launch is the same call).
+
+A function that calls decode_topk or sparse_mla_decode compiles to one graph (fullgraph=True: no graph break) that
+holds each op as one custom op node (sparse_decode_aot::...), with static and dynamic shapes, and gives the eager
+results; the indexer's steps run eagerly inside a compiled function (a graph break each) and give the eager buffers.
+Before, the tracer followed the ops' host checks into a FakeTensor's storage size, which symbolic shapes refuse, and
+the compile failed with torch's error. The scalar flags are still refused while tracing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from indexer_cases import make_state, make_step
+
+from runtime.indexer import (
+    SingleRank,
+    decode_rows,
+    finish_decode_rows,
+    plan_decode_rows,
+)
+from runtime.reference import decode_topk_reference, sparse_mla_decode_reference
+from runtime.sparse_mla import sparse_mla_decode
+from runtime.topk import decode_topk
+
+FP8 = torch.float8_e4m3fn
+
+
+def _compile(fn, dynamic, compiler="aot_eager"):
+    """``fn`` compiled in one graph by ``compiler`` (aot_eager: torch's functionalization of the op's write to
+    ``out``; inductor: that and generated code around the op, which needs a C++ compiler here), and the custom ops
+    each traced graph called."""
+    called = []
+
+    def backend(gm, example_inputs):
+        called.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+                      and str(n.target).startswith("sparse_decode_aot."))
+        if compiler == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs)
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic), called
+
+
+# (dynamic shapes, compiler): inductor on static shapes only (its compile takes ~10-20 s a graph on this CPU)
+MODES = [(False, "aot_eager"), (True, "aot_eager"), (False, "inductor")]
+MODE_IDS = ["static", "dynamic", "inductor"]
+
+
+@pytest.mark.parametrize("dynamic, compiler", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+def test_decode_topk_compiles_to_one_custom_op(dynamic, compiler, block_mode):
+    def step(logits, row_ends, out):
+        decode_topk(logits * 2.0, row_ends, out, block_mode=block_mode)
+        return out + 1  # a use of the op's write
+
+    compiled, called = _compile(step, dynamic, compiler)
+    g = torch.Generator().manual_seed(3)
+    for rows, width in ((3, 4096), (5, 1000)):  # the second shape: a recompile, or the dynamic graph again
+        logits = torch.randn(rows, width, generator=g)
+        row_ends = torch.tensor([width, 7, 0, width - 3, 600][:rows], dtype=torch.int32)
+        out = torch.full((rows, 512), -7, dtype=torch.int32)
+        got = compiled(logits, row_ends, out)
+        want = decode_topk_reference(logits * 2.0, row_ends, 512, block_mode=block_mode)
+        assert torch.equal(torch.sort(got - 1, 1).values, torch.sort(want, 1).values)
+        assert torch.equal(torch.sort(out, 1).values, torch.sort(want, 1).values), "out written"
+    assert called and set(called) == {"sparse_decode_aot.decode_topk.default"}
+
+
+@pytest.mark.parametrize("dynamic, compiler", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("given_out", (False, True), ids=("allocated", "given_out"))
+def test_sparse_mla_decode_compiles_to_one_custom_op(dynamic, compiler, given_out):
+    def step(q, swa_kv, compressed_kv, indices, lens, sinks, out):
+        o = sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, sinks=sinks, bmm1_scale=0.05,
+                              bmm2_scale=1.5, out=out)
+        return o.float().sum(-1)
+
+    compiled, called = _compile(step, dynamic, compiler)
+    g = torch.Generator().manual_seed(5)
+    for T in (3, 2):
+        q = (torch.randn(T, 16, 512, generator=g) * 2).to(FP8)
+        swa, comp = ((torch.randn(rows, 512, generator=g) * 2).to(FP8) for rows in (40, 70))
+        indices = torch.randint(-1, 80, (T, 640), dtype=torch.int32, generator=g)
+        lens = torch.tensor([640, 100, 0][:T], dtype=torch.int32)
+        sinks = torch.randn(16, generator=g)
+        out = torch.empty(T, 16, 512, dtype=torch.bfloat16) if given_out else None
+        got = compiled(q, swa, comp, indices, lens, sinks, out)
+        want = sparse_mla_decode_reference(q, swa, comp, indices, lens, sinks=sinks, bmm1_scale=0.05, bmm2_scale=1.5)
+        torch.testing.assert_close(got, want.float().sum(-1))
+        if given_out:
+            assert torch.equal(out, want), "out written"
+    assert called and set(called) == {"sparse_decode_aot.sparse_mla_decode.default"}
+
+
+def test_flags_and_scales_are_refused_while_tracing():
+    logits, row_ends, out = torch.randn(2, 64), torch.full((2,), 64, dtype=torch.int32), torch.empty(2, 512,
+                                                                                                   dtype=torch.int32)
+    with pytest.raises(Exception, match="block_mode must be a Python bool"):
+        _compile(lambda a, b, c: decode_topk(a, b, c, block_mode=1), False)[0](logits, row_ends, out)
+    q = torch.zeros(1, 16, 512).to(FP8)
+    pool = torch.zeros(8, 512).to(FP8)
+    args = (q, pool, pool, torch.zeros(1, 128, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+    with pytest.raises(Exception, match="bmm1_scale must be small enough"):
+        _compile(lambda *a: sparse_mla_decode(*a, bmm1_scale=1e31, bmm2_scale=1.0), False)[0](*args)
+
+
+@pytest.mark.parametrize("flow", ("decode_rows", "plan_then_finish"))
+def test_indexer_steps_run_eagerly_inside_a_compiled_function(flow):
+    step = make_step(8, heads=32, head_dim=64, k=16)
+    eager = make_state(step)
+    decode_rows(eager, step.metadata, step.q, step.weights, SingleRank())
+    state = make_state(step)
+
+    def run(q, weights):
+        if flow == "decode_rows":
+            rows = decode_rows(state, step.metadata, q, weights, SingleRank())
+        else:
+            plan = plan_decode_rows(state, step.metadata, SingleRank())
+            rows = finish_decode_rows(state, q, weights, plan, SingleRank())
+        return rows + 1
+
+    torch._dynamo.reset()
+    got = torch.compile(run, backend="aot_eager")(step.q, step.weights)
+    assert torch.equal(state.topk_indices, eager.topk_indices)
+    assert torch.equal(got - 1, eager.topk_indices)
