@@ -641,9 +641,12 @@ def decode_rows(
 # Traced by torch.compile, the indexer's steps run eagerly: each is a graph break, where the tracer would otherwise
 # follow host logic it cannot take (checks of tensors' storage sizes, which symbolic shapes refuse; the scorer's
 # and the all-gather's calls) and fail the compile. Selection inside them is decode_topk, a custom op.
-_plan_decode_rows_eagerly = torch.compiler.disable(plan_decode_rows)
-_finish_decode_rows_eagerly = torch.compiler.disable(finish_decode_rows)
-_decode_rows_eagerly = torch.compiler.disable(decode_rows)
+# torch._disable_dynamo is torch.compiler.disable made on first use: the latter imports the compiler at once
+# (1.4 s here), which a process that never compiles should not pay at import.
+_disable = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
+_plan_decode_rows_eagerly = _disable(plan_decode_rows)
+_finish_decode_rows_eagerly = _disable(finish_decode_rows)
+_decode_rows_eagerly = _disable(decode_rows)
 
 
 def _padded_tokens(state: IndexerState, metadata: DecodeMetadata | None, q) -> int | None:
