@@ -131,6 +131,26 @@ def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, topk_launches, can
         assert supports_decode_topk(logits, 16, candidates, True), "the AOT top-k must take the candidate blocks"
 
 
+
+def test_flow_inside_torch_compile_equals_eager(topk_launches):
+    """decode_rows called from a compiled function (a graph break: the step runs eagerly) with DeepGEMM's scoring and
+    the AOT top-k: the same buffer as the eager step, the top-k kernel launched in both."""
+    scorer = _deepgemm()
+    step = _step(16, candidates=512)
+    eager, compiled_state = make_state(step, scorer=scorer), make_state(step, scorer=scorer)
+    decode_rows(eager, step.metadata, step.q, step.weights, SingleRank())
+
+    def run(q, weights):
+        return decode_rows(compiled_state, step.metadata, q, weights, SingleRank()) + 0
+
+    torch._dynamo.reset()
+    got = torch.compile(run)(step.q, step.weights)
+    torch.cuda.synchronize()
+    assert torch.equal(compiled_state.topk_indices, eager.topk_indices)
+    assert torch.equal(compiled_state.candidate_blocks, eager.candidate_blocks)
+    assert torch.equal(got, eager.topk_indices)
+    assert (_launched(topk_launches, "token"), _launched(topk_launches, "block")) == (2, 2), topk_launches
+
 @pytest.mark.parametrize("world,rows", [(2, 18), (4, 18), (4, 20), (4, 64)])
 def test_flow_sharded_equals_replicated(monkeypatch, topk_launches, world, rows):
     """Every rank's slice (short and empty last ones at world 4) scored by DeepGEMM and selected by the AOT top-k,
