@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# limit: 240
+# limit: 300
 # Every GPU test of the repository on the committed tree (runtime, sparse MLA, decode_topk, indexer with DeepGEMM
 # from the carried .whl), after the loader's own verification of the cache against the device.
 set -uo pipefail
@@ -9,5 +9,5 @@ source gpu/tools/deepgemm_env.sh
 python3 -m runtime verify 2>&1 | tail -3
 # -rfEs: the failures' and errors' names in the summary too (-rs alone names the skips only); the whole output
 # goes to a file beside the job's reports, since the tail below keeps one traceback's end at most.
-timeout 220 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rfEs 2>&1 \
+timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rfEs 2>&1 \
   | tee "${JOB_OUT:-/tmp}/all_gpu_tests_pytest.log" | tail -15
