@@ -70,6 +70,14 @@ def cuda_device_index(name: str, device) -> int | None:
     return whole_count(name, device, 0)
 
 
+_PLAIN_TENSOR = torch.Tensor
+# Tensors with a shape and no memory the kernels could read: wrapper subclasses (DTensor) and the tensors of a
+# FakeTensorMode or make_fx's tracing (torch.compile takes decode_topk and sparse_mla_decode as custom ops, and runs
+# the indexer's steps eagerly, so none of its FakeTensors reaches these checks).
+_NO_MEMORY_FIX = ("pass a plain tensor: a DTensor's {name}.to_local() (or {name}.full_tensor() where it is sharded); "
+                  "a traced program (a FakeTensorMode, make_fx) calls the op on real tensors, or decode_topk and "
+                  "sparse_mla_decode through torch.compile or their custom ops (torch.ops." + OP_NAMESPACE + ")")
+
 def require_dense(name: str, t: torch.Tensor) -> None:
     """A TypeError naming ``name`` where the tensor ``t`` is not a plain strided one: sparse (COO, CSR, ...) or
     nested, which have no strides to check (CSR's ``stride()`` and a nested tensor's ``shape`` raise torch's own
@@ -103,14 +111,6 @@ def require_dense(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name} is a {type(t).__name__} without memory of its own (data_ptr 0); "
                         + _NO_MEMORY_FIX.format(name=name))
 
-
-_PLAIN_TENSOR = torch.Tensor
-# Tensors with a shape and no memory the kernels could read: wrapper subclasses (DTensor) and the tensors of a
-# FakeTensorMode or make_fx's tracing (torch.compile takes decode_topk and sparse_mla_decode as custom ops, and runs
-# the indexer's steps eagerly, so none of its FakeTensors reaches these checks).
-_NO_MEMORY_FIX = ("pass a plain tensor: a DTensor's {name}.to_local() (or {name}.full_tensor() where it is sharded); "
-                  "a traced program (a FakeTensorMode, make_fx) calls the op on real tensors, or decode_topk and "
-                  "sparse_mla_decode through torch.compile or their custom ops (torch.ops." + OP_NAMESPACE + ")")
 
 
 def require_element_aligned(name: str, t: torch.Tensor) -> None:

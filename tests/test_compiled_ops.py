@@ -35,14 +35,9 @@ def _compile(fn, dynamic, compiler="aot_eager"):
     def backend(gm, example_inputs):
         called.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function"
                       and str(n.target).startswith("sparse_decode_aot."))
-        if compiler == "inductor":
-            from torch._inductor.compile_fx import compile_fx
+        from torch._dynamo.backends.registry import lookup_backend
 
-            return compile_fx(gm, example_inputs)
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
-        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
+        return lookup_backend(compiler)(gm, example_inputs)
 
     torch._dynamo.reset()
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic), called

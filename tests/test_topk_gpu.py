@@ -67,10 +67,10 @@ def _record_fallback(monkeypatch):
 
 def _launch_direct(kernel, logits, row_ends, k, ctas_per_row):
     """One kernel of the cache launched directly (no host op, no routing) on every row; its output, synchronised."""
-    rows, width = logits.shape
-    out = torch.full((rows, k), -7, dtype=torch.int32, device=logits.device)
-    kernel.launch(rows * ctas_per_row, logits.data_ptr(), row_ends.data_ptr(), out.data_ptr(), width,
-                  logits.stride(0), out.stride(0), k)
+    from benchmarks.bench_topk import launch_direct
+
+    out = torch.full((logits.shape[0], k), -7, dtype=torch.int32, device=logits.device)
+    launch_direct(kernel, ctas_per_row, logits, row_ends, out, k)
     torch.cuda.synchronize()
     return out
 

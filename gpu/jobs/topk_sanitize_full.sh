@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # limit: 420
-# decode_topk under one compute-sanitizer tool (TOOL: racecheck by default) in full mode (every cluster size, the
-# twins, the short-row kernel; randn, equal and tied rows), as SHARDS interleaved processes side by side
-# (racecheck in one process took over 230 s on the H200). Reports: $JOB_OUT/topk_<tool>_<shard>.txt.
+# decode_topk under one compute-sanitizer tool (TOOL: racecheck by default; all: the three) in full mode (every
+# cluster size, the twins, the short-row kernel; randn, equal and tied rows), as SHARDS interleaved processes side
+# by side (racecheck in one process took over 230 s on the H200). Reports: $JOB_OUT/topk_<tool>_<shard>.txt.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
+if [ "${TOOL:-}" = all ]; then
+  # The three tools side by side (racecheck in SHARDS processes, default 6; memcheck and synccheck in one each), as
+  # verify_all.sh and tree_checks.sh run them; each tool's summary in $JOB_OUT/topk_<tool>_summary.txt, then printed.
+  for t in memcheck synccheck racecheck; do
+    shards=1; [ $t = racecheck ] && shards=${SHARDS:-6}
+    TOOL=$t SHARDS=$shards bash "$0" > "$JOB_OUT/topk_${t}_summary.txt" 2>&1 &
+  done
+  wait
+  for t in memcheck synccheck racecheck; do
+    echo "-- topk $t (full mode)"; cat "$JOB_OUT/topk_${t}_summary.txt"
+  done
+  exit 0
+fi
 tool=${TOOL:-racecheck}
 n=${SHARDS:-6}
 extra=; [ "$tool" = racecheck ] && extra="--racecheck-report all"

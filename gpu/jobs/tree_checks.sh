@@ -14,15 +14,7 @@ in_tree "$cand" "$cand_rev" env SPARSE_DECODE_AOT_REQUIRE_GPU=1 timeout 200 pyth
   -m gpu tests/test_topk_gpu.py tests/test_indexer_gpu.py -rfEs > "$work/gpu_tests.log" 2>&1
 tail -5 "$work/gpu_tests.log"
 echo "=== sanitizers (${SECONDS}s)"
-left=$((540 - SECONDS))
-for tool in memcheck synccheck racecheck; do
-  shards=1; [ $tool = racecheck ] && shards=6
-  in_tree "$cand" "$cand_rev" env TOOL=$tool SHARDS=$shards SECONDS_EACH=$left JOB_OUT="$work" \
-    bash gpu/jobs/topk_sanitize_full.sh > "$work/topk_${tool}_summary.txt" 2>&1 &
-done
-wait
-for tool in memcheck synccheck racecheck; do
-  echo "-- topk $tool (full mode)"; cat "$work/topk_${tool}_summary.txt"
-done
+in_tree "$cand" "$cand_rev" env TOOL=all SECONDS_EACH=$((540 - SECONDS)) JOB_OUT="$work" \
+  bash gpu/jobs/topk_sanitize_full.sh
 echo "=== tree_checks took ${SECONDS}s"
 tar czf "$JOB_OUT/tree_checks.tgz" -C "$work" .

@@ -11,15 +11,10 @@ bash gpu/jobs/all_gpu_tests.sh 2>&1 | tee "$JOB_OUT/all_gpu_tests.log" | tail -2
 echo "=== 2. sanitizers (sparse MLA 3 tools + decode_topk full mode: memcheck, synccheck, racecheck in 6 shards; in parallel)"
 # decode_topk's three tools side by side with the sparse-MLA ones (racecheck in six shards: 223 s alone on the
 # H200), so that the whole job stays inside one call's 600 s
-for tool in memcheck synccheck racecheck; do
-  shards=1; [ $tool = racecheck ] && shards=6
-  TOOL=$tool SHARDS=$shards SECONDS_EACH=320 bash gpu/jobs/topk_sanitize_full.sh > "$JOB_OUT/topk_${tool}_summary.txt" 2>&1 &
-done
+TOOL=all SECONDS_EACH=320 bash gpu/jobs/topk_sanitize_full.sh > "$JOB_OUT/topk_sanitizers.txt" 2>&1 &
 bash gpu/tools/mla_sanitize.sh 200
 wait
-for tool in memcheck synccheck racecheck; do
-  echo "-- topk $tool (full mode)"; cat "$JOB_OUT/topk_${tool}_summary.txt"
-done
+cat "$JOB_OUT/topk_sanitizers.txt"
 echo "=== 3. indexer job (took ${SECONDS}s so far)"
 mkdir -p "$JOB_OUT/indexer"
 # Bounded by what is left of the call's 600 s, so that the archive below is always written: a call brings back at
