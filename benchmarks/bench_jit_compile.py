@@ -37,15 +37,10 @@ def provenance() -> dict:
     """What the compiled kernels were: the commit, whether the files differ from it, and the kernel sources' hash
     (the manifests' ``source_hash``, so a record names the same sources as a build of them)."""
     sys.path.insert(0, str(REPO))  # run as a script: the repository's packages
-    from benchmarks.common import files_differ_from_head
+    from benchmarks.common import files_differ_from_head, head_commit
     from build_kernels import source_hash
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True,
-                                cwd=REPO).stdout.strip()
-    except OSError:
-        commit = ""
-    return {"commit": commit, "files_differ_from_commit": files_differ_from_head(REPO),
+    return {"commit": head_commit(REPO), "files_differ_from_commit": files_differ_from_head(REPO),
             "kernel_source_hash": source_hash()}
 
 

@@ -22,23 +22,20 @@ import torch
 L2_ROTATE_FACTOR = 3  # the rotated sets together span this many L2s
 
 
-def gpu_info() -> dict:
-    """The GPU, driver and commit a result was measured on."""
-    p = torch.cuda.get_device_properties(0)
+def head_commit(root: Path = Path(__file__).parent) -> str:
+    """git's HEAD at ``root`` ("" without git; the environment's GIT_COMMIT where a copy carries no git)."""
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = ""
-    here = Path(__file__).parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root).stdout.strip()
     except OSError:
         commit = ""
+    return commit or os.environ.get("GIT_COMMIT", "")
+
+
+def tree_info() -> dict:
+    """The code a result was measured or computed with (the host's share of gpu_info, for a CPU-only record)."""
+    here = Path(__file__).parent
     return {
-        "gpu": p.name, "sms": p.multi_processor_count, "l2_bytes": getattr(p, "L2_cache_size", None),
-        "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
-        "commit": commit or os.environ.get("GIT_COMMIT", ""),
+        "commit": head_commit(here),
         "files_differ_from_commit": files_differ_from_head(here.parent),
         "host": platform.node(),
         # A lent GPU machine's copy of the checkout may carry older git metadata than its files:
@@ -47,6 +44,21 @@ def gpu_info() -> dict:
         # gives a commit's digest to compare).
         "manifest_sha256": manifest_digests(),
         "source_sha256": source_digest(),
+    }
+
+
+def gpu_info() -> dict:
+    """The GPU, driver and commit a result was measured on."""
+    p = torch.cuda.get_device_properties(0)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = ""
+    return {
+        "gpu": p.name, "sms": p.multi_processor_count, "l2_bytes": getattr(p, "L2_cache_size", None),
+        "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
+        **tree_info(),
         "packages": package_versions(),
         "switches": run_switches(),
     }

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_indexer import HEAD_DIM, HEADS, head_weights, random_cache  # noqa: E402
+from benchmarks.common import tree_info
 from runtime import reference  # noqa: E402
 from runtime.scoring import BLOCK_KV  # noqa: E402
 
@@ -87,7 +88,8 @@ def main() -> None:
                   [(r["bins_occupied"], r["in_kth_bin"], r["krem"], r["first_round_count"], r["first_round_krem"],
                     r["first_round_done"]) for r in cell["rows"]], flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"first_digit_bits": FIRST_DIGIT[1], "results": results}, indent=1))
+        Path(args.out).write_text(json.dumps({"info": tree_info(), "first_digit_bits": FIRST_DIGIT[1],
+                                                    "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import SOURCE_FOLDERS, files_differ_from_head, source_digest, source_digest_of_commit
+from benchmarks.common import (
+    SOURCE_FOLDERS,
+    files_differ_from_head,
+    head_commit,
+    source_digest,
+    source_digest_of_commit,
+    tree_info,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,3 +55,20 @@ def test_files_differ_from_head_names_a_stale_commit(tmp_path):
     (tmp_path / "a.py").write_text("x = 2\n")
     assert files_differ_from_head(tmp_path) is True
     assert files_differ_from_head(tmp_path.parent / "no_such_folder") is None
+
+
+def test_tree_info_names_the_checkout_a_cpu_record_ran():
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
+    info = tree_info()
+    if head.returncode == 0:
+        assert info["commit"] == head.stdout.strip()
+    assert info["source_sha256"] == source_digest()
+    assert set(info) == {"commit", "files_differ_from_commit", "host", "manifest_sha256", "source_sha256"}
+
+
+def test_head_commit_outside_git_takes_the_environments(tmp_path, monkeypatch):
+    """A copy of the checkout without git metadata names its commit through GIT_COMMIT."""
+    monkeypatch.setenv("GIT_COMMIT", "f" * 40)
+    assert head_commit(tmp_path) == "f" * 40
+    monkeypatch.delenv("GIT_COMMIT")
+    assert head_commit(tmp_path) == ""

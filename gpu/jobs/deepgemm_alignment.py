@@ -15,6 +15,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 # (tensor, byte offset from a 256-byte aligned allocation)
 CASES = [("none", 0), ("q", 1), ("q", 4), ("q", 8), ("weights", 4), ("weights", 8), ("cache", 4), ("cache", 8),
@@ -84,8 +85,11 @@ def main():
                                                     "rc": proc.returncode, "stderr": proc.stderr[-600:]}
         print(rec, flush=True)
         records.append(rec)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks.common import gpu_info
+
     with open(args.out, "w") as f:
-        json.dump({"cases": records}, f, indent=1)
+        json.dump({"info": gpu_info(), "cases": records}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ if sys.argv[1:2] == ["--nojit"]:
                 lambda: decode_rows(state, step.metadata, step.q, step.weights, SingleRank()))
         except RuntimeError as exc:
             out[rows] = {"error": str(exc)}
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    from benchmarks.common import gpu_info
+
+    out["info"] = gpu_info()  # after the steps: its reads are no part of them
     print(json.dumps(out))
     with open(sys.argv[2], "w") as f:
         json.dump(out, f, indent=1)

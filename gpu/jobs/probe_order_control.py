@@ -44,8 +44,10 @@ def two_streams(kernel, cluster, seed):
 
 
 def main(path):
+    from benchmarks.common import gpu_info
+
     cache = runtime.load()
-    report = {"trials": TRIALS}
+    report = {"info": gpu_info(), "trials": TRIALS}
     probes = [run_probe(cache, seed=11 + 2 * t) for t in range(TRIALS)]  # every variant, each call
     for name in cache.names("probe"):
         kernel = cache.kernel(name)

@@ -49,11 +49,12 @@ def run(case: str, rows: int) -> dict:
 
 def main() -> None:
     import runtime.scoring as sc
+    from benchmarks.common import gpu_info
 
     bound = sc.MAX_SCHEDULE_ROWS
     cases = [("scorer", bound), ("deepgemm", bound), ("deepgemm", bound + 1), ("deepgemm", bound + 32),
              ("scorer", bound + 1)]
-    record = {"max_schedule_rows": bound, "cases": [run(case, rows) for case, rows in cases]}
+    record = {"info": gpu_info(), "max_schedule_rows": bound, "cases": [run(case, rows) for case, rows in cases]}
     text = json.dumps(record, indent=1)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:

@@ -51,7 +51,10 @@ def run(case: str, timeout_s: float) -> dict:
 
 def main() -> None:
     results = [run("current", 120), run("stale", 30), run("stale_checked", 120)]
-    text = json.dumps({"probe": "stale_schedule", "cwd": os.getcwd(), "results": results}, indent=1)
+    from benchmarks.common import gpu_info
+
+    text = json.dumps({"probe": "stale_schedule", "info": gpu_info(), "cwd": os.getcwd(), "results": results},
+                      indent=1)
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             f.write(text + "\n")

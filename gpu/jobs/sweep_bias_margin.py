@@ -13,6 +13,7 @@ import sys
 sys.path.insert(0, "tests")
 import test_sparse_mla_gpu as G
 
+from benchmarks.common import gpu_info
 from runtime.reference import sparse_mla_active, sparse_mla_decode_reference
 from runtime.sparse_mla import sparse_mla_decode, supports_sparse_mla
 
@@ -47,7 +48,7 @@ def main(path, calls):
                 "max_difference_over_limit": max(abs(r["bias_kernel"] - r["bias_emulation"]) / r["limit"]
                                                  for r in subset),
             }
-        f.write(json.dumps({"summary": summary}) + "\n")
+        f.write(json.dumps({"summary": summary, "info": gpu_info()}) + "\n")
     print(json.dumps(summary))
 
 
