@@ -13,6 +13,7 @@ in_tree "$cand" "$cand_rev" python3 -m runtime verify 2>&1 | tail -3
 in_tree "$cand" "$cand_rev" env SPARSE_DECODE_AOT_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider \
   -m gpu tests/test_topk_gpu.py tests/test_indexer_gpu.py -rfEs > "$work/gpu_tests.log" 2>&1
 tail -5 "$work/gpu_tests.log"
+tar czf "$JOB_OUT/tree_checks.tgz" -C "$work" .  # again at the end: a call cut short still brings the tests back
 echo "=== sanitizers (${SECONDS}s)"
 in_tree "$cand" "$cand_rev" env TOOL=all SECONDS_EACH=$((540 - SECONDS)) JOB_OUT="$work" \
   bash gpu/jobs/topk_sanitize_full.sh
