@@ -31,15 +31,16 @@ def main() -> int:
     cache = runtime.load()
     bad = 0
     cases = 0
-    combos = [(d, t, b, c, w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
-              for b in (False, True) for c in (1, 2, 4, 8, 16) for w in (40003, 110003)]
+    # First, the twins past their table's tiles (step 1's warp loop), on crowded-warp slices (one warp's list segment
+    # overflows: benchmarks/step1_list_emulation.py) and, on 2 CTAs, all-equal rows (every segment fills to its last
+    # slot): the newest cases, and the slowest, so that a shard cut short by its time has run them (each case prints
+    # a line as it ends; topk_sanitize_full.sh counts them).
+    combos = [(d, t, False, twin, int(twin[-1]) * CROWDED_CTA_COLUMNS)
+              for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16)) for twin in ("twin2", "twin4")]
+    combos += [(d, t, b, c, w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
+               for b in (False, True) for c in (1, 2, 4, 8, 16) for w in (40003, 110003)]
     combos += [(d, t, False, twin, 110003) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for twin in ("twin2", "twin4")]
-    # The twins past their table's tiles (step 1's warp loop), on crowded-warp slices (one warp's list segment
-    # overflows: benchmarks/step1_list_emulation.py) and, on 2 CTAs, all-equal rows (every segment fills to its last
-    # slot).
-    combos += [(d, t, False, twin, int(twin[-1]) * CROWDED_CTA_COLUMNS)
-               for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16)) for twin in ("twin2", "twin4")]
     # The short-row kernel ("row": one CTA a row) at its widest rows and a shorter one.
     combos += [(d, t, b, "row", w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for b in (False, True) for w in (contract.ROW_MAX_WIDTH - 5, 5003)]
@@ -71,7 +72,9 @@ def main() -> int:
         # and two of them every case at k = 2048, the slowest under racecheck).
         k = 512 if quick else (512, 1024, 2048)[(index // parts) % 3]
         if width == cluster * CROWDED_CTA_COLUMNS:
-            k = max(k, 1024)  # at k 512 no warp can hold more than its list share of items at the k-th bin or above
+            # k 1024 and 2048 on each twin and each dtype (at k 512 no warp can hold more than its list share of
+            # items at the k-th bin or above)
+            k = (1024, 2048)[(index // 2 + index) % 2]
         stride = width + 5
         kinds = ("randn", "equal") if quick else ("randn", "equal", "ties")
         if width == cluster * CROWDED_CTA_COLUMNS:
@@ -99,6 +102,8 @@ def main() -> int:
             if not torch.equal(torch.sort(out, 1).values, torch.sort(ref, 1).values):
                 bad += 1
                 print(f"MISMATCH {kernel.name} {kind} k={k}", flush=True)
+            else:
+                print(f"case ok: {kernel.name} {kind} width {width} k={k}", flush=True)
     print(f"{cases - bad}/{cases} cases match", flush=True)
     return 1 if bad else 0
 

@@ -2,7 +2,7 @@
 # limit: 560
 # A candidate tree's checks (CAND=NAME: .whl/NAME.tgz from gpu/tools/candidate_tree.sh; carry .whl), run from the
 # candidate tree: the loader's verification, decode_topk's and the indexer's GPU tests, then decode_topk's three
-# sanitizers in full mode side by side (racecheck in 6 shards), as gpu/jobs/verify_all.sh runs them on the checkout.
+# sanitizers in full mode side by side (racecheck in 8 shards), as gpu/jobs/verify_all.sh runs them on the checkout.
 # Its timing is gpu/jobs/tree_ab.sh. Reports in $JOB_OUT/tree_checks.tgz.
 set -u
 export PYTHONUNBUFFERED=1
