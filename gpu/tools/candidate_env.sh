@@ -13,8 +13,9 @@ base_rev=$(git rev-parse --short=12 HEAD 2>/dev/null || echo checkout)
 cand_base=$(sed -n 's/^base //p' "$cand/CANDIDATE.txt")
 cand_rev="$(cut -c1-12 <<< "$cand_base")+$name"
 # The A/B compares the patch only where the rest of the host code is the checkout's: say so where it is not.
-if ! git diff --quiet "$cand_base" HEAD -- 'runtime/*.py' 'kernels/*.py' 'benchmarks/*.py' 2>/dev/null; then
-  echo "note: the .py files of runtime/, kernels/ or benchmarks/ differ between the candidate's base $cand_base" \
+# (gpu/jobs too: tree_checks.sh runs the pack's own copies of the jobs.)
+if ! git diff --quiet "$cand_base" HEAD -- 'runtime/*.py' 'kernels/*.py' 'benchmarks/*.py' 'gpu/jobs/*' 2>/dev/null; then
+  echo "note: runtime/, kernels/, benchmarks/ or gpu/jobs/ differ between the candidate's base $cand_base" \
     "and the checkout's HEAD (or git cannot tell): rebuild the pack on HEAD for a clean A/B"
 fi
 in_tree() {
