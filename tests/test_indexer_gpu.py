@@ -134,7 +134,8 @@ def test_flow_deepgemm_aot_topk_equals_reference(monkeypatch, topk_launches, can
 
 def test_flow_inside_torch_compile_equals_eager(topk_launches):
     """decode_rows called from a compiled function (a graph break: the step runs eagerly) with DeepGEMM's scoring and
-    the AOT top-k: the same buffer as the eager step, the top-k kernel launched in both."""
+    the AOT top-k: the same rows as the eager step, each as a set (the kernel's order within a row is not fixed: the
+    H100 run of the fifty-seventh session found it differ between the two steps), the top-k kernel launched in both."""
     scorer = _deepgemm()
     step = _step(16, candidates=512)
     eager, compiled_state = make_state(step, scorer=scorer), make_state(step, scorer=scorer)
@@ -146,9 +147,9 @@ def test_flow_inside_torch_compile_equals_eager(topk_launches):
     torch._dynamo.reset()
     got = torch.compile(run)(step.q, step.weights)
     torch.cuda.synchronize()
-    assert torch.equal(compiled_state.topk_indices, eager.topk_indices)
-    assert torch.equal(compiled_state.candidate_blocks, eager.candidate_blocks)
-    assert torch.equal(got, eager.topk_indices)
+    assert torch.equal(_sets(compiled_state.topk_indices), _sets(eager.topk_indices))
+    assert torch.equal(_sets(compiled_state.candidate_blocks), _sets(eager.candidate_blocks))
+    assert torch.equal(got, compiled_state.topk_indices)  # the compiled function returns the step's buffer
     assert (_launched(topk_launches, "token"), _launched(topk_launches, "block")) == (2, 2), topk_launches
 
 @pytest.mark.parametrize("world,rows", [(2, 18), (4, 18), (4, 20), (4, 64)])

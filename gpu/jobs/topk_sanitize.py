@@ -75,7 +75,10 @@ def main() -> int:
             # k 1024 and 2048 on each twin and each dtype (at k 512 no warp can hold more than its list share of
             # items at the k-th bin or above)
             k = (1024, 2048)[(index // 2 + index) % 2]
-        stride = width + 5
+        # A padded row stride, rounded up to 8 elements: 16-byte aligned rows, as the op requires of a launch of
+        # several rows (runtime.topk._layout_refusal). The crowded widths (2 x and 4 x 139264) + 5 were not, and
+        # their launches failed with a misaligned address (H100, fifty-seventh session); the others were already.
+        stride = -(-(width + 5) // 8) * 8
         kinds = ("randn", "equal") if quick else ("randn", "equal", "ties")
         if width == cluster * CROWDED_CTA_COLUMNS:
             # All-equal rows there count every column with an atomic once the lists are given up: on 2 CTAs only,
