@@ -1,6 +1,7 @@
 """decode_topk under compute-sanitizer: a few small launches of every path, checked against the reference.
 
     compute-sanitizer --tool {memcheck,racecheck,synccheck} python3 gpu/jobs/topk_sanitize.py [--quick] [--shard=I/N]
+        [--crowded=with|skip|only]
 
 Covers cluster sizes 1, 2 and 16, the 2-CTA one-CTA-an-SM twin ("twin2": step 1's table on a pair) and the
 short-row kernel, FP32/BF16, token/block mode, both step-1 loops (a
@@ -10,6 +11,12 @@ finish, the list path, the global-memory fallback path (all-equal rows overflow 
 list), ordered ties, short rows and a partial last group. k is 512 in --quick; the full mode takes k = 512, 1024
 and 2048 in turn over its cases (k sets the list's and the output's sizes; until the fifty-second session every
 recorded run had k = 512 only). Exits non-zero on a wrong result.
+
+The crowded-warp cases (--crowded: with the others, the default; skip; only) are slow under the tools: the committed
+twins give up their lists on such rows and take the slow path they exist to reach. One row a launch there; on the
+H200 (fifty-seventh session) memcheck and synccheck took about a minute a case with three rows, and racecheck did not
+finish the first in 220 s, so topk_sanitize_full.sh leaves them out of racecheck's shards and
+gpu/jobs/topk_racecheck_crowded.sh runs them alone.
 """
 
 import sys
@@ -24,6 +31,8 @@ CROWDED_CTA_COLUMNS = 139264
 
 def main() -> int:
     quick = "--quick" in sys.argv
+    crowded = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--crowded=")), "with")
+    assert crowded in ("with", "skip", "only"), crowded
     import runtime
     from runtime.contract import decode_topk as contract
     from runtime.reference import decode_topk_reference
@@ -37,6 +46,8 @@ def main() -> int:
     # a line as it ends; topk_sanitize_full.sh counts them).
     combos = [(d, t, False, twin, int(twin[-1]) * CROWDED_CTA_COLUMNS)
               for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16)) for twin in ("twin2", "twin4")]
+    if crowded == "skip":
+        combos = []
     combos += [(d, t, b, c, w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for b in (False, True) for c in (1, 2, 4, 8, 16) for w in (40003, 110003)]
     combos += [(d, t, False, twin, 110003) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
@@ -44,6 +55,8 @@ def main() -> int:
     # The short-row kernel ("row": one CTA a row) at its widest rows and a shorter one.
     combos += [(d, t, b, "row", w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for b in (False, True) for w in (contract.ROW_MAX_WIDTH - 5, 5003)]
+    if crowded == "only":
+        combos = combos[:4]
     # quick: both dtypes and modes, a cluster (list path), a single CTA (global-memory path on "equal"), both step 1s
     if quick:
         combos = [("f32", torch.float32, False, 2, 40003), ("bf16", torch.bfloat16, True, 1, 40003),
@@ -82,22 +95,24 @@ def main() -> int:
         kinds = ("randn", "equal") if quick else ("randn", "equal", "ties")
         if width == cluster * CROWDED_CTA_COLUMNS:
             # All-equal rows there count every column with an atomic once the lists are given up: on 2 CTAs only,
-            # to keep racecheck's shards inside verify_all.sh's time (the 4-CTA twin's would be ~5x the c1 one's).
+            # to keep the tools inside verify_all.sh's time (the 4-CTA twin's would be ~5x the c1 one's).
             kinds = ("crowded_warp", "equal") if cluster == 2 else ("crowded_warp",)
+        rows = 1 if width == cluster * CROWDED_CTA_COLUMNS else 3  # (the crowded rows: their slow path, once)
         for kind in kinds:
-            x = torch.randn(3, stride, device="cuda")
+            x = torch.randn(rows, stride, device="cuda")
             if kind == "crowded_warp":
-                x[:, :width] = crowded_warp_rows(3, cluster, CROWDED_CTA_COLUMNS, k, seed=index).to("cuda")
+                x[:, :width] = crowded_warp_rows(rows, cluster, CROWDED_CTA_COLUMNS, k, seed=index).to("cuda")
             elif kind == "equal":
                 x[:] = 1.5
             elif kind == "ties":
-                x = torch.randint(0, 7, (3, stride), device="cuda").float()
+                x = torch.randint(0, 7, (rows, stride), device="cuda").float()
             x = x.to(tdtype)
-            # Row ends: full, short of k, clipped past the width, and (ties) none or negative.
+            # Row ends: full, short of k, clipped past the width, and (ties) none or negative; a crowded launch's one
+            # row takes the last.
             last = {"randn": width - 5, "crowded_warp": width - 5, "equal": width + 7, "ties": -3}[kind]
-            ends = torch.tensor([width, 300 if kind != "ties" else 0, last], dtype=torch.int32, device="cuda")
-            out = torch.full((3, k), -7, dtype=torch.int32, device="cuda")
-            kernel.launch(3 * cluster, x.data_ptr(), ends.data_ptr(), out.data_ptr(), width, stride,
+            ends = torch.tensor([width, 300 if kind != "ties" else 0, last][-rows:], dtype=torch.int32, device="cuda")
+            out = torch.full((rows, k), -7, dtype=torch.int32, device="cuda")
+            kernel.launch(rows * cluster, x.data_ptr(), ends.data_ptr(), out.data_ptr(), width, stride,
                           out.stride(0), k)
             torch.cuda.synchronize()
             ref = decode_topk_reference(x[:, :width], ends, k, block_mode=block_mode)

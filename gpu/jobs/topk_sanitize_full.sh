@@ -6,10 +6,10 @@
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 if [ "${TOOL:-}" = all ]; then
-  # The three tools side by side (racecheck in SHARDS processes, default 8; memcheck and synccheck in one each), as
+  # The three tools side by side (racecheck in SHARDS processes, default 8; memcheck and synccheck in two each), as
   # verify_all.sh and tree_checks.sh run them; each tool's summary in $JOB_OUT/topk_<tool>_summary.txt, then printed.
   for t in memcheck synccheck racecheck; do
-    shards=1; [ $t = racecheck ] && shards=${SHARDS:-8}
+    shards=2; [ $t = racecheck ] && shards=${SHARDS:-8}
     TOOL=$t SHARDS=$shards bash "$0" > "$JOB_OUT/topk_${t}_summary.txt" 2>&1 &
   done
   wait
@@ -20,13 +20,17 @@ if [ "${TOOL:-}" = all ]; then
 fi
 tool=${TOOL:-racecheck}
 n=${SHARDS:-8}
-# ONLY_SHARDS="0 3": those of the n shards alone (racecheck's; memcheck and synccheck are one shard), e.g. to finish the
-# ones an earlier run left incomplete.
-shards=${ONLY_SHARDS:-$(seq 0 $((n - 1)))}; [ "$n" = 1 ] && shards=0
+# ONLY_SHARDS="0 3": those of racecheck's n shards alone (memcheck and synccheck run all of theirs), e.g. to finish
+# the ones an earlier run left incomplete.
+shards=${ONLY_SHARDS:-$(seq 0 $((n - 1)))}; [ "$tool" != racecheck ] && shards=$(seq 0 $((n - 1)))
 extra=; [ "$tool" = racecheck ] && extra="--racecheck-report all"
+# The crowded-warp cases take minutes a case under the tools (gpu/jobs/topk_sanitize.py says why): racecheck leaves
+# them to gpu/jobs/topk_racecheck_crowded.sh unless CROWDED (with, skip, only) says otherwise.
+crowded=${CROWDED:-with}; [ "$tool" = racecheck ] && crowded=${CROWDED:-skip}
 for i in $shards; do
   ( timeout ${SECONDS_EACH:-400} /usr/local/cuda/bin/compute-sanitizer --tool "$tool" $extra \
       --report-api-errors no --error-exitcode 3 --print-limit 4 python3 gpu/jobs/topk_sanitize.py --shard=$i/$n \
+      --crowded=$crowded \
       > "$JOB_OUT/topk_${tool}_$i.txt" 2>&1; echo "rc=$?" >> "$JOB_OUT/topk_${tool}_$i.txt" ) &
 done
 wait
