@@ -3,7 +3,7 @@
 # decode_topk's crowded-warp sanitizer cases under racecheck alone (gpu/jobs/topk_sanitize.py --crowded=only: the
 # 2- and 4-CTA twins past their table's tiles, on rows that crowd one warp's list segment, FP32 and BF16, k 1024 and
 # 2048; all-equal rows on the 2-CTA twin), one process a case side by side, each with the whole call: racecheck did
-# not finish the first of them in 220 s on the H200 (fifty-seventh session), so verify_all.sh's racecheck shards
+# not finish the first of them in 240 s on the H200 (fifty-seventh session), so verify_all.sh's racecheck shards
 # leave them out. memcheck and synccheck take them in verify_all.sh. Reports: $JOB_OUT/topk_racecheck_crowded.tgz.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1

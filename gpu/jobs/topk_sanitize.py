@@ -14,8 +14,8 @@ recorded run had k = 512 only). Exits non-zero on a wrong result.
 
 The crowded-warp cases (--crowded: with the others, the default; skip; only) are slow under the tools: the committed
 twins give up their lists on such rows and take the slow path they exist to reach. One row a launch there; on the
-H200 (fifty-seventh session) memcheck and synccheck took about a minute a case with three rows, and racecheck did not
-finish the first in 220 s, so topk_sanitize_full.sh leaves them out of racecheck's shards and
+H200 (fifty-seventh session), with three rows a launch, memcheck and synccheck each finished two of them in the 240 s
+they had, and racecheck not the first, so topk_sanitize_full.sh leaves them out of racecheck's shards and
 gpu/jobs/topk_racecheck_crowded.sh runs them alone.
 """
 
