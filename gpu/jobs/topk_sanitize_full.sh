@@ -6,10 +6,11 @@
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 if [ "${TOOL:-}" = all ]; then
-  # The three tools side by side (racecheck in SHARDS processes, default 8; memcheck and synccheck in two each), as
+  # The three tools side by side (racecheck in SHARDS processes, default 8; memcheck and synccheck in three each), as
   # verify_all.sh and tree_checks.sh run them; each tool's summary in $JOB_OUT/topk_<tool>_summary.txt, then printed.
   for t in memcheck synccheck racecheck; do
-    shards=2; [ $t = racecheck ] && shards=${SHARDS:-8}
+    # (three: the crowded cases, first in the list, spread over them; the 4-CTA twin's two on two shards)
+    shards=3; [ $t = racecheck ] && shards=${SHARDS:-8}
     TOOL=$t SHARDS=$shards bash "$0" > "$JOB_OUT/topk_${t}_summary.txt" 2>&1 &
   done
   wait

@@ -17,7 +17,7 @@ pack() { tar czf "$archive_dir/verify_all.tgz" -C "$work" .; }
 echo "=== 1. all GPU tests"
 bash gpu/jobs/all_gpu_tests.sh 2>&1 | tee "$work/all_gpu_tests.log" | tail -25
 pack
-echo "=== 2. sanitizers (sparse MLA 3 tools + decode_topk full mode: memcheck, synccheck in 2 shards, racecheck in 8 without the crowded cases; in parallel)"
+echo "=== 2. sanitizers (sparse MLA 3 tools + decode_topk full mode: memcheck, synccheck in 3 shards, racecheck in 8 without the crowded cases; in parallel)"
 # decode_topk's three tools side by side with the sparse-MLA ones (racecheck in eight shards; in six, 223-271 s on the
 # H200), each bounded so that the indexer job keeps its ~90 s (77-81 s in the fifty-third and fifty-fifth sessions)
 each=$((LIMIT - 100 - SECONDS)); [ "$each" -gt 320 ] && each=320; [ "$each" -lt 30 ] && each=30
