@@ -31,11 +31,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from runtime.contract import decode_topk as contract
 from runtime.reference import decode_topk_keys
 
-WARPS = 16
+WARPS = contract.THREADS // 32
 ITERATION_COLUMNS = 256  # a warp's 32 groups of 8 columns
-BINS = 2048  # the first digit: the key's top 11 bits
+BINS = contract.HIST_BINS  # the first digit: the key's top 11 bits
+# A CTA's slice past the one-CTA-an-SM twins' table (warp_step1_min_groups: STEP1_TABLE_TILES x THREADS groups of 8
+# columns, and one more), where step 1's warp loop runs: the crowded slices' width in the GPU test and the sanitizer.
+CROWDED_CTA_COLUMNS = 139264
 
 
 def kth_bin(hist: torch.Tensor, k: int, bound: int) -> int:

@@ -78,6 +78,7 @@ _NO_MEMORY_FIX = ("pass a plain tensor: a DTensor's {name}.to_local() (or {name}
                   "a traced program (a FakeTensorMode, make_fx) calls the op on real tensors, or decode_topk and "
                   "sparse_mla_decode through torch.compile or their custom ops (torch.ops." + OP_NAMESPACE + ")")
 
+
 def require_dense(name: str, t: torch.Tensor) -> None:
     """A TypeError naming ``name`` where the tensor ``t`` is not a plain strided one: sparse (COO, CSR, ...) or
     nested, which have no strides to check (CSR's ``stride()`` and a nested tensor's ``shape`` raise torch's own
@@ -110,7 +111,6 @@ def require_dense(name: str, t: torch.Tensor) -> None:
         # storage shrunk to nothing is named by check_in_storage.)
         raise TypeError(f"{name} is a {type(t).__name__} without memory of its own (data_ptr 0); "
                         + _NO_MEMORY_FIX.format(name=name))
-
 
 
 def require_element_aligned(name: str, t: torch.Tensor) -> None:

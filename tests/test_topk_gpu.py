@@ -583,12 +583,12 @@ def test_twin_warp_loop_with_one_crowded_warp(dtype):
     (benchmarks/step1_list_emulation.py: crowded_warp_slice), so that the warp gives its list up and its CTA re-reads
     the slice (or, with a longer list, keeps it); a row end short of the width. Exact results each time."""
     import runtime
-    from benchmarks.step1_list_emulation import crowded_warp_rows
+    from benchmarks.step1_list_emulation import CROWDED_CTA_COLUMNS, crowded_warp_rows
     from runtime.contract import decode_topk as contract
 
     cache = runtime.load()
     name = "f32" if dtype == torch.float32 else "bf16"
-    cta_columns = 139264  # past STEP1_TABLE_TILES x THREADS groups of 8
+    cta_columns = CROWDED_CTA_COLUMNS
     assert cta_columns // 8 >= contract.warp_step1_min_groups(False, 1)
     bad = []
     for cluster in (2, 4):

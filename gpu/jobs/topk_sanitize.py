@@ -23,10 +23,7 @@ import sys
 
 import torch
 
-from benchmarks.step1_list_emulation import crowded_warp_rows
-
-# A CTA's slice past the one-CTA-an-SM twins' table (STEP1_TABLE_TILES x THREADS groups of 8 columns).
-CROWDED_CTA_COLUMNS = 139264
+from benchmarks.step1_list_emulation import CROWDED_CTA_COLUMNS, crowded_warp_rows
 
 
 def main() -> int:
@@ -44,19 +41,16 @@ def main() -> int:
     # overflows: benchmarks/step1_list_emulation.py) and, on 2 CTAs, all-equal rows (every segment fills to its last
     # slot): the newest cases, and the slowest, so that a shard cut short by its time has run them (each case prints
     # a line as it ends; topk_sanitize_full.sh counts them).
-    combos = [(d, t, False, twin, int(twin[-1]) * CROWDED_CTA_COLUMNS)
-              for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16)) for twin in ("twin2", "twin4")]
-    if crowded == "skip":
-        combos = []
-    combos += [(d, t, b, c, w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
+    crowded_combos = [(d, t, False, twin, int(twin[-1]) * CROWDED_CTA_COLUMNS)
+                      for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16)) for twin in ("twin2", "twin4")]
+    combos = [(d, t, b, c, w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for b in (False, True) for c in (1, 2, 4, 8, 16) for w in (40003, 110003)]
     combos += [(d, t, False, twin, 110003) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for twin in ("twin2", "twin4")]
     # The short-row kernel ("row": one CTA a row) at its widest rows and a shorter one.
     combos += [(d, t, b, "row", w) for d, t in (("f32", torch.float32), ("bf16", torch.bfloat16))
                for b in (False, True) for w in (contract.ROW_MAX_WIDTH - 5, 5003)]
-    if crowded == "only":
-        combos = combos[:4]
+    combos = {"with": crowded_combos + combos, "skip": combos, "only": crowded_combos}[crowded]
     # quick: both dtypes and modes, a cluster (list path), a single CTA (global-memory path on "equal"), both step 1s
     if quick:
         combos = [("f32", torch.float32, False, 2, 40003), ("bf16", torch.bfloat16, True, 1, 40003),
@@ -84,7 +78,8 @@ def main() -> int:
         # Cycled within each shard (a shard takes every parts-th case: index % 3 alone would give a shard of 6 one k,
         # and two of them every case at k = 2048, the slowest under racecheck).
         k = 512 if quick else (512, 1024, 2048)[(index // parts) % 3]
-        if width == cluster * CROWDED_CTA_COLUMNS:
+        is_crowded = width == cluster * CROWDED_CTA_COLUMNS
+        if is_crowded:
             # k 1024 and 2048 on each twin and each dtype (at k 512 no warp can hold more than its list share of
             # items at the k-th bin or above)
             k = (1024, 2048)[(index // 2 + index) % 2]
@@ -93,11 +88,11 @@ def main() -> int:
         # their launches failed with a misaligned address (H100, fifty-seventh session); the others were already.
         stride = -(-(width + 5) // 8) * 8
         kinds = ("randn", "equal") if quick else ("randn", "equal", "ties")
-        if width == cluster * CROWDED_CTA_COLUMNS:
+        if is_crowded:
             # All-equal rows there count every column with an atomic once the lists are given up: on 2 CTAs only,
             # to keep the tools inside verify_all.sh's time (the 4-CTA twin's would be ~5x the c1 one's).
             kinds = ("crowded_warp", "equal") if cluster == 2 else ("crowded_warp",)
-        rows = 1 if width == cluster * CROWDED_CTA_COLUMNS else 3  # (the crowded rows: their slow path, once)
+        rows = 1 if is_crowded else 3  # (the crowded rows: their slow path, once)
         for kind in kinds:
             x = torch.randn(rows, stride, device="cuda")
             if kind == "crowded_warp":
