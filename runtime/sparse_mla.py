@@ -199,14 +199,14 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
         _check_scales(bmm1_scale, bmm2_scale)
         require_flag("pdl", pdl)
         if out is None:
-            out = torch.empty(q.shape[0], HEADS, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+            out = _new_out(q)
         _sparse_mla_decode_op(q, swa_kv, compressed_kv, indices, lens, sinks, float(bmm1_scale), float(bmm2_scale),
                               out, pdl)
         return out
     T, width = _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out)
     require_flag("pdl", pdl)  # "False" would launch with PDL, reading the sinks before the previous grid's writes
     if out is None:
-        out = torch.empty(T, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+        out = _new_out(q)
     if T == 0:
         return out
     kernel = _kernel(width, sinks is not None, q.device)
@@ -225,6 +225,11 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
             float(bmm1_scale), float(bmm2_scale))
     launch_on(q.device, kernel, T * n, *args)
     return out
+
+
+def _new_out(q):
+    """The output a call allocates where ``out`` is None: BF16 ``[T, 16, 512]`` on q's device."""
+    return torch.empty(q.shape[0], HEADS, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::sparse_mla_decode", mutates_args=("out",))
