@@ -6,6 +6,7 @@
 # Its timing is gpu/jobs/tree_ab.sh. Reports in $JOB_OUT/tree_checks.tgz.
 set -u
 export PYTHONUNBUFFERED=1
+LIMIT=${LIMIT:-560}  # the whole job's seconds, inside the device call's (a shorter call passes its own)
 JOB_OUT=${JOB_OUT:?}
 source gpu/tools/candidate_env.sh
 work=$(mktemp -d /tmp/tree_checks.XXXXXX)
@@ -15,7 +16,7 @@ in_tree "$cand" "$cand_rev" env SPARSE_DECODE_AOT_REQUIRE_GPU=1 timeout 200 pyth
 tail -5 "$work/gpu_tests.log"
 tar czf "$JOB_OUT/tree_checks.tgz" -C "$work" .  # again at the end: a call cut short still brings the tests back
 echo "=== sanitizers (${SECONDS}s)"
-in_tree "$cand" "$cand_rev" env TOOL=all SECONDS_EACH=$((540 - SECONDS)) JOB_OUT="$work" \
+in_tree "$cand" "$cand_rev" env TOOL=all SECONDS_EACH=$((LIMIT - 20 - SECONDS)) JOB_OUT="$work" \
   bash gpu/jobs/topk_sanitize_full.sh
 echo "=== tree_checks took ${SECONDS}s"
 tar czf "$JOB_OUT/tree_checks.tgz" -C "$work" .
