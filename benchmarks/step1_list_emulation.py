@@ -129,8 +129,10 @@ def main() -> None:
     ap.add_argument("--columns", type=int, default=1 << 19, help="a CTA's slice (64 x 1M on the 2-CTA twin: 512K)")
     ap.add_argument("--ks", default="512,2048")
     ap.add_argument("--spreads", default="0,0.2,0.5")
-    ap.add_argument("--capacities", default="12032,16384", help="list capacities (the kernel's LIST_CAPACITY: 12032)")
-    ap.add_argument("--refresh", type=int, default=12032, help="the capacity whose share triggers a refresh")
+    ap.add_argument("--capacities", default=f"{contract.LIST_CAPACITY},{contract.TWIN_LIST_CAPACITY}",
+                    help="list capacities (the contract's LIST_CAPACITY, and TWIN_LIST_CAPACITY: the twins')")
+    ap.add_argument("--refresh", type=int, default=contract.LIST_CAPACITY,
+                    help="the capacity whose share triggers a refresh (LIST_CAPACITY, on every build)")
     ap.add_argument("--scales", default="1", help="factors on the standard normal logits")
     ap.add_argument("--ctas", type=int, default=40)
     ap.add_argument("--crowded", action="store_true", help="crowded_warp_slice's slices instead of normal logits")

@@ -199,8 +199,9 @@ def test_cubins_for_both_archs_match_the_contract():
 
 
 def test_full_sm_twins_in_the_contract():
-    """The 2- and 4-CTA token kernels have one-CTA-an-SM twins with step 1's table (and its L2 limit); block mode and
-    the other cluster sizes have none, and a twin differs from its two-CTA build in nothing else the launch sees."""
+    """The 2- and 4-CTA token kernels have one-CTA-an-SM twins with step 1's table (and its L2 limit) and a longer list;
+    block mode and the other cluster sizes have none, and a twin differs from its two-CTA build in nothing else the
+    launch sees."""
     from runtime.contract import decode_topk as contract
 
     names = {v.name: v for v in contract.VARIANTS}
@@ -214,7 +215,14 @@ def test_full_sm_twins_in_the_contract():
                 base = names[contract.name_for(dtype, block_mode, c)]
                 assert base.option("ctas_per_sm") == 2 and twin.option("ctas_per_sm") == 1
                 assert twin.option("step1_table_tiles") == contract.STEP1_TABLE_TILES
-                assert twin.smem_bytes == base.smem_bytes + contract.STEP1_TABLE_BYTES
+                # A twin's longer list is headroom only: its warps refresh their bound where the base's do.
+                assert base.option("list_capacity") == contract.LIST_CAPACITY
+                assert twin.option("list_capacity") == contract.TWIN_LIST_CAPACITY > contract.LIST_CAPACITY
+                assert base.option("list_refresh_capacity") == twin.option("list_refresh_capacity") == \
+                    contract.LIST_CAPACITY
+                assert base.smem_bytes == contract.SMEM_BYTES == contract.smem_bytes_for(contract.LIST_CAPACITY)
+                assert twin.smem_bytes == contract.smem_bytes_for(contract.TWIN_LIST_CAPACITY) + \
+                    contract.STEP1_TABLE_BYTES
                 assert (twin.params, twin.threads, twin.cluster) == (base.params, base.threads, base.cluster)
 
 

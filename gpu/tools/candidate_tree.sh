@@ -4,7 +4,7 @@
 # runs it beside the checkout. A patch that changes runtime/contract cannot be A/B'd as a cache root alone
 # (SPARSE_DECODE_AOT_CACHE): the runtime refuses a cache built against other contract sources, so each side runs
 # from its own tree. Prints which cubins the patch changed.
-#     bash gpu/tools/candidate_tree.sh gpu/candidates/twin_list_headroom_s55.diff [NAME]
+#     bash gpu/tools/candidate_tree.sh gpu/candidates/NAME.diff [NAME]
 set -euo pipefail
 patch=$(realpath "$1")
 name=${2:-$(basename "$1" .diff)}

@@ -115,6 +115,7 @@ def make(variant) -> DecodeTopK:
         threads=variant.threads,
         hist_bins=variant.option("hist_bins"),
         list_capacity=variant.option("list_capacity"),
+        refresh_capacity=variant.option("list_refresh_capacity"),
         warp_min_groups=variant.option("warp_step1_min_groups"),
         ctas_per_sm=variant.option("ctas_per_sm"),
         smem_bytes=variant.smem_bytes,

@@ -36,7 +36,8 @@ class DecodeTopK(Step1Mixin, GatherMixin, FinishMixin, SelectMixin, ScanMixin, K
     __module__ = "kernels.decode_topk"
 
     def __init__(self, dtype: str, block_mode: bool, cluster: int, threads: int, hist_bins: int, list_capacity: int,
-                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int, table_tiles: int = 0):
+                 smem_bytes: int, warp_min_groups: int, ctas_per_sm: int, table_tiles: int = 0,
+                 refresh_capacity: int | None = None):
         assert dtype in ("f32", "bf16") and threads % WARP == 0 and hist_bins == 4 * threads
         assert threads // WARP <= 16  # the scan scratch holds 16 warp totals per buffer
         self.dtype = dtype
@@ -46,6 +47,10 @@ class DecodeTopK(Step1Mixin, GatherMixin, FinishMixin, SelectMixin, ScanMixin, K
         self.warps = threads // WARP
         self.bins = hist_bins
         self.cap = list_capacity
+        # Step 1's warps refresh their bound once their segment passes this capacity's share; the list's room
+        # beyond it is headroom against giving the list up (the contract's TWIN_LIST_CAPACITY).
+        self.refresh_cap = list_capacity if refresh_capacity is None else refresh_capacity
+        assert self.refresh_cap <= list_capacity
         self.smem_bytes = smem_bytes
         self.ctas_per_sm = ctas_per_sm
         # Step 1's bulk copies read the stream with an L2 evict-first policy (EVICT_FIRST_MAX_CLUSTER).

@@ -145,6 +145,7 @@ class Step1Mixin:
         warp = tid // WARP
         W = self.warps
         seg_cap = self.cap // W
+        refresh_at = min(self.refresh_cap // W, seg_cap)
         shift0 = self.key_bits - self.digits[0]
         per_w = (g_hi - g_lo + W - 1) // W
         w_lo = Int32(sel(g_lo + warp * per_w < g_hi, g_lo + warp * per_w, g_hi))
@@ -186,7 +187,7 @@ class Step1Mixin:
                 self.filter_values(rraw, g, w_hi, row_end, rvals)
                 cnt, before, tot = self.passing_count(rvals, n_valid, thr)
             if ok != 0:
-                if n_w + tot > seg_cap:
+                if n_w + tot > refresh_at:
                     bound = Uint32(self.warp_kth_bin(s_hist, k, bound))
                     n_w = self.warp_filter(s_key + seg, s_idx + seg, n_w, bound, shift0)
                     thr = self.pass_threshold(bound)

@@ -44,7 +44,21 @@ BLOCK_SIZE = 8  # columns per candidate block in block mode
 # reserved per CTA).
 HIST_BINS = 2048
 LIST_CAPACITY = 12032
-SMEM_BYTES = 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 48 * 4 + LIST_CAPACITY * 8 + 16
+
+
+def smem_bytes_for(list_capacity: int) -> int:
+    return 2 * HIST_BINS * 4 + 2 * 32 * 4 + 16 * 4 + 32 * 4 + 48 * 4 + list_capacity * 8 + 16
+
+
+SMEM_BYTES = smem_bytes_for(LIST_CAPACITY)
+# The twins (one CTA an SM, shared memory to spare) hold a longer list, while a warp still refreshes its bound
+# whenever its segment passes LIST_CAPACITY's share: the rest is headroom for a warp whose refresh frees too
+# little, which otherwise gives up its list and has its CTA re-read the slice. That happens where a warp ends its
+# part of a long slice ahead of the others, while the CTA's k-th largest so far still sits a bin low: at k 2048 on
+# 512K-column slices (64 x 1M FP32 on the 2-CTA twin) the H100 took 175-201 us against 116 us at k 1024
+# (topk_cell_probe_s55_h100.json); an emulation of the warp loop (benchmarks/step1_list_emulation.py) overflows
+# 7-29 of 40 such CTAs at a 20-50 % spread of the warps' speeds with 752 slots a warp, none with 1024.
+TWIN_LIST_CAPACITY = 16384
 # Clusters of this many CTAs or more serve few rows (one wave holds few of them anyway):
 # they are compiled for one CTA an SM, so up to 128 registers a thread instead of the 64
 # that two CTAs an SM allow. Measured on the H200 (decode_topk_ab_h200.json: regs_ab):
@@ -138,13 +152,14 @@ def row_name_for(dtype: str, block_mode: bool) -> str:
 def _variant(dtype: str, block_mode: bool, cluster: int, full_sm: bool = False) -> Variant:
     ctas_per_sm = 1 if full_sm or cluster >= ONE_CTA_PER_SM_MIN_CLUSTER else 2
     table_tiles = step1_table_tiles(block_mode, ctas_per_sm)
+    list_capacity = TWIN_LIST_CAPACITY if full_sm else LIST_CAPACITY
     return Variant(
         family="decode_topk",
         name=name_for(dtype, block_mode, cluster, full_sm),
         params=PARAMS,
         threads=THREADS,
         cluster=(cluster, 1, 1),
-        smem_bytes=SMEM_BYTES + (STEP1_TABLE_BYTES if table_tiles else 0),
+        smem_bytes=smem_bytes_for(list_capacity) + (STEP1_TABLE_BYTES if table_tiles else 0),
         pdl=True,
         config=(
             ("kind", "cluster"),
@@ -152,7 +167,8 @@ def _variant(dtype: str, block_mode: bool, cluster: int, full_sm: bool = False) 
             ("block_mode", block_mode),
             ("cluster", cluster),
             ("ctas_per_sm", ctas_per_sm),
-            ("list_capacity", LIST_CAPACITY),
+            ("list_capacity", list_capacity),
+            ("list_refresh_capacity", LIST_CAPACITY),
             ("hist_bins", HIST_BINS),
             ("warp_step1_min_groups", warp_step1_min_groups(block_mode, ctas_per_sm)),
             ("step1_table_tiles", table_tiles),
