@@ -12,11 +12,14 @@ list), ordered ties, short rows and a partial last group. k is 512 in --quick; t
 and 2048 in turn over its cases (k sets the list's and the output's sizes; until the fifty-second session every
 recorded run had k = 512 only). Exits non-zero on a wrong result.
 
-The crowded-warp cases (--crowded: with the others, the default; skip; only) are slow under the tools: the committed
-twins give up their lists on such rows and take the slow path they exist to reach. One row a launch there; on the
-H200 (fifty-seventh session), with three rows a launch, memcheck and synccheck each finished two of them in the 240 s
-they had, and racecheck not the first, so topk_sanitize_full.sh leaves them out of racecheck's shards and
-gpu/jobs/topk_racecheck_crowded.sh runs them alone.
+The crowded-warp cases (--crowded: with the others, the default; skip; only) were slow under the tools on the
+thirty-third session's twins, which gave up their lists on such rows and took the slow path; the fifty-eighth
+session's twins (a list of 16384 entries) keep it on 119 of 120 such CTAs in step 1's emulation
+(step1_list_emulation_s56.txt), so the cases now reach the list's headroom, while the all-equal rows still overflow
+it. One row a launch there; on the H200 (fifty-seventh session, the earlier twins), with three rows a launch, memcheck
+and synccheck each finished two of them in the 240 s they had, and racecheck not the first, so topk_sanitize_full.sh
+leaves them out of racecheck's shards and gpu/jobs/topk_racecheck_crowded.sh runs them alone (not yet run on the new
+twins).
 """
 
 import sys
@@ -92,7 +95,7 @@ def main() -> int:
             # All-equal rows there count every column with an atomic once the lists are given up: on 2 CTAs only,
             # to keep the tools inside verify_all.sh's time (the 4-CTA twin's would be ~5x the c1 one's).
             kinds = ("crowded_warp", "equal") if cluster == 2 else ("crowded_warp",)
-        rows = 1 if is_crowded else 3  # (the crowded rows: their slow path, once)
+        rows = 1 if is_crowded else 3  # (the crowded rows: once, as slow as they may be under a tool)
         for kind in kinds:
             x = torch.randn(rows, stride, device="cuda")
             if kind == "crowded_warp":
