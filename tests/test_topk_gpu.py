@@ -580,8 +580,9 @@ def test_refine_window_or_table_pass():
 def test_twin_warp_loop_with_one_crowded_warp(dtype):
     """The one-CTA-an-SM twins (2 and 4 CTAs) launched directly on slices past their table's tiles (step 1's warp
     loop), each slice crowding one warp with more items at or above its k-th largest bin than LIST_CAPACITY's share
-    (benchmarks/step1_list_emulation.py: crowded_warp_slice), so that the warp gives its list up and its CTA re-reads
-    the slice (or, with a longer list, keeps it); a row end short of the width. Exact results each time."""
+    (benchmarks/step1_list_emulation.py: crowded_warp_slice): a list of LIST_CAPACITY is given up there (its CTA
+    re-reads the slice), the twins' TWIN_LIST_CAPACITY keeps it and fills its headroom; a row end short of the width.
+    Exact results each time."""
     import runtime
     from benchmarks.step1_list_emulation import CROWDED_CTA_COLUMNS, crowded_warp_rows
     from runtime.contract import decode_topk as contract

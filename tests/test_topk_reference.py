@@ -832,17 +832,19 @@ def test_reference_and_op_at_the_width_limit(block_mode):
 def test_crowded_warp_slices_overflow_only_the_list_share():
     """The GPU tests' and sanitizer's crowded-warp rows (benchmarks/step1_list_emulation.py: crowded_warp_slice) do
     what they claim, in the CPU emulation of step 1's warp loop: on a CROWDED_CTA_COLUMNS slice (the warp loop's, past
-    the twins' table) one warp holds more than LIST_CAPACITY's share, so with this kernel's list a CTA gives its list up
-    (at any spread of the warps' speeds), and a list of 1024 slots a warp would keep it."""
+    the twins' table) one warp holds more than LIST_CAPACITY's share, so with a list of LIST_CAPACITY a CTA gives its
+    list up (at any spread of the warps' speeds), and with the twins' TWIN_LIST_CAPACITY (1024 slots a warp, refreshing
+    at LIST_CAPACITY's share as the kernel does) keeps it."""
     from benchmarks.step1_list_emulation import (
         CROWDED_CTA_COLUMNS,
         WARPS,
         crowded_warp_slice,
         emulate_cta,
     )
-    from runtime.contract.decode_topk import LIST_CAPACITY, warp_step1_min_groups
+    from runtime.contract.decode_topk import LIST_CAPACITY, TWIN_LIST_CAPACITY, warp_step1_min_groups
 
     assert CROWDED_CTA_COLUMNS // 8 >= warp_step1_min_groups(False, 1)  # the twins' warp loop
+    assert TWIN_LIST_CAPACITY == 1024 * WARPS
 
     for k in (1024, 2048):
         g = torch.Generator().manual_seed(k)
@@ -850,4 +852,4 @@ def test_crowded_warp_slices_overflow_only_the_list_share():
         for spread in (0.0, 0.2, 0.5):
             speeds = (1 + spread * torch.randn(WARPS, generator=g)).clamp(min=0.3).tolist()
             assert emulate_cta(bins, k, LIST_CAPACITY, LIST_CAPACITY, speeds), (k, spread)
-            assert not emulate_cta(bins, k, 1024 * WARPS, LIST_CAPACITY, speeds), (k, spread)
+            assert not emulate_cta(bins, k, TWIN_LIST_CAPACITY, LIST_CAPACITY, speeds), (k, spread)
