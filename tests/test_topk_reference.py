@@ -841,7 +841,11 @@ def test_crowded_warp_slices_overflow_only_the_list_share():
         crowded_warp_slice,
         emulate_cta,
     )
-    from runtime.contract.decode_topk import LIST_CAPACITY, TWIN_LIST_CAPACITY, warp_step1_min_groups
+    from runtime.contract.decode_topk import (
+        LIST_CAPACITY,
+        TWIN_LIST_CAPACITY,
+        warp_step1_min_groups,
+    )
 
     assert CROWDED_CTA_COLUMNS // 8 >= warp_step1_min_groups(False, 1)  # the twins' warp loop
     assert TWIN_LIST_CAPACITY == 1024 * WARPS
