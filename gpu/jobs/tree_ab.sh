@@ -3,7 +3,8 @@
 # A candidate tree (CAND=NAME: .whl/NAME.tgz from gpu/tools/candidate_tree.sh; carry .whl) timed beside the checkout
 # on one machine, the two trees alternating over two rounds: the FP32 64 x 1M cell probe (gpu/jobs/topk_cell_probe.py)
 # and the decode_topk grid without its cluster sweep; then the indexer benchmark once each. Its checks (GPU tests,
-# sanitizers) are gpu/jobs/tree_checks.sh. Everything comes back as $JOB_OUT/tree_ab.tgz.
+# sanitizers) are gpu/jobs/tree_checks.sh. Everything comes back as $JOB_OUT/tree_ab.tgz (one record of it:
+# gpu/tools/tree_ab_summary.py).
 set -u
 export PYTHONUNBUFFERED=1
 JOB_OUT=${JOB_OUT:?}
