@@ -5,6 +5,7 @@ Tensors: dense (strided) ones only."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -121,3 +122,13 @@ def require_element_aligned(name: str, t: torch.Tensor) -> None:
     if t.data_ptr() % size and t.numel():
         raise ValueError(f"{name} must start at a {size}-byte aligned address (its data_ptr is "
                          f"{t.data_ptr() % size} bytes past one): pass a tensor that torch allocated, or a view of one")
+
+
+def write_result(out: torch.Tensor, result: torch.Tensor) -> None:
+    """``out.copy_(result)`` for a host op's exact fallback, taking every ``out`` its kernel takes: the kernels write
+    through the pointer, whatever autograd or inference mode says of the tensor. An ``out`` made under
+    ``torch.inference_mode()`` (a serving engine's buffers allocated at start-up) and passed outside it, or one that
+    requires grad, refused the copy with torch's RuntimeError, naming no argument, after the whole reference ran."""
+    mode = torch.inference_mode() if out.is_inference() else contextlib.nullcontext()
+    with torch.no_grad(), mode:
+        out.copy_(result)

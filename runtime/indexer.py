@@ -359,10 +359,19 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _check_state(state) -> None:
+    """A TypeError naming ``state`` unless it is an IndexerState (the seed's flow passes its layer object there)."""
+    if not isinstance(state, IndexerState):
+        raise TypeError(f"state: expected a runtime.indexer.IndexerState, got {type(state).__name__}; build the "
+                        f"layer's IndexerState (top-k buffer, k, index-key cache, max_model_len) once and pass it "
+                        f"every step")
+
+
 def _on_state_device(step):
     """``step(state, ...)`` run with the state's GPU current."""
     @functools.wraps(step)
     def on_state_device(state, *args, **kwargs):
+        _check_state(state)
         with _on_device(state.topk_indices.device):
             return step(state, *args, **kwargs)
     return on_state_device
@@ -405,9 +414,11 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     ``finish_decode_rows`` compares (where the buffers are, the metadata's fields) is made twice or for nothing:
     host time on every step."""
     if metadata is None or metadata.num_prefills > 0:
+        _no_plan(state)
         return None
     _check_num_tokens(metadata)
     if metadata.num_tokens == 0:
+        _no_plan(state)
         return None
     num_rows = metadata.num_tokens
     if CHECK_METADATA_VALUES:
@@ -462,6 +473,13 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     seq_lens_at_plan = metadata.seq_lens.clone() if CHECK_METADATA_VALUES and not by_decode_rows else None
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
                           world_size, state.topk_indices.shape[0], buffers, state._plans, view, seq_lens_at_plan)
+
+
+def _no_plan(state: IndexerState) -> None:
+    """Record a step the flow does not serve (the caller's stock path runs; the plan is None) as the state's latest
+    plan, so that the finish refuses an earlier step's plan as any superseded one (the rows may hold what the stock
+    path wrote since). Issues nothing."""
+    state._plans = next(_PLAN_SERIALS)
 
 
 def _metadata_view(md: DecodeMetadata) -> tuple:
@@ -585,7 +603,8 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
                          "its slices for them); pass the plan_decode_rows result of this state")
     if plan.serial != state._plans:
         raise ValueError(f"plan: not this state's latest plan (plan {plan.serial}; the state's latest is plan "
-                         f"{state._plans}, which reset the top-k rows of its own step): an earlier plan, or one made "
+                         f"{state._plans}, made since: it reset the top-k rows of its own step, or returned None and "
+                         f"left them to the stock path): an earlier plan, or one made "
                          f"on another state; pass the latest plan_decode_rows result of this state")
     _check_metadata_unchanged(plan)
     _check_schedule_for_sms_now(state, plan)
@@ -622,6 +641,7 @@ def decode_rows(
     only on one that shards (``finish_decode_rows`` looks at it only where it shards)."""
     if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
         return _decode_rows_eagerly(state, metadata, q, weights, tp, all_gather)
+    _check_state(state)
     _check_metadata_type(metadata)
     if metadata is not None and metadata.num_prefills == 0:
         _check_num_tokens(metadata)
@@ -669,6 +689,7 @@ def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads:
     first ``max_rows`` rows at -1. Compiles nothing when DeepGEMM's cache was warmed
     (``runtime.scoring.warm_deepgemm``). Its dummy rows read page 0 of the key cache (a state's
     cache has at least one)."""
+    _check_state(state)
     # A step's rows fit both buffers (the plan refuses more rows than the candidate buffer holds).
     most = state.max_rows if state.candidate_blocks is None else min(state.max_rows, state.candidate_blocks.shape[0])
     max_rows = most if max_rows is None else whole_count("max_rows", max_rows, 1)
@@ -904,6 +925,10 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
     serving step does not call it, and a CUDA graph capture cannot; a test or an eager debugging run does, or
     sets ``SPARSE_DECODE_AOT_CHECK_METADATA`` for ``plan_decode_rows`` and ``finish_decode_rows`` to. A
     ``metadata.schedule`` must equal the scorer's schedule of ``seq_lens``' values (rebuilt here to compare)."""
+    _check_state(state)
+    _check_metadata_type(metadata)
+    if metadata is None:
+        raise TypeError("metadata: expected a runtime.indexer.DecodeMetadata, got None; pass the step's metadata")
     _check_metadata_ranges(state, metadata)
     _check_schedule_current(state, metadata.schedule, metadata.seq_lens, "metadata.schedule",
                             "build it with the scorer's schedule(metadata.seq_lens) after seq_lens are written, "
@@ -968,8 +993,10 @@ def _first_true(mask: torch.Tensor) -> int | None:
 
 
 def _check_num_tokens(md: DecodeMetadata) -> None:
-    if not isinstance(md.num_tokens, int) or md.num_tokens < 0:
-        raise ValueError(f"metadata.num_tokens: expected an int >= 0, got {md.num_tokens!r}")
+    """``md.num_tokens`` held as a Python int >= 0, as the constructor holds it: a metadata object kept across steps
+    may have it reassigned from a numpy or tensor integer (taken) or a bool (refused, naming the field)."""
+    if type(md.num_tokens) is not int or md.num_tokens < 0:
+        md.num_tokens = whole_count("metadata.num_tokens", md.num_tokens, 0)
 
 
 def _rank_and_world(tp) -> tuple[int, int]:

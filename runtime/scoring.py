@@ -172,7 +172,8 @@ def check_scoring_inputs(
         raise ValueError("block_table: needs unit column stride")
     for name, t in (("q", q), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table)):
         check_in_storage(name, t)
-    if max_model_len <= 0 or block_table.shape[1] * BLOCK_KV < max_model_len:
+    max_model_len = whole_count("max_model_len", max_model_len, 1)
+    if block_table.shape[1] * BLOCK_KV < max_model_len:
         raise ValueError(f"max_model_len: {max_model_len} must be positive and fit the block table's "
                          f"{block_table.shape[1]} pages of {BLOCK_KV}")
 

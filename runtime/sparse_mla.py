@@ -21,6 +21,7 @@ from .arguments import (
     require_dense,
     require_flag,
     whole_number,
+    write_result,
 )
 from .contract import sparse_mla_decode as contract
 from .loader import cache_or_fallback, launch_on, warn_missing_kernels
@@ -48,27 +49,32 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     ``device`` (unless None: q, which sets it) and ``align``-byte aligned; else a TypeError/ValueError naming ``name``.
     Each property is read once: an eager call's checks are host time on every layer of a step."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; pass a {dtype} tensor")
     require_dense(name, t)
     if t.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+        # out receives the result: a converted copy of it would not
+        fix = f"allocate it with dtype={dtype} (or pass out=None)" if name == "out" else f"pass {name}.to({dtype})"
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}; {fix}")
     shape = t.shape
     if len(shape) != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(shape)}")
     if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
+        fix = "pass a contiguous out (or out=None)" if name == "out" else f"pass {name}.contiguous()"
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}; {fix}")
     check_in_storage(name, t)
     if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device}, q on {device}")
+        raise ValueError(f"{name} is on {t.device}, q on {device}; pass every tensor on q's device")
     if t.data_ptr() % align and t.numel():
-        raise ValueError(f"{name} must start at a {align}-byte aligned address")
+        raise ValueError(f"{name} must start at a {align}-byte aligned address (its data_ptr is {t.data_ptr() % align} "
+                         f"bytes past one); pass a tensor that torch allocated, or {name}.clone()")
     return shape
 
 
 def _check_scale(name, v, limit=_FLOAT32_MAX, why="finite as a float32"):
     if type(v) is not float:  # a float is a Real: the ABC test (~1 us) only for other types
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+            raise TypeError(f"{name} must be a real number, got {type(v).__name__}; pass a Python float "
+                            f"(float({name}) of a one-element CPU tensor)")
         try:
             v = float(v)
         except OverflowError:
@@ -86,7 +92,8 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
     """Validate everything; return (T, width). Raises TypeError/ValueError naming the argument."""
     T, heads, dim = _check_tensor("q", q, FP8, 3)
     if heads != HEADS or dim != HEAD_DIM:
-        raise ValueError(f"q must be [T, {HEADS}, {HEAD_DIM}], got {tuple(q.shape)}")
+        raise ValueError(f"q must be [T, {HEADS}, {HEAD_DIM}], got {tuple(q.shape)}; pass {HEADS} heads of the "
+                         f"{HEAD_DIM} latent dims (a query that carries the rope dims too is wider)")
     device = q.device
     for name, pool in (("swa_kv", swa_kv), ("compressed_kv", compressed_kv)):
         rows, cols = _check_tensor(name, pool, FP8, 2, device)
@@ -214,8 +221,9 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
         # No autograd, as on the kernel's path (which has no backward): a sinks or q that requires grad gave the
         # fallback's output a grad_fn, and an out that does refused the copy after the whole reference had run.
         with torch.no_grad():
-            out.copy_(sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, sinks=sinks,
-                                                  bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale))
+            result = sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, sinks=sinks,
+                                                 bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale)
+        write_result(out, result)
         return out
     if not pdl:
         kernel = kernel.in_stream_order()

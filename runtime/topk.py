@@ -31,6 +31,7 @@ from .arguments import (
     require_flag,
     whole_count,
     whole_number,
+    write_result,
 )
 from .contract import decode_topk as contract
 from .errors import warn_at_caller
@@ -70,10 +71,11 @@ FULL_SM_TWIN_MIN_COLUMNS = 8192
 def _require_int32_tensor(name: str, t) -> torch.Size:
     """``t``'s shape where it is a dense int32 tensor, else a TypeError naming ``name``."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; pass an int32 tensor")
     require_dense(name, t)
     if t.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32, got {t.dtype}")
+        fix = "allocate it with dtype=torch.int32" if name == "out" else f"pass {name}.int()"
+        raise TypeError(f"{name} must be int32, got {t.dtype}; {fix}")
     return t.shape
 
 
@@ -81,43 +83,52 @@ def _check_args(logits, row_ends, out, block_mode):
     """Every argument checked before anything is launched; returns (rows, width, k). Each property is read once:
     an eager call's checks are host time on every layer of a step."""
     if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}; pass the scores as a 2-D "
+                        f"float32 or bfloat16 tensor")
     require_dense("logits", logits)
     if logits.dtype not in _DTYPES:
-        raise TypeError(f"logits must be float32 or bfloat16, got {logits.dtype}")
+        raise TypeError(f"logits must be float32 or bfloat16, got {logits.dtype}; pass logits.float()")
     shape = logits.shape
     if len(shape) != 2:
-        raise ValueError(f"logits must be 2-D [rows, width], got shape {tuple(shape)}")
+        raise ValueError(f"logits must be 2-D [rows, width], got shape {tuple(shape)}; pass one row of scores a "
+                         f"decode token (logits.view(-1, width))")
     rows, width = shape
     if width > MAX_WIDTH:
-        raise ValueError(f"logits: width {width} exceeds {MAX_WIDTH} columns")
+        raise ValueError(f"logits: width {width} exceeds {MAX_WIDTH} columns; select from longer rows with "
+                         f"runtime.reference.decode_topk_reference")
     if width > 1 and logits.stride(1) != 1:
-        raise ValueError(f"logits must have unit column stride, got strides {logits.stride()}")
+        raise ValueError(f"logits must have unit column stride, got strides {logits.stride()}; pass "
+                         f"logits.contiguous()")
     ends_shape = _require_int32_tensor("row_ends", row_ends)
     if len(ends_shape) != 1 or ends_shape[0] != rows:
-        raise ValueError(f"row_ends must have shape [{rows}], got {tuple(ends_shape)}")
+        raise ValueError(f"row_ends must have shape [{rows}], got {tuple(ends_shape)}; pass one end a row of logits")
     if rows > 1 and row_ends.stride(0) != 1:
-        raise ValueError("row_ends must be contiguous")
+        raise ValueError(f"row_ends must be contiguous, got stride {row_ends.stride(0)}; pass row_ends.contiguous()")
     out_shape = _require_int32_tensor("out", out)
     if len(out_shape) != 2 or out_shape[0] != rows:
-        raise ValueError(f"out must have shape [{rows}, k], got {tuple(out_shape)}")
+        raise ValueError(f"out must have shape [{rows}, k], got {tuple(out_shape)}; allocate one row of k slots a "
+                         f"row of logits")
     k = out_shape[1]
     if k not in SUPPORTED_K:
         raise ValueError(f"out: k = out.shape[1] = {k} is not supported; expected one of {SUPPORTED_K}")
     row_stride, column_stride = out.stride()
     if column_stride != 1:
-        raise ValueError(f"out must have unit column stride, got strides {out.stride()}")
+        raise ValueError(f"out must have unit column stride, got strides {out.stride()}; pass rows of k adjacent "
+                         f"int32 slots (a contiguous out, or a slice of its rows)")
     if rows > 1 and row_stride < k:
         raise ValueError(f"out's rows overlap (row stride {row_stride} < k = {k}): give each row k slots of its own")
     require_flag("block_mode", block_mode)
     device = logits.device
     if row_ends.device != device or out.device != device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
-                         f"{row_ends.device} and {out.device}")
+                         f"{row_ends.device} and {out.device}; move row_ends and out to the logits' device")
     for name, t in (("logits", logits), ("row_ends", row_ends), ("out", out)):
         check_in_storage(name, t)
-    # The kernels read row_ends and write out by 4-byte accesses (misaligned logits take the exact fallback instead:
-    # _layout_refusal).
+    # The kernels read row_ends and write out by 4-byte accesses, and every reader of the logits (the kernels, the
+    # exact fallback's torch ops) by their elements: a start off the element size, as over a storage sliced at a byte
+    # offset, would fault on the device. Logits off 16 bytes but on their element size take the exact fallback
+    # (_layout_refusal).
+    require_element_aligned("logits", logits)
     require_element_aligned("row_ends", row_ends)
     require_element_aligned("out", out)
     check_out_apart(out, (("logits", logits), ("row_ends", row_ends)))
@@ -339,7 +350,7 @@ def _select(logits, row_ends, out, k: int, block_mode: bool, pdl: bool, chosen) 
         if logits.is_cuda and width > 0 and _plan_for(logits.device, _DTYPES[logits.dtype], block_mode) is not None:
             # The cache serves this device (a refusal was said by cache_or_fallback): the layout sent the call here.
             _warn_slow_path(_layout_refusal(logits, rows) or "out's row offsets are past int32")
-        out.copy_(decode_topk_reference(logits, row_ends, k, block_mode=block_mode))
+        write_result(out, decode_topk_reference(logits, row_ends, k, block_mode=block_mode))
         return
     kernel, cluster = chosen
     if not pdl:

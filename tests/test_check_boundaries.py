@@ -230,7 +230,7 @@ def test_scoring_block_table_column_strided():
 
 
 def test_max_model_len_zero():
-    with pytest.raises(ValueError, match="max_model_len: 0 must be positive"):
+    with pytest.raises(ValueError, match=r"max_model_len: expected an integer >= 1, got 0"):
         check_scoring_inputs(**_scoring(max_model_len=0))
 
 

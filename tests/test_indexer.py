@@ -1964,6 +1964,71 @@ def test_metadata_and_plan_of_another_type_are_refused_naming_them(call):
     assert (state.topk_indices == 5).all()
 
 
+@pytest.mark.parametrize("call", ["plan", "finish", "decode_rows", "preload", "check values", "check no metadata"])
+def test_a_state_of_another_type_is_refused_naming_it(call):
+    """A port that passes the seed's layer object (or None) where the state goes met an AttributeError naming one of
+    the state's fields ('NoneType' object has no attribute 'topk_indices'). A TypeError names the argument first."""
+    from runtime.indexer import check_decode_metadata_values, preload_decode_rows
+
+    step = make_step(8, k=16)
+    state = make_state(step, scorer=TorchScorer())
+    layer = types.SimpleNamespace(topk_indices_buffer=state.topk_indices)
+    run, name = {
+        "plan": (lambda: plan_decode_rows(layer, step.metadata, SingleRank()), "state"),
+        "finish": (lambda: finish_decode_rows(None, step.q, step.weights, None, SingleRank()), "state"),
+        "decode_rows": (lambda: decode_rows({}, step.metadata, step.q, step.weights, SingleRank()), "state"),
+        "preload": (lambda: preload_decode_rows(None), "state"),
+        "check values": (lambda: check_decode_metadata_values(layer, step.metadata), "state"),
+        "check no metadata": (lambda: check_decode_metadata_values(state, None), "metadata"),
+    }[call]
+    with pytest.raises(TypeError, match=f"^{name}: expected .*, got "):
+        run()
+
+
+def test_a_none_plan_supersedes_the_previous_plan():
+    """A step the flow does not serve (a prefill, no metadata, no tokens) returned None without touching the state,
+    so the previous step's plan stayed its latest: finished after the stock path had filled the buffer, it wrote the
+    previous step's rows over them without an error. A None plan is now the latest: the old one is refused."""
+    step = make_step(12, k=16, max_rows=12)
+    md = step.metadata
+    prefill = DecodeMetadata(md.seq_lens, md.block_table, md.num_requests, md.num_tokens, md.max_seq_len,
+                             num_prefills=1)
+    empty = DecodeMetadata(md.seq_lens[:0], md.block_table[:0], 0, 0, 0)
+    for stock_step in (None, prefill, empty):
+        state = make_state(step, scorer=TorchScorer())
+        plan = plan_decode_rows(state, md, SingleRank())
+        finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+        assert plan_decode_rows(state, stock_step, SingleRank()) is None
+        state.topk_indices.fill_(7)  # the stock path's rows
+        with pytest.raises(ValueError, match=r"^plan: not this state's latest plan .*returned None"):
+            finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+        assert (state.topk_indices == 7).all()
+        decode_rows(state, md, step.q, step.weights, SingleRank())  # the next served step runs as ever
+        assert torch.equal(state.topk_indices, _expected(step))
+
+
+def test_metadata_num_tokens_reassigned_after_construction_is_taken_as_the_constructor_takes_it():
+    """A metadata object kept across steps and updated in place: a numpy or tensor integer assigned to num_tokens was
+    refused as 'expected an int >= 0, got np.int64(12)', and a bool went on to fail naming num_rows. Integers are
+    taken (held as a Python int), a bool or float is refused naming metadata.num_tokens."""
+    np = pytest.importorskip("numpy")
+    step = make_step(12, k=16, max_rows=12)
+    md = dataclasses.replace(step.metadata)
+    state = make_state(step, scorer=TorchScorer())
+    for value in (np.int64(12), torch.tensor(12)):
+        md.num_tokens = value
+        decode_rows(state, md, step.q, step.weights, SingleRank())
+        assert type(md.num_tokens) is int and torch.equal(state.topk_indices, _expected(step))
+    for value, exc in ((True, TypeError), (12.0, TypeError), (-1, ValueError)):
+        md.num_tokens = value
+        state.topk_indices.fill_(5)
+        with pytest.raises(exc, match="^metadata.num_tokens: expected"):
+            decode_rows(state, md, step.q, step.weights, SingleRank())
+        with pytest.raises(exc, match="^metadata.num_tokens: expected"):
+            plan_decode_rows(state, md, SingleRank())
+        assert (state.topk_indices == 5).all()
+
+
 def test_aot_selection_of_an_unsupported_candidate_width_names_the_candidate_buffer():
     """Block mode selects as many blocks as the candidate buffer is wide: a width the AOT top-k does not take was said
     as 'k = 12 is not one of decode_topk's ...; use a supported k', though the state's k may be a supported one. The

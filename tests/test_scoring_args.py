@@ -28,6 +28,19 @@ def test_scoring_inputs_of_another_dtype_are_a_type_error(name):
     scoring.check_scoring_inputs(**_inputs())
 
 
+@pytest.mark.parametrize("value, error", [(100.5, TypeError), (True, TypeError), ("256", TypeError),
+                                          (None, TypeError), (0, ValueError), (-64, ValueError)])
+def test_scoring_refuses_a_max_model_len_that_is_not_a_positive_count(value, error):
+    """The check compared max_model_len with 0 only: a float, a string or None failed inside torch or the comparison
+    with errors naming nothing, and True passed as a context of one column."""
+    with pytest.raises(error, match="^max_model_len: expected"):
+        scoring.check_scoring_inputs(**_inputs(max_model_len=value))
+    args = _inputs()
+    too_long = args["block_table"].shape[1] * scoring.BLOCK_KV + 1
+    with pytest.raises(ValueError, match="^max_model_len: .* must be positive and fit the block table"):
+        scoring.check_scoring_inputs(**_inputs(max_model_len=too_long))
+
+
 def test_deepgemm_schedule_refuses_what_is_not_a_tensor():
     """schedule(None) raised AttributeError ('NoneType' has no dtype), naming nothing."""
     scorer = object.__new__(scoring.DeepGemmScorer)  # no DeepGEMM here: the check runs before any call into it

@@ -249,6 +249,47 @@ def test_host_op_rejects_bad_arguments(name, mutate, exc):
             _call_with(fn, name, mutate)
 
 
+FIXES = [
+    # (argument, mutation of the valid value, the fix the refusal names)
+    ("q", lambda v: v.float(), r"; pass q\.to\(torch\.float8_e4m3fn\)"),
+    ("q", lambda v: torch.zeros(v.shape[0], H, 576).to(FP8), r"; pass 16 heads of the 512 latent dims"),
+    ("out", lambda v: v.float(), r"; allocate it with dtype=torch\.bfloat16 \(or pass out=None\)"),
+    ("indices", lambda v: v.t().contiguous().t(), r"; pass indices\.contiguous\(\)"),
+    ("out", lambda v: v.transpose(1, 2).contiguous().transpose(1, 2), r"; pass a contiguous out \(or out=None\)"),
+    ("swa_kv", lambda v: v.to("meta"), r"; pass every tensor on q's device"),
+    ("compressed_kv", lambda v: at_byte_offset(v, 8), r"bytes past one\); pass a tensor that torch allocated"),
+    ("bmm1_scale", lambda v: torch.tensor(v), r"got Tensor; pass a Python float"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,fix", FIXES, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(FIXES)])
+def test_host_op_refusals_say_the_fix(name, mutate, fix):
+    """The refusals named the argument and what was wrong ("swa_kv is on meta, q on cpu", "bmm1_scale must be a real
+    number, got Tensor") but not what to pass; they say it now."""
+    from runtime import sparse_mla
+    with pytest.raises((TypeError, ValueError), match=rf"^{name}\b.*{fix}"):
+        _call_with(sparse_mla.sparse_mla_decode, name, mutate)
+
+
+def test_host_op_fallback_writes_an_out_made_under_inference_mode():
+    """A serving engine may allocate its output buffers under torch.inference_mode() at start-up and call the op
+    outside it: the kernel writes such an out through its pointer, while the fallback's copy_ raised torch's
+    RuntimeError (naming no argument) after the whole reference ran. The fallback writes it too, in and out of the
+    mode."""
+    from runtime import sparse_mla
+    args, kw = _valid_call()
+    with torch.inference_mode():
+        out = torch.full_like(kw["out"], float("nan"))
+    kw["out"] = out
+    want = sparse_mla_decode_reference(*args, sinks=kw["sinks"], bmm1_scale=0.04, bmm2_scale=1.0)
+    assert sparse_mla.sparse_mla_decode(*args, **kw) is out
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    with torch.inference_mode():
+        out.fill_(float("nan"))
+        sparse_mla.sparse_mla_decode(*args, **kw)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
 def test_host_op_accepts_valid_arguments_on_cpu():
     # On a machine without the cache's GPU the op computes with the reference, exactly.
     from runtime import sparse_mla

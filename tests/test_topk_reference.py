@@ -156,6 +156,67 @@ def test_host_op_cpu_fallback_and_checks():
         decode_topk(logits, ends, out, pdl="False")  # true: it would launch with PDL
 
 
+@pytest.mark.parametrize("dtype, offset", [(torch.float32, 1), (torch.float32, 2), (torch.bfloat16, 1)])
+def test_logits_off_their_element_size_are_refused(dtype, offset):
+    """Logits over a storage sliced at a byte offset were taken to the exact fallback, whose torch ops read them by
+    their elements: on the device a misaligned address, which leaves the CUDA context unusable (why row_ends and out
+    off 4 bytes are refused). Refused before anything runs, naming the logits; logits off 16 bytes but on their element
+    size still take the fallback."""
+    from runtime.topk import decode_topk
+
+    logits = at_byte_offset(torch.randn(3, 600).to(dtype), offset)
+    ends = torch.full((3,), 600, dtype=torch.int32)
+    out = torch.empty(3, 512, dtype=torch.int32)
+    size = logits.element_size()
+    with pytest.raises(ValueError, match=rf"^logits must start at a {size}-byte aligned address"):
+        decode_topk(logits, ends, out)
+    shifted = torch.randn(3, 601).to(dtype)[:, 1:]  # one element in: off 16 bytes, on the element size
+    decode_topk(shifted, ends, out)
+    ref = decode_topk_reference(shifted, ends, 512)
+    assert torch.equal(torch.sort(out, 1).values, torch.sort(ref, 1).values)
+
+
+def test_fallback_writes_an_out_made_under_inference_mode():
+    """An out allocated under torch.inference_mode() (a serving engine's start-up) and passed outside it: the kernel
+    writes it through its pointer, while the exact fallback's copy_ raised torch's RuntimeError naming no argument."""
+    from runtime.topk import decode_topk
+
+    logits = torch.randn(2, 900)
+    ends = torch.tensor([900, 300], dtype=torch.int32)
+    with torch.inference_mode():
+        out = torch.full((2, 512), -7, dtype=torch.int32)
+    decode_topk(logits, ends, out)
+    ref = decode_topk_reference(logits, ends, 512)
+    assert torch.equal(torch.sort(out, 1).values, torch.sort(ref, 1).values)
+
+
+@pytest.mark.parametrize("case, fix", [
+    ("logits dtype", r"; pass logits\.float\(\)"),
+    ("logits strides", r"; pass logits\.contiguous\(\)"),
+    ("row_ends dtype", r"; pass row_ends\.int\(\)"),
+    ("row_ends strides", r"; pass row_ends\.contiguous\(\)"),
+    ("out dtype", r"; allocate it with dtype=torch\.int32"),
+    ("devices", r"; move row_ends and out to the logits' device"),
+])
+def test_refusals_say_the_fix(case, fix):
+    """The refusals named the argument and what was wrong ("row_ends must be contiguous") but not what to pass."""
+    from runtime.topk import decode_topk
+
+    logits = torch.randn(3, 1000)
+    ends = torch.tensor([1000, 600, 0], dtype=torch.int32)
+    out = torch.empty(3, 512, dtype=torch.int32)
+    args = {
+        "logits dtype": (logits.double(), ends, out),
+        "logits strides": (torch.randn(1000, 3).t(), ends, out),
+        "row_ends dtype": (logits, ends.long(), out),
+        "row_ends strides": (logits, torch.zeros(6, dtype=torch.int32)[::2], out),
+        "out dtype": (logits, ends, out.long()),
+        "devices": (logits, ends, torch.empty(3, 512, dtype=torch.int32, device="meta")),
+    }[case]
+    with pytest.raises((TypeError, ValueError), match=fix):
+        decode_topk(*args)
+
+
 def test_runtime_topk_imports_no_cutlass():
     code = ("import sys, runtime.topk; "
             "sys.exit(int(any(m.split('.')[0] in ('cutlass', 'kernels') for m in sys.modules)))")
