@@ -229,7 +229,8 @@ def _shape_supported(logits, k: int) -> bool:
 def _layout_refusal(logits: torch.Tensor, rows: int) -> str | None:
     """Why the kernel cannot read ``rows`` rows of these logits (words for the slow-path warning), or None."""
     es = logits.element_size()
-    # One row is read from its start alone (row 0's offset is 0 whatever the stride): its stride is never used.
+    # One row is read from its start alone (row 0's offset is 0 whatever the stride): its stride's alignment does not
+    # matter. It still goes to the kernel as an int32 parameter, so it must fit one (below) however many rows.
     if logits.data_ptr() % _ALIGN or (rows > 1 and (logits.stride(0) * es) % _ALIGN):
         return f"the logits' start or row stride is not a multiple of {_ALIGN} bytes"
     if logits.stride(0) > INT32_MAX:
