@@ -167,7 +167,12 @@ def max_tokens(width: int, device=None) -> int:
     index = cuda_device_index("device", device)
     if index is None:
         return 0  # no kernel serves a device of another type
-    k = _kernel(width, True, torch.device("cuda", index))
+    # Either variant: sinks or not, they share the grid, the cluster and the occupancy, and a cache built with part
+    # of the contract (build_kernels.py --only) may hold one of them.
+    device = torch.device("cuda", index)
+    k = _kernel(width, True, device)
+    if k is None:
+        k = _kernel(width, False, device)
     return 0 if k is None else int(k.max_active_clusters)
 
 

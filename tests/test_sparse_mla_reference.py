@@ -627,9 +627,22 @@ def test_max_tokens_takes_integer_widths_only(monkeypatch):
             sparse_mla.max_tokens(width, "cuda:0")
     assert asked == []
     assert sparse_mla.max_tokens(np.int64(640), "cuda:0") == 0
-    assert asked == [640] and type(asked[0]) is int
+    assert asked == [640, 640] and all(type(w) is int for w in asked)  # either variant asked about
     with pytest.raises(ValueError, match="width 256 is not supported"):
         sparse_mla.max_tokens(256, "cuda:0")
+
+
+def test_max_tokens_of_a_cache_with_one_variant_of_the_width(monkeypatch):
+    """max_tokens asked the cache for the sinks variant only: with a cache built without it (build_kernels.py --only)
+    it said 0 while every call without sinks ran on the kernel. Either variant answers (they share the grid, the
+    cluster and the occupancy); 0 only where the cache has neither."""
+    from runtime import sparse_mla
+
+    kernel = type("Kernel", (), {"max_active_clusters": 52})()
+    for held, want in ((False, 52), (True, 52), (None, 0)):
+        monkeypatch.setattr(sparse_mla, "_kernel",
+                            lambda width, sinks, device, held=held: kernel if sinks is held else None)
+        assert sparse_mla.max_tokens(640, "cuda:0") == want
 
 
 # --- review additions: lens outside [0, width], -inf sinks, and the GPU tests' tolerance on the CPU ---------------
