@@ -68,7 +68,7 @@ def read_header(data: bytes) -> CubinInfo:
 
 
 def check_section_table(data: bytes) -> None:
-    """The section headers and every section lie inside the file (CubinFormatError if not).
+    """The section and program headers and every section and segment lie inside the file (CubinFormatError if not).
 
     Cheap (no section is parsed); the loader runs it before handing the bytes to the driver,
     which does not bounds-check a crafted section table (seen: a hang, a segfault).
@@ -76,9 +76,32 @@ def check_section_table(data: bytes) -> None:
     _section_heads(data)
 
 
+_PHDR_SIZE = 56  # ELF64's program header: type, flags, offset, vaddr, paddr, filesz, memsz, align
+
+
+def _check_program_headers(data: bytes) -> None:
+    """The program headers, by which the driver places the segments, and every segment's file bytes lie inside the
+    file: as with the section table, the driver is not trusted to bounds-check a crafted one."""
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    if phnum == 0:
+        return
+    if phentsize != _PHDR_SIZE:
+        raise CubinFormatError(f"program header size {phentsize} is not ELF64's {_PHDR_SIZE}")
+    end = len(data)
+    if phoff + phnum * _PHDR_SIZE > end:
+        raise CubinFormatError("program headers run past the end of the file (truncated?)")
+    for i in range(phnum):
+        offset, _vaddr, _paddr, filesz = struct.unpack_from("<QQQQ", data, phoff + i * _PHDR_SIZE + 8)
+        if offset + filesz > end:
+            raise CubinFormatError("a segment runs past the end of the file (truncated?)")
+
+
 def _section_heads(data: bytes) -> tuple[list, int]:
-    """Every section header (name, type, flags, addr, offset, size, ...), bounds-checked."""
+    """Every section header (name, type, flags, addr, offset, size, ...), bounds-checked, after the program
+    headers (both tables reach the driver)."""
     _check_elf(data)
+    _check_program_headers(data)
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     if shentsize < _SHDR.size:

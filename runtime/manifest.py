@@ -152,6 +152,7 @@ def resolved_root(root: str | Path | None = None) -> Path:
 
 
 MANIFEST_MAX_BYTES = 16 << 20  # a real one is tens of KiB; the bound keeps a crafted one from filling memory
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # hashlib's hexdigest of a SHA-256
 CUBIN_MAX_BYTES = 64 << 20  # a real one is 10-300 KiB; an entry's size is the read's bound, so it is bounded too
 
 
@@ -204,7 +205,8 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         if isinstance(e, OSError):
             _raise_if_process_state(e, "manifest", path)
         raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
+    # type() first: JSON's true and 1.0 equal 1 in Python, and every other field is held to its exact type.
+    if not isinstance(data, dict) or type(data.get("schema")) is not int or data["schema"] != SCHEMA_VERSION:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise SchemaError(
             f"unknown manifest schema {got!r}; this runtime reads schema {SCHEMA_VERSION}.", file=path,
@@ -263,6 +265,9 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
     bad = [f for f in ("size", "threads", "smem_bytes") if type(raw[f]) is not int]
     bad += [f for f in ("pdl", "non_portable_cluster") if type(raw[f]) is not bool]
     bad += [] if type(raw["config"]) is dict else ["config"]
+    # The cubin's and the contract's digests as hashlib writes them: a malformed field reads as a cubin "altered" or
+    # a contract changed, where the manifest is what is wrong.
+    bad += [f for f in ("sha256", "contract_hash") if not _SHA256_HEX.fullmatch(raw[f])]
     if type(cluster) is not list or len(cluster) != 3 or any(type(c) is not int or c < 1 for c in cluster):
         bad.append("cluster")
     if type(params) is not list or not all(

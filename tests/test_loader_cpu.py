@@ -643,6 +643,32 @@ def test_malformed_section_table_never_reaches_the_driver(cache, stand_in):
     assert drv.loaded == []
 
 
+@pytest.mark.parametrize("where", ["headers", "segment", "entry size"])
+def test_malformed_program_headers_never_reach_the_driver(cache, stand_in, where):
+    """The section table was bounds-checked before the bytes went to the driver, the program headers (by which it
+    places the segments) not: a cubin with 60000 of them, or a segment 2^40 bytes long, whose sha256 matched an
+    edited manifest, was handed to cuLibraryLoadData. Refused on the CPU like a malformed section table."""
+    import hashlib
+    import struct
+
+    f = first_cubin(cache)
+    data = bytearray(f.read_bytes())
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    assert struct.unpack_from("<H", data, 0x38)[0] > 0
+    if where == "headers":
+        struct.pack_into("<H", data, 0x38, 60000)  # e_phnum
+    elif where == "segment":
+        struct.pack_into("<QQQQ", data, phoff + 8, 0, 0, 0, 1 << 40)  # p_offset, p_vaddr, p_paddr, p_filesz
+    else:
+        struct.pack_into("<H", data, 0x36, 32)  # e_phentsize: not ELF64's 56
+    f.write_bytes(bytes(data))
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(sha256=hashlib.sha256(data).hexdigest()))
+    drv = stand_in()
+    with pytest.raises(errors.CubinIntegrityError, match="probe_cluster2.*not a readable CUDA ELF"):
+        loader.load(cache)
+    assert drv.loaded == []
+
+
 @pytest.mark.parametrize("edit, said", [
     # It crashed with an AttributeError printing the toolchain.
     (lambda d: d.update(toolchain="12.9"), "fields toolchain have the wrong type"),

@@ -80,7 +80,7 @@ def test_entry_the_contract_does_not_know(cache, arch, name):
         check_cache(cache, arch)
 
 
-@pytest.mark.parametrize("stamp", ["0" * 64, ""])
+@pytest.mark.parametrize("stamp", ["0" * 64, "f" * 64])
 def test_entry_compiled_against_other_contract_sources_is_refused(cache, stamp):
     """Every field may agree while a constant the kernel compiles in (sparse MLA's finite -inf, a row bound of the
     top-k) differs from the host op's: an entry stamped with other contract sources than this runtime's is
@@ -90,6 +90,17 @@ def test_entry_compiled_against_other_contract_sources_is_refused(cache, stamp):
                                                            f"other contract sources .*probe.py: sha256 '{stamp[:12]}', "
                                                            f"this runtime's '{family_contract_hash('probe')[:12]}'"
                                                            f".*Fix: .*build_kernels.py --arch sm_90a"):
+        check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("field", ["sha256", "contract_hash"])
+@pytest.mark.parametrize("edit", [str.upper, lambda h: "", lambda h: h[:63], lambda h: h + "0", lambda h: " " + h[1:]])
+def test_entry_digest_not_written_as_hashlib_writes_it_is_a_schema_error(cache, field, edit):
+    """Only a string was asked of the digests: an uppercase or empty sha256 read as the cubin 'altered', an empty
+    contract_hash as other contract sources, where the manifest field is what is malformed."""
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update({field: edit(d["kernels"][0][field])}))
+    with pytest.raises(errors.SchemaError, match=f"probe_cluster2: manifest entry fields {field} have the wrong type "
+                                                 f"or value"):
         check_cache(cache, "sm_90a")
 
 
@@ -256,7 +267,7 @@ def test_symlinks_that_stay_inside_the_cache_root_pass(cache, tmp_path, real_pat
     assert set(check_cache(linked_root, "sm_90a").kernels) == {"probe_cluster2", "probe_cluster8"}
 
 
-@pytest.mark.parametrize("schema", [0, 2, "1", None])
+@pytest.mark.parametrize("schema", [0, 2, "1", None, True, 1.0])  # true and 1.0 equal 1 in Python
 def test_unknown_schema(cache, schema):
     edit_manifest(cache, "sm_90a", lambda d: d.update(schema=schema))
     with pytest.raises(errors.SchemaError, match="schema"):
