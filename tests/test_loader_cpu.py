@@ -555,6 +555,19 @@ def test_load_stopped_by_memory_or_capture_is_raised_not_remembered(ops_cache, k
     assert set(loader.cache_or_fallback("decode_topk", 0).names()) == {"probe_cluster2", "probe_cluster8"}
 
 
+def test_a_driver_failure_reading_the_parameters_is_named_not_taken_for_a_layout_mismatch(ops_cache):
+    """cuFuncGetParamInfo's errors other than the process's state ended the parameter list: an unsupported call read
+    as 'parameters ... contradict cuFuncGetParamInfo: []', the kernel and the contract disagreeing, with the driver's
+    error named nowhere. Only its answer past the last parameter (invalid value) ends the list now."""
+    drv = ops_cache
+    drv.param_error = real.CUresult.CUDA_ERROR_NOT_SUPPORTED
+    loader.cache_or_fallback("decode_topk", 0)
+    refusal = _refusal_of(0)
+    assert isinstance(refusal, errors.DriverRefusedError), refusal
+    assert "cuFuncGetParamInfo failed: CUDA_ERROR_NOT_SUPPORTED" in str(refusal)
+    assert "contradict" not in str(refusal)
+
+
 def test_first_call_during_graph_capture_is_refused_with_the_fix(cache, stand_in, monkeypatch):
     """The first call of an op on a device loads the cache: inside CUDA graph stream capture that is refused before
     any load (a RuntimeError naming the op, the device and the fix, not a remembered CacheError). Once the cache is
