@@ -22,6 +22,7 @@ from crafted_cache import (
     drop_last_param,
     edit_manifest,
     first_cubin,
+    rewrite_first_cubin,
     shift_second_param,
 )
 
@@ -642,14 +643,15 @@ def test_a_bug_in_a_driver_call_is_not_a_refusal(ops_cache):
 def test_malformed_section_table_never_reaches_the_driver(cache, stand_in):
     """A cubin whose sha256 matches but whose section table runs past the end: refused on the CPU
     (the real driver hung or crashed on this one on the H200)."""
-    import hashlib
     import struct
 
-    f = first_cubin(cache)
-    data = bytearray(f.read_bytes())
-    struct.pack_into("<Q", data, 0x28, len(data) - 8)  # e_shoff: the headers run past the end
-    f.write_bytes(bytes(data))
-    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(sha256=hashlib.sha256(data).hexdigest()))
+    _never_reaches_the_driver(cache, stand_in, lambda data: struct.pack_into("<Q", data, 0x28, len(data) - 8))  # e_shoff
+
+
+def _never_reaches_the_driver(cache, stand_in, craft) -> None:
+    """The first cubin crafted by ``craft`` (its manifest size and sha256 rewritten to match) is refused as an
+    unreadable ELF before any library is loaded."""
+    rewrite_first_cubin(cache, "sm_90a", craft)
     drv = stand_in()
     with pytest.raises(errors.CubinIntegrityError, match="probe_cluster2.*not a readable CUDA ELF"):
         loader.load(cache)
@@ -661,25 +663,19 @@ def test_malformed_program_headers_never_reach_the_driver(cache, stand_in, where
     """The section table was bounds-checked before the bytes went to the driver, the program headers (by which it
     places the segments) not: a cubin with 60000 of them, or a segment 2^40 bytes long, whose sha256 matched an
     edited manifest, was handed to cuLibraryLoadData. Refused on the CPU like a malformed section table."""
-    import hashlib
     import struct
 
-    f = first_cubin(cache)
-    data = bytearray(f.read_bytes())
-    (phoff,) = struct.unpack_from("<Q", data, 0x20)
-    assert struct.unpack_from("<H", data, 0x38)[0] > 0
-    if where == "headers":
-        struct.pack_into("<H", data, 0x38, 60000)  # e_phnum
-    elif where == "segment":
-        struct.pack_into("<QQQQ", data, phoff + 8, 0, 0, 0, 1 << 40)  # p_offset, p_vaddr, p_paddr, p_filesz
-    else:
-        struct.pack_into("<H", data, 0x36, 32)  # e_phentsize: not ELF64's 56
-    f.write_bytes(bytes(data))
-    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(sha256=hashlib.sha256(data).hexdigest()))
-    drv = stand_in()
-    with pytest.raises(errors.CubinIntegrityError, match="probe_cluster2.*not a readable CUDA ELF"):
-        loader.load(cache)
-    assert drv.loaded == []
+    def craft(data):
+        (phoff,) = struct.unpack_from("<Q", data, 0x20)
+        assert struct.unpack_from("<H", data, 0x38)[0] > 0
+        if where == "headers":
+            struct.pack_into("<H", data, 0x38, 60000)  # e_phnum
+        elif where == "segment":
+            struct.pack_into("<QQQQ", data, phoff + 8, 0, 0, 0, 1 << 40)  # p_offset, p_vaddr, p_paddr, p_filesz
+        else:
+            struct.pack_into("<H", data, 0x36, 32)  # e_phentsize: not ELF64's 56
+
+    _never_reaches_the_driver(cache, stand_in, craft)
 
 
 @pytest.mark.parametrize("edit, said", [

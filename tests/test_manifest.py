@@ -12,6 +12,7 @@ from crafted_cache import (
     drop_last_param,
     edit_manifest,
     first_cubin,
+    rewrite_first_cubin,
     shift_second_param,
 )
 
@@ -397,17 +398,6 @@ def test_manifest_without_a_list_of_kernels(cache, kernels):
         check_cache(cache, "sm_90a")
 
 
-def _rewrite_first_cubin(root, arch, fn):
-    """Edit the first cubin's bytes and rewrite its manifest size and sha256 to match."""
-    import hashlib
-
-    f = first_cubin(root, arch)
-    data = bytearray(f.read_bytes())
-    fn(data)
-    f.write_bytes(bytes(data))
-    edit_manifest(root, arch, lambda d: d["kernels"][0].update(size=len(data), sha256=hashlib.sha256(data).hexdigest()))
-
-
 def _bad_section_name(data):
     import struct
 
@@ -430,14 +420,14 @@ def _tiny_section_headers(data):
 ])
 def test_crafted_elf_is_a_typed_error(cache, craft):
     """A cubin with a matching sha256 but unreadable ELF is a CubinIntegrityError, not struct.error/ValueError."""
-    _rewrite_first_cubin(cache, "sm_90a", craft)
+    rewrite_first_cubin(cache, "sm_90a", craft)
     with pytest.raises(errors.CubinIntegrityError, match="not a readable CUDA ELF"):
         check_cache(cache, "sm_90a")
 
 
 def test_abi_v2_cubin_without_the_a_flag(cache):
     """An sm_100 (not sm_100a) cubin: ABI v2 keeps the "a" in e_flags bit 3."""
-    _rewrite_first_cubin(cache, "sm_100a", lambda d: d.__setitem__(0x30, d[0x30] & ~0x8))
+    rewrite_first_cubin(cache, "sm_100a", lambda d: d.__setitem__(0x30, d[0x30] & ~0x8))
     with pytest.raises(errors.CubinArchError, match="targets sm_100, the manifest says sm_100a"):
         check_cache(cache, "sm_100a")
 
@@ -496,7 +486,7 @@ def test_an_entry_naming_another_variants_cubin_is_refused(cache):
 def test_cubin_of_another_elf_encoding_is_refused(cache):
     """A big-endian (or unknown-encoding) ELF header is refused before its bytes reach the driver."""
     for encoding in (2, 0, 7):
-        _rewrite_first_cubin(cache, "sm_90a", lambda data: data.__setitem__(5, encoding))
+        rewrite_first_cubin(cache, "sm_90a", lambda data: data.__setitem__(5, encoding))
         with pytest.raises(errors.CubinIntegrityError, match="not a little-endian ELF64"):
             check_cache(cache, "sm_90a")
 
@@ -705,7 +695,7 @@ def test_a_cubin_compiled_for_another_block_shape_is_refused(cache, arch):
     loader's own path calls the same check after the driver's parameter checks)."""
     from runtime.manifest import check_elf_attributes, read_manifest
 
-    _rewrite_first_cubin(cache, arch, _require_block(256))
+    rewrite_first_cubin(cache, arch, _require_block(256))
     with pytest.raises(errors.BlockShapeError, match=r"requires blocks of \[256, 1, 1\] threads, the manifest "
                                                      r"launches \[128, 1, 1\]"):
         check_cache(cache, arch)
