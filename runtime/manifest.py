@@ -216,8 +216,12 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         raise SchemaError(f"manifest is for arch {data.get('arch')!r}, expected {arch!r}.", file=path, fix=fix)
     if type(data.get("kernels")) is not list:
         raise SchemaError("manifest has no list of kernels.", file=path, fix=fix)
-    # Printed by python -m runtime verify and the loader's messages: exact types here, not a crash there.
-    toolchain, source_hash = data.get("toolchain", {}), data.get("source_hash", "")
+    # Printed by python -m runtime verify and the loader's messages: exact types here, not a crash there. Every build
+    # writes both (the toolchain also says whether it was a measurement build): one without them was not a build's.
+    missing = [f for f in ("toolchain", "source_hash") if f not in data]
+    if missing:
+        raise SchemaError(f"manifest lacks {', '.join(missing)}.", file=path, fix=fix)
+    toolchain, source_hash = data["toolchain"], data["source_hash"]
     bad = [f for f, ok in (("toolchain", type(toolchain) is dict), ("source_hash", type(source_hash) is str)) if not ok]
     if bad:
         raise SchemaError(f"manifest fields {', '.join(bad)} have the wrong type (toolchain an object, source_hash "

@@ -390,6 +390,15 @@ def test_manifest_header_field_of_the_wrong_type(cache, field, value):
         check_cache(cache, "sm_90a")
 
 
+@pytest.mark.parametrize("field", ["toolchain", "source_hash"])
+def test_manifest_without_a_header_field_is_refused(cache, field):
+    """A manifest without its toolchain or source hash defaulted to {} and "": accepted, the measurement-build check
+    skipped without a word, and verify printing an empty source hash. Every build writes both."""
+    edit_manifest(cache, "sm_90a", lambda d: d.pop(field))
+    with pytest.raises(errors.SchemaError, match=f"manifest lacks {field}.*build_kernels.py"):
+        check_cache(cache, "sm_90a")
+
+
 @pytest.mark.parametrize("kernels", [None, 5, {}])
 def test_manifest_without_a_list_of_kernels(cache, kernels):
     """Not an empty cache that silently sends every call to the fallbacks."""
