@@ -10,14 +10,16 @@ Runs without a GPU (CuTe DSL cross-compiles). Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -58,12 +60,19 @@ def source_hash() -> str:
     return h.hexdigest()
 
 
+def _compile_task(task: tuple):
+    """``_compile_one(*task)``: what a pool's ``imap`` calls."""
+    return _compile_one(*task)
+
+
 def _compile_one(family: str, name: str, arch: str):
     """Worker: compile one variant for one arch; returns (name, arch, cubin, seconds)."""
     from kernels import compile_variant
     from runtime.contract import family_variants
 
-    variant = next(v for v in family_variants(family) if v.name == name)
+    variant = next((v for v in family_variants(family) if v.name == name), None)
+    if variant is None:  # a LookupError, not next()'s StopIteration, which ends a pool's result iterator silently
+        raise LookupError(f"{family} has no variant {name!r} in this contract")
     start = time.perf_counter()
     cubin = compile_variant(variant, arch)
     return name, arch, cubin, time.perf_counter() - start
@@ -202,18 +211,39 @@ def _warn_of_build_switches() -> None:
               file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM (a supervisor, a timeout that signals this process alone) raises SystemExit in the main thread for
+    the block, so that the block's cleanup runs; its default action ends the process without any."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def compile_all(variants_by_arch: dict, jobs: int):
     """Compile every (variant, arch); prints one progress line each. Returns {(name, arch): cubin}."""
     tasks = [(v.family, v.name, arch) for arch, vs in variants_by_arch.items() for v in vs]
     results = {}
     start = time.perf_counter()
     if jobs > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_compile_one, *t) for t in tasks]
-            for i, fut in enumerate(futures, 1):
-                name, arch, cubin, secs = fut.result()
+        # Results as they finish, so that a failed compile stops the build at once; leaving the block terminates
+        # the workers (a failure, Ctrl-C, or a SIGTERM to this process alone: an executor's pool compiled every
+        # queued variant first, and a SIGTERM left its workers waiting forever).
+        with _sigterm_as_exit(), get_context("spawn").Pool(min(jobs, len(tasks))) as pool:
+            for i, (name, arch, cubin, secs) in enumerate(pool.imap_unordered(_compile_task, tasks), 1):
                 results[(name, arch)] = cubin
                 print(f"[{i}/{len(tasks)}] {arch} {name}: {len(cubin)} bytes in {secs:.1f} s", flush=True)
+        if len(results) != len(tasks):
+            raise SystemExit(f"the build compiled {len(results)} of {len(tasks)} variants")
     else:
         for i, task in enumerate(tasks, 1):
             name, arch, cubin, secs = _compile_one(*task)
@@ -448,7 +478,8 @@ def _runtime_refusal(committed: Path, arch: str) -> str | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # The build options default to None so that --warm-deepgemm can tell which were given (it takes none).
-    parser.add_argument("--arch", nargs="+", choices=ARCHS, help=f"archs to build (default: {' '.join(ARCHS)})")
+    parser.add_argument("--arch", nargs="+", action="extend", choices=ARCHS,
+                        help=f"archs to build (repeatable; default: {' '.join(ARCHS)})")
     parser.add_argument("--only", action="append", choices=FAMILIES, help="build only this family (repeatable)")
     parser.add_argument("--jobs", type=int, help="parallel compile processes (default 1)")
     parser.add_argument("--out", type=Path, help="cache root (holds cubins/ and manifests/; default: this checkout)")
@@ -465,7 +496,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     build_options_given = [option for option, value in _build_options(args).items()
                            if value is not None and value is not False]
-    args.arch = args.arch or list(ARCHS)
+    args.arch = list(dict.fromkeys(args.arch)) if args.arch else list(ARCHS)  # each once, in the order given
     args.jobs = 1 if args.jobs is None else args.jobs
     args.out = REPO if args.out is None else args.out
     shape_options = {}
@@ -487,6 +518,11 @@ def main(argv=None) -> int:
         parser.error(f"--jobs: {args.jobs} must be at least 1")
     families = tuple(args.only or FAMILIES)
     variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
+    for arch in args.arch:
+        unbuilt = [f for f in dict.fromkeys(families) if not all_variants(arch, (f,))]
+        if args.only and unbuilt:  # it would compile nothing of them and still rewrite the manifest (or pass a check)
+            parser.error(f"--only {' '.join(unbuilt)}: the contract has no variant of it for {arch}; name the archs "
+                         f"it has (--arch), or drop that --only")
     if args.check:
         with tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
             sources = source_hash()
@@ -495,8 +531,9 @@ def main(argv=None) -> int:
             problems = check_against(args.out, Path(tmp), args.arch, families)
         for p in problems:
             print(f"CHECK FAILED: {p}")
+        out = "" if args.out == REPO else f" --out {args.out}"  # the fix rebuilds the cache that was checked
         print("check passed" if not problems else f"check failed: {len(problems)} difference(s); "
-              f"run: python build_kernels.py --arch {' '.join(args.arch)}")
+              f"run: python build_kernels.py --arch {' '.join(args.arch)}{out}")
         return 1 if problems else 0
     _require_writable(parser, args.out)  # before minutes of compiling, not after
     _refuse_symlinked_folders(args.out, args.arch)

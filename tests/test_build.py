@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -188,7 +189,10 @@ def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
                                          (["--warm-deepgemm", "--index-heads", "0"], "--index-heads: 0 must be"),
                                          (["--warm-deepgemm", "--jobs", "2", "--check"],
                                           "builds no cubins: drop --only, --jobs, --check (run the build as its own"),
-                                         (["--warm-deepgemm", "--jobs", "0"], "builds no cubins: drop --only, --jobs")])
+                                         (["--warm-deepgemm", "--jobs", "0"], "builds no cubins: drop --only, --jobs"),
+                                         # it compiled nothing of the family, rewrote the manifest and exited 0
+                                         (["--only", "sparse_mla_decode", "--arch", "sm_100a"],
+                                          "--only sparse_mla_decode: the contract has no variant of it for sm_100a")])
 def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     afile = tmp_path / "afile"
     afile.write_text("")
@@ -653,3 +657,50 @@ def test_sources_edited_during_the_build_stop_it(tmp_path, monkeypatch):
         build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",), sources="0" * 64)
     assert manifest_path(cache, "sm_90a").read_bytes() == manifest_before
     build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",), sources=build_kernels.source_hash())
+
+
+def test_a_failed_compile_ends_a_parallel_build_at_once():
+    """With --jobs above 1 a failed compile surfaced only after every queued variant had compiled (the executor's
+    shutdown waited for them: about a whole build's time), and a SIGTERM to the build left its workers waiting
+    forever. The first failure ends the build and its workers."""
+    code = ("import dataclasses, build_kernels\n"
+            "from runtime.contract import all_variants\n"
+            "bogus = dataclasses.replace(all_variants('sm_90a')[0], name='no_such_variant')\n"
+            "build_kernels.compile_all({'sm_90a': [bogus, *all_variants('sm_90a')], "
+            "'sm_100a': all_variants('sm_100a')}, 2)\n")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          check=False)
+    took = time.perf_counter() - start
+    assert proc.returncode != 0 and "LookupError: probe has no variant 'no_such_variant'" in proc.stderr, proc.stderr
+    assert took < 45, f"{took:.0f} s: the build went on compiling (every variant takes over a minute on two workers)"
+
+
+def test_arch_given_twice_builds_both(tmp_path, monkeypatch):
+    """--arch sm_90a --arch sm_100a kept the last one only: sm_90a dropped without a word (and a --check of it passed
+    without looking)."""
+    import build_kernels
+
+    asked = []
+
+    def stop(variants_by_arch, jobs):
+        asked.append(list(variants_by_arch))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(build_kernels, "compile_all", stop)
+    with pytest.raises(SystemExit):
+        build_kernels.main(["--arch", "sm_90a", "--arch", "sm_100a", "sm_90a", "--only", "probe", "--out",
+                            str(tmp_path)])
+    assert asked == [["sm_90a", "sm_100a"]]
+
+
+def test_failed_check_names_the_checked_cache_in_its_fix(tmp_path, monkeypatch, capsys):
+    """The fix a failed --check printed left --out out: run as said, it rebuilt this checkout's cache, not the one
+    checked, and the check kept failing."""
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: {})
+    monkeypatch.setattr(build_kernels, "write_cache", lambda *args, **kwargs: None)
+    monkeypatch.setattr(build_kernels, "check_against", lambda *args: ["a difference"])
+    assert build_kernels.main(["--check", "--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path)]) == 1
+    assert f"run: python build_kernels.py --arch sm_90a --out {tmp_path}" in capsys.readouterr().out
