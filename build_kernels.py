@@ -518,9 +518,9 @@ def main(argv=None) -> int:
         parser.error(f"--jobs: {args.jobs} must be at least 1")
     families = tuple(args.only or FAMILIES)
     variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
-    for arch in args.arch:
+    for arch in args.arch if args.only else ():
         unbuilt = [f for f in dict.fromkeys(families) if not all_variants(arch, (f,))]
-        if args.only and unbuilt:  # it would compile nothing of them and still rewrite the manifest (or pass a check)
+        if unbuilt:  # it would compile nothing of them and still rewrite the manifest (or pass a check)
             parser.error(f"--only {' '.join(unbuilt)}: the contract has no variant of it for {arch}; name the archs "
                          f"it has (--arch), or drop that --only")
     if args.check:

@@ -926,9 +926,9 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
     sets ``SPARSE_DECODE_AOT_CHECK_METADATA`` for ``plan_decode_rows`` and ``finish_decode_rows`` to. A
     ``metadata.schedule`` must equal the scorer's schedule of ``seq_lens``' values (rebuilt here to compare)."""
     _check_state(state)
-    _check_metadata_type(metadata)
-    if metadata is None:
-        raise TypeError("metadata: expected a runtime.indexer.DecodeMetadata, got None; pass the step's metadata")
+    if not isinstance(metadata, DecodeMetadata):  # None included: there is no stock path to run here
+        raise TypeError(f"metadata: expected a runtime.indexer.DecodeMetadata, got {type(metadata).__name__}; pass "
+                        f"the step's metadata")
     _check_metadata_ranges(state, metadata)
     _check_schedule_current(state, metadata.schedule, metadata.seq_lens, "metadata.schedule",
                             "build it with the scorer's schedule(metadata.seq_lens) after seq_lens are written, "
