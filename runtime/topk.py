@@ -229,11 +229,11 @@ def _shape_supported(logits, k: int) -> bool:
 def _layout_refusal(logits: torch.Tensor, rows: int) -> str | None:
     """Why the kernel cannot read ``rows`` rows of these logits (words for the slow-path warning), or None."""
     es = logits.element_size()
-    # One row is read from its start alone (row 0's offset is 0 whatever the stride): its stride's alignment does not
-    # matter. It still goes to the kernel as an int32 parameter, so it must fit one (below) however many rows.
+    # One row is read from its start alone (row 0's offset is 0 whatever the stride): its stride is neither checked
+    # nor passed (_row_strides).
     if logits.data_ptr() % _ALIGN or (rows > 1 and (logits.stride(0) * es) % _ALIGN):
         return f"the logits' start or row stride is not a multiple of {_ALIGN} bytes"
-    if logits.stride(0) > INT32_MAX:
+    if rows > 1 and logits.stride(0) > INT32_MAX:
         return "the logits' row stride is past int32"
     width = logits.shape[1]
     if (width * es) % _ALIGN:
@@ -347,7 +347,8 @@ def _select(logits, row_ends, out, k: int, block_mode: bool, pdl: bool, chosen) 
     """decode_topk of checked arguments: one launch of ``chosen`` (kernel, cluster), or the exact reference where
     it is None or out's row offsets pass int32."""
     rows, width = logits.shape
-    if chosen is None or (rows - 1) * out.stride(0) + k > INT32_MAX:
+    logits_stride, out_stride = _row_strides(logits, out)
+    if chosen is None or (rows - 1) * out_stride + k > INT32_MAX:
         if logits.is_cuda and width > 0 and _plan_for(logits.device, _DTYPES[logits.dtype], block_mode) is not None:
             # The cache serves this device (a refusal was said by cache_or_fallback): the layout sent the call here.
             _warn_slow_path(_layout_refusal(logits, rows) or "out's row offsets are past int32")
@@ -357,7 +358,15 @@ def _select(logits, row_ends, out, k: int, block_mode: bool, pdl: bool, chosen) 
     if not pdl:
         kernel = kernel.in_stream_order()
     launch_on(logits.device, kernel, rows * cluster, logits.data_ptr(), row_ends.data_ptr(), out.data_ptr(), width,
-              logits.stride(0), out.stride(0), k)
+              logits_stride, out_stride, k)
+
+
+def _row_strides(logits: torch.Tensor, out: torch.Tensor) -> tuple[int, int]:
+    """The row strides the kernel takes (int32 parameters that only offset rows past the first): a single row's
+    are never used, so they go as 0 and a row sliced from a tensor whose stride passes int32 still runs."""
+    if logits.shape[0] == 1:
+        return 0, 0
+    return logits.stride(0), out.stride(0)
 
 
 def decode_topk_plan(logits: torch.Tensor, rows: int, k: int, block_mode: bool):

@@ -581,7 +581,13 @@ def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeyp
         topk.decode_topk(logits, ends, torch.empty_strided((2, 512), (1 << 31, 1), dtype=torch.int32, device="meta"))
     assert not launched
     topk.decode_topk(logits, ends, torch.empty(2, 512, dtype=torch.int32, device="meta"))
-    assert len(launched) == 1
+    assert len(launched) == 1 and launched[0][-3:] == (1024, 512, 512)
+    # One row: its strides offset nothing, so a row of a tensor whose strides pass int32 runs, given 0 for both.
+    launched.clear()
+    one_wide = torch.empty_strided((1, 1024), (1 << 31, 1), device="meta").as_subclass(_CudaLooking)
+    assert topk.supports_decode_topk(one_wide, 1, 512, False)
+    topk.decode_topk(one_wide, ends[:1], torch.empty_strided((1, 512), (1 << 31, 1), dtype=torch.int32, device="meta"))
+    assert len(launched) == 1 and launched[0][-4:] == (1024, 0, 0, 512)
 
 
 # Review addition: NaNs of either sign and any payload, and +inf. CUDA's canonical NaN is 0x7FFFFFFF and a negated
