@@ -461,6 +461,7 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     if state.candidate_blocks is not None:
         check_in_storage("candidate_blocks", state.candidate_blocks)
     _check_buffers_unchanged(state)
+    _check_buffers_writable_here(state)
     if own_schedule:
         # Before the reset: a schedule the scorer refuses (too many rows for DeepGEMM's) leaves the buffers as
         # they were.
@@ -523,6 +524,20 @@ def _check_buffers_unchanged(state: IndexerState) -> None:
                              f"{tuple(is_[1])} with strides {is_[2]}; it was {was[0]:#x}, {tuple(was[1])}, {was[2]}), "
                              f"past the checks the state made of it; build another state for it "
                              f"(dataclasses.replace(state, {name}=...))")
+
+
+def _check_buffers_writable_here(state: IndexerState) -> None:
+    """Buffers made under torch.inference_mode() take no in-place write outside it: refused before the step writes
+    any (torch would raise at the first write, which for the candidate buffer comes after the scoring and the
+    selection, with the top-k rows half written)."""
+    if torch.is_inference_mode_enabled():
+        return
+    for name in ("topk_indices", "candidate_blocks"):
+        buf = getattr(state, name)
+        if buf is not None and buf.is_inference():
+            raise ValueError(f"{name}: made under torch.inference_mode(), which refuses writes to it outside that "
+                             f"mode; step the indexer inside torch.inference_mode() too, or allocate the buffer "
+                             f"outside it")
 
 
 def _buffers_of(state: IndexerState) -> tuple:
@@ -607,6 +622,7 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
                          f"left them to the stock path): an earlier plan, or one made "
                          f"on another state; pass the latest plan_decode_rows result of this state")
     _check_metadata_unchanged(plan)
+    _check_buffers_writable_here(state)
     _check_schedule_for_sms_now(state, plan)
     if plan.shard is not None:
         _check_gathers(tp, all_gather, state.topk_indices.device)

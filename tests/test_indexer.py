@@ -2126,3 +2126,28 @@ def test_a_refused_cache_is_said_when_the_state_is_built(monkeypatch):
                      index_k_cache=a["index_k_cache"], max_model_len=a["max_model_len"], scorer=TorchScorer())
     assert len(said) == 1 and said[0].filename == __file__, said[0].filename
     assert topk._plans == {(0, "f32", False): None}  # memoized: the selections take the reference
+
+
+@pytest.mark.parametrize("which", ["topk_indices", "candidate_blocks"])
+def test_buffers_made_in_inference_mode_are_refused_outside_it_before_any_write(which):
+    """A buffer made under torch.inference_mode() takes no in-place write outside it: the plan (and the finish of a
+    plan made inside the mode) refuses it by name before writing anything; inside the mode the step runs."""
+    step = make_step(20, k=16, candidates=12, max_rows=24)
+    state = make_state(step, scorer=TorchScorer())
+    with torch.inference_mode():
+        made_there = getattr(state, which).clone()
+    state = dataclasses.replace(state, **{which: made_there})
+    before = (state.topk_indices.clone(), state.candidate_blocks.clone())
+    with pytest.raises(ValueError, match=f"{which}: made under torch.inference_mode"):
+        decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    with pytest.raises(ValueError, match=f"{which}: made under torch.inference_mode"):
+        plan_decode_rows(state, step.metadata, SingleRank())
+    with torch.inference_mode():
+        plan = plan_decode_rows(state, step.metadata, SingleRank())
+    with pytest.raises(ValueError, match=f"{which}: made under torch.inference_mode"):
+        finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert torch.equal(state.topk_indices[20:], before[0][20:]) and torch.equal(state.candidate_blocks, before[1])
+    with torch.inference_mode():
+        decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    assert torch.equal(state.topk_indices[:20], _expected(step))
+    assert torch.equal(state.candidate_blocks[:20], _expected(step, block_mode=True))
