@@ -280,6 +280,9 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
                             for arch in variants_by_arch}
         kept_by_arch = {arch: [] if whole else _checked_kept_entries(out, arch, previous_by_arch[arch], families)
                         for arch in variants_by_arch}
+        for arch, kept in kept_by_arch.items():
+            if kept:
+                _refuse_kept_entries_of_another_toolchain(out, arch, previous_by_arch[arch], tools)
         for arch, variants in variants_by_arch.items():
             entries = entries_by_arch[arch]
             _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)]) for v, entry in zip(variants, entries)])
@@ -377,6 +380,22 @@ def _checked_kept_entries(out: Path, arch: str, previous: dict | None, families)
                          f"but the runtime would refuse them: {e}; build every family (no --only), which rebuilds "
                          f"them") from None
     return kept
+
+
+def _refuse_kept_entries_of_another_toolchain(out: Path, arch: str, previous: dict, tools: dict) -> None:
+    """A manifest records one toolchain for all its cubins: --only over entries another toolchain compiled (another
+    CuTe DSL, CUDA compiler or Python) stamped them with this build's, so the cache said it was built by what
+    built only part of it. Measurement switches are not compared (they are kept: _toolchain_with_kept_switches)."""
+    def compilers(toolchain) -> dict:
+        return {k: v for k, v in (toolchain if isinstance(toolchain, dict) else {}).items() if k != "build_switches"}
+
+    was, now = compilers(previous.get("toolchain")), compilers(tools)
+    if was != now:
+        fields = ", ".join(f"{k} {was.get(k)!r} -> {now.get(k)!r}" for k in sorted(was.keys() | now.keys())
+                           if was.get(k) != now.get(k))
+        raise SystemExit(f"{manifest_path(out, arch)}: --only keeps the other families' entries from this manifest, "
+                         f"which another toolchain compiled ({fields}), and a manifest records one toolchain for "
+                         f"all its cubins; build every family (no --only), or build with the toolchain it records")
 
 
 def _toolchain_with_kept_switches(tools: dict, previous: dict | None) -> dict:

@@ -361,6 +361,12 @@ def _copy_an_empty_kernel(cache) -> dict:
     return empty
 
 
+def _the_committed_toolchain() -> dict:
+    """The committed manifest's toolchain, as a stubbed ``toolchain_info`` for a partial build that keeps entries
+    (it refuses to keep entries of another toolchain)."""
+    return json.loads(manifest_path(REPO, "sm_90a").read_text())["toolchain"]
+
+
 def test_a_build_keeps_a_cubin_named_by_a_path_the_runtime_reads_alike(tmp_path, monkeypatch):
     """A kept entry (another family, --only) may name its cubin "cubins/sm_90a/./x.cubin", which the runtime reads as
     "cubins/sm_90a/x.cubin": the build's clean-up compares normalised paths, so it keeps that file."""
@@ -368,7 +374,7 @@ def test_a_build_keeps_a_cubin_named_by_a_path_the_runtime_reads_alike(tmp_path,
 
     import build_kernels
 
-    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    monkeypatch.setattr(build_kernels, "toolchain_info", _the_committed_toolchain)
     cache = copy_probe_cache(tmp_path)
     empty = _copy_an_empty_kernel(cache)
     path = manifest_path(cache, "sm_90a")
@@ -599,7 +605,7 @@ def test_a_partial_build_refuses_kept_entries_the_runtime_would_refuse(tmp_path,
 
     import build_kernels
 
-    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    monkeypatch.setattr(build_kernels, "toolchain_info", _the_committed_toolchain)
     cache = copy_probe_cache(tmp_path)
     empty = _copy_an_empty_kernel(cache)
     edit_manifest(cache, "sm_90a", lambda d: d["kernels"].append(dict(empty, smem_bytes=empty["smem_bytes"] + 16)))
@@ -626,7 +632,7 @@ def test_a_partial_build_over_a_measurement_build_keeps_its_switches(tmp_path, m
 
     import build_kernels
 
-    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    monkeypatch.setattr(build_kernels, "toolchain_info", _the_committed_toolchain)
     monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")  # the kept entries are read as a load would
     cache = copy_probe_cache(tmp_path)
     empty = _copy_an_empty_kernel(cache)
@@ -639,7 +645,34 @@ def test_a_partial_build_over_a_measurement_build_keeps_its_switches(tmp_path, m
     variants, cubins = _probe_cubins(cache)
     build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
     toolchain = json.loads(manifest_path(cache, "sm_90a").read_text())["toolchain"]
-    assert toolchain == {"python": "3", "build_switches": {"DECODE_TOPK_EXPERIMENT": "timeline"}}
+    assert toolchain == {**_the_committed_toolchain(), "build_switches": {"DECODE_TOPK_EXPERIMENT": "timeline"}}
+
+
+def test_a_partial_build_refuses_kept_entries_of_another_toolchain(tmp_path, monkeypatch):
+    """A manifest records one toolchain for all its cubins: --only over entries another toolchain compiled stamped
+    them with this build's. It is refused before anything is written, naming what differs; a build that keeps
+    nothing (here: of the probes alone) is a whole cache of this toolchain and goes on."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    newer = {**_the_committed_toolchain(), "nvidia-cutlass-dsl": "99.0"}
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: newer)
+    cache = copy_probe_cache(tmp_path)
+    variants, cubins = _probe_cubins(cache)
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))  # keeps nothing
+    assert json.loads(manifest_path(cache, "sm_90a").read_text())["toolchain"] == newer
+    empty = _copy_an_empty_kernel(cache)
+    edit_manifest(cache, "sm_90a", lambda d: (d["kernels"].append(empty),
+                                              d.update(toolchain=_the_committed_toolchain())))
+    manifest_before = manifest_path(cache, "sm_90a").read_bytes()
+    with pytest.raises(SystemExit, match=r"--only keeps .*another toolchain compiled \(nvidia-cutlass-dsl "
+                                         r"'4[^']*' -> '99.0'\).*build every family"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert manifest_path(cache, "sm_90a").read_bytes() == manifest_before
+    monkeypatch.setattr(build_kernels, "toolchain_info", _the_committed_toolchain)
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert empty["name"] in check_cache(cache, "sm_90a").kernels
 
 
 def test_sources_edited_during_the_build_stop_it(tmp_path, monkeypatch):
