@@ -454,17 +454,12 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
         root = resolved_root(root)  # a refused root (a relative $SPARSE_DECODE_AOT_CACHE) is bound as any refusal
         key = (str(root), device)
         tick("torch_device_and_root")
-        with _caches_lock:
-            if key not in _caches:
-                _caches[key] = _load(root, device, tick)
-                if clock is not None:
-                    import json
-                    import sys
-
-                    profile = clock.report(len(_caches[key].names()))
-                    _caches[key].load_profile = profile
-                    print(f"runtime.load profile: {json.dumps(profile)}", file=sys.stderr)
-            cache = _caches[key]
+        # An already-loaded cache is answered without the lock, which a load of another root may hold for as long
+        # as it waits on that root's build lock (build_settled): a dict read is atomic, and an entry is added only
+        # complete, under the lock.
+        cache = _caches.get(key)
+        if cache is None:
+            cache = _load_once(key, root, device, clock, tick)
     except CacheError as e:
         if ops_root:  # outside _caches_lock: cache_or_fallback takes the two locks in the other order
             _bind_a_start_up_load(device, e)
@@ -472,6 +467,22 @@ def load(root: str | Path | None = None, device: int | None = None) -> KernelCac
     if ops_root:
         _bind_a_start_up_load(device, cache)
     return cache
+
+
+def _load_once(key: tuple, root: Path, device: int, clock, tick) -> KernelCache:
+    """``_caches[key]``, loaded under the lock where no other thread has loaded it yet."""
+    with _caches_lock:
+        if key not in _caches:
+            cache = _load(root, device, tick)
+            if clock is not None:
+                import json
+                import sys
+
+                profile = clock.report(len(cache.names()))
+                cache.load_profile = profile
+                print(f"runtime.load profile: {json.dumps(profile)}", file=sys.stderr)
+            _caches[key] = cache
+        return _caches[key]
 
 
 def is_loaded(device: int, root: str | Path | None = None) -> bool:

@@ -155,6 +155,22 @@ def test_load_passes_and_builds_one_launch_config_per_kernel(cache, stand_in):
     assert drv.param_queries and all(index < count for _, index, count in drv.param_queries)
 
 
+def test_a_loaded_cache_is_answered_while_another_load_holds_the_lock(cache, stand_in):
+    """A load of another root holds the loader's lock while it waits (up to 30 s) on that root's build lock: a load()
+    of a cache loaded already waited behind it. It is answered without the lock."""
+    import threading
+
+    stand_in()
+    loaded = loader.load(cache)
+    answers = []
+    with loader._caches_lock:  # another root's load, waiting on its build
+        t = threading.Thread(target=lambda: answers.append(loader.load(cache)), daemon=True)
+        t.start()
+        t.join(timeout=10)
+        assert not t.is_alive(), "load() of a loaded cache waited for the lock"
+    assert answers == [loaded]
+
+
 def test_in_stream_order_drops_only_the_pdl_attribute(cache, stand_in):
     stand_in()
     kernel = loader.load(cache).kernel("probe_cluster8")
