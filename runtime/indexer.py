@@ -286,9 +286,10 @@ def _device_types_served(backend: str) -> set | None:
     return {"nccl": {"cuda"}, "gloo": {"cpu", "cuda"}}.get(backend)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeRowsPlan:
-    """The rows this rank scores in ``finish_decode_rows``, and their schedule."""
+    """The rows this rank scores in ``finish_decode_rows``, and their schedule (fixed: the finish writes the rows it
+    names, and checks them against the metadata and group it is given: ``_check_plan_slice``)."""
 
     metadata: DecodeMetadata
     max_seq_len: int
@@ -433,17 +434,12 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     rank, world_size = _rank_and_world(tp)
     _check_metadata_apart(state, metadata)
 
-    shard = row_shard_rows(num_rows, metadata.num_requests, world_size)
-    if shard is not None and any(
-        buf is not None and buf.shape[0] < world_size * shard
-        for buf in (state.topk_indices, state.candidate_blocks)
-    ):
-        shard = None  # the slices' rows past the step's do not fit the buffers
-    bounds = None if shard is None else row_shard_bounds(num_rows, metadata.num_requests, world_size, rank)
-    start, end = bounds or (0, num_rows)
+    shard, start, end = _slice_of(state, num_rows, metadata.num_requests, rank, world_size)
     if shard is not None:
         _check_tp_gather(tp, state.topk_indices.device)  # the finish gathers through it: refused before the reset
-    schedule = metadata.schedule
+    # A rank with an empty slice scores nothing: it keeps no schedule, which the finish would check (against the
+    # scorer's SM count) on that rank alone while the others wait in the all-gather.
+    schedule = metadata.schedule if end > start else None
     # The caller's schedule spans all of seq_lens (which may hold more rows than the
     # step's): reuse it only where the slice is exactly those rows.
     own_schedule = end > start and (end - start < metadata.seq_lens.shape[0] or schedule is None)
@@ -474,6 +470,30 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     seq_lens_at_plan = metadata.seq_lens.clone() if CHECK_METADATA_VALUES and not by_decode_rows else None
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
                           world_size, state.topk_indices.shape[0], buffers, state._plans, view, seq_lens_at_plan)
+
+
+def _slice_of(state: IndexerState, num_rows: int, num_requests: int, rank: int, world_size: int) -> tuple:
+    """(shard, start, end): this rank's rows of the step, sharded where ``row_shard_rows`` says so and the buffers
+    hold every slice, else all of them (shard None)."""
+    shard = row_shard_rows(num_rows, num_requests, world_size)
+    if shard is not None and any(
+        buf is not None and buf.shape[0] < world_size * shard
+        for buf in (state.topk_indices, state.candidate_blocks)
+    ):
+        shard = None  # the slices' rows past the step's do not fit the buffers
+    bounds = None if shard is None else row_shard_bounds(num_rows, num_requests, world_size, rank)
+    return (shard, *(bounds or (0, num_rows)))
+
+
+def _check_plan_slice(state: IndexerState, plan: DecodeRowsPlan, rank: int, world_size: int) -> None:
+    """The finish scores and writes the plan's rows: a plan whose rows were replaced since (dataclasses.replace keeps
+    its serial) would write rows the plan did not reset, past the step's, or gather slices of another size."""
+    md = plan.metadata
+    expected = (md.num_tokens, *_slice_of(state, md.num_tokens, md.num_requests, rank, world_size))
+    if (plan.num_rows, plan.shard, plan.start, plan.end) != expected:
+        raise ValueError(f"plan: its rows (num_rows, shard, start, end) = "
+                         f"{(plan.num_rows, plan.shard, plan.start, plan.end)} are not what plan_decode_rows gives "
+                         f"for its metadata and this group, {expected}; pass the plan_decode_rows result itself")
 
 
 def _no_plan(state: IndexerState) -> None:
@@ -622,6 +642,7 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
                          f"left them to the stock path): an earlier plan, or one made "
                          f"on another state; pass the latest plan_decode_rows result of this state")
     _check_metadata_unchanged(plan)
+    _check_plan_slice(state, plan, rank, world_size)
     _check_buffers_writable_here(state)
     _check_schedule_for_sms_now(state, plan)
     if plan.shard is not None:
@@ -735,10 +756,21 @@ def _decode_rows(state: IndexerState, q: torch.Tensor, weights: torch.Tensor, pl
         _rows(q, start, end), _rows(weights, start, end), state.index_k_cache, seq_lens,
         _rows(md.block_table, start, end), plan.schedule, state.max_model_len, checked=True,
     )  # finish_decode_rows checked the whole step's rows; the plan built or checked the schedule
+    _check_logits_shape(state, logits, end - start)
     select = _selector(state, logits)
     if state.candidate_blocks is not None:
         select(logits, seq_lens, _rows(state.candidate_blocks, start, end), True)
     select(logits, seq_lens, _rows(_topk_columns(state), start, end), False)
+
+
+def _check_logits_shape(state: IndexerState, logits, rows: int) -> None:
+    """A scorer's logits are ``[rows, max_model_len]`` (runtime.scoring.Scorer): narrower ones would lose the
+    columns past their width from every selection without a word, and another row count failed in torch's copy."""
+    shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else None
+    if shape != (rows, state.max_model_len):
+        got = f"shape {shape}" if shape is not None else type(logits).__name__
+        raise ValueError(f"scorer: {type(state.scorer).__name__}.logits returned {got} for {rows} rows, expected "
+                         f"[{rows}, {state.max_model_len}] (rows, max_model_len); implement runtime.scoring.Scorer")
 
 
 def _rows(t: torch.Tensor, start: int, end: int) -> torch.Tensor:

@@ -2151,3 +2151,82 @@ def test_buffers_made_in_inference_mode_are_refused_outside_it_before_any_write(
         decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
     assert torch.equal(state.topk_indices[:20], _expected(step))
     assert torch.equal(state.candidate_blocks[:20], _expected(step, block_mode=True))
+
+
+class _ScorerOfSms(TorchScorer):
+    """Torch logits behind DeepGemmScorer's SM-count rules: a schedule of num_sms + 1 rows, which check_schedule and
+    the finish compare with the scorer's SM count now."""
+
+    def __init__(self, num_sms):
+        self.num_sms = num_sms
+
+    def schedule(self, seq_lens):
+        return torch.zeros(self.num_sms + 1, 2, dtype=torch.int32)
+
+    def check_schedule(self, schedule, device, name="schedule"):
+        if not isinstance(schedule, torch.Tensor) or schedule.shape != (self.num_sms + 1, 2):
+            raise ValueError(f"{name}: expected [{self.num_sms + 1}, 2]")
+
+
+def test_an_empty_slice_rank_keeps_no_schedule_to_refuse():
+    """Ranks with rows schedule their own slice and ignore the caller's schedule; the rank with an empty slice kept it,
+    and its finish alone refused it (built for another SM count): the others waited in the all-gather. It keeps none
+    now, so every rank gathers and the rows equal a replicated run's."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=192, k=16, max_rows=64)
+    md = step.metadata
+    md.schedule = torch.zeros(5, 2, dtype=torch.int32)  # the caller's, for 4 SMs; the scorer now launches 8
+    scorer = _ScorerOfSms(num_sms=8)
+    world = 4
+    assert row_shard_bounds(18, md.num_requests, world, world - 1) == (18, 18)
+    group = Loopback(world)
+    for second in (False, True):  # the first pass fills the group's store, the second gathers every slice
+        for rank in range(world):
+            state = make_state(step, scorer=scorer)
+            plan = plan_decode_rows(state, md, group.for_rank(rank))
+            assert (plan.schedule is None) == (rank == world - 1)
+            finish_decode_rows(state, step.q, step.weights, plan, group.for_rank(rank))
+            if second:
+                assert torch.equal(state.topk_indices[:18], _expected(step)), rank
+    group.check_sharded(md, gathers=1)
+
+
+@pytest.mark.parametrize("rows", [{"end": 12}, {"start": 2}, {"shard": 4}, {"num_rows": 12}])
+def test_finish_refuses_a_plan_whose_rows_were_replaced(rows):
+    """The finish writes the plan's rows: a plan whose rows were replaced (dataclasses.replace keeps its serial) wrote
+    rows past the step's that no plan reset. Refused before anything is scored; the plan's fields are fixed."""
+    full = make_step(12, k=16, max_rows=16)
+    md = DecodeMetadata(full.metadata.seq_lens, full.metadata.block_table, num_requests=8, num_tokens=8,
+                        max_seq_len=int(full.metadata.seq_lens[:8].max()))
+    state = make_state(full, scorer=TorchScorer())
+    plan = plan_decode_rows(state, md, SingleRank())
+    assert (plan.num_rows, plan.shard, plan.start, plan.end) == (8, None, 0, 8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.end = 12
+    state.topk_indices.fill_(7)
+    with pytest.raises(ValueError, match=r"^plan: its rows \(num_rows, shard, start, end\) = .* are not what "
+                                         r"plan_decode_rows gives .*\(8, None, 0, 8\); pass the plan_decode_rows"):
+        finish_decode_rows(state, full.q, full.weights, dataclasses.replace(plan, **rows), SingleRank())
+    assert (state.topk_indices == 7).all()
+    finish_decode_rows(state, full.q, full.weights, plan, SingleRank())
+    assert torch.equal(state.topk_indices[:8], _expected(full)[:8]) and (state.topk_indices[8:] == 7).all()
+
+
+class _NarrowScorer(TorchScorer):
+    def logits(self, *args, **kwargs):  # sized by 64 columns, not max_model_len
+        return super().logits(*args, **kwargs)[:, :64]
+
+
+class _FirstRowScorer(TorchScorer):
+    def logits(self, *args, **kwargs):  # the slice's first row only
+        return super().logits(*args, **kwargs)[:1]
+
+
+@pytest.mark.parametrize("scorer", [_NarrowScorer, _FirstRowScorer])
+def test_logits_of_another_shape_than_the_scorer_promises_are_refused(scorer):
+    """A scorer's logits are [rows, max_model_len]: narrower ones lost every column past their width from the
+    selection without a word, and fewer rows failed in torch's copy with a message naming nothing."""
+    step = make_step(8, heads=8, head_dim=32, max_model_len=192, k=16, candidates=12)
+    state = make_state(step, scorer=scorer())
+    with pytest.raises(ValueError, match=rf"^scorer: {scorer.__name__}\.logits returned shape \(\d+, \d+\) for 8 "
+                                         r"rows, expected \[8, 192\]"):
+        decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
