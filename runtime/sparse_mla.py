@@ -42,6 +42,12 @@ _FLOAT32_MAX = 3.4028234663852886e38  # the kernel takes the scales as float32
 _MAX_QK = torch.finfo(FP8).max ** 2 * HEAD_DIM
 _BMM1_SCALE_MAX = 1e30
 assert _MAX_QK * _BMM1_SCALE_MAX * math.log2(math.e) < 0.5 * -contract.NEG_BIG
+# bmm2_scale multiplies the kernel's softmax weights before they are normalised: by 1 / (256 L) with L floored at
+# 1e-30 (a token with no active column, whose O is 0: a factor past FLT_MAX makes 0 * inf = NaN where the reference
+# writes zeros) and by a chunk's sum l_j <= 128 at width 640. 1e10 keeps both within float32 (3.9e37, 1.3e12);
+# real scales are near 1.
+_BMM2_SCALE_MAX = 1e10
+assert _BMM2_SCALE_MAX / 256 / 1e-30 < _FLOAT32_MAX
 
 
 def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
@@ -53,7 +59,12 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     require_dense(name, t)
     if t.dtype != dtype:
         # out receives the result: a converted copy of it would not
-        fix = f"allocate it with dtype={dtype} (or pass out=None)" if name == "out" else f"pass {name}.to({dtype})"
+        if name == "out":
+            fix = f"allocate it with dtype={dtype} (or pass out=None)"
+        elif dtype == FP8 and t.dtype in (torch.uint8, torch.int8):  # FP8 bytes kept as integers: .to() would
+            fix = f"pass {name}.view({dtype}) where its bytes are E4M3 values"  # convert each byte's number
+        else:
+            fix = f"pass {name}.to({dtype})"
         raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}; {fix}")
     shape = t.shape
     if len(shape) != ndim:
@@ -85,7 +96,8 @@ def _check_scale(name, v, limit=_FLOAT32_MAX, why="finite as a float32"):
 
 def _check_scales(bmm1_scale, bmm2_scale):
     _check_scale("bmm1_scale", bmm1_scale, _BMM1_SCALE_MAX, "small enough that every score stays finite in the kernel")
-    _check_scale("bmm2_scale", bmm2_scale)
+    _check_scale("bmm2_scale", bmm2_scale, _BMM2_SCALE_MAX, "small enough that the kernel's weights stay finite; "
+                 "scale the output instead for more")
 
 
 def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2_scale, out):
@@ -188,7 +200,8 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     its head's output undefined: the kernel's max drops it and gives finite values up to ~1e31, and
     zeros on some tokens, on the H200; the reference NaN). Every tensor contiguous, on one device,
     16-byte aligned (indices, lens, sinks: 4). ``|bmm1_scale| <= 1e30`` (every score then stays
-    finite in the kernel's base 2), ``bmm2_scale`` finite as a float32.
+    finite in the kernel's base 2), ``|bmm2_scale| <= 1e10`` (the kernel scales its weights by it before they
+    are normalised).
 
     ``pdl``: launch with programmatic dependent launch (the kernel reads the sinks and sets up its
     barriers while the previous kernel finishes; the next may be scheduled once the scores are

@@ -252,6 +252,9 @@ def test_host_op_rejects_bad_arguments(name, mutate, exc):
 FIXES = [
     # (argument, mutation of the valid value, the fix the refusal names)
     ("q", lambda v: v.float(), r"; pass q\.to\(torch\.float8_e4m3fn\)"),
+    # FP8 bytes kept as integers (as many engines store the cache): .to() would convert each byte's number
+    ("swa_kv", lambda v: v.view(torch.uint8), r"; pass swa_kv\.view\(torch\.float8_e4m3fn\) where its bytes are E4M3"),
+    ("q", lambda v: v.view(torch.int8), r"; pass q\.view\(torch\.float8_e4m3fn\) where its bytes are E4M3"),
     ("q", lambda v: torch.zeros(v.shape[0], H, 576).to(FP8), r"; pass 16 heads of the 512 latent dims"),
     ("out", lambda v: v.float(), r"; allocate it with dtype=torch\.bfloat16 \(or pass out=None\)"),
     ("indices", lambda v: v.t().contiguous().t(), r"; pass indices\.contiguous\(\)"),
@@ -504,9 +507,20 @@ def test_bmm1_scale_bound_keeps_the_kernels_base2_scores_finite():
             _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v, b=too_big: b)
     for fine in (bound, -bound, 0.04):
         _call_with(sparse_mla.sparse_mla_decode, "bmm1_scale", lambda v, b=fine: b)  # checks pass (CPU: reference)
-    _call_with(sparse_mla.sparse_mla_decode, "bmm2_scale", lambda v: 3e38)  # bmm2_scale is not multiplied by log2(e)
-    with pytest.raises(ValueError, match=r"\bbmm2_scale must be finite as a float32"):
-        _call_with(sparse_mla.sparse_mla_decode, "bmm2_scale", lambda v: 3.5e38)
+    # bmm2_scale multiplies the weights before they are normalised: by 1 / (256 * 1e-30) for a token with no active
+    # column at width 128 (its O is 0: an overflow gives 0 * inf = NaN where the reference writes zeros), by a
+    # chunk's sum of up to 128 at width 640. Both stay finite in float32 at the bound, not at 1e11 or 3e38.
+    bound2 = sparse_mla._BMM2_SCALE_MAX
+    with np.errstate(over="ignore"):
+        assert np.isfinite(np.float32(bound2) * np.float32(1 / 256) * (np.float32(1) / np.float32(1e-30)))
+        assert not np.isfinite(np.float32(1e11) * np.float32(1 / 256) * (np.float32(1) / np.float32(1e-30)))
+        assert not np.isfinite(np.float32(3e38) * np.float32(128))
+    for too_big in (3e38, 1e11, 1.01 * bound2, -1.01 * bound2):
+        with pytest.raises(ValueError, match=r"^bmm2_scale must be small enough that the kernel's weights stay "
+                                             r"finite; scale the output instead .*<= 1e\+10"):
+            _call_with(sparse_mla.sparse_mla_decode, "bmm2_scale", lambda v, b=too_big: b)
+    for fine in (bound2, -bound2, 1.0):
+        _call_with(sparse_mla.sparse_mla_decode, "bmm2_scale", lambda v, b=fine: b)  # checks pass (CPU: reference)
 
 
 @pytest.mark.parametrize("flag", ["False", 0, 1], ids=repr)
