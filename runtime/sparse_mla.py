@@ -112,7 +112,8 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
         if cols != HEAD_DIM:
             raise ValueError(f"{name} must be [rows, {HEAD_DIM}], got {tuple(pool.shape)}")
         if rows >= 2 ** 31:
-            raise ValueError(f"{name} has {rows} rows; int32 indices address at most 2^31 - 1")
+            raise ValueError(f"{name} has {rows} rows; the kernel takes a pool's row count as int32 (at most 2^31 - 1, "
+                             f"as many as int32 indices address); pass a view of the rows the indices can reach")
     tokens, width = _check_tensor("indices", indices, torch.int32, 2, device, 4)
     if tokens != T:
         raise ValueError(f"indices must be [T = {T}, width], got {tuple(indices.shape)}")

@@ -79,7 +79,8 @@ def test_pool_of_2_31_rows():
     q, _, idx, lens = _mla()
     meta = {"device": "meta"}
     big = torch.empty(2 ** 31, 512, dtype=FP8, **meta)
-    with pytest.raises(ValueError, match="swa_kv has 2147483648 rows"):
+    with pytest.raises(ValueError, match=r"swa_kv has 2147483648 rows; the kernel takes a pool's row count as int32 .*"
+                                         r"pass a view of the rows"):
         sparse_mla_decode(q.to("meta"), big, torch.empty(1, 512, dtype=FP8, **meta), idx.to("meta"),
                           lens.to("meta"), bmm1_scale=1.0, bmm2_scale=1.0)
 
