@@ -194,6 +194,9 @@ def indexer_logits_reference(
 # ---------------------------------------------------------------------------
 
 DECODE_TOPK_BLOCK = 8  # columns per candidate block in block mode
+# decode_topk_reference ranks (key, index) as one int64: 32 key bits over 31 index bits (2**63 - 1 at most).
+_INDEX_BITS = 31
+_INDEX_MASK = (1 << _INDEX_BITS) - 1
 
 
 def decode_topk_keys(logits: torch.Tensor) -> torch.Tensor:
@@ -224,13 +227,14 @@ def decode_topk_reference(logits: torch.Tensor, row_ends: torch.Tensor, k: int, 
     block mode blocks ``b`` with ``8b < that end``, each scored by the max of its columns
     before the end. NaN counts as -inf; ties go to the lower index; a row with fewer than
     ``k`` candidates gets all of them, then -1. Exact for any ties: ranks one int64
-    ``(key << 21) | (2**21 - 1 - index)`` per candidate (indices < 2**21).
+    ``(key << 31) | (2**31 - 1 - index)`` per candidate (keys < 2**32, indices < 2**31: it takes rows wider than
+    the kernels' ``runtime.topk.MAX_WIDTH``).
     """
     if logits.dim() != 2:
         raise ValueError(f"logits: expected [rows, width], got shape {tuple(logits.shape)}")
     rows, width = logits.shape
-    if width >= 1 << 21:
-        raise ValueError(f"logits: width {width} exceeds 2**21 columns")
+    if width > _INDEX_MASK:
+        raise ValueError(f"logits: width {width} exceeds {_INDEX_MASK} columns (int32 indices)")
     keys = decode_topk_keys(logits)
     ends = row_ends.to(device=logits.device, dtype=torch.long).clamp(min=0, max=width)
     cols = torch.arange(width, device=logits.device)
@@ -243,12 +247,12 @@ def decode_topk_reference(logits: torch.Tensor, row_ends: torch.Tensor, k: int, 
         ends = -(-ends // DECODE_TOPK_BLOCK)
         width = blocks
     index = torch.arange(width, device=logits.device)
-    ranked = (keys << 21) | ((1 << 21) - 1 - index)[None, :]
+    ranked = (keys << _INDEX_BITS) | (_INDEX_MASK - index)[None, :]
     ranked = torch.where(keys >= 0, ranked, torch.full_like(ranked, -1))  # not a candidate
     out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     take = min(k, width)
     if take:
         best = torch.topk(ranked, take, dim=1).values
-        chosen = ((1 << 21) - 1 - (best & ((1 << 21) - 1))).to(torch.int32)
+        chosen = (_INDEX_MASK - (best & _INDEX_MASK)).to(torch.int32)
         out[:, :take] = torch.where(best >= 0, chosen, torch.full_like(chosen, -1))
     return out

@@ -26,6 +26,7 @@ import torch
 
 from .arguments import (
     OP_NAMESPACE,
+    cuda_device_index,
     require_dense,
     require_element_aligned,
     require_flag,
@@ -40,7 +41,7 @@ from .overlap import check_in_storage, check_out_apart
 from .reference import decode_topk_reference
 
 SUPPORTED_K = contract.SUPPORTED_K
-MAX_WIDTH = (1 << 21) - 1  # int32 index math in the kernel, 21-bit indices in the reference
+MAX_WIDTH = (1 << 21) - 1  # the kernels break exact ties over 21 index bits (kernels/decode_topk: gather_rounds)
 _ALIGN = 16  # bytes: the kernel reads 16-byte vectors
 INT32_MAX = (1 << 31) - 1  # the kernel takes the row strides as int32 and offsets out by row * out_stride in int32
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -95,7 +96,7 @@ def _check_args(logits, row_ends, out, block_mode):
     rows, width = shape
     if width > MAX_WIDTH:
         raise ValueError(f"logits: width {width} exceeds {MAX_WIDTH} columns; select from longer rows with "
-                         f"runtime.reference.decode_topk_reference")
+                         f"runtime.reference.decode_topk_reference (exact, torch; it takes int32 widths)")
     if width > 1 and logits.stride(1) != 1:
         raise ValueError(f"logits must have unit column stride, got strides {logits.stride()}; pass "
                          f"logits.contiguous()")
@@ -213,8 +214,15 @@ def load_kernels(device: torch.device, dtype: torch.dtype, block_mode: bool) -> 
     """Load the cache's kernels that select ``dtype`` logits in this mode on ``device`` (CUDA), as the first call
     would: a refused or partial cache is said now (once, a RuntimeWarning), and a load during CUDA-graph capture
     raises ``runtime.CacheLoadInterrupted``. For a caller whose later calls happen on some ranks only (the indexer's
-    selection, on ranks with rows): every rank loads, and warns, alike."""
-    _plan_for(device, _DTYPES[dtype], block_mode)
+    selection, on ranks with rows): every rank loads, and warns, alike. ``device`` may be an index or its string."""
+    index = cuda_device_index("device", device)
+    if index is None:
+        raise ValueError(f"device: {device} is not a CUDA device; pass the device the calls will run on")
+    if dtype not in _DTYPES:
+        raise TypeError(f"dtype: the kernels select {' or '.join(map(str, _DTYPES))} logits, got {dtype!r}; pass the "
+                        f"logits' dtype")
+    require_flag("block_mode", block_mode)  # "False" would load the block-mode kernels, leaving token mode to a call
+    _plan_for(torch.device("cuda", index), _DTYPES[dtype], block_mode)
 
 
 def _shape_supported(logits, k: int) -> bool:

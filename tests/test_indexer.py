@@ -2082,6 +2082,8 @@ def test_a_cuda_state_loads_the_aot_topk_when_built(monkeypatch):
 
     loads = []
     monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: loads.append((dtype, block_mode)))
+    load_kernels = topk.load_kernels  # on cuda:0, which the CUDA-looking CPU buffer cannot name
+    monkeypatch.setattr(topk, "load_kernels", lambda device, *a: load_kernels(torch.device("cuda", 0), *a))
     step = make_step(3, k=512, max_model_len=8192, candidates=1024)
     a = step.state_args
 

@@ -889,9 +889,8 @@ def test_reference_and_op_at_the_width_limit(block_mode):
         assert sorted(out[r].tolist()) == sorted(want), r
     if not block_mode:
         assert got[0, 0] == half and got[1, 0] == width - 1
-    too_wide = torch.zeros(1, width + 1)
-    with pytest.raises(ValueError, match="width 2097152 exceeds"):
-        decode_topk_reference(too_wide, torch.ones(1, dtype=torch.int32), k)
+    too_wide = torch.zeros(1, width + 1)  # the reference takes it (past the kernels' limit), the op refuses it
+    assert decode_topk_reference(too_wide, torch.ones(1, dtype=torch.int32), k)[0, :2].tolist() == [0, -1]
     with pytest.raises(ValueError, match="width 2097152 exceeds 2097151 columns"):
         decode_topk(too_wide, torch.ones(1, dtype=torch.int32), torch.empty(1, k, dtype=torch.int32))
 
@@ -924,3 +923,48 @@ def test_crowded_warp_slices_overflow_only_the_list_share():
             speeds = (1 + spread * torch.randn(WARPS, generator=g)).clamp(min=0.3).tolist()
             assert emulate_cta(bins, k, LIST_CAPACITY, LIST_CAPACITY, speeds), (k, spread)
             assert not emulate_cta(bins, k, TWIN_LIST_CAPACITY, LIST_CAPACITY, speeds), (k, spread)
+
+
+def test_load_kernels_checks_its_arguments_before_loading(monkeypatch):
+    """load_kernels passed its arguments to the loader unchecked: "cuda:0" sent str.index as the device, float16 a
+    bare KeyError, and block_mode="False" (truthy) loaded the block-mode kernels, leaving token mode to load at its
+    first call, perhaps inside a CUDA-graph capture. Each is refused naming the argument; an index or its string
+    loads the same plan."""
+    from runtime import topk
+
+    asked = []
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: asked.append((device, dtype, block_mode)))
+    topk.load_kernels("cuda:0", torch.float32, False)
+    topk.load_kernels(0, torch.bfloat16, True)
+    topk.load_kernels(torch.device("cuda", 1), torch.float32, False)
+    assert asked == [(torch.device("cuda", 0), "f32", False), (torch.device("cuda", 0), "bf16", True),
+                     (torch.device("cuda", 1), "f32", False)]
+    for args, exc, match in [(("cuda:0", torch.float16, False), TypeError, r"^dtype: .*float32 or .*bfloat16"),
+                             (("cuda:0", torch.float32, "False"), TypeError, r"^block_mode must be a Python bool"),
+                             (("cpu", torch.float32, False), ValueError, r"^device: cpu is not a CUDA device"),
+                             ((True, torch.float32, False), TypeError, r"\bdevice\b")]:
+        with pytest.raises(exc, match=match):
+            topk.load_kernels(*args)
+    assert len(asked) == 3
+
+
+@pytest.mark.parametrize("block_mode", (False, True), ids=("token", "block"))
+def test_rows_wider_than_the_kernels_go_to_the_reference_the_refusal_names(block_mode):
+    """The op refuses rows past MAX_WIDTH and names decode_topk_reference for them, which refused the same widths
+    (it ranked over 21 index bits): it ranks over 31 now, exact past 2**21 columns, ties to the lower index."""
+    from runtime import topk
+
+    width = (1 << 21) + 24
+    logits = torch.zeros(1, width)
+    ends = torch.tensor([width - 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"select from longer rows with runtime\.reference\.decode_topk_reference"):
+        topk.decode_topk(logits, ends, torch.empty(1, 512, dtype=torch.int32), block_mode=block_mode)
+    logits[0, [5, width - 8, width - 4, width - 2]] = torch.tensor([2.0, 3.0, 3.0, 9.0])  # the last past the end
+    got = decode_topk_reference(logits, ends, 3, block_mode=block_mode)
+    if block_mode:  # blocks of 8: the two 3.0s share the last block before the end, ties go to the lower block
+        last = (width - 8) // 8
+        assert got.tolist() == [[last, 0, 1]]
+    else:
+        assert got.tolist() == [[width - 8, width - 4, 5]]
+    with pytest.raises(ValueError, match=r"width 2147483648 exceeds 2147483647 columns"):
+        decode_topk_reference(torch.empty(1, 1 << 31, device="meta"), ends, 3)
