@@ -12,7 +12,7 @@ PROBE_OK = ("ok (words exchanged through DSMEM in clusters; each second launch, 
 
 def verify(root=None) -> int:
     from . import load
-    from .errors import REBUILD, CacheError, CacheLoadInterrupted
+    from .errors import CacheError, CacheLoadInterrupted, rebuild
     from .manifest import check_cache
     from .probe import run_probe
 
@@ -43,7 +43,7 @@ def verify(root=None) -> int:
     results = run_probe(cache)
     if not results:  # nothing launched, nothing proved: the self-test is the probe kernels
         print(f"  probe: FAIL the manifest has no probe kernel to launch; rebuild with them: "
-              f"{REBUILD.format(arch=m.arch)}")
+              f"{rebuild(m.arch, m.root)}")
         failed = 1
     for name, problem in results.items():
         print(f"  probe {name}: {PROBE_OK if problem is None else 'FAIL ' + problem}")

@@ -33,7 +33,6 @@ from .arguments import cuda_device_index, whole_number
 from .contract import ARCH_CAPABILITY, all_variants
 from .driver import CudaCallError, check, driver, missing_function_error
 from .errors import (
-    REBUILD,
     CacheError,
     CacheLoadInterrupted,
     ClusterShapeError,
@@ -43,6 +42,7 @@ from .errors import (
     SharedMemoryError,
     SymbolError,
     UnknownKernelError,
+    rebuild,
     warn_at_caller,
 )
 from .manifest import (
@@ -528,7 +528,7 @@ def load_manifest(manifest: Manifest, device: int, *, tick=no_tick, capability=N
             raise DeviceArchError(
                 f"manifest arch {manifest.arch} needs compute capability {want[0]}.{want[1]}, "
                 f"device {device} has {have[0]}.{have[1]}.", file=manifest.path,
-                fix=f"load the manifest for this device's arch ({REBUILD.format(arch='<arch>')})",
+                fix=f"load the manifest for this device's arch ({rebuild('<arch>', manifest.root)})",
             )
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         tick("torch_context")
@@ -629,7 +629,7 @@ class _KernelLoader:
         self.drv, self.manifest, self.cu_device, self.smem_optin, self.sms = drv, manifest, cu_device, smem_optin, sms
         self.device = device
         self.tick = tick
-        self.fix = REBUILD.format(arch=manifest.arch)
+        self.fix = rebuild(manifest.arch, manifest.root)
         self.attributes = _LaunchAttributes(drv)
         attr = drv.CUfunction_attribute
         self.static_smem = attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
@@ -682,9 +682,9 @@ class _KernelLoader:
         # The driver's offsets and sizes of the manifest's parameters, then the count from the
         # kernel's ELF attribute list (a kernel with parameters the manifest lacks must not pass).
         check_param_layout(entry, _driver_param_layout(drv, function, len(entry.params)), path, manifest.arch,
-                           "cuFuncGetParamInfo")
+                           "cuFuncGetParamInfo", manifest.root)
         tick("cuFuncGetParamInfo")
-        check_elf_attributes(data, entry, path, manifest.arch)
+        check_elf_attributes(data, entry, path, manifest.arch, manifest.root)
         tick("elf_param_count")  # the profile's phase name since the thirty-fifth session (now with the block shape)
 
         static_smem = check(drv.cuFuncGetAttribute(self.static_smem, function), "cuFuncGetAttribute")

@@ -51,6 +51,7 @@ from .errors import (
     PathError,
     SchemaError,
     SymbolError,
+    rebuild,
 )
 
 CACHE_ROOT_ENV = "SPARSE_DECODE_AOT_CACHE"
@@ -191,7 +192,7 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     """Read and structurally check ``manifests/<arch>.json`` under ``root``."""
     root = resolved_root(root)
     path = manifest_path(root, arch)
-    fix = REBUILD.format(arch=arch)
+    fix = rebuild(arch, root)
     try:
         text = _read_regular_file(str(path), MANIFEST_MAX_BYTES + 1, inside=str(root))
         if len(text) > MANIFEST_MAX_BYTES:
@@ -276,8 +277,8 @@ def _entry(raw, path: Path, fix: str) -> KernelEntry:
         bad.append("cluster")
     if type(params) is not list or not all(
             type(p) is dict and type(p.get("name")) is str and type(p.get("ctype")) is str
-            and type(p.get("offset")) is int and p["offset"] >= 0 and C_TYPE_SIZES.get(p["ctype"]) == p.get("size")
-            and type(p["size"]) is int for p in params):
+            and type(p.get("offset")) is int and p["offset"] >= 0 and type(p.get("size")) is int
+            and C_TYPE_SIZES.get(p["ctype"]) == p["size"] for p in params):
         bad.append("params")
     if not bad:
         bad += [f for f, ok in (("size", 0 < raw["size"] <= CUBIN_MAX_BYTES), ("threads", 0 < raw["threads"] <= 1024),
@@ -326,7 +327,7 @@ def check_against_contract(manifest: Manifest) -> None:
     The contract is read once a call (the load path's cold start pays it once).
     """
     contract = {v.name: v for v in all_variants(manifest.arch)}
-    fix = f"the cache was built from another contract than this runtime's; {REBUILD.format(arch=manifest.arch)}"
+    fix = f"the cache was built from another contract than this runtime's; {rebuild(manifest.arch, manifest.root)}"
     for entry in manifest.kernels.values():
         variant = contract.get(entry.name)
         if variant is None:
@@ -432,13 +433,13 @@ def _cubin_path(manifest: Manifest, entry: KernelEntry) -> str:
     if not parts or ".." in parts or rel.startswith("/") or "\\" in rel:
         raise PathError(
             f"cubin path {rel!r} leaves the cache root {manifest.root}.", file=manifest.path, kernel=entry.name,
-            fix=f"paths are relative to the cache root; {REBUILD.format(arch=manifest.arch)}",
+            fix=f"paths are relative to the cache root; {rebuild(manifest.arch, manifest.root)}",
         )
     if parts[-1] != f"{entry.name}.cubin":
         # Variants share symbols and parameter layouts (sinks on and off, cluster sizes): an entry naming another
         # variant's cubin, with that file's size and sha256, would pass every other check and launch the wrong math.
         raise PathError(f"cubin path {rel!r} is not the kernel's own file ({entry.name}.cubin).", file=manifest.path,
-                        kernel=entry.name, fix=REBUILD.format(arch=manifest.arch))
+                        kernel=entry.name, fix=rebuild(manifest.arch, manifest.root))
     return os.path.join(str(manifest.root), rel)  # root resolved by read_manifest
 
 
@@ -465,7 +466,7 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
         data = _read_regular_file(path, entry.size + 1, inside=str(manifest.root))
     except FileNotFoundError:
         raise MissingCubinError("cubin is missing.", file=Path(path), kernel=entry.name,
-                                fix=REBUILD.format(arch=manifest.arch)) from None
+                                fix=rebuild(manifest.arch, manifest.root)) from None
     except _OutsideRoot as e:
         raise _outside_root("cubin", e.real, manifest.root, manifest.arch, file=Path(path),
                             kernel=entry.name) from None
@@ -473,28 +474,28 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
         if isinstance(e, OSError):
             _raise_if_process_state(e, "cubin", Path(path))
         raise CubinIntegrityError(f"cubin is not a readable file ({e}).", file=Path(path), kernel=entry.name,
-                                  fix=REBUILD.format(arch=manifest.arch)) from None
+                                  fix=rebuild(manifest.arch, manifest.root)) from None
     tick("cubin_read")
     if len(data) != entry.size:
         got = f"more than {entry.size}" if len(data) > entry.size else len(data)
         raise CubinIntegrityError(
             f"cubin has {got} bytes, the manifest says {entry.size} (truncated or replaced).",
-            file=Path(path), kernel=entry.name, fix=REBUILD.format(arch=manifest.arch),
+            file=Path(path), kernel=entry.name, fix=rebuild(manifest.arch, manifest.root),
         )
     if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise CubinIntegrityError("cubin sha256 does not match the manifest (altered).", file=Path(path),
-                                  kernel=entry.name, fix=REBUILD.format(arch=manifest.arch))
+                                  kernel=entry.name, fix=rebuild(manifest.arch, manifest.root))
     tick("cubin_sha256")
     if sections:
-        check_cubin_against_entry(data, entry, Path(path), manifest.arch)
+        check_cubin_against_entry(data, entry, Path(path), manifest.arch, manifest.root)
     else:
-        check_cubin_arch(data, entry, path, manifest.arch)
+        check_cubin_arch(data, entry, path, manifest.arch, manifest.root)
         # The loader hands these bytes to the driver next, which does not bounds-check a crafted section
         # table (seen: a hang, a segfault); the full check above parses the table anyway.
         try:
             check_section_table(data)
         except CubinFormatError as e:
-            raise _unreadable_elf(e, entry, path, manifest.arch) from None
+            raise _unreadable_elf(e, entry, path, manifest.arch, manifest.root) from None
     tick("cubin_elf")
     return data
 
@@ -559,26 +560,26 @@ def _outside_root(what: str, real: str, root, arch: str, **where) -> PathError:
     )
 
 
-def _unreadable_elf(e: CubinFormatError, entry: KernelEntry, path, arch: str) -> CubinIntegrityError:
+def _unreadable_elf(e: CubinFormatError, entry: KernelEntry, path, arch: str, root=None) -> CubinIntegrityError:
     return CubinIntegrityError(f"cubin is not a readable CUDA ELF ({e}).", file=Path(path), kernel=entry.name,
-                               fix=REBUILD.format(arch=arch))
+                               fix=rebuild(arch, root))
 
 
-def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str):
+def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str, root=None):
     """The ELF header's SM must be the manifest's arch; returns the parsed header."""
     try:
         info = read_header(data)
     except CubinFormatError as e:
-        raise _unreadable_elf(e, entry, path, arch) from None
+        raise _unreadable_elf(e, entry, path, arch, root) from None
     if not info.arch_matches(arch):
         raise CubinArchError(
             f"cubin targets {info.arch}, the manifest says {arch}.", file=Path(path), kernel=entry.name,
-            fix=f"use the cubin built for {arch}: {REBUILD.format(arch=arch)}",
+            fix=f"use the cubin built for {arch}: {rebuild(arch, root)}",
         )
     return info
 
 
-def check_elf_attributes(data: bytes, entry: KernelEntry, path, arch: str) -> None:
+def check_elf_attributes(data: bytes, entry: KernelEntry, path, arch: str, root=None) -> None:
     """The manifest lists as many parameters as the ELF's attribute list of the kernel has, and its threads are the
     block shape the kernel was compiled for (where the list names one).
 
@@ -588,51 +589,51 @@ def check_elf_attributes(data: bytes, entry: KernelEntry, path, arch: str) -> No
     try:
         attributes = kernel_attributes(data, entry.symbol)
     except CubinFormatError as e:
-        raise _unreadable_elf(e, entry, path, arch) from None
+        raise _unreadable_elf(e, entry, path, arch, root) from None
     if attributes is None:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=Path(path), kernel=entry.name,
-                          fix=REBUILD.format(arch=arch))
+                          fix=rebuild(arch, root))
     if attributes.param_count != len(entry.params):
         raise ParamLayoutError(
             f"the manifest lists {len(entry.params)} parameters, the cubin's ELF has {attributes.param_count}.",
             file=Path(path), kernel=entry.name,
-            fix=f"the contract and the kernel disagree; {REBUILD.format(arch=arch)}",
+            fix=f"the contract and the kernel disagree; {rebuild(arch, root)}",
         )
-    check_block_shape(attributes.required_block, entry, path, arch)
+    check_block_shape(attributes.required_block, entry, path, arch, root)
 
 
-def check_block_shape(required: tuple | None, entry: KernelEntry, path, arch: str) -> None:
+def check_block_shape(required: tuple | None, entry: KernelEntry, path, arch: str, root=None) -> None:
     """The block shape the kernel was compiled for (EIATTR_REQNTID; None where it names none) is the manifest's
     threads, the shape every launch uses: the driver refuses a launch of another, so it is refused at load instead."""
     if required is not None and required != (entry.threads, 1, 1):
         raise BlockShapeError(
             f"the cubin's kernel requires blocks of {list(required)} threads, the manifest launches "
             f"[{entry.threads}, 1, 1].", file=Path(path), kernel=entry.name,
-            fix=f"the contract and the kernel disagree; {REBUILD.format(arch=arch)}",
+            fix=f"the contract and the kernel disagree; {rebuild(arch, root)}",
         )
 
 
-def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str) -> None:
+def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str, root=None) -> None:
     """ELF-level checks: the SM, the symbol, the required block shape, and each parameter's offset and size."""
-    fix = REBUILD.format(arch=arch)
-    check_cubin_arch(data, entry, path, arch)
+    fix = rebuild(arch, root)
+    check_cubin_arch(data, entry, path, arch, root)
     try:
         info = read_cubin(data)
     except CubinFormatError as e:
-        raise _unreadable_elf(e, entry, path, arch) from None
+        raise _unreadable_elf(e, entry, path, arch, root) from None
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
-    check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF")
-    check_elf_attributes(data, entry, path, arch)  # the count agrees with the layout just checked: the block shape
+    check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF", root)
+    check_elf_attributes(data, entry, path, arch, root)  # the count agrees with the layout just checked: the block shape
 
 
-def check_param_layout(entry: KernelEntry, actual, path, arch: str, source: str) -> None:
+def check_param_layout(entry: KernelEntry, actual, path, arch: str, source: str, root=None) -> None:
     """Compare the manifest's (offset, size) list with ``actual`` from ``source``."""
     expected = [(p.offset, p.size) for p in entry.params]
     if list(actual) != expected:
         raise ParamLayoutError(
             f"parameters (offset, size) {expected} contradict {source}: {list(actual)}.", file=path,
-            kernel=entry.name, fix=f"the contract and the kernel disagree; {REBUILD.format(arch=arch)}",
+            kernel=entry.name, fix=f"the contract and the kernel disagree; {rebuild(arch, root)}",
         )
 
 

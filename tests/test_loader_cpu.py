@@ -528,6 +528,16 @@ def ops_cache(cache, stand_in, monkeypatch):
     return drv
 
 
+def test_a_manifest_param_without_size_binds_a_refusal(ops_cache, cache):
+    """A parameter of an unknown C type and no size raised a bare KeyError from the manifest's schema check: no
+    CacheError, so no refusal was bound and every op call reloaded the cache and raised it again."""
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0]["params"].__setitem__(
+        0, {"name": "out", "ctype": "int16_t", "offset": 0}))
+    with pytest.warns(RuntimeWarning, match="SchemaError"):
+        assert loader.cache_or_fallback("decode_topk", 0) is None
+    assert isinstance(_refusal_of(0), errors.SchemaError)
+
+
 def _refusal_of(device: int):
     """The refusal cache_or_fallback has bound ``device`` to."""
     refusal = loader._bound[device]

@@ -373,12 +373,31 @@ def test_no_driver_is_a_clear_error():
     ("threads", 1025), ("threads", 0), ("size", 0),
     ("params", [{"name": "out", "ctype": "void*", "offset": 0, "size": 4}]),  # a pointer is 8 bytes
     ("params", [{"name": "out", "ctype": "void*", "offset": -8, "size": 8}]),
+    # an unknown C type without a size: both sides of the size check were None, then p["size"] a bare KeyError
+    ("params", [{"name": "out", "ctype": "int16_t", "offset": 0}]),
 ])
 def test_entry_field_of_the_wrong_type_or_value(cache, field, value):
     """Manifest values become the launch configuration: no coercion ("false" -> True), no 0-CTA cluster."""
     edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update({field: value}))
     with pytest.raises(errors.SchemaError, match=f"probe_cluster2.*{field}"):
         check_cache(cache, "sm_90a")
+
+
+def test_the_fix_rebuilds_the_refused_cache_not_the_checkouts(cache, monkeypatch):
+    """build_kernels.py writes to this checkout unless --out says otherwise: the fix for a cache at
+    $SPARSE_DECODE_AOT_CACHE names that root, or following it rebuilt the checkout and left the refused cache as it was."""
+    from runtime.errors import rebuild
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    cubin = first_cubin(cache)
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    cubin.write_bytes(bytes(data))
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
+    with pytest.raises(errors.CubinIntegrityError) as refused:
+        check_cache(None, "sm_90a")
+    assert refused.value.fix == f"python build_kernels.py --arch sm_90a --out {cache.resolve()}"
+    assert rebuild("sm_90a", REPO) == "python build_kernels.py --arch sm_90a"  # the build's default root
 
 
 @pytest.mark.parametrize("field, value", [("toolchain", "12.9"), ("toolchain", ["cutlass"]), ("source_hash", 5)])
