@@ -129,25 +129,28 @@ def _atomic_write(path: Path, data: bytes) -> None:
     _atomic_write_all([(path, data)])
 
 
-def _atomic_write_all(files: list) -> None:
+def _atomic_write_all(files: list, last: tuple | None = None) -> None:
     """Write each ``(path, data)`` under a temporary name and sync it, then rename them all into place and sync
     their directories. A write that fails (a full disk, a quota) replaces nothing: file by file, the cubins written
-    before it sat under the old manifest, whose sha256s every load then refused."""
+    before it sat under the old manifest, whose sha256s every load then refused. ``last`` (an arch's manifest) is
+    written and synced with the others, so that its failed write replaces none of them either, and renamed after
+    their renames are on disk."""
     staged = []
     try:
-        for path, data in files:
+        for path, data in [*files, *([last] if last is not None else [])]:
             staged.append((_staged_copy(path, data), path))
-        for tmp, path in staged:
-            os.replace(tmp, path)
+        for group in (staged[:len(files)], staged[len(files):]):
+            for tmp, path in group:
+                os.replace(tmp, path)
+            # The renames on disk before whatever is written next: after a crash or power loss the manifest
+            # (renamed last) never names cubins that did not land.
+            for directory in dict.fromkeys(path.parent for _, path in group):
+                _fsync_directory(directory)
     except BaseException:
         for tmp, _ in staged:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         raise
-    # The renames on disk before whatever is written next: after a crash or power loss the manifest (written last)
-    # never names cubins that did not land.
-    for directory in dict.fromkeys(path.parent for path, _ in files):
-        _fsync_directory(directory)
 
 
 def _staged_copy(path: Path, data: bytes) -> str:
@@ -285,7 +288,6 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
                 _refuse_kept_entries_of_another_toolchain(out, arch, previous_by_arch[arch], tools)
         for arch, variants in variants_by_arch.items():
             entries = entries_by_arch[arch]
-            _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)]) for v, entry in zip(variants, entries)])
             previous, kept = previous_by_arch[arch], kept_by_arch[arch]
             # The contract's order whatever was rebuilt, so that rebuilding some families reorders nothing.
             by_name = {e["name"]: e for e in kept + entries}
@@ -299,7 +301,10 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
                 "kernels": [by_name[v.name] for v in all_variants(arch) if v.name in by_name],
             }
             text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
-            _atomic_write(manifest_path(out, arch), text.encode())
+            # The manifest is staged with the cubins: a failed write of it (a full disk after the cubins) left the
+            # new cubins under the old manifest, whose sha256s every load then refused.
+            _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)]) for v, entry in zip(variants, entries)],
+                              last=(manifest_path(out, arch), text.encode()))
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
             _remove_unnamed_files(out, arch, manifest)
 

@@ -286,6 +286,38 @@ def test_a_write_that_fails_halfway_replaces_nothing(tmp_path, monkeypatch):
     check_cache(cache, "sm_90a")
 
 
+def test_a_manifest_write_that_fails_replaces_no_cubin(tmp_path, monkeypatch):
+    """The manifest was staged only after the arch's new cubins had been renamed into place: a full disk at the
+    manifest (the last file, after the cubins took the space) left the new cubins under the old manifest, whose
+    sizes and sha256s every load then refused. It is now staged with them, so its failure replaces nothing."""
+    import errno
+    import os
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    variants = all_variants("sm_90a", ("probe",))
+    folder = cache / "cubins" / "sm_90a"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    cubins = {(v.name, "sm_90a"): before[f"{v.name}.cubin"] + b"\0" * 16 for v in variants}  # new builds
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".sm_90a.json."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="No space left"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing replaced, no temporary left
+    assert not [p for p in (cache / "manifests").iterdir() if p.name.startswith(".")]
+    check_cache(cache, "sm_90a")
+
+
 def test_check_runs_the_loads_cubin_checks(tmp_path):
     """--check compared the committed cubins' bytes through any symlink, and passed a cubin linked from outside the
     cache root, which every load refuses: it now runs every CPU-side check of a load on the committed cache."""
