@@ -540,7 +540,7 @@ def main(argv=None) -> int:
         return _warm_deepgemm(parser, shape_options, args.deepgemm_cache_dir)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} must be at least 1")
-    families = tuple(args.only or FAMILIES)
+    families = tuple(dict.fromkeys(args.only or FAMILIES))  # each once, as --arch: all_variants refuses repeats
     variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
     for arch in args.arch if args.only else ():
         unbuilt = [f for f in dict.fromkeys(families) if not all_variants(arch, (f,))]

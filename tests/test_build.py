@@ -759,6 +759,25 @@ def test_arch_given_twice_builds_both(tmp_path, monkeypatch):
     assert asked == [["sm_90a", "sm_100a"]]
 
 
+def test_only_given_twice_builds_the_family_once(tmp_path, monkeypatch):
+    """--only probe --only probe ended in a traceback, all_variants' "duplicate kernel names in the contract" (the
+    contract was fine); --arch given twice was already taken once."""
+    import build_kernels
+
+    asked = []
+
+    def stop(variants_by_arch, jobs):
+        asked.append({arch: [v.name for v in vs] for arch, vs in variants_by_arch.items()})
+        raise SystemExit(0)
+
+    monkeypatch.setattr(build_kernels, "compile_all", stop)
+    for extra in ([], ["--check"]):
+        with pytest.raises(SystemExit):
+            build_kernels.main(["--only", "probe", "--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path),
+                                *extra])
+    assert asked == [{"sm_90a": [v.name for v in all_variants("sm_90a", ("probe",))]}] * 2
+
+
 def test_failed_check_names_the_checked_cache_in_its_fix(tmp_path, monkeypatch, capsys):
     """The fix a failed --check printed left --out out: run as said, it rebuilt this checkout's cache, not the one
     checked, and the check kept failing."""
