@@ -445,6 +445,15 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
             fresh_tools = new["toolchain"]
             fields = sorted(k for k in tools.keys() | fresh_tools.keys() if tools.get(k) != fresh_tools.get(k))
             problems.append(f"{arch}: toolchain differs from the committed build's ({', '.join(fields)})")
+        # Fields no build writes (the runtime reads past them), and the entries' order (the contract's: a build
+        # writes it whatever was rebuilt), were not compared: a committed manifest unlike any build passed.
+        unwritten = sorted(k for k in old if k not in new)
+        if unwritten:
+            problems.append(f"{arch}: committed manifest has fields no build writes ({', '.join(unwritten)})")
+        order = [e["name"] for e in old.get("kernels", []) if e.get("family") in families]
+        fresh_order = [e["name"] for e in new["kernels"] if e["family"] in families]
+        if order != fresh_order and sorted(order) == sorted(fresh_order):
+            problems.append(f"{arch}: committed manifest lists its kernels in another order than the contract's")
         old_by_name = {e["name"]: e for e in old.get("kernels", [])}
         for e in new["kernels"]:
             if e["family"] not in families:

@@ -127,6 +127,9 @@ def test_committed_cache_is_current():
     (lambda d: d["kernels"].append(dict(d["kernels"][0], name="probe_gone")),
      "probe_gone: in the committed manifest but not built"),
     (lambda d: d["toolchain"].update(python="3.10"), "sm_90a: toolchain differs from the committed build's (python)"),
+    # passed: no entry differs, and the runtime reads past an unknown field and keys the entries by name
+    (lambda d: d.update(patched_by="hand"), "sm_90a: committed manifest has fields no build writes (patched_by)"),
+    (lambda d: d["kernels"].reverse(), "sm_90a: committed manifest lists its kernels in another order"),
 ])
 def test_check_compares_every_manifest_field(tmp_path, edit, match):
     """--check holds each committed entry (not only its sha256) against the fresh build's."""
