@@ -93,10 +93,12 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
     """Raise TypeError/ValueError naming ``name`` unless ``cache`` is the fused paged index-key cache: contiguous
     uint8 ``[pages, 64, 1, head_dim + 4]`` (``reference.pack_index_k_cache``; any head_dim where it is None)."""
     row = "head_dim + 4" if head_dim is None else head_dim + reference.INDEX_SCALE_BYTES
+    if isinstance(cache, torch.Tensor):
+        # First: a nested tensor's shape, read for the message below, raised torch's RuntimeError, naming nothing.
+        require_dense(name, cache)
     if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or cache.dim() != 4:
         got = f"{cache.dtype} {tuple(cache.shape)}" if isinstance(cache, torch.Tensor) else type(cache).__name__
         raise TypeError(f"{name}: expected uint8 [blocks, {BLOCK_KV}, 1, {row}], got {got}")
-    require_dense(name, cache)
     width_ok = cache.shape[3] > reference.INDEX_SCALE_BYTES if head_dim is None else cache.shape[3] == row
     if cache.shape[1] != BLOCK_KV or cache.shape[2] != 1 or not width_ok:
         raise ValueError(f"{name}: expected [blocks, {BLOCK_KV}, 1, {row}], got {tuple(cache.shape)}")
@@ -257,6 +259,8 @@ class DeepGemmScorer:
     def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor:
         if not isinstance(seq_lens, torch.Tensor):
             raise TypeError(f"seq_lens: expected a CUDA int32 tensor [rows], got {type(seq_lens).__name__}")
+        if seq_lens.is_nested or seq_lens.layout != torch.strided:  # its shape raised torch's error, naming nothing
+            require_dense("seq_lens", seq_lens)
         if seq_lens.numel() > MAX_SCHEDULE_ROWS:
             raise ValueError(f"seq_lens: {seq_lens.numel()} rows; one DeepGEMM schedule takes at most "
                              f"{MAX_SCHEDULE_ROWS} (its schedule kernel's shared memory): score the rows in steps "

@@ -49,6 +49,28 @@ def test_deepgemm_schedule_refuses_what_is_not_a_tensor():
             scorer.schedule(bad)
 
 
+def test_nested_key_cache_and_seq_lens_are_named(recwarn):
+    """A nested index-key cache (IndexerState, check_index_k_cache) or seq_lens (DeepGemmScorer.schedule) raised
+    torch's "NestedTensorImpl doesn't support sizes" RuntimeError, naming no argument, from the refusal's message."""
+    import dataclasses
+
+    import torch
+    from indexer_cases import make_state
+
+    cache = _inputs()["cache"]
+    nested = torch.nested.nested_tensor([cache[:2], cache[2:3]])
+    with pytest.raises(TypeError, match="index_k_cache must be a dense .* got a nested tensor"):
+        scoring.check_index_k_cache(nested, "index_k_cache")
+    step = make_step(4, heads=32, head_dim=64, k=16)
+    with pytest.raises(TypeError, match="index_k_cache must be a dense"):
+        make_state(dataclasses.replace(step, state_args={**step.state_args, "index_k_cache": nested}),
+                   scorer=scoring.TorchScorer())
+    scorer = object.__new__(scoring.DeepGemmScorer)  # no DeepGEMM here: the check runs before any call into it
+    lens = torch.nested.nested_tensor([torch.ones(2, dtype=torch.int32), torch.ones(3, dtype=torch.int32)])
+    with pytest.raises(TypeError, match="seq_lens must be a dense .* got a nested tensor"):
+        scorer.schedule(lens)
+
+
 @pytest.mark.parametrize("field", ["max_rows", "heads", "head_dim", "max_model_len"])
 @pytest.mark.parametrize("value", [0, -32, 2.5, True])
 def test_serving_shapes_take_positive_counts(field, value):
