@@ -36,7 +36,7 @@ from typing import Protocol
 import torch
 
 from . import reference
-from .arguments import require_dense, whole_count
+from .arguments import require_dense, require_element_aligned, whole_count
 from .overlap import check_in_storage
 
 BLOCK_KV = reference.INDEX_BLOCK_KV
@@ -269,6 +269,7 @@ class DeepGemmScorer:
             raise ValueError(f"seq_lens: expected CUDA int32 [rows], got {seq_lens.dtype} {tuple(seq_lens.shape)} "
                              f"on {seq_lens.device}")
         _check_current_device("seq_lens", seq_lens)
+        require_element_aligned("seq_lens", seq_lens)  # the schedule kernel's 4-byte loads
         # 2-D context lengths: DeepGEMM 2.x asserts context_lens.dim() == 2.
         return self._dg.get_paged_mqa_logits_metadata(seq_lens.contiguous().view(-1, 1), BLOCK_KV, self.num_sms)
 
@@ -296,6 +297,10 @@ class DeepGemmScorer:
             if t.data_ptr() % 16:
                 raise ValueError(f"{name}: DeepGEMM reads it by TMA, which needs a 16-byte aligned address, got "
                                  f"one {t.data_ptr() % 16} bytes past a boundary; pass {name}.clone()")
+        # And these by 4-byte loads (the indexer refuses them so in its metadata; a direct call was not): off the
+        # boundary, as over a storage sliced at a byte offset, the load faults, leaving the CUDA context unusable.
+        for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
+            require_element_aligned(name, t)
 
     def check_schedule(self, schedule, device: torch.device, name: str = "schedule") -> None:
         """Raise ValueError naming ``name`` unless ``schedule`` is what ``schedule`` returns for this device: a

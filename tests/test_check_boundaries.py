@@ -258,6 +258,16 @@ def test_q_eight_bytes_off_16():
         _cpu_deepgemm_scorer().check_inputs(**a)
 
 
+@pytest.mark.parametrize("name", ["seq_lens", "block_table"])
+def test_deepgemm_int32_inputs_two_bytes_off(name):
+    """DeepGEMM reads seq_lens and block_table by 4-byte loads; the indexer refuses them 2 bytes off (its metadata
+    check), but the scorer's own check passed them, and a direct call faulted on the device."""
+    a = _scoring()
+    a[name] = at_byte_offset(a[name], 2)
+    with pytest.raises(ValueError, match=f"{name} must start at a 4-byte aligned address"):
+        _cpu_deepgemm_scorer().check_inputs(**a)
+
+
 def test_head_dim_32():
     step = make_step(4, heads=32, head_dim=32, k=16)
     md = step.metadata
