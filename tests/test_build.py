@@ -251,10 +251,13 @@ def test_a_build_lock_it_cannot_write_is_refused_before_compiling(tmp_path):
     assert "compiled" not in proc.stdout
 
 
-def test_a_write_that_fails_halfway_replaces_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("full_at", ["second cubin", "manifest"])
+def test_a_write_that_fails_halfway_replaces_nothing(tmp_path, monkeypatch, full_at):
     """write_cache replaced the cubins one by one: a full disk at the second left the first new cubin under the old
     manifest, whose sha256 every load then refused. Every cubin is now written and synced under a temporary name
-    first, then all are renamed: the failure replaces nothing and leaves no temporary file."""
+    first, then all are renamed: the failure replaces nothing and leaves no temporary file. The manifest was staged
+    only after the new cubins had been renamed into place, so a full disk at it (the last file, after the cubins took
+    the space) left them under the old manifest too; it is now staged with them."""
     import errno
     import os
 
@@ -273,43 +276,8 @@ def test_a_write_that_fails_halfway_replaces_nothing(tmp_path, monkeypatch):
 
     def fsync(fd):
         synced.append(fd)
-        if len(synced) == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    with pytest.raises(OSError, match="No space left"):
-        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing replaced, no temporary left
-    check_cache(cache, "sm_90a")
-    monkeypatch.setattr(os, "fsync", real_fsync)
-    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {f"{v.name}.cubin": cubins[(v.name, "sm_90a")]
-                                                                  for v in variants}
-    check_cache(cache, "sm_90a")
-
-
-def test_a_manifest_write_that_fails_replaces_no_cubin(tmp_path, monkeypatch):
-    """The manifest was staged only after the arch's new cubins had been renamed into place: a full disk at the
-    manifest (the last file, after the cubins took the space) left the new cubins under the old manifest, whose
-    sizes and sha256s every load then refused. It is now staged with them, so its failure replaces nothing."""
-    import errno
-    import os
-
-    from crafted_cache import copy_probe_cache
-
-    import build_kernels
-
-    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
-    cache = copy_probe_cache(tmp_path)
-    variants = all_variants("sm_90a", ("probe",))
-    folder = cache / "cubins" / "sm_90a"
-    before = {p.name: p.read_bytes() for p in folder.iterdir()}
-    cubins = {(v.name, "sm_90a"): before[f"{v.name}.cubin"] + b"\0" * 16 for v in variants}  # new builds
-    real_fsync = os.fsync
-
-    def fsync(fd):
-        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".sm_90a.json."):
+        staged = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if (len(synced) == 2) if full_at == "second cubin" else staged.startswith(".sm_90a.json."):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_fsync(fd)
 
@@ -318,6 +286,11 @@ def test_a_manifest_write_that_fails_replaces_no_cubin(tmp_path, monkeypatch):
         build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing replaced, no temporary left
     assert not [p for p in (cache / "manifests").iterdir() if p.name.startswith(".")]
+    check_cache(cache, "sm_90a")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {f"{v.name}.cubin": cubins[(v.name, "sm_90a")]
+                                                                  for v in variants}
     check_cache(cache, "sm_90a")
 
 
