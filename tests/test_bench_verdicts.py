@@ -132,3 +132,45 @@ def test_the_stream_order_peer_is_the_fastest_right_config_without_pdl(monkeypat
     assert len(logged) == 1 and "differs" in logged[0]
     wrong.update(times)
     assert "error" in bench.best_in_stream_order(tsm, 12, 640, Cfg(64), sweep, inp, logged.append)
+
+
+def test_a_decode_topk_target_whose_cell_was_not_measured_is_not_met(tmp_path, monkeypatch):
+    """A run that stops before a target's cell (a cell whose rows differ from the reference raises; --budget skips the
+    rest) wrote targets for the measured cells only: every listed target met, the missing ones absent. A target whose
+    cell was not measured is listed, not met."""
+    import sys
+
+    import benchmarks.bench_topk as bench
+
+    stop = (64, 262144, 2048, "f32", False)  # one of the 60 %-of-copy-bandwidth cells, second in the grid
+
+    def cell(rows, length, k, dtype, block_mode=False):
+        if (rows, length, k, dtype, block_mode) == stop:
+            raise RuntimeError("decode_topk's rows [3] differ from the exact reference's: the cell is not timed")
+        return {"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": block_mode, "bytes": 1,
+                "kernel": {"name": "x", "cluster": 1, "grid": rows}, "op": {"median_us": 1.0},
+                "op_in_stream_order": {"median_us": 1.0}, "torch_topk": {"median_us": 10.0},
+                "speedup_vs_torch_topk": 10.0, "speedup_in_stream_order": 10.0, "fraction_of_copy_bw": 0.9,
+                "floor": {"floor_us": 0.5}}
+
+    monkeypatch.setattr(bench, "bench_cell", cell)
+    monkeypatch.setattr(bench.common, "gpu_info", lambda: {"gpu": "stand-in"})
+    monkeypatch.setattr(bench.common, "copy_bandwidth_gbs", lambda: 1.0)
+    out = tmp_path / "topk.json"
+    monkeypatch.setattr(sys, "argv", ["bench_topk.py", "--out", str(out), "--no-sweep"])
+    with pytest.raises(RuntimeError, match="differ"):
+        bench.main()
+    found = json.loads(out.read_text())["targets"]
+    assert len(found) == 51  # the issue's grid: 48 speedups, the 12 us cell and two bandwidth cells
+    bandwidth = {t["cell"]: t["met"] for t in found if t["target"] == ">= 60% of copy bandwidth"}
+    assert bandwidth == {"f32 rows=64 len=262144 k=2048": False, "f32 rows=64 len=262144 k=512": False}
+    assert not all(t["met"] for t in found)
+
+
+def test_decode_topk_targets_of_a_full_grid_are_unchanged():
+    """Where every cell of the grid ran, the grid adds nothing: the committed record's targets recomputed equal."""
+    from benchmarks.bench_topk import targets
+
+    record = json.loads((RESULTS / "decode_topk_s61_h100.json").read_text())
+    grid = [(c["rows"], c["length"], c["k"], c["dtype"], c["block_mode"]) for c in record["cells"]]
+    assert targets(record["cells"], grid) == record["targets"]
