@@ -174,3 +174,26 @@ def test_decode_topk_targets_of_a_full_grid_are_unchanged():
     record = json.loads((RESULTS / "decode_topk_s61_h100.json").read_text())
     grid = [(c["rows"], c["length"], c["k"], c["dtype"], c["block_mode"]) for c in record["cells"]]
     assert targets(record["cells"], grid) == record["targets"]
+
+
+def test_an_mla_target_with_a_nan_timing_is_not_met(tmp_path):
+    """Each target is judged as launched and in stream order; max(4.0, nan) is 4.0 and min(3.5, nan) is 3.5, so a NaN
+    in stream order passed all three checks on max/min. A NaN (or missing) value fails its check."""
+    from benchmarks.bench_sparse_mla import finish
+
+    nan = float("nan")
+    for field in ("as launched", "in stream order"):
+        result = _mla_result()
+        (case,) = [c for c in result["cases"] if (c["T"], c["width"]) == (12, 640)]
+        case["kernel"]["median_us"], case["kernel_in_stream_order"]["median_us"] = 4.0, 4.5
+        case["kernel_over_floor"], case["kernel_in_stream_order_over_floor"] = 1.5, 1.6
+        case["speedup_vs_best_peer"], case["speedup_vs_best_peer_in_stream_order"] = 3.5, 3.2
+        finish(result, tmp_path / "met.json")
+        assert all(result["target_check"][k] is True for k in ("kernel_us_ok", "speedup_ok", "over_floor_ok"))
+        if field == "as launched":
+            case["kernel"]["median_us"] = case["kernel_over_floor"] = case["speedup_vs_best_peer"] = nan
+        else:
+            case["kernel_in_stream_order"]["median_us"] = nan
+            case["kernel_in_stream_order_over_floor"] = case["speedup_vs_best_peer_in_stream_order"] = nan
+        finish(result, tmp_path / "nan.json")
+        assert [result["target_check"][k] for k in ("kernel_us_ok", "speedup_ok", "over_floor_ok")] == [False] * 3, field
