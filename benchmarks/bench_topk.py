@@ -116,40 +116,42 @@ def launch_direct(kernel, cluster: int, logits: torch.Tensor, ends: torch.Tensor
                   logits.stride(0), out.stride(0), k)
 
 
+def _cell_targets(rows: int, length: int, k: int, dtype: str) -> list:
+    """The issue's targets a token-mode cell carries: (name, the measured value from the cell and a median of its
+    op, the test the value must pass)."""
+    found = []
+    if length >= 65536:
+        found.append((">= 5x torch.topk", lambda c, us: c["torch_topk"]["median_us"] / us, lambda v: v >= 5))
+    if (rows, length, k, dtype) == (1, 65536, 2048, "f32"):
+        found.append(("<= 12 us", lambda c, us: us, lambda v: v <= 12))
+    if (rows, length, dtype) == (64, 262144, "f32"):
+        found.append((">= 60% of copy bandwidth", lambda c, us: c["fraction_of_copy_bw"] * c["op"]["median_us"] / us,
+                      lambda v: v >= 0.6))
+    return found
+
+
 def targets(cells, grid=()) -> list[dict]:
     """The issue's targets, each with the measured value (the op as launched: programmatic dependent
     launch chains one launch to the next), the value in stream order (no overlap with the launch
     before), and whether it is met: by both. ``grid``: the run's (rows, length, k, dtype, block_mode)
     cells; a target of one that was not measured (cut by --budget, or the run stopped before it) is
     listed as not run and not met, so a cut-short record cannot read as every target met."""
+    measured = {(c["rows"], c["length"], c["k"], c["dtype"]): c for c in cells if not c["block_mode"]}
+    wanted = list(measured) + [(rows, length, k, dtype) for rows, length, k, dtype, block_mode in grid
+                               if not block_mode and (rows, length, k, dtype) not in measured]
     out = []
-    for c in cells:
-        if c["block_mode"]:
-            continue
-        us, plain_us = c["op"]["median_us"], c.get("op_in_stream_order", c["op"])["median_us"]
-        found = []
-        if c["length"] >= 65536 and "torch_topk" in c:
-            torch_us = c["torch_topk"]["median_us"]
-            found.append((">= 5x torch.topk", torch_us / us, torch_us / plain_us, lambda v: v >= 5))
-        if (c["rows"], c["length"], c["k"], c["dtype"]) == (1, 65536, 2048, "f32"):
-            found.append(("<= 12 us", us, plain_us, lambda v: v <= 12))
-        if (c["rows"], c["length"], c["dtype"]) == (64, 262144, "f32"):
-            bw = c["fraction_of_copy_bw"]
-            found.append((">= 60% of copy bandwidth", bw, bw * us / plain_us,
-                          lambda v: v >= 0.6))
-        for target, value, plain, ok in found:
-            out.append({"target": target, "cell": _name(c), "value": round(value, 3),
+    for key in wanted:
+        c = measured.get(key)
+        name = _name({"rows": key[0], "length": key[1], "k": key[2], "dtype": key[3], "block_mode": False})
+        for target, value_of, ok in _cell_targets(*key):
+            if c is None:
+                out.append({"target": target, "cell": name, "value": None, "in_stream_order": None, "met": False,
+                            "not_run": True})
+                continue
+            us, plain_us = c["op"]["median_us"], c.get("op_in_stream_order", c["op"])["median_us"]
+            value, plain = value_of(c, us), value_of(c, plain_us)
+            out.append({"target": target, "cell": name, "value": round(value, 3),
                         "in_stream_order": round(plain, 3), "met": ok(value) and ok(plain)})
-    measured = {(c["rows"], c["length"], c["k"], c["dtype"], c["block_mode"]) for c in cells}
-    for rows, length, k, dtype, block_mode in grid:
-        if block_mode or (rows, length, k, dtype, block_mode) in measured:
-            continue
-        names = ([">= 5x torch.topk"] if length >= 65536 else []) \
-            + (["<= 12 us"] if (rows, length, k, dtype) == (1, 65536, 2048, "f32") else []) \
-            + ([">= 60% of copy bandwidth"] if (rows, length, dtype) == (64, 262144, "f32") else [])
-        cell = _name({"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": False})
-        out += [{"target": t, "cell": cell, "value": None, "in_stream_order": None, "met": False, "not_run": True}
-                for t in names]
     return out
 
 
