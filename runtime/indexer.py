@@ -643,6 +643,12 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
                          f"on another state; pass the latest plan_decode_rows result of this state")
     _check_metadata_unchanged(plan)
     _check_plan_slice(state, plan, rank, world_size)
+    # The finish writes the buffers the plan checked: one changed in place since (as_strided_ to overlapping rows,
+    # set_) or whose storage shrank would take the selection's and the gathers' writes, as the plan refuses.
+    check_in_storage("topk_indices", state.topk_indices)
+    if state.candidate_blocks is not None:
+        check_in_storage("candidate_blocks", state.candidate_blocks)
+    _check_buffers_unchanged(state)
     _check_buffers_writable_here(state)
     _check_schedule_for_sms_now(state, plan)
     if plan.shard is not None:

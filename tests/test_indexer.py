@@ -2232,3 +2232,19 @@ def test_logits_of_another_shape_than_the_scorer_promises_are_refused(scorer):
     with pytest.raises(ValueError, match=rf"^scorer: {scorer.__name__}\.logits returned shape \(\d+, \d+\) for 8 "
                                          r"rows, expected \[8, 192\]"):
         decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+
+
+@pytest.mark.parametrize("change", ["as_strided_ overlapping rows", "candidate rows"])
+def test_finish_refuses_a_buffer_changed_in_place_since_the_plan(change):
+    """The plan refuses a buffer changed in place since the state was built; the finish, which writes the rows, took
+    one changed between plan and finish (same address and rows, overlapping rows): rows selected into each other."""
+    step = make_step(20, k=16, max_rows=24, candidates=12)
+    state = make_state(step, scorer=TorchScorer())
+    plan = plan_decode_rows(state, step.metadata, SingleRank())
+    if change == "candidate rows":
+        state.candidate_blocks.as_strided_(state.candidate_blocks.shape, (6, 1))
+    else:
+        state.topk_indices.as_strided_(state.topk_indices.shape, (8, 1))
+    name = "candidate_blocks" if change == "candidate rows" else "topk_indices"
+    with pytest.raises(ValueError, match=rf"^{name}: changed in place since the state was built"):
+        finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
