@@ -307,6 +307,9 @@ class DecodeRowsPlan:
     # With CHECK_METADATA_VALUES: seq_lens' values as the plan read them, which finish_decode_rows compares on every
     # rank (None otherwise).
     seq_lens_at_plan: torch.Tensor | None = None
+    # The scorer's SM count when the plan was made (None: it has none), on every rank, with rows or not: the finish
+    # compares it with the count now on every rank alike (a rank with an empty slice holds no schedule to compare).
+    num_sms: int | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -468,8 +471,10 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     # at once, with the same ones.
     buffers, view = ((), ()) if by_decode_rows else (_buffers_of(state), _metadata_view(metadata))
     seq_lens_at_plan = metadata.seq_lens.clone() if CHECK_METADATA_VALUES and not by_decode_rows else None
+    sms = getattr(state.scorer, "num_sms", None)
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
-                          world_size, state.topk_indices.shape[0], buffers, state._plans, view, seq_lens_at_plan)
+                          world_size, state.topk_indices.shape[0], buffers, state._plans, view, seq_lens_at_plan,
+                          sms if isinstance(sms, int) else None)
 
 
 def _slice_of(state: IndexerState, num_rows: int, num_requests: int, rank: int, world_size: int) -> tuple:
@@ -617,6 +622,11 @@ def _check_schedule_for_sms_now(state: IndexerState, plan: DecodeRowsPlan) -> No
     sms = getattr(state.scorer, "num_sms", None)
     if isinstance(plan.schedule, torch.Tensor) and isinstance(sms, int) and plan.schedule.shape[0] != sms + 1:
         raise ValueError(f"plan: its schedule is for {plan.schedule.shape[0] - 1} SMs, the scorer now launches {sms} "
+                         f"(deep_gemm.set_num_sms since the plan); plan the step again")
+    if isinstance(sms, int) and isinstance(plan.num_sms, int) and plan.num_sms != sms:
+        # Every rank, an empty slice's included: refused on the ranks with a schedule alone, it left an empty-slice
+        # rank waiting in the all-gather.
+        raise ValueError(f"plan: made while the scorer launched {plan.num_sms} SMs, it now launches {sms} "
                          f"(deep_gemm.set_num_sms since the plan); plan the step again")
 
 

@@ -2248,3 +2248,19 @@ def test_finish_refuses_a_buffer_changed_in_place_since_the_plan(change):
     name = "candidate_blocks" if change == "candidate rows" else "topk_indices"
     with pytest.raises(ValueError, match=rf"^{name}: changed in place since the state was built"):
         finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+
+
+def test_an_sm_count_changed_since_the_plan_is_refused_on_every_rank():
+    """deep_gemm.set_num_sms between plan and finish: the ranks with rows refused their schedule, while the rank with an
+    empty slice (no schedule) went on into the all-gather, where it waited for them. Every rank refuses now."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=192, k=16, max_rows=64)
+    scorer, world = _ScorerOfSms(num_sms=4), 4
+    assert row_shard_bounds(18, step.metadata.num_requests, world, world - 1) == (18, 18)
+    group = Loopback(world)
+    states = [make_state(step, scorer=scorer) for _ in range(world)]
+    plans = [plan_decode_rows(states[r], step.metadata, group.for_rank(r)) for r in range(world)]
+    scorer.num_sms = 8
+    for rank in range(world):
+        with pytest.raises(ValueError, match=r"^plan: (its schedule is for|made while the scorer launched) 4 SMs, (the scorer|it) now launches 8"):
+            finish_decode_rows(states[rank], step.q, step.weights, plans[rank], group.for_rank(rank))
+    assert group.store == {}, "a rank entered the all-gather"
