@@ -438,6 +438,13 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     _check_metadata_apart(state, metadata)
 
     shard, start, end = _slice_of(state, num_rows, metadata.num_requests, rank, world_size)
+    most = getattr(state.scorer, "max_schedule_rows", None)
+    if shard is not None and isinstance(most, int) and shard > most:
+        # The ranks' slices differ in length (the last may be short or empty): left to the scorer's schedule, the
+        # ranks with a full slice would refuse while the others planned and waited in the all-gather.
+        raise ValueError(f"metadata.num_tokens: {num_rows} rows make slices of {shard} rows over {world_size} ranks; "
+                         f"one {type(state.scorer).__name__} schedule takes at most {most} rows: score the rows in "
+                         f"steps of at most {most * world_size}, or shard them over more ranks")
     if shard is not None:
         _check_tp_gather(tp, state.topk_indices.device)  # the finish gathers through it: refused before the reset
     # A rank with an empty slice scores nothing: it keeps no schedule, which the finish would check (against the

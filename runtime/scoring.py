@@ -240,6 +240,9 @@ class DeepGemmScorer:
     device: call ``schedule`` and ``logits`` with the tensors' device current, as the indexer does."""
 
     name = "deepgemm"
+    # The most rows one schedule (one rank's slice) takes: the indexer's plan refuses a sharded step whose slices
+    # exceed it on every rank, where schedule() would refuse only on the ranks whose slice is that long.
+    max_schedule_rows = MAX_SCHEDULE_ROWS
 
     def __init__(self) -> None:
         ok, why = deepgemm_status()

@@ -2264,3 +2264,25 @@ def test_an_sm_count_changed_since_the_plan_is_refused_on_every_rank():
         with pytest.raises(ValueError, match=r"^plan: (its schedule is for|made while the scorer launched) 4 SMs, (the scorer|it) now launches 8"):
             finish_decode_rows(states[rank], step.q, step.weights, plans[rank], group.for_rank(rank))
     assert group.store == {}, "a rank entered the all-gather"
+
+
+def test_slices_longer_than_one_schedule_are_refused_on_every_rank(monkeypatch):
+    """A sharded step whose full slices exceed DeepGEMM's MAX_SCHEDULE_ROWS: rank 0's schedule was refused while rank 1,
+    whose last slice is 2 rows shorter and fits, planned (resetting its rows) and went on into the all-gather. Every
+    rank refuses now, naming metadata.num_tokens, before any reset."""
+    from runtime import scoring
+    from runtime.scoring import MAX_SCHEDULE_ROWS
+
+    monkeypatch.setattr(scoring, "_check_current_device", lambda name, t: None)  # the CUDA-looking CPU seq_lens
+    rows, world = 2 * MAX_SCHEDULE_ROWS + 2, 2
+    assert [row_shard_bounds(rows, rows, world, r) for r in range(world)] == [
+        (0, MAX_SCHEDULE_ROWS + 2), (MAX_SCHEDULE_ROWS + 2, rows)]
+    seq_lens = torch.ones(rows, dtype=torch.int32).as_subclass(_CudaLookingBuffer)
+    md = DecodeMetadata(seq_lens, torch.zeros(rows, 1, dtype=torch.int32), rows, rows, 1)
+    for rank in range(world):
+        state = IndexerState(torch.full((rows + 2, 16), 5, dtype=torch.int32), 16, _tiny_cache(), 64,
+                             scorer=_cpu_deepgemm_scorer())
+        with pytest.raises(ValueError, match=rf"^metadata.num_tokens: {rows} rows make slices of "
+                                             rf"{MAX_SCHEDULE_ROWS + 2} rows over 2 ranks"):
+            plan_decode_rows(state, md, _Fixed(rank, world))
+        assert (state.topk_indices == 5).all(), rank
