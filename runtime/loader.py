@@ -173,9 +173,10 @@ class Kernel:
             if current != self.device and self.device is not None:  # the one comparison when they match
                 raise self._other_device(f"torch's current device is cuda:{current}")
             stream = _raw_stream_of(current)
-        elif type(stream) is int and stream == 0:  # the legacy default stream: of the current device's context
+        elif type(stream) is int and 0 <= stream <= _PER_THREAD_STREAM:
+            # 0, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name a default stream of the current context
             if self.device is not None and _current_device() != self.device:
-                raise self._other_device(f"stream 0 is the default stream of cuda:{_current_device()}")
+                raise self._other_device(f"stream {stream} is the default stream of cuda:{_current_device()}")
         elif type(stream) is not int:
             index = getattr(stream, "device_index", None)
             if self.device is not None and index is not None and index != self.device:
@@ -225,6 +226,7 @@ class Kernel:
         self._dims = dims
 
 
+_PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD; 0 and CU_STREAM_LEGACY (1) below it: the current context's default streams
 _GRID_MAX = (2 ** 31 - 1, 65535, 65535)  # CUDA's grid limits (x, y, z) on every arch the cache builds for
 
 

@@ -318,6 +318,23 @@ def test_stream_zero_of_another_device_is_refused(cache, stand_in, monkeypatch):
     assert launched == [7, 0]
 
 
+@pytest.mark.parametrize("handle", [1, 2], ids=["CU_STREAM_LEGACY", "CU_STREAM_PER_THREAD"])
+def test_the_special_default_stream_handles_of_another_device_are_refused(cache, stand_in, monkeypatch, handle):
+    """CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name a default stream of the current context, as 0 does: a
+    launch on them while another device is current ran there (the kernel's attributes are its own device's)."""
+    stand_in()
+    kernel, launched = _probe_on_device_0(cache)
+    with _switching_device(monkeypatch, current=1) as state:
+        with pytest.raises(ValueError, match=f"probe_cluster2: stream {handle} is the default stream of cuda:1, the "
+                                             f"kernel was loaded for cuda:0"):
+            kernel.launch(2, 0, 0, stream=handle)
+        assert not launched
+        state["index"] = 0
+        kernel.launch(2, 0, 0, stream=handle)
+        kernel.launch(2, 0, 0, stream=3)  # another raw handle cannot say its device
+    assert launched == [handle, 3]
+
+
 def test_a_launch_without_a_current_context_binds_the_devices_and_launches(cache, stand_in, monkeypatch):
     """A thread whose first CUDA work is a launch (an op given every buffer) has no current context, and a CUkernel on
     the default stream runs in the current one: the driver answers CUDA_ERROR_INVALID_CONTEXT. The launch makes its
