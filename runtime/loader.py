@@ -499,6 +499,9 @@ def _load_once(key: tuple, root: Path, device: int, clock, tick) -> KernelCache:
     """``_caches[key]``, loaded under the lock where no other thread has loaded it yet."""
     with _caches_lock:
         if key not in _caches:
+            # A direct load inside a capture too (the ops' first call asks before it loads): torch's context set-up
+            # would land in the graph and the module loads fail or invalidate the capture.
+            _refuse_a_load_in_capture("runtime.load", device)
             cache = _load(root, device, tick)
             if clock is not None:
                 import json

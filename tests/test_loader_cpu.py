@@ -685,6 +685,26 @@ def test_first_call_during_graph_capture_is_refused_with_the_fix(cache, stand_in
     assert loader.cache_or_fallback("decode_topk", 0) is loaded and capturing["asked"] == 0
 
 
+def test_a_direct_load_during_graph_capture_is_refused_before_it_loads(cache, stand_in, monkeypatch):
+    """runtime.load(device=i) called inside a capture (not through an op's first call) made the primary context
+    current (torch.zeros on the capturing stream) and loaded every cubin there. Refused as the ops' first call is,
+    before anything runs; a loaded cache is answered during capture."""
+    drv = stand_in()
+    contexts = []
+    monkeypatch.setattr(loader, "_make_primary_context_current", contexts.append)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    capturing = {"now": True}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["now"])
+    with pytest.raises(errors.CacheLoadInterrupted, match="runtime.load: the first call on cuda:0 came during CUDA "
+                                                          "graph stream capture"):
+        loader.load(cache, device=0)
+    assert not contexts and not drv.loaded and not loader.is_loaded(0, cache)
+    capturing["now"] = False
+    loaded = loader.load(cache, device=0)
+    capturing["now"] = True
+    assert loader.load(cache, device=0) is loaded and len(drv.loaded) == 2
+
+
 def _function_not_found(name):
     from cuda.bindings._internal.utils import FunctionNotFoundError
 
