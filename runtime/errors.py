@@ -13,13 +13,14 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Frames a call passes through on its way into the runtime and that name no line of the caller's:
 # dataclasses.replace and the __init__ a dataclass generates (exec'd, so its file is "<string>").
 _DATACLASSES_FILE = os.path.abspath(dataclasses.__file__)
-_CHECKOUT = os.path.dirname(os.path.dirname(_PACKAGE_DIR))  # build_kernels.py's default --out
+# build_kernels.py's default --out, resolved once (rebuild() runs on the load path: every load reads a manifest)
+_CHECKOUT = os.path.realpath(os.path.dirname(os.path.dirname(_PACKAGE_DIR)))
 
 
 def rebuild(arch: str, root=None) -> str:
     """REBUILD for ``arch``, with ``--out root`` where the cache root is not the build's default (this checkout)."""
     fix = REBUILD.format(arch=arch)
-    if root is not None and os.path.realpath(root) != os.path.realpath(_CHECKOUT):
+    if root is not None and os.path.realpath(root) != _CHECKOUT:
         fix += f" --out {root}"
     return fix
 

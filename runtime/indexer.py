@@ -461,13 +461,7 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
             # Read by the scoring after the reset below, and by the step's later layers after this one's selection.
             _check_read_apart(state, (("metadata.schedule", schedule),), "give the schedule memory of its own")
 
-    # The state's buffers were checked when it was built; a storage shrunk since (FSDP-style) would take the reset
-    # and the finish's writes into freed memory: torch's slice assignment does not check it.
-    check_in_storage("topk_indices", state.topk_indices)
-    if state.candidate_blocks is not None:
-        check_in_storage("candidate_blocks", state.candidate_blocks)
-    _check_buffers_unchanged(state)
-    _check_buffers_writable_here(state)
+    _check_buffers_as_built(state)
     if own_schedule:
         # Before the reset: a schedule the scorer refuses (too many rows for DeepGEMM's) leaves the buffers as
         # they were.
@@ -543,6 +537,17 @@ def _buffer_layouts(state: IndexerState) -> tuple:
     """(address, shape, strides) of the top-k buffer, then of the candidate buffer (None where there is none)."""
     t, c = state.topk_indices, state.candidate_blocks
     return (t.data_ptr(), t.shape, t.stride()), None if c is None else (c.data_ptr(), c.shape, c.stride())
+
+
+def _check_buffers_as_built(state: IndexerState) -> None:
+    """The plan's and the finish's check of the buffers they write, before any write. They were checked when the state
+    was built; a storage shrunk since (FSDP-style) would take the writes into freed memory (torch's slice assignment
+    does not check it), one changed in place (as_strided_ to overlapping rows, set_) would take overlapping rows."""
+    check_in_storage("topk_indices", state.topk_indices)
+    if state.candidate_blocks is not None:
+        check_in_storage("candidate_blocks", state.candidate_blocks)
+    _check_buffers_unchanged(state)
+    _check_buffers_writable_here(state)
 
 
 def _check_buffers_unchanged(state: IndexerState) -> None:
@@ -660,13 +665,7 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
                          f"on another state; pass the latest plan_decode_rows result of this state")
     _check_metadata_unchanged(plan)
     _check_plan_slice(state, plan, rank, world_size)
-    # The finish writes the buffers the plan checked: one changed in place since (as_strided_ to overlapping rows,
-    # set_) or whose storage shrank would take the selection's and the gathers' writes, as the plan refuses.
-    check_in_storage("topk_indices", state.topk_indices)
-    if state.candidate_blocks is not None:
-        check_in_storage("candidate_blocks", state.candidate_blocks)
-    _check_buffers_unchanged(state)
-    _check_buffers_writable_here(state)
+    _check_buffers_as_built(state)  # the finish writes them too: changed since the plan, they are refused alike
     _check_schedule_for_sms_now(state, plan)
     if plan.shard is not None:
         _check_gathers(tp, all_gather, state.topk_indices.device)
