@@ -11,8 +11,8 @@ pinned by the kernel's ELF attribute list), shared memory against the opt-in
 limit, the cluster shape by ``cuOccupancyMaxActiveClusters``. The full ELF parse
 (every kernel's parameter list) is left to ``check_cache`` and ``python -m runtime
 verify``: at load it would repeat what the driver checks. A launch is one
-``cuLaunchKernelEx`` on the current torch stream with arguments packed into
-buffers prepared at load time.
+``cuLaunchKernelEx`` on the current torch stream with arguments packed into one
+buffer prepared at load time (one ``struct.pack_into``, which range-checks each).
 
 ``SPARSE_DECODE_AOT_LOAD_PROFILE=1`` makes ``load()`` time its phases (summed over
 kernels), print them to stderr as one JSON line and keep them in
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 import time
 from pathlib import Path
@@ -60,8 +61,8 @@ from .manifest import (
 
 PROFILE_ENV = "SPARSE_DECODE_AOT_LOAD_PROFILE"
 
-_CTYPES = {"void*": ctypes.c_uint64, "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32,
-           "float": ctypes.c_float, "int64_t": ctypes.c_int64}
+# Each contract C type as a struct format character (native size and alignment).
+_FORMATS = {"void*": "Q", "int32_t": "i", "uint32_t": "I", "float": "f", "int64_t": "q"}
 
 
 def env_flag(name: str) -> bool:
@@ -91,16 +92,14 @@ class Kernel:
         self._function = cu_kernel
         self._launch = drv.cuLaunchKernelEx
         self._no_context = drv.CUresult.CUDA_ERROR_INVALID_CONTEXT
-        # Argument storage and the void* array pointing at it, built once; a launch
+        # Argument storage and the void* array pointing into it, built once; a launch
         # only writes values (the driver copies them, so graph capture is safe).
-        self._slots = [_CTYPES[p.ctype]() for p in entry.params]
-        self._pointers = (ctypes.c_void_p * max(1, len(self._slots)))(*[ctypes.addressof(s) for s in self._slots])
+        self._pack, self._arguments, self._pointers = _argument_block(entry.params)
         self._params_address = ctypes.addressof(self._pointers)
         # The config the loader built for the occupancy query (grid = one cluster); the first
         # launch sets the grid, since _dims starts as None.
         self._config = config
         self._cluster_x = entry.cluster[0]
-        self._nargs = len(self._slots)
         self._dims = None
         self._stream = None
         self._lock = threading.Lock()
@@ -154,18 +153,16 @@ class Kernel:
         another device is refused; ``launch_on`` makes the tensors' device current around the launch).
 
         ``grid`` counts CTAs (an int or an (x, y, z) tuple); x must be a multiple of the
-        cluster's x. Pointers are ints (``tensor.data_ptr()``). The hot path only writes
-        what changed since the last launch of this kernel, and packs each argument into its
-        contract C type as ctypes does, without a range check (an int past int32 wraps): the
-        host ops check their arguments' ranges before they launch; a direct caller must too.
+        cluster's x. Pointers are ints (``tensor.data_ptr()``). The arguments are packed into
+        their contract C types by one ``struct.pack_into``, which refuses a value its type
+        cannot hold (an int past int32, a negative pointer) and a wrong count: a ``ValueError``
+        or ``TypeError`` naming the argument, before the launch. A float past float32's range
+        packs as inf, as C's conversion does (the ops check their scales before).
         """
         if type(grid) is int:
             dims = (grid, 1, 1)
         else:
             dims = tuple(grid) if isinstance(grid, (tuple, list)) else (whole_number(f"{self.name}: grid", grid), 1, 1)
-        if len(args) != self._nargs:
-            raise TypeError(f"{self.name}: takes {self._nargs} arguments "
-                            f"({', '.join(p.name for p in self.entry.params)}), got {len(args)}")
         # This kernel's shared-memory and cluster attributes were set for its own device: refuse another GPU's
         # stream, as launch_on does. A raw handle cannot say its device; a torch stream and the default can.
         if stream is None:
@@ -189,8 +186,10 @@ class Kernel:
             if stream != self._stream:
                 config.hStream = stream
                 self._stream = stream
-            for slot, value in zip(self._slots, args):
-                slot.value = value
+            try:  # struct checks the count and each value's range and type, in C, in one call
+                self._pack(self._arguments, 0, *args)
+            except (struct.error, OverflowError, TypeError):
+                raise self._refused_arguments(args) from None
             (err,) = self._launch(config, self._function, self._params_address, 0)
             if err:  # the launch path's one test of the result
                 self._failed_launch(err, config, grid)
@@ -206,6 +205,27 @@ class Kernel:
             (err,) = self._launch(config, self._function, self._params_address, 0)
         if err:
             check((err,), f"cuLaunchKernelEx({self.name}, grid={grid})")
+
+    def _refused_arguments(self, args) -> Exception:
+        """The error for arguments struct would not pack: the count, or the first value its C type cannot hold.
+        (The buffer may hold some of them: every launch packs all its arguments before it uses any.)"""
+        params = self.entry.params
+        if len(args) != len(params):
+            return TypeError(f"{self.name}: takes {len(params)} arguments ({', '.join(p.name for p in params)}), "
+                             f"got {len(args)}")
+        for param, value in zip(params, args):
+            code = _FORMATS[param.ctype]
+            try:
+                struct.pack(code, value)
+            except (struct.error, OverflowError, TypeError):
+                number = (float, int) if code == "f" else int
+                if not isinstance(value, number) and not hasattr(value, "__index__"):
+                    return TypeError(f"{self.name}: argument {param.name} ({param.ctype}) got {type(value).__name__} "
+                                     f"{value!r}; pass {'a number' if code == 'f' else 'an int'}")
+                return ValueError(f"{self.name}: argument {param.name} ({param.ctype}) = {value!r} is out of its C "
+                                  f"type's range {_RANGES[code]}; check the value before the launch")
+        return TypeError(f"{self.name}: arguments {args!r} could not be packed as "
+                         f"({', '.join(f'{p.ctype} {p.name}' for p in params)})")
 
     def _other_device(self, where: str) -> ValueError:
         return ValueError(f"{self.name}: {where}, the kernel was loaded for cuda:{self.device}; launch it on its "
@@ -224,6 +244,26 @@ class Kernel:
         config = self._config
         config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
         self._dims = dims
+
+
+_RANGES = {"Q": "[0, 2**64) for a pointer", "i": "[-2**31, 2**31)", "I": "[0, 2**32)", "q": "[-2**63, 2**63)",
+           "f": "of a float"}
+
+
+def _argument_block(params):
+    """One buffer for a kernel's arguments, each at its native alignment, the void* array pointing at each, and
+    the struct's ``pack_into`` that fills the buffer in one call."""
+    layout = "@"
+    offsets = []
+    for param in params:
+        code = _FORMATS[param.ctype]
+        layout += code
+        offsets.append(struct.calcsize(layout) - struct.calcsize(code))
+    packer = struct.Struct(layout)
+    buffer = ctypes.create_string_buffer(max(8, packer.size))
+    base = ctypes.addressof(buffer)
+    pointers = (ctypes.c_void_p * max(1, len(offsets)))(*[base + offset for offset in offsets])
+    return packer.pack_into, buffer, pointers
 
 
 _PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD; 0 and CU_STREAM_LEGACY (1) below it: the current context's default streams

@@ -7,6 +7,7 @@ side (module loading, occupancy) is only faked here; the GPU tests run it for re
 """
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -1102,3 +1103,69 @@ def test_a_missing_kernel_is_said_once_where_warnings_are_errors(partial_cache):
         with pytest.raises(RuntimeWarning, match="has no kernel"):
             topk._plan_for(cuda0, "f32", False)
         assert sparse_mla._kernel(640, True, cuda0) is None and topk._plan_for(cuda0, "f32", False) is None
+
+
+def _packed_values(kernel) -> list:
+    """What the launch's void* array points at, read back as each parameter's C type."""
+    ctypes_of = {"void*": ctypes.c_uint64, "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32,
+                 "float": ctypes.c_float, "int64_t": ctypes.c_int64}
+    return [ctypes_of[p.ctype].from_address(kernel._pointers[i]).value for i, p in enumerate(kernel.entry.params)]
+
+
+def test_argument_block_lays_every_c_type_at_its_alignment():
+    """Each argument at an address aligned to its size, inside the one buffer, and read back as packed."""
+    from runtime.manifest import ParamEntry
+
+    params = tuple(ParamEntry(f"p{i}", ctype, 0, 0) for i, ctype in
+                   enumerate(("int32_t", "void*", "float", "int64_t", "uint32_t", "int32_t", "void*")))
+    pack, buffer, pointers = loader._argument_block(params)
+    values = (-2 ** 31, 2 ** 64 - 1, 0.5, -2 ** 63, 2 ** 32 - 1, 2 ** 31 - 1, 0)
+    pack(buffer, 0, *values)
+    base, sizes = ctypes.addressof(buffer), {"int32_t": 4, "uint32_t": 4, "float": 4, "void*": 8, "int64_t": 8}
+    for param, address in zip(params, pointers):
+        assert address % sizes[param.ctype] == 0 and base <= address <= base + len(buffer) - sizes[param.ctype]
+    kernel = types.SimpleNamespace(_pointers=pointers, entry=types.SimpleNamespace(params=params))
+    assert _packed_values(kernel) == list(values)
+    assert len({*pointers}) == len(params), "no two arguments share storage"
+
+
+def test_launch_refuses_a_value_its_c_type_cannot_hold(cache, stand_in):
+    """ctypes wrapped an int past int32 (2**31 became -2**31) and a negative pointer into a huge address, and the kernel
+    ran with it. Every argument is now range-checked as it is packed: a ValueError naming the argument, or a TypeError
+    for a value of the wrong kind, and no launch; the next good launch packs every argument again."""
+    stand_in()
+    kernel = loader.load(cache).kernel("probe_cluster2")
+    launched = _recording_launches(kernel)
+    assert [(p.name, p.ctype) for p in kernel.entry.params] == [("out", "void*"), ("seed", "int32_t")]
+    for args, exc, match in (((0, 2 ** 31), ValueError, r"argument seed \(int32_t\) = 2147483648 is out of"),
+                             ((0, -2 ** 31 - 1), ValueError, r"argument seed \(int32_t\)"),
+                             ((-1, 0), ValueError, r"argument out \(void\*\) = -1 .*pointer"),
+                             ((2 ** 64, 0), ValueError, r"argument out \(void\*\)"),
+                             ((0, 1.5), TypeError, r"argument seed \(int32_t\) got float 1.5; pass an int"),
+                             (("0", 1), TypeError, r"argument out \(void\*\) got str"),
+                             ((0,), TypeError, r"takes 2 arguments \(out, seed\), got 1"),
+                             ((0, 1, 2), TypeError, r"takes 2 arguments")):
+        with pytest.raises(exc, match=rf"^probe_cluster2: {match}"):
+            kernel.launch(2, *args, stream=5)
+    assert not launched
+    kernel.launch(2, 2 ** 64 - 1, -2 ** 31, stream=5)
+    assert _packed_values(kernel) == [2 ** 64 - 1, -2 ** 31] and launched == [5]
+    kernel.launch(2, 4096, 7, stream=5)
+    assert _packed_values(kernel) == [4096, 7]
+
+
+def test_float_arguments_pack_as_c_converts_them():
+    """A float past float32's range packs as inf (as ctypes and C's conversion do); an int too large for a double and a
+    value that is no number are refused, naming the argument."""
+    from runtime.manifest import ParamEntry
+
+    entry = types.SimpleNamespace(name="k", params=(ParamEntry("scale", "float", 0, 4),))
+    kernel = types.SimpleNamespace(name="k", entry=entry)
+    error = loader.Kernel._refused_arguments(kernel, (10 ** 400,))
+    assert isinstance(error, ValueError) and "argument scale (float) = 1000" in str(error)
+    error = loader.Kernel._refused_arguments(kernel, (None,))
+    assert isinstance(error, TypeError) and "got NoneType None; pass a number" in str(error)
+    pack, buffer, pointers = loader._argument_block(entry.params)
+    for value, packed in ((1e39, float("inf")), (-1e39, float("-inf")), (3, 3.0), (0.1, ctypes.c_float(0.1).value)):
+        pack(buffer, 0, value)
+        assert ctypes.c_float.from_address(pointers[0]).value == packed
