@@ -161,8 +161,12 @@ class Kernel:
         """
         if type(grid) is int:
             dims = (grid, 1, 1)
+        elif isinstance(grid, (tuple, list)):
+            dims = tuple(grid)
+            if not all(type(d) is int for d in dims):  # (2.0, 1, 1) equals (2, 1, 1): refused before that test
+                dims = self._check_grid(dims)
         else:
-            dims = tuple(grid) if isinstance(grid, (tuple, list)) else (whole_number(f"{self.name}: grid", grid), 1, 1)
+            dims = (whole_number(f"{self.name}: grid", grid), 1, 1)
         # This kernel's shared-memory and cluster attributes were set for its own device: refuse another GPU's
         # stream, as launch_on does. A raw handle cannot say its device; a torch stream and the default can.
         if stream is None:
@@ -232,15 +236,21 @@ class Kernel:
                           f"device's stream (launch_on, or torch.cuda.device({self.device}) around the launch) or "
                           f"load the cache there (runtime.load(device=i))")
 
-    def _set_grid(self, dims) -> None:
-        """Checked before the config changes: a grid refused halfway through its fields would leave the config at
-        another grid than ``_dims`` says, which the next launch with the old grid would then use."""
+    def _check_grid(self, dims) -> tuple:
+        """``dims`` as three ints, or a TypeError (not three whole numbers: a bool, float or None) or a ValueError
+        (outside CUDA's grid limits, or x not a multiple of the cluster's) naming the grid."""
         if len(dims) != 3:
             raise TypeError(f"{self.name}: grid {dims!r} must be an int or three ints (x, y, z)")
-        gx, gy, gz = dims = tuple(whole_number(f"{self.name}: grid", d) for d in dims)  # not a bool, float or None
+        gx, gy, gz = dims = tuple(whole_number(f"{self.name}: grid", d) for d in dims)
         if not (0 < gx <= _GRID_MAX[0] and 0 < gy <= _GRID_MAX[1] and 0 < gz <= _GRID_MAX[2]) or gx % self._cluster_x:
             raise ValueError(f"{self.name}: grid {dims} must be positive, at most {_GRID_MAX}, with x a multiple of "
                              f"{self._cluster_x}")
+        return dims
+
+    def _set_grid(self, dims) -> None:
+        """Checked before the config changes: a grid refused halfway through its fields would leave the config at
+        another grid than ``_dims`` says, which the next launch with the old grid would then use."""
+        gx, gy, gz = dims = self._check_grid(dims)
         config = self._config
         config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
         self._dims = dims

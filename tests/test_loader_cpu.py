@@ -219,9 +219,15 @@ def test_launch_refuses_a_grid_before_it_changes_the_config(cache, stand_in):
         with pytest.raises(exc, match=r"probe_cluster2: grid"):
             kernel.launch(grid, *args, stream=5)
     kernel.launch(2, *args, stream=5)
+    # the grid it holds, given as floats, a bool or a tensor: refused all the same (it compared equal and was taken)
+    for grid in ((2.0, 1, 1), (2, 1.0, 1), [2, True, 1], (torch.tensor(2.0), 1, 1)):
+        with pytest.raises(TypeError, match=r"probe_cluster2: grid"):
+            kernel.launch(grid, *args, stream=5)
     kernel.launch(np.int64(4), *args, stream=5)
     kernel.launch((np.int32(6), 2, 1), *args, stream=5)
-    assert grids == [(2, 1, 1), (2, 1, 1), (4, 1, 1), (6, 2, 1)]
+    kernel.launch((np.int32(6), 2, 1), *args, stream=5)
+    assert grids == [(2, 1, 1), (2, 1, 1), (4, 1, 1), (6, 2, 1), (6, 2, 1)]
+    assert all(type(d) is int for d in kernel._dims)
 
 
 def test_load_refuses_a_device_the_process_does_not_see(cache, stand_in):
