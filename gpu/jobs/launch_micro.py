@@ -13,10 +13,10 @@ import timeit
 import types
 
 sys.path.insert(0, sys.argv[1])
-from cuda.bindings import driver as drv  # noqa: E402
+from cuda.bindings import driver as drv
 
-from runtime import loader  # noqa: E402
-from runtime.manifest import ParamEntry  # noqa: E402
+from runtime import loader
+from runtime.manifest import ParamEntry
 
 SHAPES = {
     "sparse_mla_11": [("void*", 1 << 40)] * 7 + [("int32_t", 1000), ("int32_t", 2000), ("float", 0.04), ("float", 1.0)],
