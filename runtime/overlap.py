@@ -3,9 +3,10 @@ memory with an input), and whether a tensor's view lies inside its storage.
 
 A kernel reads its inputs while other CTAs write the output, so an ``out`` that overlaps an input
 (fully or partly) changes what is read mid-launch: wrong results, and where a kernel re-reads its
-input and relies on the counts of an earlier pass (decode_topk), writes past its slots. The
-tensors here are laid out as rows of contiguous bytes (contiguous, or 2-D with unit column
-stride), so the check is exact: no false alarm for disjoint rows of one buffer.
+input and relies on the counts of an earlier pass (decode_topk), writes past its slots. The host
+ops' tensors are laid out as rows of contiguous bytes (contiguous, or 2-D with unit column
+stride), so the check is exact: no false alarm for disjoint rows of one buffer. Other strided
+layouts (a gather's result) are read in pieces of such rows, exact too up to _MAX_PIECES.
 """
 
 from __future__ import annotations
@@ -15,15 +16,53 @@ import torch
 
 def _runs(t: torch.Tensor):
     """(first byte, runs, bytes between runs, bytes a run) of a contiguous tensor or a 2-D one with
-    unit column stride; None when it holds no element or no memory (meta: every data_ptr is 0)."""
+    unit column stride; a list of such for any other layout (_strided_runs); None when it holds no
+    element or no memory (meta: every data_ptr is 0)."""
     nbytes = t.nbytes
     if nbytes == 0 or t.is_meta:
         return None
     if t.is_contiguous():
         return t.data_ptr(), 1, 0, nbytes
-    rows, cols = t.shape  # the callers pass nothing else
-    es = t.element_size()
-    return t.data_ptr(), rows, t.stride(0) * es, cols * es
+    es, shape, strides = t.element_size(), t.shape, t.stride()
+    if len(shape) != 2 or strides[1] != 1:
+        return _strided_runs(t, es)
+    return t.data_ptr(), shape[0], strides[0] * es, shape[1] * es
+
+
+# A layout of more pieces than this is read as its whole byte span: a false alarm at worst, never a miss.
+_MAX_PIECES = 256
+
+
+def _strided_runs(t: torch.Tensor, es: int) -> list:
+    """The layouts the host ops do not pass (a gather's result may be column-strided, transposed or 3-D) as a list
+    of _runs tuples, exact up to _MAX_PIECES: read as rows of adjacent columns, such a view's bytes past
+    ``cols * es`` went unseen (a miss) and a 1-D or 3-D one failed to unpack."""
+    start = t.data_ptr()
+    # A dimension of one index or of stride 0 adds no byte; one of stride 1 makes each run that many elements.
+    dims = [(n, s) for n, s in zip(t.shape, t.stride()) if n > 1 and s > 0]
+    run = es
+    inner = next((d for d in dims if d[1] == 1), None)
+    if inner is not None:
+        dims.remove(inner)
+        run = inner[0] * es
+    if not dims:
+        return [(start, 1, 0, run)]
+    count, step = max(dims)  # the longest dimension as the runs of one piece: the fewest pieces
+    dims.remove((count, step))
+    firsts = [start]
+    for n, s in dims:
+        if len(firsts) * n > _MAX_PIECES:
+            return [(start, 1, 0, sum((n - 1) * s for n, s in zip(t.shape, t.stride())) * es + es)]
+        firsts = [f + k * s * es for f in firsts for k in range(n)]
+    return [(f, count, step * es, run) for f in firsts]
+
+
+def _span(r) -> tuple:
+    """The first byte and the end of a _runs layout."""
+    if type(r) is list:
+        spans = [_span(p) for p in r]
+        return min(s[0] for s in spans), max(s[1] for s in spans)
+    return r[0], r[0] + (r[1] - 1) * r[2] + r[3]
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -37,7 +76,7 @@ def first_overlap(out: torch.Tensor, named) -> str | None:
     ro = _runs(out)
     if ro is None:
         return None
-    low, high = ro[0], ro[0] + (ro[1] - 1) * ro[2] + ro[3]  # out's byte span
+    low, high = _span(ro) if type(ro) is list else (ro[0], ro[0] + (ro[1] - 1) * ro[2] + ro[3])  # out's span
     for name, t in named:
         if t is None:
             continue
@@ -89,6 +128,9 @@ def _runs_overlap(ra, rb) -> bool:
     """Whether two _runs layouts share a byte (None: no bytes)."""
     if ra is None or rb is None:
         return False
+    if type(ra) is list or type(rb) is list:  # a layout in pieces (_strided_runs): any piece of each
+        return any(_runs_overlap(pa, pb) for pa in (ra if type(ra) is list else [ra])
+                   for pb in (rb if type(rb) is list else [rb]))
     if ra[1] > rb[1]:
         ra, rb = rb, ra
     a0, na, sa, la = ra

@@ -141,3 +141,39 @@ def test_scorer_check_refuses_a_shrunk_storage():
     for name in ("q", "weights", "cache", "seq_lens", "block_table"):
         with pytest.raises(ValueError, match=f"{name}: its view ends"):
             TorchScorer().check_inputs(**{**args, name: _shrunk(args[name], 4)})
+
+
+def _any_view(base: torch.Tensor, dtype, rng: random.Random) -> torch.Tensor:
+    """A view of ``base`` as ``dtype`` with 1 to 3 dimensions of any non-negative strides: column-strided, transposed,
+    expanded (stride 0) or empty, as a caller's gather may return."""
+    flat = base.view(dtype)
+    dims = rng.randint(1, 3)
+    shape = [rng.randint(0 if rng.random() < 0.05 else 1, 5) for _ in range(dims)]
+    strides = [rng.choice([0, 1, 2, 3, 7, rng.randint(0, 40)]) for _ in range(dims)]
+    need = sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+    if 0 in shape or need > flat.numel():
+        return flat[:0]
+    return flat.as_strided(shape, strides, rng.randrange(flat.numel() - need + 1))
+
+
+def _all_bytes_of(t: torch.Tensor) -> set:
+    es, index = t.element_size(), [0]
+    for n, s in zip(t.shape, t.stride()):
+        index = [i + k * s for i in index for k in range(n)]
+    return {t.data_ptr() + i * es + b for i in index for b in range(es)}
+
+
+def test_overlaps_matches_brute_force_for_any_strides():
+    """Layouts past the host ops' own (a gather's result is checked against the buffer it is copied into): no
+    unpacking error, and no miss or false alarm from reading a strided view as runs of adjacent columns."""
+    from runtime.overlap import first_overlap
+
+    rng = random.Random(2)
+    base = torch.zeros(512, dtype=torch.uint8)
+    for _ in range(4000):
+        a = _any_view(base, rng.choice([torch.uint8, torch.int32, torch.bfloat16]), rng)
+        b = _any_view(base, rng.choice([torch.uint8, torch.int32, torch.float32]), rng)
+        want = bool(_all_bytes_of(a) & _all_bytes_of(b))
+        got = (overlaps(a, b), overlaps(b, a), first_overlap(a, (("b", b),)) == "b",
+               first_overlap(b, (("a", a),)) == "a")
+        assert got == (want,) * 4, (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(), b.storage_offset())
