@@ -130,7 +130,11 @@ def _sections(data: bytes):
         except ValueError:  # no terminating NUL, or not UTF-8
             raise CubinFormatError("a section name is unreadable (truncated?)") from None
 
-    return {name(h[0]): data[h[4] : h[4] + h[5]] for h in heads}
+    sections = {name(h[0]): data[h[4] : h[4] + h[5]] for h in heads}
+    if len(sections) != len(heads):  # the dict kept the last of two; _kernel_info reads the first
+        twice = next(n for n in sections if sum(name(h[0]) == n for h in heads) > 1)
+        raise CubinFormatError(f"two sections named {twice}")
+    return sections
 
 
 def _sm_of(data: bytes) -> tuple[int, bool]:
@@ -211,10 +215,10 @@ def _kernel_info(data: bytes, symbol: str) -> bytes | None:
     heads, shstrndx = _section_heads(data)
     strtab = heads[shstrndx][4]
     name = b".nv.info." + symbol.encode() + b"\0"
-    for h in heads:
-        if data.startswith(name, strtab + h[0]):
-            return data[h[4] : h[4] + h[5]]
-    return None
+    found = [h for h in heads if data.startswith(name, strtab + h[0])]
+    if len(found) > 1:  # read_cubin's dict kept the last, this the first: a decoy could hide a parameter from either
+        raise CubinFormatError(f"two sections named .nv.info.{symbol}")
+    return data[found[0][4] : found[0][4] + found[0][5]] if found else None
 
 
 def read_cubin(data: bytes) -> CubinInfo:

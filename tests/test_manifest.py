@@ -746,3 +746,42 @@ def test_the_build_refuses_a_kernel_compiled_for_another_block_shape():
     with pytest.raises(SystemExit, match=r"compiled for blocks of \[128, 1, 1\] threads, the contract launches "
                                          r"\[256, 1, 1\]"):
         build_kernels.manifest_entry(dataclasses.replace(variant, threads=256), "sm_90a", data)
+
+
+def _decoy_kernel_info(data):
+    """A second ``.nv.info.<kernel>`` section ahead of the kernel's own: the ``.nv.info`` section renamed and pointed
+    at the kernel's attribute list past its first parameter record (so it lists one parameter fewer)."""
+    import struct
+
+    from runtime import cubin
+
+    heads, shstrndx = cubin._section_heads(bytes(data))
+    strtab = heads[shstrndx][4]
+    name_of = {bytes(data[strtab + h[0]: bytes(data).index(b"\0", strtab + h[0])]): i for i, h in enumerate(heads)}
+    own = next(i for n, i in name_of.items() if n.startswith(b".nv.info.kernel"))
+    decoy = name_of[b".nv.info"]
+    assert decoy < own
+    start, size = heads[own][4], heads[own][5]
+    at = start
+    while not (data[at] == 4 and data[at + 1] == 0x17):  # the first EIATTR_KPARAM_INFO record
+        at += 4 + (data[at + 2] | data[at + 3] << 8) if data[at] == 4 else 4 if data[at] in (2, 3) else 2
+    at += 4 + 12
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    struct.pack_into("<I", data, shoff + decoy * 64, heads[own][0])  # the kernel's section name
+    struct.pack_into("<QQ", data, shoff + decoy * 64 + 24, at, start + size - at)
+
+
+def test_a_second_attribute_list_of_the_kernel_is_refused(cache, monkeypatch):
+    """Two sections named .nv.info.<kernel>: the load path's parameter count read the first, check_cache's layout the
+    last, so a decoy listing a parameter fewer passed the load of a manifest that drops the kernel's last parameter
+    (the check the count exists for). Refused as an unreadable ELF by both."""
+    from runtime.manifest import check_elf_attributes, read_manifest
+
+    rewrite_first_cubin(cache, "sm_90a", _decoy_kernel_info)
+    edit_manifest(cache, "sm_90a", drop_last_param)
+    contract_follows_the_manifest(monkeypatch, cache)
+    entry = next(iter(read_manifest(cache, "sm_90a").kernels.values()))
+    with pytest.raises(errors.CubinIntegrityError, match="two sections named .nv.info.kernel"):
+        check_elf_attributes(first_cubin(cache).read_bytes(), entry, first_cubin(cache), "sm_90a")
+    with pytest.raises(errors.CubinIntegrityError, match="two sections named .nv.info.kernel"):
+        check_cache(cache, "sm_90a")
