@@ -156,9 +156,13 @@ def _attributes(info: bytes):
             if i + 4 > len(info):
                 raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
             size = info[i + 2] | info[i + 3] << 8
+            if i + 4 + size > len(info):  # the value too: the slice would read it short and go on
+                raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
             value = info[i + 4 : i + 4 + size]
             i += 4 + size
         elif fmt in (_EIFMT_BVAL, _EIFMT_HVAL):
+            if i + 4 > len(info):
+                raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
             value = info[i + 2 : i + 4]
             i += 4
         elif fmt == _EIFMT_NVAL:

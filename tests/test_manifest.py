@@ -785,3 +785,18 @@ def test_a_second_attribute_list_of_the_kernel_is_refused(cache, monkeypatch):
         check_elf_attributes(first_cubin(cache).read_bytes(), entry, first_cubin(cache), "sm_90a")
     with pytest.raises(errors.CubinIntegrityError, match="two sections named .nv.info.kernel"):
         check_cache(cache, "sm_90a")
+
+
+def _last_attribute_past_its_section(data):
+    """The kernel's last .nv.info record (EIATTR 0x36, 4 bytes in the committed probes) says it holds 8 bytes: its
+    value runs past the section's end."""
+    at = bytes(data).index(bytes([4, 0x36, 4, 0]))
+    data[at + 2] = 8
+
+
+def test_an_attribute_running_past_its_section_is_refused(cache):
+    """A record whose header fits but whose value runs past the section was read short and accepted (only a record
+    header past the end was refused): the driver is not trusted to bounds-check the attribute list either."""
+    rewrite_first_cubin(cache, "sm_90a", _last_attribute_past_its_section)
+    with pytest.raises(errors.CubinIntegrityError, match="attribute runs past its section"):
+        check_cache(cache, "sm_90a")
