@@ -40,7 +40,12 @@ def verify(root=None) -> int:
     print(f"loaded and validated {len(cache.names())} kernels in {seconds * 1e3:.1f} ms; every entry matches the "
           f"runtime's contract; ELF symbols and parameter lists match the manifest")
     failed = 0
-    results = run_probe(cache)
+    try:
+        results = run_probe(cache)
+    except RuntimeError as e:  # a probe launch refused or faulted (CudaCallError, torch's CUDA error): a FAIL line
+        print(f"  probe: FAIL {type(e).__name__}: {e}")
+        print("verify: FAILED")
+        return 1
     if not results:  # nothing launched, nothing proved: the self-test is the probe kernels
         print(f"  probe: FAIL the manifest has no probe kernel to launch; rebuild with them: "
               f"{rebuild(m.arch, m.root)}")

@@ -1175,3 +1175,23 @@ def test_float_arguments_pack_as_c_converts_them():
     for value, packed in ((1e39, float("inf")), (-1e39, float("-inf")), (3, 3.0), (0.1, ctypes.c_float(0.1).value)):
         pack(buffer, 0, value)
         assert ctypes.c_float.from_address(pointers[0]).value == packed
+
+
+@pytest.mark.parametrize("error", [errors.DriverRefusedError("launch refused", kernel="probe_cluster2"),
+                                   RuntimeError("CUDA error: an illegal memory access was encountered")],
+                         ids=["refused", "faulted"])
+def test_verify_reports_a_probe_that_fails_to_run(cache, stand_in, monkeypatch, capsys, error):
+    """A probe launch the driver refuses, or one that faults (torch raises at the synchronize), ended verify with a
+    traceback: now a FAIL line naming the error, "verify: FAILED" and exit 1."""
+    import runtime.probe
+    from runtime import __main__ as cli
+
+    def failing_probe(loaded):
+        raise error
+
+    stand_in()
+    monkeypatch.setattr(runtime.probe, "run_probe", failing_probe)
+    assert cli.verify(cache) == 1
+    out = capsys.readouterr().out
+    assert f"probe: FAIL {type(error).__name__}: " in out and str(error) in out
+    assert out.rstrip().endswith("verify: FAILED")
