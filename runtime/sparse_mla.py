@@ -50,6 +50,15 @@ _BMM2_SCALE_MAX = 1e10
 assert _BMM2_SCALE_MAX / 256 / 1e-30 < _FLOAT32_MAX
 
 
+def _copy_fix(name, fix):
+    """``fix`` (a copy of ``name`` to pass), for the sinks with when to make it (the docstring's rule): with PDL the
+    kernel reads them before it waits for the previous kernel, the one that writes a copy made each call."""
+    if name != "sinks":
+        return fix
+    return (f"{fix}, made once where the weights are loaded (with pdl=True the kernel reads the sinks before it waits "
+            f"for the kernel before it, which would write a copy made each call), or pass pdl=False")
+
+
 def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     """``t``'s shape, where it is a dense contiguous ``dtype`` tensor of ``ndim`` dimensions inside its storage, on
     ``device`` (unless None: q, which sets it) and ``align``-byte aligned; else a TypeError/ValueError naming ``name``.
@@ -64,20 +73,21 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
         elif dtype == FP8 and t.dtype in (torch.uint8, torch.int8):  # FP8 bytes kept as integers: .to() would
             fix = f"pass {name}.view({dtype}) where its bytes are E4M3 values"  # convert each byte's number
         else:
-            fix = f"pass {name}.to({dtype})"
+            fix = _copy_fix(name, f"pass {name}.to({dtype})")
         raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}; {fix}")
     shape = t.shape
     if len(shape) != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(shape)}")
     if not t.is_contiguous():
-        fix = "pass a contiguous out (or out=None)" if name == "out" else f"pass {name}.contiguous()"
+        fix = "pass a contiguous out (or out=None)" if name == "out" else _copy_fix(name, f"pass {name}.contiguous()")
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}; {fix}")
     check_in_storage(name, t)
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, q on {device}; pass every tensor on q's device")
     if t.data_ptr() % align and t.numel():
+        fix = _copy_fix(name, f"pass a tensor that torch allocated, or {name}.clone()")
         raise ValueError(f"{name} must start at a {align}-byte aligned address (its data_ptr is {t.data_ptr() % align} "
-                         f"bytes past one); pass a tensor that torch allocated, or {name}.clone()")
+                         f"bytes past one); {fix}")
     return shape
 
 

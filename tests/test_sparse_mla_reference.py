@@ -274,6 +274,17 @@ def test_host_op_refusals_say_the_fix(name, mutate, fix):
         _call_with(sparse_mla.sparse_mla_decode, name, mutate)
 
 
+@pytest.mark.parametrize("mutate", [lambda v: v.bfloat16(), lambda v: torch.zeros(32)[::2],
+                                    lambda v: at_byte_offset(v, 2)], ids=("dtype", "strided", "unaligned"))
+def test_sinks_refusals_say_to_convert_once(mutate):
+    """With PDL (the default) the kernel reads the sinks before it waits for the kernel before it: a copy made each call
+    (sinks.to(torch.float32), .contiguous(), .clone()) is written by that kernel, which the docstring forbids. The
+    refusals said to pass such a copy; they say to make it once, or to pass pdl=False."""
+    from runtime import sparse_mla
+    with pytest.raises((TypeError, ValueError), match=r"^sinks\b.*once.*or pass pdl=False"):
+        _call_with(sparse_mla.sparse_mla_decode, "sinks", mutate)
+
+
 def test_host_op_fallback_writes_an_out_made_under_inference_mode():
     """A serving engine may allocate its output buffers under torch.inference_mode() at start-up and call the op
     outside it: the kernel writes such an out through its pointer, while the fallback's copy_ raised torch's
