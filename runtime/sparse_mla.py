@@ -85,7 +85,9 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, q on {device}; pass every tensor on q's device")
     if t.data_ptr() % align and t.numel():
-        fix = _copy_fix(name, f"pass a tensor that torch allocated, or {name}.clone()")
+        # out receives the result: a copy of it would take the result instead
+        fix = ("pass an out that torch allocated (or out=None)" if name == "out"
+               else _copy_fix(name, f"pass a tensor that torch allocated, or {name}.clone()"))
         raise ValueError(f"{name} must start at a {align}-byte aligned address (its data_ptr is {t.data_ptr() % align} "
                          f"bytes past one); {fix}")
     return shape

@@ -262,6 +262,8 @@ FIXES = [
     ("swa_kv", lambda v: v.to("meta"), r"; pass every tensor on q's device"),
     ("compressed_kv", lambda v: at_byte_offset(v, 8), r"bytes past one\); pass a tensor that torch allocated"),
     ("bmm1_scale", lambda v: torch.tensor(v), r"got Tensor; pass a Python float"),
+    # out receives the result: out.clone() would take it instead of the caller's buffer
+    ("out", lambda v: at_byte_offset(v, 2), r"bytes past one\); pass an out that torch allocated \(or out=None\)$"),
 ]
 
 
