@@ -196,7 +196,7 @@ def test_fallback_writes_an_out_made_under_inference_mode():
     ("row_ends dtype", r"; pass row_ends\.int\(\)"),
     ("row_ends strides", r"; pass row_ends\.contiguous\(\)"),
     ("out dtype", r"; allocate it with dtype=torch\.int32"),
-    ("devices", r"; move row_ends and out to the logits' device"),
+    ("devices", r"; pass row_ends on the logits' device and an out allocated there \(the op writes out in place"),
 ])
 def test_refusals_say_the_fix(case, fix):
     """The refusals named the argument and what was wrong ("row_ends must be contiguous") but not what to pass."""
