@@ -2,7 +2,10 @@
 # limit: 560
 # A session's last GPU call: every GPU test on the tree as it stands (runtime verify first), Kernel.launch's own host
 # time against an older runtime (gpu/jobs/launch_micro.py; OLD_RUNTIME names its carried archive, `git archive REV
-# runtime | gzip -n`), and on an H200 the decode_topk and sparse-MLA grids. Carry .whl. Results in $JOB_OUT.
+# runtime | gzip -n`), and on an H200 the decode_topk and sparse-MLA grids; elsewhere, where LOAD_AB_TREE names an
+# older whole tree (`git archive REV runtime benchmarks manifests cubins | gzip -n`), runtime.load() in fresh
+# processes of that tree and of this one, one round each (its own cubins and manifests for each). Carry .whl.
+# Results in $JOB_OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD} SPARSE_DECODE_AOT_CACHE=$PWD
 OUTDIR=${JOB_OUT:?}
@@ -25,5 +28,17 @@ if echo "$gpu" | grep -q H200; then
     echo "=== sparse-MLA grid (${SECONDS}s)"
     timeout "$left" python3 benchmarks/bench_sparse_mla.py --out "$OUTDIR/bench_sparse_mla.json" 2>&1 | tail -14
   fi
+fi
+if ! echo "$gpu" | grep -q H200 && [ -n "${LOAD_AB_TREE:-}" ]; then
+  echo "=== runtime.load() in fresh processes, $LOAD_AB_TREE then this tree (${SECONDS}s)"
+  rm -rf /tmp/load_old && mkdir -p /tmp/load_old && tar -xzf "$LOAD_AB_TREE" -C /tmp/load_old
+  (cd /tmp/load_old && SPARSE_DECODE_AOT_CACHE=/tmp/load_old PYTHONPATH=/tmp/load_old timeout 150 python3 \
+     benchmarks/bench_runtime.py "$OUTDIR/load_old.json" --runs 7 --profile-runs 0 --cold-only 2>&1 | tail -2)
+  timeout 150 python3 benchmarks/bench_runtime.py "$OUTDIR/load_new.json" --runs 7 --profile-runs 0 --cold-only 2>&1 | tail -2
+  for f in "$OUTDIR"/load_old.json "$OUTDIR"/load_new.json; do
+    python3 -c "
+import json, sys; c = json.load(open(sys.argv[1]))['cold_start']
+print(sys.argv[1].rsplit('/', 1)[1], {m: round(c[m]['load_ms_median'], 1) for m in c if isinstance(c[m], dict) and 'load_ms_median' in c[m]})" "$f"
+  done
 fi
 echo "=== took ${SECONDS}s"
