@@ -24,25 +24,6 @@ def _random_view(base: torch.Tensor, dtype, rng: random.Random) -> torch.Tensor:
     return flat.as_strided((rows, cols), (stride, 1), rng.randrange(n - need + 1))
 
 
-def _bytes_of(t: torch.Tensor) -> set:
-    es = t.element_size()
-    shape = t.shape if t.dim() == 2 else (1, t.numel())
-    strides = t.stride() if t.dim() == 2 else (0, 1)
-    return {t.data_ptr() + (r * strides[0] + c * strides[1]) * es + b
-            for r in range(shape[0]) for c in range(shape[1]) for b in range(es)}
-
-
-def test_overlaps_matches_brute_force():
-    rng = random.Random(1)
-    base = torch.zeros(256, dtype=torch.uint8)
-    for _ in range(3000):
-        a = _random_view(base, rng.choice([torch.uint8, torch.int32, torch.bfloat16]), rng)
-        b = _random_view(base, rng.choice([torch.uint8, torch.int32, torch.float32]), rng)
-        want = bool(_bytes_of(a) & _bytes_of(b))
-        assert overlaps(a, b) == want and overlaps(b, a) == want, (a.shape, a.stride(), a.storage_offset(),
-                                                                    b.shape, b.stride(), b.storage_offset())
-
-
 def _shrunk(t: torch.Tensor, keep_bytes: int) -> torch.Tensor:
     """A view of ``t``'s values whose own storage is then shrunk to ``keep_bytes`` (as FSDP frees a parameter's
     memory with untyped_storage().resize_()): the view's metadata is unchanged, its bytes are gone."""
@@ -163,16 +144,19 @@ def _all_bytes_of(t: torch.Tensor) -> set:
     return {t.data_ptr() + i * es + b for i in index for b in range(es)}
 
 
-def test_overlaps_matches_brute_force_for_any_strides():
-    """Layouts past the host ops' own (a gather's result is checked against the buffer it is copied into): no
-    unpacking error, and no miss or false alarm from reading a strided view as runs of adjacent columns."""
+@pytest.mark.parametrize("view, seed, size, draws", [(_random_view, 1, 256, 3000), (_any_view, 2, 512, 4000)],
+                         ids=["host-op-layouts", "any-strides"])
+def test_overlaps_matches_brute_force(view, seed, size, draws):
+    """The host ops' layouts (contiguous, or rows of adjacent columns), then any strides (a gather's result is checked
+    against the buffer it is copied into): no unpacking error, and no miss or false alarm from reading a strided view
+    as runs of adjacent columns."""
     from runtime.overlap import first_overlap
 
-    rng = random.Random(2)
-    base = torch.zeros(512, dtype=torch.uint8)
-    for _ in range(4000):
-        a = _any_view(base, rng.choice([torch.uint8, torch.int32, torch.bfloat16]), rng)
-        b = _any_view(base, rng.choice([torch.uint8, torch.int32, torch.float32]), rng)
+    rng = random.Random(seed)
+    base = torch.zeros(size, dtype=torch.uint8)
+    for _ in range(draws):
+        a = view(base, rng.choice([torch.uint8, torch.int32, torch.bfloat16]), rng)
+        b = view(base, rng.choice([torch.uint8, torch.int32, torch.float32]), rng)
         want = bool(_all_bytes_of(a) & _all_bytes_of(b))
         got = (overlaps(a, b), overlaps(b, a), first_overlap(a, (("b", b),)) == "b",
                first_overlap(b, (("a", a),)) == "a")

@@ -21,12 +21,6 @@ timeout 120 python3 benchmarks/bench_runtime.py "$OUTDIR/runtime.json" --runs 7 
 python3 -c "
 import json; d = json.load(open('$OUTDIR/runtime.json'))['launch_overhead']; print({k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()})"
 if echo "$gpu" | grep -q H200; then
-  echo "=== 4. decode_topk grid (${SECONDS}s)"
-  timeout 120 python3 benchmarks/bench_topk.py --out "$OUTDIR/decode_topk.json" 2>&1 | tail -6
-  left=$((${LIMIT:-560} - SECONDS - 10))
-  if [ "$left" -gt 150 ]; then
-    echo "=== 5. sparse-MLA grid (${SECONDS}s)"
-    timeout "$left" python3 benchmarks/bench_sparse_mla.py --out "$OUTDIR/bench_sparse_mla.json" 2>&1 | tail -14
-  fi
+  bash gpu/tools/h200_grids.sh "$OUTDIR" "$SECONDS"
 fi
 echo "=== took ${SECONDS}s"

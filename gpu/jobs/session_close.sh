@@ -21,13 +21,7 @@ fi
 echo "=== every GPU test (${SECONDS}s)"
 JOB_OUT=$OUTDIR bash gpu/jobs/all_gpu_tests.sh 2>&1 | tail -6
 if echo "$gpu" | grep -q H200; then
-  echo "=== decode_topk grid (${SECONDS}s)"
-  timeout 120 python3 benchmarks/bench_topk.py --out "$OUTDIR/decode_topk.json" 2>&1 | tail -6
-  left=$((${LIMIT:-560} - SECONDS - 10))
-  if [ "$left" -gt 150 ]; then
-    echo "=== sparse-MLA grid (${SECONDS}s)"
-    timeout "$left" python3 benchmarks/bench_sparse_mla.py --out "$OUTDIR/bench_sparse_mla.json" 2>&1 | tail -14
-  fi
+  bash gpu/tools/h200_grids.sh "$OUTDIR" "$SECONDS"
 fi
 if ! echo "$gpu" | grep -q H200 && [ -n "${LOAD_AB_TREE:-}" ]; then
   echo "=== runtime.load() in fresh processes, $LOAD_AB_TREE then this tree (${SECONDS}s)"
