@@ -112,6 +112,9 @@ def test_cache_pack_roundtrip():
 def test_logits_reference_matches_token_loop():
     step = make_step(5, heads=4, head_dim=32, max_model_len=200, k=8, signed_weights=True)
     assert (step.weights < 0).any(), "negative head weights: relu before the weight, not after"
+    # A row as long as the context: its last page is partial (200 = 3 * 64 + 8), so a page count rounded down
+    # drops columns 192..199 (the random lengths of this step all end before them).
+    step.metadata.seq_lens[0] = 200
     a = step.state_args
     logits = reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], step.metadata.seq_lens,
                                                 step.metadata.block_table, a["max_model_len"])
