@@ -244,7 +244,6 @@ def decode_topk_reference(logits: torch.Tensor, row_ends: torch.Tensor, k: int, 
         padded = torch.full((rows, blocks * DECODE_TOPK_BLOCK), -1, dtype=torch.long, device=logits.device)
         padded[:, :width] = keys
         keys = padded.view(rows, blocks, DECODE_TOPK_BLOCK).amax(dim=2)
-        ends = -(-ends // DECODE_TOPK_BLOCK)
         width = blocks
     index = torch.arange(width, device=logits.device)
     ranked = (keys << _INDEX_BITS) | (_INDEX_MASK - index)[None, :]
