@@ -130,10 +130,12 @@ def _sections(data: bytes):
         except ValueError:  # no terminating NUL, or not UTF-8
             raise CubinFormatError("a section name is unreadable (truncated?)") from None
 
-    sections = {name(h[0]): data[h[4] : h[4] + h[5]] for h in heads}
-    if len(sections) != len(heads):  # the dict kept the last of two; _kernel_info reads the first
-        twice = next(n for n in sections if sum(name(h[0]) == n for h in heads) > 1)
-        raise CubinFormatError(f"two sections named {twice}")
+    sections = {}
+    for h in heads:
+        section = name(h[0])
+        if section in sections:  # a dict would keep the last of two, _kernel_info reads the first
+            raise CubinFormatError(f"two sections named {section}")
+        sections[section] = data[h[4] : h[4] + h[5]]
     return sections
 
 

@@ -276,7 +276,8 @@ def _argument_block(params):
     return packer.pack_into, buffer, pointers
 
 
-_PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD; 0 and CU_STREAM_LEGACY (1) below it: the current context's default streams
+# CU_STREAM_PER_THREAD; 0 and CU_STREAM_LEGACY (1) below it: the current context's default streams
+_PER_THREAD_STREAM = 2
 _GRID_MAX = (2 ** 31 - 1, 65535, 65535)  # CUDA's grid limits (x, y, z) on every arch the cache builds for
 
 

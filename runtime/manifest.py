@@ -623,8 +623,9 @@ def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str, 
         raise _unreadable_elf(e, entry, path, arch, root) from None
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
-    check_param_layout(entry, [(p.offset, p.size) for p in info.kernels[entry.symbol]], path, arch, "the cubin's ELF", root)
-    check_elf_attributes(data, entry, path, arch, root)  # the count agrees with the layout just checked: the block shape
+    layout = [(p.offset, p.size) for p in info.kernels[entry.symbol]]
+    check_param_layout(entry, layout, path, arch, "the cubin's ELF", root)
+    check_elf_attributes(data, entry, path, arch, root)  # the count agrees with the layout just checked: block shape
 
 
 def check_param_layout(entry: KernelEntry, actual, path, arch: str, source: str, root=None) -> None:

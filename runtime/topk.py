@@ -122,8 +122,8 @@ def _check_args(logits, row_ends, out, block_mode):
     device = logits.device
     if row_ends.device != device or out.device != device:
         raise ValueError(f"logits, row_ends and out must be on one device, got {logits.device}, "
-                         f"{row_ends.device} and {out.device}; pass row_ends on the logits' device and an out allocated there (the "
-                         f"op writes out in place: a moved copy would take the result)")
+                         f"{row_ends.device} and {out.device}; pass row_ends on the logits' device and an out "
+                         f"allocated there (the op writes out in place: a moved copy would take the result)")
     for name, t in (("logits", logits), ("row_ends", row_ends), ("out", out)):
         check_in_storage(name, t)
     # The kernels read row_ends and write out by 4-byte accesses, and every reader of the logits (the kernels, the
