@@ -266,24 +266,41 @@ def test_value_check_refuses_a_stale_deepgemm_schedule():
 
 
 def test_torch_scorer_flow_agrees_with_deepgemm_flow():
+    """The DeepGEMM flow's picks against the torch scorer's FP32 logits. DeepGEMM sums the heads' products in another
+    order with Hopper's FP8 accumulation, so its logits differ from the exact ones (~1e-4 of the row's largest logit,
+    held within 1e-3 as in test_deepgemm_logits_match_reference; the weights here are positive, so that logit is the
+    terms' scale), and two columns can swap only where their exact logits lie within twice that difference: every
+    column the DeepGEMM flow takes must score at least the row's k-th exact value less that margin, and every column
+    it leaves at most the k-th value plus it. The torch flow selects exactly (no margin)."""
     scorer = _deepgemm()
     step = _step(8)
     dg = make_state(step, scorer=scorer)
     decode_rows(dg, step.metadata, step.q, step.weights, SingleRank())
     ref = make_state(step, scorer=TorchScorer())
     decode_rows(ref, step.metadata, step.q, step.weights, SingleRank())
-    # Summation order differs, so only near-ties may swap; both take min(k, seq_len) candidates.
+    a, md = step.state_args, step.metadata
+    inputs = (step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table)
+    exact = TorchScorer().logits(*inputs, None, a["max_model_len"])
+    fast = scorer.logits(*inputs, scorer.schedule(md.seq_lens), a["max_model_len"])
     for r in range(8):
-        n, length = min(step.state_args["k"], int(step.metadata.seq_lens[r])), int(step.metadata.seq_lens[r])
-        for name, row in (("deepgemm", dg.topk_indices[r]), ("torch", ref.topk_indices[r])):
+        length = int(md.seq_lens[r])
+        n = min(a["k"], length)
+        e, f = exact[r, :length].double(), fast[r, :length].double()
+        gap = float((e - f).abs().max()) if length else 0.0
+        assert gap <= 1e-3 * float(e.abs().max()), f"row {r}: DeepGEMM's logits {gap:.3g} off the FP32 reference"
+        for name, row, margin in (("deepgemm", dg.topk_indices[r], 2 * gap), ("torch", ref.topk_indices[r], 0.0)):
             # The sets below drop -1 and repeats: a row padded with a repeated index instead of -1 passed them.
             taken = row[row != -1]
             assert taken.numel() == n and taken.unique().numel() == n, (name, r)
             assert ((taken >= 0) & (taken < length)).all(), (name, r)
-        a = set(dg.topk_indices[r].tolist()) - {-1}
-        b = set(ref.topk_indices[r].tolist()) - {-1}
-        assert len(a) == len(b) == min(step.state_args["k"], int(step.metadata.seq_lens[r])), r
-        assert len(a & b) >= 0.98 * len(b), r
+            if not n:
+                continue
+            kth = float(e.topk(n).values[-1])
+            left = torch.ones(length, dtype=torch.bool, device=e.device)
+            left[taken.long()] = False
+            assert float(e[taken.long()].min()) >= kth - margin, f"{name} row {r} takes a column below the k-th"
+            if left.any():
+                assert float(e[left].max()) <= kth + margin, f"{name} row {r} leaves a column above the k-th"
 
 
 _CHECK = textwrap.dedent("""
