@@ -451,7 +451,8 @@ def check_step_compiles_nothing(step, *, repeats: int = 10, first_step_factor: f
     CUDA stream) in a process whose DeepGEMM cache was warmed, and prove it
     compiled nothing: the JIT cache directory is unchanged and the first step's wall
     time is within ``first_step_factor`` x the steady state plus a slack for loading
-    the cached cubins (milliseconds; a compile takes seconds). Raises RuntimeError otherwise; returns the timings.
+    the cached cubins (milliseconds; a compile takes seconds). Raises RuntimeError otherwise; returns the timings
+    (``steady_range_ms``: the repeats' fastest and slowest, the spread a first step is read against).
     """
     repeats = whole_count("repeats", repeats, 1)  # the steady state is their median
     before = jit_cache_snapshot()
@@ -472,7 +473,8 @@ def check_step_compiles_nothing(step, *, repeats: int = 10, first_step_factor: f
     steady_ms = sorted(times)[len(times) // 2]
     after = jit_cache_snapshot()
     changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
-    result = {"first_ms": first_ms, "steady_ms": steady_ms, "cache_files": len(after), "changed": changed}
+    result = {"first_ms": first_ms, "steady_ms": steady_ms, "steady_range_ms": (min(times), max(times)),
+              "cache_files": len(after), "changed": changed}
     if changed:
         raise RuntimeError(f"a decode step compiled DeepGEMM kernels at serving time: {changed[:5]} changed in "
                            f"{jit_cache_dir()}; warm the cache for these shapes (build_kernels.py --warm-deepgemm)")
