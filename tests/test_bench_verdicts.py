@@ -167,6 +167,35 @@ def test_a_decode_topk_target_whose_cell_was_not_measured_is_not_met(tmp_path, m
     assert not all(t["met"] for t in found)
 
 
+def test_a_quick_decode_topk_run_lists_the_targets_it_did_not_measure(tmp_path, monkeypatch):
+    """--quick times the targets' six cells only; its targets were judged over those cells alone, so its record
+    listed 8 targets, every one met, and none of the other 43 (nothing in the record says it was a quick run). Judged
+    over the issue's whole grid, the 43 are listed as not run, not met."""
+    import sys
+
+    import benchmarks.bench_topk as bench
+
+    def cell(rows, length, k, dtype, block_mode=False):
+        return {"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": block_mode, "bytes": 1,
+                "kernel": {"name": "x", "cluster": 1, "grid": rows}, "op": {"median_us": 1.0},
+                "op_in_stream_order": {"median_us": 1.0}, "torch_topk": {"median_us": 10.0},
+                "speedup_vs_torch_topk": 10.0, "speedup_in_stream_order": 10.0, "fraction_of_copy_bw": 0.9,
+                "floor": {"floor_us": 0.5}}
+
+    monkeypatch.setattr(bench, "bench_cell", cell)
+    monkeypatch.setattr(bench.common, "gpu_info", lambda: {"gpu": "stand-in"})
+    monkeypatch.setattr(bench.common, "copy_bandwidth_gbs", lambda: 1.0)
+    out = tmp_path / "topk.json"
+    monkeypatch.setattr(sys, "argv", ["bench_topk.py", "--out", str(out), "--quick", "--no-sweep"])
+    bench.main()
+    record = json.loads(out.read_text())
+    assert len(record["cells"]) == 6
+    found = record["targets"]
+    assert len(found) == 51
+    assert sum(t["met"] for t in found) == 8
+    assert sum(bool(t.get("not_run")) for t in found) == 43 and not any(t["met"] for t in found if t.get("not_run"))
+
+
 def test_decode_topk_targets_of_a_full_grid_are_unchanged():
     """Where every cell of the grid ran, the grid adds nothing: the committed record's targets recomputed equal."""
     from benchmarks.bench_topk import targets
