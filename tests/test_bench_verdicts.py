@@ -226,3 +226,165 @@ def test_an_mla_target_with_a_nan_timing_is_not_met(tmp_path):
             case["kernel_in_stream_order_over_floor"] = case["speedup_vs_best_peer_in_stream_order"] = nan
         finish(result, tmp_path / "nan.json")
         assert [result["target_check"][k] for k in ("kernel_us_ok", "speedup_ok", "over_floor_ok")] == [False] * 3, field
+
+
+def _topk_cell(rows, length, k, dtype, op_us, plain_us, torch_us, fraction=0.5) -> dict:
+    """A token-mode decode_topk cell as bench_cell records it (``fraction``: of the copy bandwidth, as launched)."""
+    return {"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": False,
+            "op": {"median_us": op_us}, "op_in_stream_order": {"median_us": plain_us},
+            "torch_topk": {"median_us": torch_us}, "fraction_of_copy_bw": fraction}
+
+
+def _verdicts(cells) -> dict:
+    from benchmarks.bench_topk import targets
+
+    return {(t["target"], t["cell"]): t for t in targets(cells)}
+
+
+@pytest.mark.parametrize("op_us, plain_us, met", [(12.0, 12.0, True), (11.0, 12.5, False), (12.5, 11.0, False)])
+def test_the_decode_topk_12_us_target_is_met_at_12_us_both_ways_only(op_us, plain_us, met):
+    """<= 12 us at rows 1, 64K, k 2048, FP32: met on the line, missed where either timing (as launched, in stream
+    order) is past it."""
+    (t,) = [t for t in _verdicts([_topk_cell(1, 65536, 2048, "f32", op_us, plain_us, 100.0)]).values()
+            if t["target"] == "<= 12 us"]
+    assert (t["value"], t["in_stream_order"], t["met"]) == (op_us, plain_us, met)
+
+
+@pytest.mark.parametrize("op_us, plain_us, met", [(10.0, 10.0, True), (10.0, 10.1, False), (10.1, 10.0, False)])
+def test_the_decode_topk_speedup_target_is_5x_torch_topk_both_ways(op_us, plain_us, met):
+    """>= 5x torch.topk: 50 us against 10 us is met on the line; 10.1 us either way is missed."""
+    (t,) = _verdicts([_topk_cell(8, 262144, 512, "bf16", op_us, plain_us, 50.0)]).values()
+    assert t["target"] == ">= 5x torch.topk" and t["met"] is met
+
+
+def test_the_decode_topk_bandwidth_target_scales_the_fraction_to_each_timing():
+    """>= 60 % of the copy bandwidth at rows 64, 256K, FP32: the cell's fraction is the as-launched one; in stream
+    order it is scaled by the two times (0.6 at 10 us is 0.594 at 10.1 us: missed)."""
+    found = _verdicts([_topk_cell(64, 262144, 2048, "f32", 10.0, 10.0, 100.0, fraction=0.6),
+                       _topk_cell(64, 262144, 512, "f32", 10.0, 10.1, 100.0, fraction=0.6)])
+    on_line = found[(">= 60% of copy bandwidth", "f32 rows=64 len=262144 k=2048")]
+    past = found[(">= 60% of copy bandwidth", "f32 rows=64 len=262144 k=512")]
+    assert on_line["met"] is True
+    assert (past["value"], past["in_stream_order"], past["met"]) == (0.6, 0.594, False)
+
+
+def test_the_mla_targets_are_met_on_their_lines(tmp_path):
+    """<= 5 us, >= 3x the best peer, <= 2x the floor: each met at exactly its bound, both ways."""
+    from benchmarks.bench_sparse_mla import finish
+
+    result = _mla_result()
+    (case,) = [c for c in result["cases"] if (c["T"], c["width"]) == (12, 640)]
+    case["kernel"]["median_us"] = case["kernel_in_stream_order"]["median_us"] = 5.0
+    case["speedup_vs_best_peer"] = case["speedup_vs_best_peer_in_stream_order"] = 3.0
+    case["kernel_over_floor"] = case["kernel_in_stream_order_over_floor"] = 2.0
+    finish(result, tmp_path / "line.json")
+    assert all(result["target_check"][k] is True for k in ("kernel_us_ok", "speedup_ok", "over_floor_ok"))
+
+
+def test_the_mla_floor_is_an_empty_kernel_of_the_kernels_grid_plus_the_bytes_it_reads(monkeypatch):
+    """Issue 3's floor: an empty kernel of the kernel's grid (one CTA per token and 128-column chunk) and cluster
+    shape (a token's chunks), plus the bytes the op reads (FP8 KV rows and queries, int32 indices and lens, FP32
+    sinks) over the copy bandwidth. bench_case on stand-in inputs (its timings are GPU work)."""
+    import benchmarks.bench_sparse_mla as bench
+
+    class StandIn:
+        def __init__(self, T, width, sets, *rest):
+            self.sets = sets
+
+    asked = []
+    monkeypatch.setattr(bench, "sets_for", lambda T, width: 2)
+    monkeypatch.setattr(bench, "PoolSlices", StandIn)
+    monkeypatch.setattr(bench, "Inputs", StandIn)
+    monkeypatch.setattr(bench.common, "floor", lambda *shape: asked.append(shape) or {"floor_us": 1.0})
+    for T, width in ((12, 640), (6, 128)):
+        bench.bench_case(T, width, None, None, None, None, None, None, print, with_reference=False)
+    assert asked == [(12 * 5, 5, 12 * 640 * 512 + 12 * 16 * 512 + 12 * 640 * 4 + 12 * 4 + 16 * 4),
+                     (6, 1, 6 * 128 * 512 + 6 * 16 * 512 + 6 * 128 * 4 + 6 * 4 + 16 * 4)]
+    assert asked[0][2] == 4_061_296  # the floor's bytes in bench_sparse_mla_s63_h100.json at T = 12, width 640
+
+
+def test_a_floor_is_the_empty_kernel_plus_the_bytes_over_the_copy_bandwidth(monkeypatch):
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "copy_bandwidth_gbs", lambda: 2000.0)
+    monkeypatch.setattr(common, "empty_kernel_us", lambda grid, cluster: {(60, 5): 1.0}[(grid, cluster)])
+    floor = common.floor(60, 5, 4_000_000)
+    assert floor["bytes_us"] == pytest.approx(2.0) and floor["floor_us"] == pytest.approx(3.0)
+
+
+def _indexer_stand_in(select_us, select_in_stream_order_us, step_us, step_without_select_us) -> dict:
+    timings = {"plan": 1.0, "logits": 5.0, "select": select_us, "select_in_stream_order": select_in_stream_order_us,
+               "select_torch": 50.0, "step": step_us, "step_with_schedule": step_us + 2, "step_torch": 100.0,
+               "step_without_select": step_without_select_us}
+    return {"rows": 8, "context": 65536, **{key: {"median_us": us} for key, us in timings.items()}}
+
+
+@pytest.mark.parametrize("select, plain, step, without, alone, marginal", [
+    (2.5, 2.5, 10.0, 7.5, True, True),  # both shares on the line (0.25)
+    (2.4, 2.6, 10.0, 7.6, False, True),  # the PDL chain's 0.24 is not the share: the stream-order 0.26 is
+    (2.0, 2.0, 10.0, 7.6, True, True),  # marginal 2.4 us of a 10 us step: 0.24 (over the step less it, 0.32)
+    (2.0, 2.0, 10.0, 7.4, True, False),  # marginal 0.26
+])
+def test_the_indexer_shares_are_the_stream_order_selection_and_its_marginal_cost_over_the_step(
+        select, plain, step, without, alone, marginal):
+    from benchmarks.bench_indexer import judge
+
+    size = judge(_indexer_stand_in(select, plain, step, without))
+    assert size["select_share_of_step"] == pytest.approx(plain / step)
+    assert size["select_marginal_share_of_step"] == pytest.approx((step - without) / step)
+    assert (size["meets_target_alone"], size["meets_target_marginal"]) == (alone, marginal)
+    assert size["meets_target"] is (alone and marginal)
+
+
+def test_the_mla_ratios_pair_each_timing_with_its_own_peer_and_floor(monkeypatch, tmp_path):
+    """bench_case's ratios on stand-in timings: as launched, the kernel against the faster of the PDL Triton peer and
+    the reference; in stream order, against the stream-order Triton peer alone (where it failed, nothing: the
+    reference, ~35x the kernel, would pass for the best peer); the floor under each timing."""
+    import functools
+
+    import benchmarks.bench_sparse_mla as bench
+    import runtime.sparse_mla
+
+    class StandIn:
+        def __init__(self, T, width, sets, *rest):
+            self.sets = sets
+
+        def args(self, i):
+            return (None,) * 5
+
+    class Triton:
+        def __init__(self, T, width, device, cfg):
+            self.cfg = cfg
+
+    class Cfg:  # a swept config (a dataclass in triton_sparse_mla): recorded by its fields
+        def __init__(self):
+            self.block_n, self.pdl = 32, True
+
+    def kernel(*args, pdl=True, **kw):
+        pass
+
+    def time_op(fn, inp, sets):
+        if isinstance(fn, functools.partial):
+            return {"median_us": 6.0}
+        if isinstance(fn, Triton):
+            return {"median_us": 10.0}
+        return {"median_us": {"kernel": 5.0, "reference": 200.0}[fn.__name__]}
+
+    monkeypatch.setattr(bench, "sets_for", lambda T, width: 2)
+    monkeypatch.setattr(bench, "PoolSlices", StandIn)
+    monkeypatch.setattr(bench, "Inputs", StandIn)
+    monkeypatch.setattr(bench.common, "floor", lambda *shape: {"floor_us": 2.0, "empty_kernel_us": 1.0,
+                                                                "bytes_us": 1.0})
+    monkeypatch.setattr(bench, "time_op", time_op)
+    monkeypatch.setattr(bench, "check_output", lambda fn, inp: 0.01)
+    monkeypatch.setattr(bench, "best_in_stream_order", lambda *a: {"error": "no right output without PDL"})
+    monkeypatch.setattr(runtime.sparse_mla, "supports_sparse_mla", lambda *a, **kw: True)
+    tsm = type("tsm", (), {"TritonSparseMla": Triton})
+    case = bench.bench_case(12, 640, None, None, None, None, kernel, tsm, print, configs=(Cfg(),))
+    assert case["best_peer"] == "triton" and case["speedup_vs_best_peer"] == 2.0
+    assert "speedup_vs_best_peer_in_stream_order" not in case
+    assert (case["kernel_over_floor"], case["kernel_in_stream_order_over_floor"]) == (2.5, 3.0)
+    result = {"info": {}, "copy_gbs": 1.0, "quick_sweep": False, "cases": [case]}
+    bench.finish(result, tmp_path / "stand_in.json")
+    assert result["target_check"]["speedup_ok"] is None
+    assert result["target_check"]["kernel_us_ok"] is False and result["target_check"]["over_floor_ok"] is False
