@@ -30,7 +30,9 @@ Target (issue 5): the AOT top-k makes selection <= 25% of the step at every size
 both shares do (since the fifty-second session; ``meets_target_alone`` is the stream-order share's verdict that
 earlier runs' ``meets_target`` recorded), and is None (not judged) where a timing it rests on could not be replayed
 from a CUDA graph and was timed eagerly, host time included. Each size's AOT step is checked against the exact
-reference before anything is timed; a size whose rows differ is recorded as an error, not timed.
+reference before anything is timed; a size whose rows differ is recorded as an error, not timed. The record's
+``meets_target_every_size`` judges the target over the issue's nine sizes (``every_size``): a size not run or
+recorded as an error fails it.
 Usage: ``python3 benchmarks/bench_indexer.py [--quick] [--out FILE.json]``.
 """
 
@@ -177,9 +179,10 @@ def plan_and_logits(a: StepInputs, scorer: DeepGemmScorer, tp) -> torch.Tensor:
                          a.auto.max_model_len)
 
 
-def run_sizes(sizes, measure, out: str, bench: str, describe, **fields) -> list:
+def run_sizes(sizes, measure, out: str, bench: str, describe, summarize=None, **fields) -> list:
     """``measure(rows, ctx)`` for every size, printing ``describe(result)``; a size that raises is recorded with its
-    error. ``out`` is rewritten after every size (with ``fields``), so a run cut short still leaves its results."""
+    error. ``out`` is rewritten after every size (with ``fields``, and ``summarize(results)``'s fields where given), so
+    a run cut short still leaves its results."""
     info = gpu_info()
     results = []
     for rows, ctx in sizes:
@@ -191,8 +194,27 @@ def run_sizes(sizes, measure, out: str, bench: str, describe, **fields) -> list:
             line = f"rows={rows:3d} ctx={ctx:7d} ERROR {r['error']}"
         results.append(r)
         print(line, flush=True)
-        write_json(out, {"bench": bench, **fields, "info": info, "results": results})
+        summary = summarize(results) if summarize is not None else {}
+        write_json(out, {"bench": bench, **fields, **summary, "info": info, "results": results})
     return results
+
+
+ISSUE_SIZES = tuple(itertools.product((1, 8, 64), (8192, 65536, 262144)))  # issue 5's (rows, context) sizes
+
+
+def every_size(results) -> dict:
+    """Issue 5's target over its nine sizes ("at every size"): ``meets_target_every_size`` is met only where every
+    size was measured and met; a size not run (--quick, a run cut short) or that raised is listed in
+    ``sizes_not_run`` and fails it; None where none failed but one is not judged (an eager timing)."""
+    by_size = {(r["rows"], r["context"]): r for r in results}
+    not_run = [size for size in ISSUE_SIZES if size not in by_size or "error" in by_size[size]]
+    verdicts = [by_size[size].get("meets_target") for size in ISSUE_SIZES if size not in not_run]
+    if not_run or False in verdicts:
+        every = False
+    else:
+        every = None if None in verdicts else True
+    return {"sizes_met": sum(v is True for v in verdicts), "sizes_not_run": [list(size) for size in not_run],
+            "meets_target_every_size": every}
 
 
 def bench_one(rows: int, ctx: int, scorer: DeepGemmScorer, gen: torch.Generator) -> dict:
@@ -268,13 +290,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="three sizes only")
     parser.add_argument("--out", default="benchmarks/results/indexer.json")
     args = parser.parse_args()
-    sizes = list(itertools.product((1, 8, 64), (8192, 65536, 262144)))
+    sizes = list(ISSUE_SIZES)
     if args.quick:
         sizes = [(1, 8192), (8, 65536), (64, 262144)]
     scorer = DeepGemmScorer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     run_sizes(sizes, lambda rows, ctx: bench_one(rows, ctx, scorer, gen), args.out, "indexer_decode_step", _describe,
-              target_select_share=TARGET_SELECT_SHARE)
+              summarize=every_size, target_select_share=TARGET_SELECT_SHARE)
 
 
 def _describe(r: dict) -> str:

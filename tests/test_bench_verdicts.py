@@ -388,3 +388,30 @@ def test_the_mla_ratios_pair_each_timing_with_its_own_peer_and_floor(monkeypatch
     bench.finish(result, tmp_path / "stand_in.json")
     assert result["target_check"]["speedup_ok"] is None
     assert result["target_check"]["kernel_us_ok"] is False and result["target_check"]["over_floor_ok"] is False
+
+
+def test_the_indexer_target_is_judged_over_the_issues_nine_sizes(tmp_path, monkeypatch):
+    """The record judged each size it ran and nothing over the nine: a quick run (3 sizes), one cut short, or one whose
+    size raised left no trace of the target's other sizes. meets_target_every_size: met only where all nine ran and
+    met, missed where one is missing or missed, None where none missed but one is not judged."""
+    import benchmarks.bench_indexer as bench
+
+    def measure(rows, ctx):
+        if (rows, ctx) == (8, 65536):
+            raise RuntimeError("the AOT step's rows [3] differ from the exact reference's: the size is not timed")
+        return bench.judge({**_indexer_stand_in(2.0, 2.0, 10.0, 8.0), "rows": rows, "context": ctx})
+
+    monkeypatch.setattr(bench, "gpu_info", lambda: {"gpu": "stand-in"})
+    out = tmp_path / "indexer.json"
+    bench.run_sizes([(1, 8192), (8, 65536), (64, 262144)], measure, str(out), "indexer_decode_step", lambda r: "",
+                    summarize=bench.every_size, target_select_share=bench.TARGET_SELECT_SHARE)
+    record = json.loads(out.read_text())
+    assert record["meets_target_every_size"] is False and record["sizes_met"] == 2
+    assert len(record["sizes_not_run"]) == 7 and [8, 65536] in record["sizes_not_run"]
+    every = [bench.judge({**_indexer_stand_in(2.0, 2.0, 10.0, 8.0), "rows": r, "context": c})
+             for r, c in bench.ISSUE_SIZES]
+    assert bench.every_size(every) == {"sizes_met": 9, "sizes_not_run": [], "meets_target_every_size": True}
+    every[4]["step"]["graph_error"] = "RuntimeError: a host sync during capture"
+    assert bench.every_size([bench.judge(r) for r in every])["meets_target_every_size"] is None
+    every[0] = bench.judge(_indexer_stand_in(3.0, 3.0, 10.0, 7.0) | {"rows": 1, "context": 8192})
+    assert bench.every_size(every)["meets_target_every_size"] is False
