@@ -415,3 +415,18 @@ def test_the_indexer_target_is_judged_over_the_issues_nine_sizes(tmp_path, monke
     assert bench.every_size([bench.judge(r) for r in every])["meets_target_every_size"] is None
     every[0] = bench.judge(_indexer_stand_in(3.0, 3.0, 10.0, 7.0) | {"rows": 1, "context": 8192})
     assert bench.every_size(every)["meets_target_every_size"] is False
+
+
+def test_an_mla_record_without_the_target_case_says_the_target_was_not_run(tmp_path):
+    """A run cut short before T = 12, width 640 (or --tokens / --widths without it) wrote no target check at all, so
+    its record and table said nothing of the targets: now listed as not run, each not met."""
+    from benchmarks.bench_sparse_mla import finish, table
+
+    result = _mla_result()
+    result["cases"] = [c for c in result["cases"] if (c["T"], c["width"]) != (12, 640)]
+    result.pop("target_check", None)
+    finish(result, tmp_path / "cut.json")
+    check = result["target_check"]
+    assert check["not_run"] is True
+    assert [check[k] for k in ("kernel_us_ok", "speedup_ok", "over_floor_ok")] == [False] * 3
+    assert "Target at T=12, width 640: NOT RUN" in table(result)
