@@ -304,22 +304,40 @@ def test_torch_scorer_flow_agrees_with_deepgemm_flow():
 
 
 _CHECK = textwrap.dedent("""
-    import json, sys, torch
+    import json, sys, time, torch
     sys.path.insert(0, {tests!r})
     import runtime
     runtime.load()  # the AOT cache loads at start-up, not in a step
     from indexer_cases import make_state, make_step
     from runtime.indexer import DecodeMetadata, SingleRank, decode_rows
     from runtime.indexer import preload_decode_rows
-    from runtime.scoring import DeepGemmScorer, check_step_compiles_nothing
+    from runtime.scoring import DeepGemmScorer, check_step_compiles_nothing, jit_cache_snapshot
     step = make_step(16, heads=64, head_dim=128, max_model_len=8192, k=512, device="cuda")
     state = make_state(step, scorer=DeepGemmScorer())
     bounds = {{}}
     if {preload}:  # start-up as the README's serving recipe does it: the first step then costs a steady one
         preload_decode_rows(state)
         bounds = dict(first_step_factor=3.0, first_step_slack_ms=1.0)
-    print(json.dumps(check_step_compiles_nothing(
-        lambda: decode_rows(state, step.metadata, step.q, step.weights, SingleRank()), **bounds)))
+    run = lambda: decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    result = check_step_compiles_nothing(run, **bounds)
+    if {preload}:
+        # A step after a pause (the cache snapshot the check takes before its first step, then 20 ms idle) is
+        # slower than one back to back: 0.32-0.84 ms against 0.15-0.21 on an H100 (first_step_s63_h100.json).
+        # Against such steps the first one must not stand out, as loading modules in it would (the cold
+        # first step without a preload: ~8 ms).
+        paused = []
+        for _ in range(10):
+            jit_cache_snapshot()
+            time.sleep(0.02)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run()
+            torch.cuda.synchronize()
+            paused.append((time.perf_counter() - t0) * 1e3)
+        result["after_pause_ms"] = paused
+        median = sorted(paused)[len(paused) // 2]
+        assert result["first_ms"] <= 1.5 * median + 0.1, (result["first_ms"], paused)
+    print(json.dumps(result))
 """)
 
 
@@ -344,7 +362,9 @@ def test_warm_cache_first_step_compiles_nothing(preload, warmed_deepgemm_cache):
     the cache unchanged (nothing compiled) and, without a start-up preload, stays within
     check_step_compiles_nothing's default bound (a compile takes seconds; the cold first step loads modules, ~9 ms in
     indexer_no_jit_s44.json). After preload_decode_rows, the first step's time is the steady state's: within 3x it
-    plus 1 ms (0.19-0.24 against 0.12-0.13 ms in indexer_no_jit_preloaded_s44.json)."""
+    plus 1 ms (0.19-0.24 against 0.12-0.13 ms in indexer_no_jit_preloaded_s44.json), and within 1.5x plus 0.1 ms of
+    the median of steps that follow the same pause as it does (a step after a pause costs more than one back to
+    back: first_step_s63_h100.json)."""
     # A fresh process: nothing in DeepGEMM's in-memory cache, only the files.
     run = subprocess.run([sys.executable, "-c", _CHECK.format(tests=str(ROOT / "tests"), preload=preload)],
                          env=warmed_deepgemm_cache, capture_output=True, text=True, timeout=300)
