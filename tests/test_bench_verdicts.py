@@ -134,12 +134,36 @@ def test_the_stream_order_peer_is_the_fastest_right_config_without_pdl(monkeypat
     assert "error" in bench.best_in_stream_order(tsm, 12, 640, Cfg(64), sweep, inp, logged.append)
 
 
+def _stand_in_cell(rows, length, k, dtype, block_mode=False):
+    """A measured decode_topk cell that meets every target (10x torch.topk, 90 % of the copy bandwidth, 1 us)."""
+    return {"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": block_mode, "bytes": 1,
+            "kernel": {"name": "x", "cluster": 1, "grid": rows}, "op": {"median_us": 1.0},
+            "op_in_stream_order": {"median_us": 1.0}, "torch_topk": {"median_us": 10.0},
+            "speedup_vs_torch_topk": 10.0, "speedup_in_stream_order": 10.0, "fraction_of_copy_bw": 0.9,
+            "floor": {"floor_us": 0.5}}
+
+
+def _run_bench_topk(bench, cell, tmp_path, monkeypatch, *flags, raises=None) -> Path:
+    """bench_topk's main with ``cell`` standing in for the GPU's timings (no cluster sweep); its record's path."""
+    import sys
+
+    monkeypatch.setattr(bench, "bench_cell", cell)
+    monkeypatch.setattr(bench.common, "gpu_info", lambda: {"gpu": "stand-in"})
+    monkeypatch.setattr(bench.common, "copy_bandwidth_gbs", lambda: 1.0)
+    out = tmp_path / "topk.json"
+    monkeypatch.setattr(sys, "argv", ["bench_topk.py", "--out", str(out), *flags, "--no-sweep"])
+    if raises is None:
+        bench.main()
+    else:
+        with pytest.raises(RuntimeError, match=raises):
+            bench.main()
+    return out
+
+
 def test_a_decode_topk_target_whose_cell_was_not_measured_is_not_met(tmp_path, monkeypatch):
     """A run that stops before a target's cell (a cell whose rows differ from the reference raises; --budget skips the
     rest) wrote targets for the measured cells only: every listed target met, the missing ones absent. A target whose
     cell was not measured is listed, not met."""
-    import sys
-
     import benchmarks.bench_topk as bench
 
     stop = (64, 262144, 2048, "f32", False)  # one of the 60 %-of-copy-bandwidth cells, second in the grid
@@ -147,19 +171,9 @@ def test_a_decode_topk_target_whose_cell_was_not_measured_is_not_met(tmp_path, m
     def cell(rows, length, k, dtype, block_mode=False):
         if (rows, length, k, dtype, block_mode) == stop:
             raise RuntimeError("decode_topk's rows [3] differ from the exact reference's: the cell is not timed")
-        return {"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": block_mode, "bytes": 1,
-                "kernel": {"name": "x", "cluster": 1, "grid": rows}, "op": {"median_us": 1.0},
-                "op_in_stream_order": {"median_us": 1.0}, "torch_topk": {"median_us": 10.0},
-                "speedup_vs_torch_topk": 10.0, "speedup_in_stream_order": 10.0, "fraction_of_copy_bw": 0.9,
-                "floor": {"floor_us": 0.5}}
+        return _stand_in_cell(rows, length, k, dtype, block_mode)
 
-    monkeypatch.setattr(bench, "bench_cell", cell)
-    monkeypatch.setattr(bench.common, "gpu_info", lambda: {"gpu": "stand-in"})
-    monkeypatch.setattr(bench.common, "copy_bandwidth_gbs", lambda: 1.0)
-    out = tmp_path / "topk.json"
-    monkeypatch.setattr(sys, "argv", ["bench_topk.py", "--out", str(out), "--no-sweep"])
-    with pytest.raises(RuntimeError, match="differ"):
-        bench.main()
+    out = _run_bench_topk(bench, cell, tmp_path, monkeypatch, raises="differ")
     found = json.loads(out.read_text())["targets"]
     assert len(found) == 51  # the issue's grid: 48 speedups, the 12 us cell and two bandwidth cells
     bandwidth = {t["cell"]: t["met"] for t in found if t["target"] == ">= 60% of copy bandwidth"}
@@ -171,23 +185,9 @@ def test_a_quick_decode_topk_run_lists_the_targets_it_did_not_measure(tmp_path, 
     """--quick times the targets' six cells only; its targets were judged over those cells alone, so its record
     listed 8 targets, every one met, and none of the other 43 (nothing in the record says it was a quick run). Judged
     over the issue's whole grid, the 43 are listed as not run, not met."""
-    import sys
-
     import benchmarks.bench_topk as bench
 
-    def cell(rows, length, k, dtype, block_mode=False):
-        return {"rows": rows, "length": length, "k": k, "dtype": dtype, "block_mode": block_mode, "bytes": 1,
-                "kernel": {"name": "x", "cluster": 1, "grid": rows}, "op": {"median_us": 1.0},
-                "op_in_stream_order": {"median_us": 1.0}, "torch_topk": {"median_us": 10.0},
-                "speedup_vs_torch_topk": 10.0, "speedup_in_stream_order": 10.0, "fraction_of_copy_bw": 0.9,
-                "floor": {"floor_us": 0.5}}
-
-    monkeypatch.setattr(bench, "bench_cell", cell)
-    monkeypatch.setattr(bench.common, "gpu_info", lambda: {"gpu": "stand-in"})
-    monkeypatch.setattr(bench.common, "copy_bandwidth_gbs", lambda: 1.0)
-    out = tmp_path / "topk.json"
-    monkeypatch.setattr(sys, "argv", ["bench_topk.py", "--out", str(out), "--quick", "--no-sweep"])
-    bench.main()
+    out = _run_bench_topk(bench, _stand_in_cell, tmp_path, monkeypatch, "--quick")
     record = json.loads(out.read_text())
     assert len(record["cells"]) == 6
     found = record["targets"]
