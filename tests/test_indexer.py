@@ -2289,3 +2289,97 @@ def test_slices_longer_than_one_schedule_are_refused_on_every_rank(monkeypatch):
                                              rf"{MAX_SCHEDULE_ROWS + 2} rows over 2 ranks"):
             plan_decode_rows(state, md, _Fixed(rank, world))
         assert (state.topk_indices == 5).all(), rank
+
+
+# ---------------------------------------------------------------------------
+# Mutation audit of the plan/finish flow (review-63a): each test fails on the mutant its docstring names
+# ---------------------------------------------------------------------------
+
+def _run_ranks(step, world, scorer_of_rank, gathers):
+    """Every rank of a Loopback group plans and finishes ``step`` twice (the second pass gathers every slice); the
+    second pass's states, by rank. ``gathers``: the all-gathers the sharded step makes."""
+    group, states = Loopback(world), []
+    for _ in range(2):
+        states = []
+        for rank in range(world):
+            state = make_state(step, scorer=scorer_of_rank(rank))
+            plan = plan_decode_rows(state, step.metadata, group.for_rank(rank))
+            finish_decode_rows(state, step.q, step.weights, plan, group.for_rank(rank))
+            states.append(state)
+    group.check_sharded(step.metadata, gathers=gathers)
+    return states
+
+
+def test_a_candidate_buffer_short_of_every_slice_keeps_the_step_replicated():
+    """World 4, 18 rows: slices of 6 span 24 rows. The top-k buffer holds them, the candidate buffer holds the step's
+    18 rows only, so the step stays replicated (the gather of the candidate rows would take the last slice from
+    rows past the buffer's end: a short slice, or none). Killed: _slice_of asking the top-k buffer alone."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, candidates=12, max_rows=64)
+    step.state_args["candidates"] = torch.zeros(18, 12, dtype=torch.int32)
+    for rank in range(4):
+        state = make_state(step, scorer=TorchScorer())
+        plan = plan_decode_rows(state, step.metadata, _Fixed(rank, 4))
+        assert (plan.shard, plan.start, plan.end) == (None, 0, 18), rank
+        finish_decode_rows(state, step.q, step.weights, plan, _Fixed(rank, 4))
+        assert torch.equal(state.topk_indices[:18], _expected(step)), rank
+        assert torch.equal(state.candidate_blocks, _expected(step, block_mode=True)), rank
+
+
+class _CappedScorer(TorchScorer):
+    """The torch scorer with a DeepGemmScorer-style cap on the rows one schedule takes."""
+
+    def __init__(self, max_schedule_rows):
+        self.max_schedule_rows = max_schedule_rows
+
+
+@pytest.mark.parametrize("cap", [10, 9])
+def test_slices_exactly_one_schedule_long_are_planned(cap):
+    """World 2, 20 rows: slices of 10. A scorer whose schedule takes 10 rows scores them (the same rows as a
+    replicated run); one taking 9 is refused on every rank. Killed: the plan refusing slices of the cap itself
+    (``shard >= most``)."""
+    step = make_step(20, heads=8, head_dim=32, max_model_len=192, k=16, max_rows=64)
+    if cap == 9:
+        for rank in range(2):
+            with pytest.raises(ValueError, match=r"^metadata.num_tokens: 20 rows make slices of 10 rows over 2"):
+                plan_decode_rows(make_state(step, scorer=_CappedScorer(cap)), step.metadata, _Fixed(rank, 2))
+        return
+    for rank, state in enumerate(_run_ranks(step, 2, lambda rank: _CappedScorer(cap), gathers=1)):
+        assert torch.equal(state.topk_indices[:20], _expected(step)), rank
+
+
+class _ScheduledScorer(_ScorerOfSms):
+    """Scores only under a schedule, as DeepGEMM does (its logits read the schedule; None faults on the device)."""
+
+    def logits(self, q, weights, cache, seq_lens, block_table, schedule, *args, **kwargs):
+        assert isinstance(schedule, torch.Tensor), f"scored {q.shape[0]} rows without a schedule"
+        return super().logits(q, weights, cache, seq_lens, block_table, schedule, *args, **kwargs)
+
+
+def test_an_empty_slice_rank_scores_nothing():
+    """World 4, 18 rows: rank 3's slice [18, 18) is empty, and its plan keeps no schedule, so its finish must not
+    call the scorer at all (DeepGEMM given no schedule would fault); it gathers the others' rows. Killed: the finish
+    scoring when ``end >= start``."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=192, k=16, max_rows=64)
+    assert row_shard_bounds(18, step.metadata.num_requests, 4, 3) == (18, 18)
+    for rank, state in enumerate(_run_ranks(step, 4, lambda rank: _ScheduledScorer(num_sms=4), gathers=1)):
+        assert torch.equal(state.topk_indices[:18], _expected(step)), rank
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_topk_buffer_wider_than_k_gets_k_columns(world):
+    """topk_indices 24 wide with k = 16: the step selects the top 16 into the first 16 columns and leaves the other 8
+    as the plan's reset left them, -1 (sharded too: the gathers move the 16 columns). Killed: the selection writing
+    the buffer's whole width (the top 24, whose first 16 columns are not the top 16)."""
+    step = make_step(20, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    step.state_args["topk"] = torch.full((64, 24), 7, dtype=torch.int32)
+    if world == 1:
+        state = make_state(step, scorer=TorchScorer())
+        decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+        states = [state]
+    else:
+        states = _run_ranks(step, world, lambda rank: TorchScorer(), gathers=1)
+    for rank, state in enumerate(states):
+        assert torch.equal(state.topk_indices[:20, :16], _expected(step)), rank
+        assert (state.topk_indices[:20, 16:] == -1).all(), rank
+        assert (state.topk_indices[20:] == 7).all(), rank
+
