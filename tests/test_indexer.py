@@ -2383,3 +2383,47 @@ def test_a_topk_buffer_wider_than_k_gets_k_columns(world):
         assert (state.topk_indices[:20, 16:] == -1).all(), rank
         assert (state.topk_indices[20:] == 7).all(), rank
 
+
+class _EveryOtherRowGather(_WrongGather):
+    """Every rank's slice concatenated as asked, written into the top-k buffer from its first row at twice its row
+    stride: the result starts where the rows it is copied into start, but its rows are other rows of the buffer."""
+
+    def __init__(self, buffer):
+        super().__init__("every other row")
+        self.buffer = buffer
+
+    def __call__(self, local):
+        whole = torch.cat([local] * self.world_size)
+        b = self.buffer
+        spread = torch.empty(0, dtype=b.dtype).set_(b.untyped_storage(), b.storage_offset(), whole.shape,
+                                                    (2 * b.stride(0), 1))
+        return spread.copy_(whole)
+
+    all_gather = __call__
+
+
+def test_gather_result_at_the_buffers_start_with_another_row_stride_is_refused():
+    """A result that starts at the buffer rows it is copied into is those very rows only at their row stride: at
+    twice it, its row i is buffer row 2i, which the copy overwrites before reading it. Killed:
+    _shares_memory_elsewhere taking the same start address as the same elements."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    state = make_state(step, scorer=TorchScorer())
+    with pytest.raises(ValueError, match="^all_gather: returned rows that share memory with the buffer rows"):
+        decode_rows(state, step.metadata, step.q, step.weights, Loopback(2),
+                    _EveryOtherRowGather(state.topk_indices))
+
+
+@pytest.mark.parametrize("backend, cuda, cpu", [("gloo", True, True), ("nccl", True, False),
+                                                ("cpu:gloo", False, True), ("cpu:gloo,cuda:nccl", True, True)])
+def test_dist_group_device_types_per_backend(backend, cuda, cpu):
+    """gloo gathers CUDA tensors as well as CPU ones; NCCL CUDA only; a backend per device type exactly those
+    named. (The check reads the device type only: no CUDA device is needed.) Killed: gloo's set without cuda, which
+    refused a gloo group's CUDA rows."""
+    group = object.__new__(DistGroup)
+    group._read_backend(backend)
+    for device, takes in ((torch.device("cuda", 0), cuda), (torch.device("cpu"), cpu)):
+        if takes:
+            group.check_device(device)
+        else:
+            with pytest.raises(ValueError, match=rf"^tp: its backend gathers .* on {device}"):
+                group.check_device(device)
