@@ -183,6 +183,18 @@ def test_block_table_one_page_short():
         decode_rows(state, md, step.q, step.weights, SingleRank())
 
 
+def test_block_table_one_token_short():
+    """7 pages cover 448 tokens, one short of max_model_len 449 (the check moved by one, ``< max_model_len - 1``,
+    took it: DeepGEMM writes logits 449 wide and reads the rows' pages up to token 448)."""
+    step = make_step(4, k=16, max_model_len=449)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    md = dataclasses.replace(step.metadata, block_table=step.metadata.block_table[:, :7].clone())
+    with pytest.raises(ValueError, match="metadata.block_table: 7 pages of 64 do not cover max_model_len 449"):
+        decode_rows(state, md, step.q, step.weights, SingleRank())
+    assert (state.topk_indices == 5).all()
+
+
 def test_max_seq_len_past_the_context():
     step = make_step(4, k=16, max_model_len=512)
     md = dataclasses.replace(step.metadata, max_seq_len=513)
@@ -212,6 +224,14 @@ def test_weights_of_fewer_heads():
     with pytest.raises(ValueError, match=r"weights: expected \[>= 4, 32\]"):
         decode_rows(state, step.metadata, step.q, step.weights[:, :16].contiguous(), SingleRank())
     assert (state.topk_indices == 5).all()
+
+
+def test_scoring_weights_one_head_short():
+    """The scorer's own check (a direct call, or logits(checked=False)): weights of 31 heads for q's 32 (a check of
+    weights' rows alone took them, and the reference's head sum met them with torch's broadcast error)."""
+    a = _scoring()
+    with pytest.raises(ValueError, match=r"^weights: expected \[4, 32\] with unit column stride, got \(4, 31\)"):
+        check_scoring_inputs(**{**a, "weights": a["weights"][:, :31].contiguous()})
 
 
 def test_lean_check_refuses_cache_on_another_device():
