@@ -234,6 +234,16 @@ def test_scoring_weights_one_head_short():
         check_scoring_inputs(**{**a, "weights": a["weights"][:, :31].contiguous()})
 
 
+@pytest.mark.parametrize("layout_checked", [False, True])
+def test_scoring_cache_of_another_head_dim(layout_checked):
+    """q of head_dim 64 against a key cache packed for head_dim 32 (rows of 36 bytes): the scorer's check of the
+    cache without q's head_dim took any row width (the indexer's _check_query compares them, a direct call did not)."""
+    a = _scoring()
+    other = make_step(4, heads=32, head_dim=32, k=16).state_args["index_k_cache"]
+    with pytest.raises(ValueError, match=r"^cache: expected \[blocks, 64, 1, 68\], got \(\d+, 64, 1, 36\)"):
+        check_scoring_inputs(**{**a, "cache": other}, layout_checked=layout_checked)
+
+
 def test_lean_check_refuses_cache_on_another_device():
     a = _scoring()
     a["cache"] = a["cache"].to("meta")
