@@ -80,6 +80,15 @@ def test_serving_shapes_take_positive_counts(field, value):
     assert scoring.ServingShapes(**{field: 64}).__getattribute__(field) == 64
 
 
+def test_serving_shapes_take_rows_up_to_one_schedule():
+    """A rank scores at most MAX_SCHEDULE_ROWS rows a step: ServingShapes takes that many and refuses one more (a check
+    moved by one refused the largest step one DeepGEMM schedule takes)."""
+    most = scoring.MAX_SCHEDULE_ROWS
+    assert scoring.ServingShapes(max_rows=most).max_rows == most
+    with pytest.raises(ValueError, match=f"^ServingShapes.max_rows: {most + 1} exceeds the {most} rows"):
+        scoring.ServingShapes(max_rows=most + 1)
+
+
 @pytest.mark.parametrize("repeats", [0, -1, 1.5])
 def test_check_step_compiles_nothing_needs_a_steady_state(repeats, monkeypatch):
     """repeats=0 raised IndexError from the median of no steady step, after running the step once."""
