@@ -99,6 +99,32 @@ def test_check_step_compiles_nothing_needs_a_steady_state(repeats, monkeypatch):
     assert ran == [], "the step ran before the refusal"
 
 
+def test_check_step_compiles_nothing_takes_the_median_steady_step(monkeypatch):
+    """The steady state is the median of the repeats, so one slow repeat (a preemption, a GC pause) neither hides a
+    slow first step nor passes for the steady time. On a scripted clock (each step advances it: first 10 ms, then
+    repeats of 1, 100 and 1 ms) the steady time is 1 ms and a first step of 10 ms is over 5 x that; a maximum of the
+    repeats (100 ms) took it."""
+    import types
+
+    clock = [0.0]
+    monkeypatch.setattr(scoring, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(scoring, "jit_cache_snapshot", lambda directory=None: {"kernel.cubin": (1, 1)})
+    monkeypatch.setattr(scoring.torch.cuda, "synchronize", lambda *a: None)
+
+    def steps(*ms):
+        left = list(ms)
+
+        def step():
+            clock[0] += left.pop(0) / 1e3
+        return step
+
+    with pytest.raises(RuntimeError, match=r"first decode step took 10\.0 ms against 1\.00 ms steady"):
+        scoring.check_step_compiles_nothing(steps(10, 1, 100, 1), repeats=3, first_step_slack_ms=0.0)
+    result = scoring.check_step_compiles_nothing(steps(10, 1, 100, 1), repeats=3, first_step_factor=20.0,
+                                                 first_step_slack_ms=0.0)
+    assert result["first_ms"] == pytest.approx(10.0) and result["steady_ms"] == pytest.approx(1.0)
+
+
 def test_check_step_compiles_nothing_refuses_each_sign_of_a_compile(tmp_path, monkeypatch):
     """The zero-JIT proof's own refusals (its GPU test only sees it pass): an empty cache before the step, a file the
     step adds to DeepGEMM's cache or rewrites there, and a first step slower than the steady state allows each raise;
