@@ -41,6 +41,20 @@ def test_scoring_refuses_a_max_model_len_that_is_not_a_positive_count(value, err
         scoring.check_scoring_inputs(**_inputs(max_model_len=too_long))
 
 
+@pytest.mark.parametrize("major, ok", [(8, False), (9, True), (10, True), (12, False)])
+def test_deepgemm_status_takes_sm90_and_sm100_only(major, ok, monkeypatch):
+    """DeepGEMM's paged MQA logits run on sm_90 and sm_100: another arch (an Ampere, a consumer Blackwell) gets the
+    torch scorer, said by deepgemm_status. (A GPU of that arch stood in for: CUDA and the import are faked.)"""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, 0))
+    monkeypatch.setattr(scoring, "_import_deep_gemm", lambda: object())
+    got = scoring.deepgemm_status(torch.device("cuda", 0))
+    refused = f"compute capability {major}.x: DeepGEMM's paged MQA logits need sm_90 or sm_100"
+    assert got == ((True, "ok") if ok else (False, refused))
+
+
 def test_deepgemm_schedule_refuses_what_is_not_a_tensor():
     """schedule(None) raised AttributeError ('NoneType' has no dtype), naming nothing."""
     scorer = object.__new__(scoring.DeepGemmScorer)  # no DeepGEMM here: the check runs before any call into it
