@@ -63,6 +63,16 @@ def test_deepgemm_schedule_refuses_what_is_not_a_tensor():
             scorer.schedule(bad)
 
 
+def test_deepgemm_schedule_refuses_cpu_seq_lens():
+    """DeepGEMM's schedule kernel reads seq_lens on the GPU: CPU ones are refused naming them, before any call into
+    DeepGEMM (a check of dtype and rank alone handed them on, to fail inside it)."""
+    import torch
+
+    scorer = object.__new__(scoring.DeepGemmScorer)  # no DeepGEMM here: the check runs before any call into it
+    with pytest.raises(ValueError, match=r"^seq_lens: expected CUDA int32 \[rows\], got torch.int32 \(4,\) on cpu"):
+        scorer.schedule(torch.ones(4, dtype=torch.int32))
+
+
 def test_nested_key_cache_and_seq_lens_are_named(recwarn):
     """A nested index-key cache (IndexerState, check_index_k_cache) or seq_lens (DeepGemmScorer.schedule) raised
     torch's "NestedTensorImpl doesn't support sizes" RuntimeError, naming no argument, from the refusal's message."""
