@@ -63,6 +63,16 @@ def test_deepgemm_schedule_refuses_what_is_not_a_tensor():
             scorer.schedule(bad)
 
 
+@pytest.mark.parametrize("shape", ["flat", "4-D"])
+def test_scoring_refuses_q_of_another_rank_naming_it(shape):
+    """q must be [rows, heads, head_dim]: without the rank check, a 2-D or 4-D q met Python's tuple unpacking
+    ("not enough values to unpack"), a ValueError naming nothing."""
+    q = _inputs()["q"]
+    bad = q.flatten(1) if shape == "flat" else q.unsqueeze(1)
+    with pytest.raises(ValueError, match=r"^q: expected \[rows, heads, head_dim\], got shape"):
+        scoring.check_scoring_inputs(**_inputs(q=bad))
+
+
 def test_deepgemm_schedule_refuses_cpu_seq_lens():
     """DeepGEMM's schedule kernel reads seq_lens on the GPU: CPU ones are refused naming them, before any call into
     DeepGEMM (a check of dtype and rank alone handed them on, to fail inside it)."""
