@@ -73,6 +73,13 @@ def test_scoring_refuses_q_of_another_rank_naming_it(shape):
         scoring.check_scoring_inputs(**_inputs(q=bad))
 
 
+def test_scoring_refuses_weights_of_another_dtype():
+    """FP16 weights (a projection's output dtype) are a TypeError naming weights, as the indexer's own check refuses
+    them: without the scorer's check a direct call took them (DeepGEMM reads its weights as FP32)."""
+    with pytest.raises(TypeError, match=r"^weights: expected float32, got torch.float16"):
+        scoring.check_scoring_inputs(**_inputs(weights=_inputs()["weights"].half()))
+
+
 def test_deepgemm_schedule_refuses_cpu_seq_lens():
     """DeepGEMM's schedule kernel reads seq_lens on the GPU: CPU ones are refused naming them, before any call into
     DeepGEMM (a check of dtype and rank alone handed them on, to fail inside it)."""
