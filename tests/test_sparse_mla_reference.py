@@ -144,6 +144,19 @@ def test_large_scores_are_stable(with_sinks):
     assert torch.isfinite(got.float()).all()
 
 
+def test_scores_far_below_zero_at_the_bmm1_bound():
+    """Scores far below zero at the host op's largest bmm1_scale (1e30: every q.kv about -400, scores near -4e32) still
+    weigh their columns: the masked columns' -inf must lie below any score, where a finite stand-in (-1e30) would take
+    every weight and give zeros for the token's average row."""
+    q, swa, comp, idx, lens = make_inputs(3, 640, seed=30)
+    q = torch.ones(q.shape).to(FP8)
+    swa, comp = ((-pool.float().abs() - 0.25).to(FP8) for pool in (swa, comp))  # every q.kv negative
+    lens[:] = torch.tensor([640, 77, 200], dtype=torch.int32)
+    idx[0, ::5] = -1
+    got = check(q, swa, comp, idx, lens, None, bmm1_scale=1e30)
+    assert (got.float().abs().amax(dim=-1) > 0.25).all()
+
+
 def test_sink_dominates_to_zero():
     # A sink far above every score takes all the weight: the output goes to zero, not NaN.
     q, swa, comp, idx, lens = make_inputs(2, 128, seed=5)
