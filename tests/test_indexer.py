@@ -104,9 +104,15 @@ def test_shard_math_checks_arguments():
 # ---------------------------------------------------------------------------
 
 def test_cache_pack_roundtrip():
-    values, scales = reference.quantize_index_keys(torch.randn(3, 64, 32))
+    keys = torch.randn(3, 64, 32)
+    values, scales = reference.quantize_index_keys(keys)
     v, s = reference.unpack_index_k_cache(reference.pack_index_k_cache(values, scales))
     assert torch.equal(v.view(torch.uint8), values.view(torch.uint8)) and torch.equal(s, scales)
+    # Each key's largest magnitude maps onto E4M3's largest value (448), and the values round to within half an E4M3
+    # step (2^-4 relative, 2^-10 of the scale in the subnormals) of the key.
+    assert torch.equal(values.float().abs().amax(dim=-1), torch.full((3, 64), 448.0))
+    err = (values.float() * scales[..., None] - keys).abs()
+    assert (err <= keys.abs() * 2**-4 + scales[..., None] * 2**-10).all()
 
 
 def test_logits_reference_matches_token_loop():
@@ -115,6 +121,13 @@ def test_logits_reference_matches_token_loop():
     # A row as long as the context: its last page is partial (200 = 3 * 64 + 8), so a page count rounded down
     # drops columns 192..199 (the random lengths of this step all end before them).
     step.metadata.seq_lens[0] = 200
+    # Page ids past a row's ceil(seq_lens / 64) pages are never read (the host op checks only those): garbage there,
+    # past the cache's pages or negative, must not change the logits (nor raise).
+    step.metadata.seq_lens[1] = 64
+    unread = torch.arange(step.metadata.block_table.shape[1])[None, :] >= (step.metadata.seq_lens[:, None] + 63) // 64
+    garbage = torch.tensor([2**31 - 1, -1, -(2**31), 10**6], dtype=torch.int32).repeat(5, 1)[:, :unread.shape[1]]
+    step.metadata.block_table[unread] = garbage[unread]
+    assert unread[1].sum() == 3
     a = step.state_args
     logits = reference.indexer_logits_reference(step.q, step.weights, a["index_k_cache"], step.metadata.seq_lens,
                                                 step.metadata.block_table, a["max_model_len"])
