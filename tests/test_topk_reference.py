@@ -367,6 +367,15 @@ def test_cluster_choice_fits_one_wave():
     assert plan.cluster_for(264, 1 << 20) == 1
     assert plan.cluster_for(265, 1 << 20) is None
 
+    class WithoutOneCta(_FakeCache):  # a partial cache (build_kernels.py --only)
+        def __contains__(self, name):
+            return super().__contains__(name) and not name.endswith("_c1")
+
+    plan = topk._Plan(WithoutOneCta(rows=False), "f32", False)
+    assert 1 not in plan.kernels
+    assert plan.cluster_for(1, 4096) == 2  # too few columns a CTA for every cluster: the smallest that fits a wave
+    assert plan.cluster_for(1, 8192) == 4
+
 
 def test_short_rows_take_the_row_kernel():
     """The one-CTA-a-row kernel takes rows up to ROW_ALWAYS_MAX_WIDTH[block_mode] columns where one wave of it holds
@@ -433,6 +442,7 @@ def test_which_calls_the_kernel_takes(monkeypatch):
     assert topk.supports_decode_topk(strided_rows[2:3], 1, 512, False)  # 2 x 4120 bytes in: aligned
     assert not topk.supports_decode_topk(strided_rows[1:2], 1, 512, False)  # 4120 bytes in: its start is not
     assert not topk.supports_decode_topk(base[:, ::2].as_subclass(_CudaLooking), 4, 512, False)  # column stride 2
+    assert topk.supports_decode_topk(base[:, ::2][:, :1].as_subclass(_CudaLooking), 4, 512, False)  # one column: any
     assert not topk.supports_decode_topk(torch.zeros(1024).as_subclass(_CudaLooking), 1, 512, False)  # 1-D
     assert not topk.supports_decode_topk(base[:, :0].as_subclass(_CudaLooking), 4, 512, False)  # no columns
     assert not topk.supports_decode_topk(base[:, :1024], 4, 512, False)  # CPU
@@ -454,6 +464,12 @@ def test_host_op_rejects_out_overlapping_its_inputs_or_itself():
         decode_topk(logits, ends, torch.empty(1, 512, dtype=torch.int32).expand(3, 512))
     with pytest.raises(ValueError, match="out's rows overlap"):
         decode_topk(logits, ends, ws.view(-1)[:1536].as_strided((3, 512), (256, 1)))
+    with pytest.raises(ValueError, match="out's rows overlap"):  # two rows sharing one slot
+        decode_topk(logits[:2], ends[:2], ws.view(-1)[:1023].as_strided((2, 512), (511, 1)))
+    adjacent = ws.view(-1)[:1024].view(2, 512)  # row stride k: no slot shared
+    decode_topk(logits[:2], ends[:2], adjacent)
+    for r in range(2):
+        assert adjacent[r].tolist() == _stable_sort_topk(logits[r], int(ends[r]), 512, False), r
     gap = ws[0, 600:603].copy_(ends)  # in the gap after out's first row: no overlap
     decode_topk(logits, gap, ws[:, :512])
     ref = decode_topk_reference(logits, ends, 512)
@@ -574,6 +590,10 @@ def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeyp
     assert not topk.supports_decode_topk(tight, 2, 512, False)
     padded = torch.zeros(2 * 1004).as_strided((2, 1001), (1004, 1)).as_subclass(_CudaLooking)
     assert topk.supports_decode_topk(padded, 2, 512, False)
+    # A storage of bytes (a workspace viewed as BF16) may end off the element size: 9 BF16 (18 bytes) read as 32.
+    for nbytes, takes in ((31, False), (32, True)):
+        row = torch.zeros(nbytes, dtype=torch.uint8)[:18].view(torch.bfloat16).view(1, 9).as_subclass(_CudaLooking)
+        assert topk.supports_decode_topk(row, 1, 512, False) == takes, nbytes
     # out's last row starting past int32 elements: the fallback writes it.
     logits = torch.empty(2, 1024, device="meta").as_subclass(_CudaLooking)
     ends = torch.empty(2, dtype=torch.int32, device="meta")
