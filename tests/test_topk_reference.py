@@ -547,6 +547,7 @@ def test_layout_fallbacks_are_said(monkeypatch):
         (torch.zeros(2, 1025)[:, 1:].as_subclass(_CudaLooking), "start or row stride is not a multiple of 16"),
         (torch.zeros(2 * 1004).as_strided((2, 1001), (1002, 1)).as_subclass(_CudaLooking), "row stride is not"),
         (torch.zeros(1004 + 1001).as_strided((2, 1001), (1004, 1)).as_subclass(_CudaLooking), "ends past"),
+        (torch.zeros(2, 8)[:, 1:2].as_subclass(_CudaLooking), "start or row stride is not"),  # one column too
     ]
     for logits, cause in cases:
         with pytest.warns(RuntimeWarning, match=f"decode_topk: .*{cause}.*exact torch reference") as said:
@@ -608,6 +609,12 @@ def test_kernel_is_not_given_strides_past_int32_or_rows_past_the_storage(monkeyp
     assert topk.supports_decode_topk(one_wide, 1, 512, False)
     topk.decode_topk(one_wide, ends[:1], torch.empty_strided((1, 512), (1 << 31, 1), dtype=torch.int32, device="meta"))
     assert len(launched) == 1 and launched[0][-4:] == (1024, 0, 0, 512)
+    # A cluster kernel's grid is its CTAs, cluster of them a row.
+    launched.clear()
+    c4 = types.SimpleNamespace(name="decode_topk_f32_token_c4", in_stream_order=lambda: None)
+    monkeypatch.setattr(Plan, "choose", lambda self, rows, width: (c4, 4))
+    topk.decode_topk(logits, ends, torch.empty(2, 512, dtype=torch.int32, device="meta"))
+    assert len(launched) == 1 and launched[0][1] is c4 and launched[0][2] == 2 * 4
 
 
 # Review addition: NaNs of either sign and any payload, and +inf. CUDA's canonical NaN is 0x7FFFFFFF and a negated
