@@ -1,6 +1,7 @@
 """The loader's CPU-side validation on crafted caches: every refusal is a typed CacheError."""
 
 import hashlib
+import re
 import shutil
 
 import pytest
@@ -178,7 +179,7 @@ def test_cubin_of_the_other_arch(cache):
 
 @pytest.mark.parametrize("path, error, match", [
     *[(p, errors.PathError, "leaves the cache root") for p in ("../outside.cubin", "cubins/../../outside.cubin",
-                                                              "/etc/passwd")],
+                                                              "/etc/passwd", "..\\outside/probe_cluster2.cubin")],
     # Inside the root but not a readable file: a typed error, not OSError / ValueError.
     *[(p, errors.CubinIntegrityError, "not a readable file") for p in ("cubins/sm_90a/probe_cluster2.cubin/",
                                                                       "cubins/a\0b/probe_cluster2.cubin")],
@@ -322,6 +323,21 @@ def test_param_list_contradicting_the_elf(cache):
         check_cache(cache, "sm_90a")
 
 
+def test_param_size_contradicting_the_elf_in_its_high_bits(cache):
+    """The size field of an EIATTR_KPARAM_INFO record is 14 bits (18..31): a second parameter of 1024 + 4 bytes is
+    not the manifest's int32_t."""
+    import struct
+
+    def widen_second_param(data):
+        at = bytes(data).index(bytes([4, 0x17, 12, 0, 0, 0, 0, 0, 1, 0]))  # ordinal 1's record
+        bits, = struct.unpack_from("<I", data, at + 12)
+        struct.pack_into("<I", data, at + 12, bits | 1024 << 18)
+
+    rewrite_first_cubin(cache, "sm_90a", widen_second_param)
+    with pytest.raises(errors.ParamLayoutError, match=r"\(8, 4\)\] contradict the cubin's ELF: .*\(8, 1028\)\]"):
+        check_cache(cache, "sm_90a")
+
+
 def test_extra_param_contradicting_the_elf(cache, monkeypatch):
     edit_manifest(cache, "sm_90a", add_param)
     contract_follows_the_manifest(monkeypatch, cache)  # the cubin, not the contract, disagrees
@@ -442,22 +458,93 @@ def _tiny_section_headers(data):
     struct.pack_into("<H", data, 0x3A, 1)
 
 
-@pytest.mark.parametrize("craft", [
-    _tiny_section_headers,
-    _bad_section_name,
+def _header_cut_short(data):
+    """60 bytes, no program headers: the section header fields (0x3A..0x40) lie past the end."""
+    del data[60:]
+    data[0x38:0x3A] = b"\0\0"
+
+
+def _string_table_index_past_the_table(data):
+    import struct
+
+    struct.pack_into("<H", data, 0x3E, struct.unpack_from("<H", data, 0x3C)[0])  # e_shstrndx = e_shnum
+
+
+def _wide_section_headers(data):
+    """e_shentsize 128: the table of e_shnum such headers runs past the end (64 bytes each would not)."""
+    import struct
+
+    struct.pack_into("<H", data, 0x3A, 128)
+
+
+def _section_header(data, name: bytes) -> int:
+    """The file offset of the section header named ``name`` (or the first whose name starts with it)."""
+    import struct
+
+    from runtime import cubin
+
+    heads, shstrndx = cubin._section_heads(bytes(data))
+    strtab = heads[shstrndx][4]
+    index = next(i for i, h in enumerate(heads) if bytes(data[strtab + h[0]:]).startswith(name))
+    return struct.unpack_from("<Q", data, 0x28)[0] + index * 64
+
+
+def _section_past_the_end(data):
+    """.debug_frame (104 bytes) starts at the file's end: its offset alone is past it."""
+    import struct
+
+    struct.pack_into("<Q", data, _section_header(data, b".debug_frame\0") + 24, len(data))
+
+
+def _attribute_list_cut(into_record: int, record: bytes):
+    """The kernel's attribute list ends ``into_record`` bytes into its record that starts with ``record``."""
+    def edit(data):
+        import struct
+
+        at = _section_header(data, b".nv.info.kernel") + 24
+        start, _size = struct.unpack_from("<QQ", data, at)
+        struct.pack_into("<Q", data, at + 8, bytes(data).index(record, start) + into_record - start)
+    return edit
+
+
+def _unknown_attribute_format(data):
+    """The kernel's last attribute record (after its parameters and block shape) of an unknown format, 9."""
+    data[bytes(data).index(bytes([4, 0x36, 4, 0]))] = 9
+
+
+def _short_block_shape(data):
+    """The kernel's EIATTR_REQNTID record holds 4 bytes (then four empty records fill the 8 it no longer holds)."""
+    at = bytes(data).index(_REQNTID_128)
+    data[at + 2] = 4
+    data[at + 8: at + 16] = bytes([1, 0]) * 4
+
+
+@pytest.mark.parametrize("craft, said", [
+    (_tiny_section_headers, "section header size 1 is not"),
+    (_bad_section_name, "a section name is unreadable"),
+    (_header_cut_short, "not a little-endian ELF64"),
+    (_string_table_index_past_the_table, "section headers run past"),
+    (_wide_section_headers, "section headers run past"),
+    (_section_past_the_end, "a section runs past"),
+    (_attribute_list_cut(3, bytes([4, 0x36, 4, 0])), "attribute runs past its section"),  # in a record's header
+    (_attribute_list_cut(2, bytes([3, 0x19])), "attribute runs past its section"),  # in a 2-byte value's record
+    (_unknown_attribute_format, "unknown .nv.info attribute format 9"),
+    (_short_block_shape, "required block shape is 4 bytes, not 12"),
 ])
-def test_crafted_elf_is_a_typed_error(cache, craft):
+def test_crafted_elf_is_a_typed_error(cache, craft, said):
     """A cubin with a matching sha256 but unreadable ELF is a CubinIntegrityError, not struct.error/ValueError."""
     rewrite_first_cubin(cache, "sm_90a", craft)
-    with pytest.raises(errors.CubinIntegrityError, match="not a readable CUDA ELF"):
+    with pytest.raises(errors.CubinIntegrityError, match=f"not a readable CUDA ELF \\(.*{re.escape(said)}"):
         check_cache(cache, "sm_90a")
 
 
-def test_abi_v2_cubin_without_the_a_flag(cache):
-    """An sm_100 (not sm_100a) cubin: ABI v2 keeps the "a" in e_flags bit 3."""
-    rewrite_first_cubin(cache, "sm_100a", lambda d: d.__setitem__(0x30, d[0x30] & ~0x8))
-    with pytest.raises(errors.CubinArchError, match="targets sm_100, the manifest says sm_100a"):
-        check_cache(cache, "sm_100a")
+@pytest.mark.parametrize("arch, flag_byte, flag", [("sm_100a", 0x30, 0x8), ("sm_90a", 0x31, 0x8)])
+def test_cubin_without_the_a_flag(cache, arch, flag_byte, flag):
+    """An sm_100 (not sm_100a) cubin: ABI v2 keeps the "a" in e_flags bit 3; an sm_90 one: ABI v1 in bit 11 (the
+    committed sm_90a cubins also set bit 10, which is not the "a")."""
+    rewrite_first_cubin(cache, arch, lambda d: d.__setitem__(flag_byte, d[flag_byte] & ~flag))
+    with pytest.raises(errors.CubinArchError, match=f"targets {arch[:-1]}, the manifest says {arch}"):
+        check_cache(cache, arch)
 
 
 # --- thirty-eighth session's review: manifests and cubins that crashed untyped or passed ------------------------
@@ -512,11 +599,16 @@ def test_an_entry_naming_another_variants_cubin_is_refused(cache):
 
 
 def test_cubin_of_another_elf_encoding_is_refused(cache):
-    """A big-endian (or unknown-encoding) ELF header is refused before its bytes reach the driver."""
-    for encoding in (2, 0, 7):
-        rewrite_first_cubin(cache, "sm_90a", lambda data: data.__setitem__(5, encoding))
-        with pytest.raises(errors.CubinIntegrityError, match="not a little-endian ELF64"):
+    """A big-endian (or unknown-encoding) ELF header, an ELF32 one, one of another ELF version or one for another
+    machine than CUDA is refused before its bytes reach the driver."""
+    original = first_cubin(cache).read_bytes()
+    for at, value, said in ((5, 2, "not a little-endian ELF64"), (5, 0, "not a little-endian ELF64"),
+                            (5, 7, "not a little-endian ELF64"), (4, 1, "not a little-endian ELF64"),
+                            (6, 2, "not a little-endian ELF64"), (0x12, 62, r"ELF machine 62 is not CUDA \(190\)")):
+        rewrite_first_cubin(cache, "sm_90a", lambda data, at=at, value=value: data.__setitem__(at, value))
+        with pytest.raises(errors.CubinIntegrityError, match=said):
             check_cache(cache, "sm_90a")
+        rewrite_first_cubin(cache, "sm_90a", lambda data, at=at: data.__setitem__(at, original[at]))
 
 
 def test_relative_cache_root_in_the_environment_is_refused(monkeypatch):
@@ -637,6 +729,20 @@ def test_a_root_where_no_lock_file_can_be_made_is_read_unguarded(cache, monkeypa
     assert not (cache / BUILD_LOCK).exists()
 
 
+def test_a_filesystem_without_flock_is_read_unguarded(cache, monkeypatch):
+    """flock failing with an OSError other than the build's hold (ENOLCK: no locks on this filesystem, where the
+    build's filelock uses a marker file) reads the cache unguarded, as a root without a lock file is."""
+    import errno
+
+    from runtime import manifest
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(manifest.fcntl, "flock", no_locks)
+    assert set(check_cache(cache, "sm_90a").kernels) == {"probe_cluster2", "probe_cluster8"}
+
+
 def test_installed_data_files_are_found_under_the_schemes_data_path(tmp_path, monkeypatch):
     """pip puts the data files of `pip install .` under the install scheme's data path (sysconfig "data"): Debian's and
     Ubuntu's system Python installs into /usr/local (the package in /usr/local/lib/python3.X/dist-packages, the cache
@@ -697,12 +803,12 @@ def test_a_user_install_finds_its_own_data_before_the_schemes(tmp_path, monkeypa
 _REQNTID_128 = b"\x04\x10\x0c\x00" + (128).to_bytes(4, "little") + (1).to_bytes(4, "little") * 2
 
 
-def _require_block(threads: int):
+def _require_block(threads: int, y: int = 1):
     """An edit of a cubin's bytes: its kernel's EIATTR_REQNTID record (128 threads in the committed probes) says
-    ``threads``."""
+    ``threads`` (and ``y``)."""
     def edit(data):
         at = bytes(data).index(_REQNTID_128)
-        data[at + 4: at + 8] = threads.to_bytes(4, "little")
+        data[at + 4: at + 12] = threads.to_bytes(4, "little") + y.to_bytes(4, "little")
     return edit
 
 
@@ -714,18 +820,20 @@ def test_every_committed_kernel_requires_the_manifests_block_shape():
         for entry in check_cache(REPO, arch).kernels.values():
             data = (REPO / entry.cubin).read_bytes()
             assert kernel_attributes(data, entry.symbol).required_block == (entry.threads, 1, 1), (arch, entry.name)
+            # The section of that whole name, not one whose name starts with it (another kernel's).
+            assert kernel_attributes(data, entry.symbol[:-1]) is None, (arch, entry.name)
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_a_cubin_compiled_for_another_block_shape_is_refused(cache, arch):
+@pytest.mark.parametrize("arch, shape", [("sm_90a", (256, 1)), ("sm_100a", (256, 1)), ("sm_90a", (128, 2))])
+def test_a_cubin_compiled_for_another_block_shape_is_refused(cache, arch, shape):
     """The manifest's threads were compared with the contract only: a cubin compiled for another block shape passed
     every check of a load, and the driver then refused each launch. It is refused at load, naming both shapes (the
     loader's own path calls the same check after the driver's parameter checks)."""
     from runtime.manifest import check_elf_attributes, read_manifest
 
-    rewrite_first_cubin(cache, arch, _require_block(256))
-    with pytest.raises(errors.BlockShapeError, match=r"requires blocks of \[256, 1, 1\] threads, the manifest "
-                                                     r"launches \[128, 1, 1\]"):
+    rewrite_first_cubin(cache, arch, _require_block(*shape))
+    with pytest.raises(errors.BlockShapeError, match=rf"requires blocks of \[{shape[0]}, {shape[1]}, 1\] threads, the "
+                                                     r"manifest launches \[128, 1, 1\]"):
         check_cache(cache, arch)
     manifest = read_manifest(cache, arch)
     entry = next(iter(manifest.kernels.values()))
