@@ -237,6 +237,13 @@ def test_load_refuses_a_device_the_process_does_not_see(cache, stand_in):
         loader.load(cache, device=2)
 
 
+def test_load_takes_cuda_0_by_name_where_another_device_is_current(cache, stand_in, monkeypatch):
+    """"cuda:0" and torch.device("cuda", 0) are device 0 (index 0 is not "no index", the current device's)."""
+    stand_in()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert [loader.load(cache, device=d).device for d in ("cuda:0", torch.device("cuda", 0), "cuda")] == [0, 0, 1]
+
+
 @pytest.mark.parametrize("error", [errno.EMFILE, errno.ENFILE, errno.ENOMEM], ids=errno.errorcode.get)
 def test_a_process_out_of_descriptors_is_not_a_refusal(cache, stand_in, monkeypatch, error):
     """Reading the manifest or a cubin fails for the process's state (out of file descriptors, or of kernel memory):
@@ -411,9 +418,16 @@ def test_param_list_contradicting_the_binary_at_load(cache, stand_in, monkeypatc
     assert e.value.kernel == "probe_cluster2" and "build_kernels.py --arch sm_90a" in str(e.value)
 
 
-def test_shared_memory_above_the_opt_in_limit(cache, stand_in):
+def test_shared_memory_above_the_opt_in_limit(cache, stand_in, monkeypatch):
     stand_in(smem_optin=64)
     with pytest.raises(errors.SharedMemoryError, match="128 dynamic"):
+        loader.load(cache)
+    # Dynamic and static together: up to the limit loads, a byte past it is refused.
+    stand_in(smem_optin=128 + 16, static_smem=16)
+    loader.load(cache)
+    monkeypatch.setattr(loader, "_caches", {})
+    stand_in(smem_optin=128 + 15, static_smem=16)
+    with pytest.raises(errors.SharedMemoryError, match="128 dynamic [+] 16 static bytes .* allows 143 per block"):
         loader.load(cache)
 
 
@@ -728,7 +742,8 @@ def _never_reaches_the_driver(cache, stand_in, craft) -> None:
     assert drv.loaded == []
 
 
-@pytest.mark.parametrize("where", ["headers", "segment", "entry size"])
+@pytest.mark.parametrize("where", ["headers", "segment", "segment offset", "one header", "entry size",
+                                   "wide entry"])
 def test_malformed_program_headers_never_reach_the_driver(cache, stand_in, where):
     """The section table was bounds-checked before the bytes went to the driver, the program headers (by which it
     places the segments) not: a cubin with 60000 of them, or a segment 2^40 bytes long, whose sha256 matched an
@@ -740,10 +755,14 @@ def test_malformed_program_headers_never_reach_the_driver(cache, stand_in, where
         assert struct.unpack_from("<H", data, 0x38)[0] > 0
         if where == "headers":
             struct.pack_into("<H", data, 0x38, 60000)  # e_phnum
-        elif where == "segment":
+        elif where in ("segment", "one header"):
             struct.pack_into("<QQQQ", data, phoff + 8, 0, 0, 0, 1 << 40)  # p_offset, p_vaddr, p_paddr, p_filesz
+            if where == "one header":
+                struct.pack_into("<H", data, 0x38, 1)
+        elif where == "segment offset":
+            struct.pack_into("<QQQQ", data, phoff + 8, len(data) - 4, 0, 0, 8)  # 8 bytes from 4 before the end
         else:
-            struct.pack_into("<H", data, 0x36, 32)  # e_phentsize: not ELF64's 56
+            struct.pack_into("<H", data, 0x36, 32 if where == "entry size" else 64)  # e_phentsize: not ELF64's 56
 
     _never_reaches_the_driver(cache, stand_in, craft)
 
