@@ -553,6 +553,9 @@ def test_a_measurement_cache_loads_only_where_asked(tmp_path, monkeypatch):
     edit_manifest(cache, "sm_90a", lambda d: d["toolchain"].update(build_switches={"DECODE_TOPK_EXPERIMENT": "x"}))
     with pytest.raises(errors.MeasurementBuildError, match="DECODE_TOPK_EXPERIMENT=x"):
         check_cache(cache, "sm_90a")
+    monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "0")  # only "1" asks for it
+    with pytest.raises(errors.MeasurementBuildError, match="DECODE_TOPK_EXPERIMENT=x"):
+        check_cache(cache, "sm_90a")
     monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")
     check_cache(cache, "sm_90a")
 
