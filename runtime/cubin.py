@@ -176,7 +176,13 @@ def _attributes(info: bytes):
 
 
 def _is_param(attr: int, value: bytes) -> bool:
-    return attr == _EIATTR_KPARAM_INFO and len(value) >= 12
+    """A parameter's record. One shorter than its 12 bytes is refused: skipped, it went uncounted while the driver
+    may count it, so a kernel of one more parameter than the manifest lists would have passed the count check."""
+    if attr != _EIATTR_KPARAM_INFO:
+        return False
+    if len(value) < 12:
+        raise CubinFormatError(f"a kernel parameter's record is {len(value)} bytes, not 12")
+    return True
 
 
 def _kernel_params(info: bytes) -> tuple[KernelParam, ...]:

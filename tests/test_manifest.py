@@ -519,7 +519,16 @@ def _short_block_shape(data):
     data[at + 8: at + 16] = bytes([1, 0]) * 4
 
 
+def _short_param_record(data):
+    """The second parameter's EIATTR_KPARAM_INFO record holds 8 bytes (then one empty 2-byte-value record fills the
+    4 it no longer holds)."""
+    at = bytes(data).index(bytes([4, 0x17, 12, 0, 0, 0, 0, 0, 1, 0]))  # ordinal 1's record
+    data[at + 2] = 8
+    data[at + 12: at + 16] = bytes([3, 0, 0, 0])
+
+
 @pytest.mark.parametrize("craft, said", [
+    (_short_param_record, "a kernel parameter's record is 8 bytes, not 12"),
     (_tiny_section_headers, "section header size 1 is not"),
     (_bad_section_name, "a section name is unreadable"),
     (_header_cut_short, "not a little-endian ELF64"),
