@@ -7,8 +7,9 @@ export SPARSE_DECODE_AOT_REQUIRE_GPU=1  # a GPU test that would skip fails here
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
 # Which tests ran: the host code digest (benchmarks.common.source_digest) leaves tests/ out, and the device copy's git
-# head may be stale. Here, `find tests -name '*.py' | sort | xargs sha256sum | sha256sum` of a checkout matches it.
-echo "tests digest $(find tests -name '*.py' | sort | xargs sha256sum | sha256sum | cut -c1-16)" \
+# head may be stale. `find tests -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum` of a checkout matches it
+# (LC_ALL=C: the GPU machine's locale sorts test_indexer_gpu.py before test_indexer.py).
+echo "tests digest $(find tests -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)" \
   | tee "${JOB_OUT:-/tmp}/tests_digest.txt"
 python3 -m runtime verify 2>&1 | tail -3
 # -rfEs: the failures' and errors' names in the summary too (-rs alone names the skips only); the whole output
