@@ -76,7 +76,7 @@ def first_overlap(out: torch.Tensor, named) -> str | None:
     ro = _runs(out)
     if ro is None:
         return None
-    low, high = _span(ro) if type(ro) is list else (ro[0], ro[0] + (ro[1] - 1) * ro[2] + ro[3])  # out's span
+    low, high = _span(ro)  # out's byte span (one call: ~35 ns of an op's 20-45 us of host checks)
     for name, t in named:
         if t is None:
             continue

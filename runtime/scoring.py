@@ -445,6 +445,28 @@ def warm_deepgemm(shapes: ServingShapes = ServingShapes(), cache_dir: str | os.P
     }
 
 
+def step_wall_ms(step) -> float:
+    """Wall time of one call of ``step`` in milliseconds, the device synchronized before and after."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def steps_after_pause_ms(step, *, repeats: int = 10, pause_s: float = 0.02) -> list[float]:
+    """Wall times of ``repeats`` calls of ``step``, each after what precedes ``check_step_compiles_nothing``'s first
+    step (a snapshot of DeepGEMM's cache) and ``pause_s`` seconds idle. A step after a pause costs more than one back
+    to back (0.32-0.84 against 0.15-0.21 ms on an H100, first_step_s63_h100.json): a first step is read against
+    these."""
+    times = []
+    for _ in range(whole_count("repeats", repeats, 1)):
+        jit_cache_snapshot()
+        time.sleep(pause_s)
+        times.append(step_wall_ms(step))
+    return times
+
+
 def check_step_compiles_nothing(step, *, repeats: int = 10, first_step_factor: float = 5.0,
                                 first_step_slack_ms: float = 250.0) -> dict:
     """Run ``step`` (a zero-argument callable issuing one decode step on the current
@@ -459,17 +481,8 @@ def check_step_compiles_nothing(step, *, repeats: int = 10, first_step_factor: f
     if not before:
         raise RuntimeError(f"check_step_compiles_nothing: DeepGEMM's cache {jit_cache_dir()} is empty; "
                            f"run build_kernels.py --warm-deepgemm first")
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    step()
-    torch.cuda.synchronize()
-    first_ms = (time.perf_counter() - t0) * 1e3
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
+    first_ms = step_wall_ms(step)
+    times = [step_wall_ms(step) for _ in range(repeats)]
     steady_ms = sorted(times)[len(times) // 2]
     after = jit_cache_snapshot()
     changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))

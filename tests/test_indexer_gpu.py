@@ -304,14 +304,14 @@ def test_torch_scorer_flow_agrees_with_deepgemm_flow():
 
 
 _CHECK = textwrap.dedent("""
-    import json, sys, time, torch
+    import json, sys, torch
     sys.path.insert(0, {tests!r})
     import runtime
     runtime.load()  # the AOT cache loads at start-up, not in a step
     from indexer_cases import make_state, make_step
     from runtime.indexer import DecodeMetadata, SingleRank, decode_rows
     from runtime.indexer import preload_decode_rows
-    from runtime.scoring import DeepGemmScorer, check_step_compiles_nothing, jit_cache_snapshot
+    from runtime.scoring import DeepGemmScorer, check_step_compiles_nothing, steps_after_pause_ms
     step = make_step(16, heads=64, head_dim=128, max_model_len=8192, k=512, device="cuda")
     state = make_state(step, scorer=DeepGemmScorer())
     bounds = {{}}
@@ -321,19 +321,9 @@ _CHECK = textwrap.dedent("""
     run = lambda: decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
     result = check_step_compiles_nothing(run, **bounds)
     if {preload}:
-        # A step after a pause (the cache snapshot the check takes before its first step, then 20 ms idle) is
-        # slower than one back to back: 0.32-0.84 ms against 0.15-0.21 on an H100 (first_step_s63_h100.json).
-        # Against such steps the first one must not stand out, as loading modules in it would (the cold
-        # first step without a preload: ~8 ms).
-        paused = []
-        for _ in range(10):
-            jit_cache_snapshot()
-            time.sleep(0.02)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            run()
-            torch.cuda.synchronize()
-            paused.append((time.perf_counter() - t0) * 1e3)
+        # A step after a pause is slower than one back to back (steps_after_pause_ms). Against such steps the first
+        # one must not stand out, as loading modules in it would (the cold first step without a preload: ~8 ms).
+        paused = steps_after_pause_ms(run)
         result["after_pause_ms"] = paused
         median = sorted(paused)[len(paused) // 2]
         assert result["first_ms"] <= 1.5 * median + 0.1, (result["first_ms"], paused)

@@ -166,6 +166,32 @@ def test_check_step_compiles_nothing_takes_the_median_steady_step(monkeypatch):
     assert result["first_ms"] == pytest.approx(10.0) and result["steady_ms"] == pytest.approx(1.0)
 
 
+def test_steps_after_pause_ms_times_each_step_after_a_snapshot_and_a_pause(monkeypatch):
+    """Each timed step follows a cache snapshot and the pause, as check_step_compiles_nothing's first step follows its
+    snapshot; the pause is not timed. On a scripted clock (steps of 2, 3 and 4 ms; pauses that advance it 20 ms)."""
+    import types
+
+    clock, events = [0.0], []
+
+    def sleep(seconds):
+        events.append("pause")
+        clock[0] += seconds
+
+    monkeypatch.setattr(scoring, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], sleep=sleep))
+    monkeypatch.setattr(scoring, "jit_cache_snapshot", lambda directory=None: events.append("snapshot") or {})
+    monkeypatch.setattr(scoring.torch.cuda, "synchronize", lambda *a: None)
+    left = [2, 3, 4]
+
+    def step():
+        events.append("step")
+        clock[0] += left.pop(0) / 1e3
+
+    assert scoring.steps_after_pause_ms(step, repeats=3, pause_s=0.02) == pytest.approx([2.0, 3.0, 4.0])
+    assert events == ["snapshot", "pause", "step"] * 3
+    with pytest.raises((TypeError, ValueError), match="repeats: expected"):
+        scoring.steps_after_pause_ms(step, repeats=0)
+
+
 def test_check_step_compiles_nothing_refuses_each_sign_of_a_compile(tmp_path, monkeypatch):
     """The zero-JIT proof's own refusals (its GPU test only sees it pass): an empty cache before the step, a file the
     step adds to DeepGEMM's cache or rewrites there, and a first step slower than the steady state allows each raise;

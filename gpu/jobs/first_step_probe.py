@@ -5,8 +5,8 @@ for 1, 16 and 64 rows (as ``indexer_probe.py --nojit --preload``):
   preloaded_first: the first step on a state that ``preload_decode_rows`` ran on (serving preloads each layer's state);
   fresh_state_first: the first step on a new state over the same buffers' copies after that preload (what
     ``indexer_probe.py --nojit --preload`` times: its preload runs on another state);
-  steady: steps back to back; after_pause: steps each preceded by what precedes a first step there
-    (``jit_cache_snapshot`` and a 20 ms idle), so the host's caches are as cold as before a first step;
+  steady: steps back to back; after_pause: ``runtime.scoring.steps_after_pause_ms`` (each step after a cache
+    snapshot and a 20 ms idle, as a first step follows a snapshot);
   profile_first / profile_steady: cProfile of a new state's first step and of a steady one, the functions
     whose own time differs most.
 Wall times in ms, synchronized before and after each step.
@@ -28,15 +28,12 @@ from indexer_cases import make_state, make_step
 import runtime
 from benchmarks.common import gpu_info
 from runtime.indexer import SingleRank, decode_rows, preload_decode_rows
-from runtime.scoring import DeepGemmScorer, jit_cache_snapshot
-
-
-def timed(step) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+from runtime.scoring import (
+    DeepGemmScorer,
+    jit_cache_snapshot,
+    step_wall_ms,
+    steps_after_pause_ms,
+)
 
 
 def own_times(step) -> dict:
@@ -74,14 +71,10 @@ def main(out_path: str) -> None:
         torch.cuda.synchronize()
         r = {"preload_ms": (time.perf_counter() - t0) * 1e3}
         jit_cache_snapshot()
-        r["preloaded_first"] = timed(on(preloaded))
-        r["fresh_state_first"] = timed(on(make_state(step, scorer=scorer)))
-        r["steady"] = [timed(on(preloaded)) for _ in range(20)]
-        pauses = []
-        for _ in range(10):
-            jit_cache_snapshot()
-            time.sleep(0.02)
-            pauses.append(timed(on(preloaded)))
+        r["preloaded_first"] = step_wall_ms(on(preloaded))
+        r["fresh_state_first"] = step_wall_ms(on(make_state(step, scorer=scorer)))
+        r["steady"] = [step_wall_ms(on(preloaded)) for _ in range(20)]
+        pauses = steps_after_pause_ms(on(preloaded))
         r["after_pause"] = pauses
         first = own_times(on(make_state(step, scorer=scorer)))
         steady = own_times(on(preloaded))
