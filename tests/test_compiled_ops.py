@@ -4,7 +4,8 @@ A function that calls decode_topk or sparse_mla_decode compiles to one graph (fu
 holds each op as one custom op node (sparse_decode_aot::...), with static and dynamic shapes, and gives the eager
 results; the indexer's steps run eagerly inside a compiled function (a graph break each) and give the eager buffers.
 Before, the tracer followed the ops' host checks into a FakeTensor's storage size, which symbolic shapes refuse, and
-the compile failed with torch's error. The scalar flags are still refused while tracing.
+the compile failed with torch's error. The scalar flags are still refused while tracing, and an out that overlaps
+an input never gives a wrong result (refused, or computed on functionalization's copy).
 """
 
 from __future__ import annotations
@@ -124,3 +125,69 @@ def test_indexer_steps_run_eagerly_inside_a_compiled_function(flow):
     got = torch.compile(run, backend="aot_eager")(step.q, step.weights)
     assert torch.equal(state.topk_indices, eager.topk_indices)
     assert torch.equal(got - 1, eager.topk_indices)
+
+
+@pytest.mark.parametrize("name", ("bmm1_scale", "bmm2_scale"))
+def test_bool_scale_is_refused_while_tracing(name):
+    # float(True) is 1.0: without the traced call's own scale check a bool would run as a scale of one, and the
+    # real call inside the custom op would see a float and never name the argument
+    q = torch.zeros(1, 16, 512).to(FP8)
+    pool = torch.zeros(8, 512).to(FP8)
+    args = (q, pool, pool, torch.zeros(1, 128, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+    scales = {"bmm1_scale": 1.0, "bmm2_scale": 1.0, name: True}
+    with pytest.raises(Exception, match=f"{name} must be a real number, got bool"):
+        _compile(lambda *a: sparse_mla_decode(*a, **scales), False)[0](*args)
+
+
+def _out_over_row_ends(rows=3, k=512):
+    """decode_topk's ``out`` and a ``row_ends`` that shares its last row's first words (both int32, so torch's
+    functionalization keeps the alias)."""
+    words = torch.zeros(rows * k, dtype=torch.int32)
+    out = words.view(rows, k)
+    row_ends = words[(rows - 1) * k:(rows - 1) * k + rows]
+    return out, row_ends
+
+
+@pytest.mark.parametrize("compiler", ("aot_eager", "inductor"))
+def test_out_overlapping_an_input_is_never_computed_wrong_inside_torch_compile(compiler):
+    # Eager calls refuse an out that overlaps an input. Traced, the op receives what torch's functionalization hands
+    # it: aot_eager a copy of out (the result is then right, computed from the inputs as they were), inductor the
+    # real out once it writes in place, which the op's own check refuses. Either way no wrong result.
+    out, row_ends = _out_over_row_ends()
+    row_ends.copy_(torch.tensor([1000, 7, 600], dtype=torch.int32))
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(9))
+    want = decode_topk_reference(logits, row_ends.clone(), 512)
+    with pytest.raises(ValueError, match="out overlaps row_ends's memory"):
+        decode_topk(logits, row_ends, out)
+
+    def step(logits, row_ends, out):
+        decode_topk(logits, row_ends, out)
+        return out
+
+    compiled = _compile(step, False, compiler)[0]
+    if compiler == "inductor":
+        with pytest.raises(Exception, match="out overlaps row_ends's memory"):
+            compiled(logits, row_ends, out)
+        return
+    got = compiled(logits, row_ends, out)
+    assert torch.equal(torch.sort(got, 1).values, torch.sort(want, 1).values)
+    assert torch.equal(got, out), "out written"
+
+
+def test_sparse_mla_out_over_q_is_refused_inside_torch_compile():
+    # out (BF16) can overlap an input only across dtypes (q and the pools FP8, indices and lens int32, sinks FP32),
+    # a mutation of a view that aot_autograd refuses before the op runs
+    T = 2
+    raw = torch.zeros(T * 16 * 512 * 2, dtype=torch.uint8)
+    out = raw.view(torch.bfloat16).view(T, 16, 512)
+    q = raw[:T * 16 * 512].view(FP8).view(T, 16, 512)
+    pool = torch.ones(40, 512).to(FP8)
+    args = (q, pool, pool, torch.zeros(T, 128, dtype=torch.int32), torch.full((T,), 128, dtype=torch.int32))
+    kw = {"bmm1_scale": 0.05, "bmm2_scale": 1.0}
+    with pytest.raises(ValueError, match="out overlaps q's memory"):
+        sparse_mla_decode(*args, out=out, **kw)
+    compiled = _compile(lambda *a, out: sparse_mla_decode(*a, out=out, **kw), False)[0]
+    # aot_autograd's own refusal on this torch; the op's check would name out where a later torch passed it the alias
+    with pytest.raises(Exception, match="views with different dtypes|out overlaps q's memory"):
+        compiled(*args, out=out)
+    assert not out.any(), "out untouched"
