@@ -265,7 +265,7 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
     ``sources``: the source hash taken before the cubins were compiled; the manifest is stamped with it only where
     the sources are still those (an edit or a checkout during the build's minutes stops the build instead).
     """
-    _refuse_symlinked_folders(out, variants_by_arch)
+    _refuse_unusable_folders(out, variants_by_arch)
     out.mkdir(parents=True, exist_ok=True)
     tools, src = toolchain_info(), source_hash()
     if sources is not None and src != sources:
@@ -414,14 +414,24 @@ def _toolchain_with_kept_switches(tools: dict, previous: dict | None) -> dict:
     return {**tools, "build_switches": {**merged, **tools.get("build_switches", {})}}
 
 
-def _refuse_symlinked_folders(out: Path, archs) -> None:
+def _refuse_unusable_folders(out: Path, variants_by_arch: dict) -> None:
     """The build writes into and removes files from ``out/cubins/<arch>/`` and writes ``out/manifests/``: through a
     symlinked folder it would write into, and delete from, another cache outside this one's lock, and make a cache
-    that its own runtime refuses (every cache file must resolve inside the root)."""
-    for folder in (out / "cubins", *(out / "cubins" / arch for arch in archs), out / "manifests"):
+    that its own runtime refuses (every cache file must resolve inside the root). A file where it makes one of those
+    folders, or a folder where it writes a manifest or a cubin, failed the build after its compiles with a bare
+    traceback (FileExistsError, IsADirectoryError)."""
+    for folder in (out / "cubins", *(out / "cubins" / arch for arch in variants_by_arch), out / "manifests"):
         if folder.is_symlink():
             raise SystemExit(f"{folder}: a symlink (to {os.readlink(folder)}); the build writes only into folders of "
                              f"the cache root itself: replace it with a directory, or build with --out at its target")
+        if folder.exists() and not folder.is_dir():
+            raise SystemExit(f"{folder}: not a directory, where the build makes one; remove it, or build with "
+                             f"another --out")
+    for arch, variants in variants_by_arch.items():
+        for path in (manifest_path(out, arch), *(out / "cubins" / arch / f"{v.name}.cubin" for v in variants)):
+            if path.is_dir() and not path.is_symlink():
+                raise SystemExit(f"{path}: a directory, where the build writes a file; remove it, or build with "
+                                 f"another --out")
 
 
 def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
@@ -569,7 +579,7 @@ def main(argv=None) -> int:
               f"run: python build_kernels.py --arch {' '.join(args.arch)}{out}")
         return 1 if problems else 0
     _require_writable(parser, args.out)  # before minutes of compiling, not after
-    _refuse_symlinked_folders(args.out, args.arch)
+    _refuse_unusable_folders(args.out, variants_by_arch)
     _warn_of_build_switches()
     sources = source_hash()
     cubins = compile_all(variants_by_arch, args.jobs)

@@ -606,6 +606,23 @@ def test_a_symlinked_cubin_folder_is_refused_before_anything_is_written(tmp_path
     assert proc.returncode != 0 and "a symlink" in proc.stderr and "compiled" not in proc.stdout
 
 
+@pytest.mark.parametrize("where, make", [("manifests", "file"), ("cubins", "file"), ("cubins/sm_90a", "file"),
+                                         ("manifests/sm_90a.json", "dir"),
+                                         ("cubins/sm_90a/probe_cluster2.cubin", "dir")])
+def test_a_file_or_folder_in_the_builds_way_is_refused_before_compiling(tmp_path, where, make):
+    """An --out whose manifests/ or cubins/<arch>/ was a file, or whose manifest or cubin path was a folder, failed
+    after every compile with a bare traceback (FileExistsError, IsADirectoryError; with --only, a refusal whose fix,
+    a whole build, crashed the same way): now refused before compiling, naming the path and the fix."""
+    path = tmp_path / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir() if make == "dir" else path.write_text("")
+    proc = subprocess.run(BUILD + ["--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "compiled" not in proc.stdout, proc.stdout + proc.stderr
+    assert f"{path}: " in proc.stderr and "remove it, or build with another --out" in proc.stderr, proc.stderr
+
+
 def test_a_partial_build_refuses_kept_entries_the_runtime_would_refuse(tmp_path, monkeypatch):
     """--only kept the other families' entries as they were: one the contract has changed under since (here its
     smem_bytes), or whose cubin no longer matches, was written into the new manifest, and the runtime then refused
