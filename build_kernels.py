@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import functools
 import hashlib
+import importlib
 import json
 import os
 import signal
@@ -566,6 +567,7 @@ def main(argv=None) -> int:
         if unbuilt:  # it would compile nothing of them and still rewrite the manifest (or pass a check)
             parser.error(f"--only {' '.join(unbuilt)}: the contract has no variant of it for {arch}; name the archs "
                          f"it has (--arch), or drop that --only")
+    _require_cute_dsl(parser)
     if args.check:
         with tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
             sources = source_hash()
@@ -627,6 +629,16 @@ def _warm_deepgemm(parser: argparse.ArgumentParser, shape_options: dict, cache_d
         parser.error(f"--warm-deepgemm: {e}")
     print(json.dumps(report, indent=1), flush=True)
     return 0
+
+
+def _require_cute_dsl(parser: argparse.ArgumentParser) -> None:
+    """The build and --check compile with CuTe DSL, the 'build' extra: without it (a plain ``pip install -e .``)
+    they stopped in a bare ModuleNotFoundError traceback."""
+    try:
+        importlib.import_module("cutlass")
+    except ImportError as e:
+        parser.error(f"the build compiles with CuTe DSL (nvidia-cutlass-dsl), which does not import here ({e}); "
+                     f"install the 'build' extra: pip install -e \".[build]\"")
 
 
 def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:

@@ -241,6 +241,21 @@ def test_warm_deepgemm_takes_the_serving_shapes(tmp_path, monkeypatch, capsys):
     assert len(calls) == 3  # nothing warmed
 
 
+@pytest.mark.parametrize("extra", [[], ["--check"]])
+def test_a_build_without_cute_dsl_says_which_extra_to_install(tmp_path, monkeypatch, capsys, extra):
+    """After a plain `pip install -e .` (no 'build' extra) the build stopped in a bare ModuleNotFoundError traceback:
+    now a usage error naming the package and the install command."""
+    import build_kernels
+
+    monkeypatch.setitem(sys.modules, "cutlass", None)  # what `import cutlass` meets where it is not installed
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path), *extra])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "CuTe DSL (nvidia-cutlass-dsl), which does not import here" in err and 'pip install -e ".[build]"' in err
+    assert not (tmp_path / "manifests").exists()
+
+
 def test_a_build_lock_it_cannot_write_is_refused_before_compiling(tmp_path):
     """A lock file the build cannot open for writing (one a load by another account created; here a directory in its
     place) failed the build after minutes of compiling, with a bare PermissionError: now refused first."""
