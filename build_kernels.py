@@ -565,8 +565,10 @@ def main(argv=None) -> int:
     for arch in args.arch if args.only else ():
         unbuilt = [f for f in dict.fromkeys(families) if not all_variants(arch, (f,))]
         if unbuilt:  # it would compile nothing of them and still rewrite the manifest (or pass a check)
-            parser.error(f"--only {' '.join(unbuilt)}: the contract has no variant of it for {arch}; name the archs "
-                         f"it has (--arch), or drop that --only")
+            has = [a for a in ARCHS if all(all_variants(a, (f,)) for f in unbuilt)]
+            fix = f"build it with --arch {' '.join(has)}" if has else "name the archs it has (--arch)"
+            parser.error(f"--only {' '.join(unbuilt)}: the contract has no variant of it for {arch}; {fix}, or drop "
+                         f"that --only")
     _require_cute_dsl(parser)
     if args.check:
         with tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:

@@ -195,7 +195,10 @@ def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
                                          (["--warm-deepgemm", "--jobs", "0"], "builds no cubins: drop --only, --jobs"),
                                          # it compiled nothing of the family, rewrote the manifest and exited 0
                                          (["--only", "sparse_mla_decode", "--arch", "sm_100a"],
-                                          "--only sparse_mla_decode: the contract has no variant of it for sm_100a")])
+                                          "--only sparse_mla_decode: the contract has no variant of it for sm_100a"),
+                                         # the fix said "name the archs it has (--arch)" without naming them
+                                         (["--only", "sparse_mla_decode"],
+                                          "for sm_100a; build it with --arch sm_90a, or drop that --only")])
 def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     afile = tmp_path / "afile"
     afile.write_text("")
