@@ -623,7 +623,9 @@ def _warm_deepgemm(parser: argparse.ArgumentParser, shape_options: dict, cache_d
     use_jit_cache_dir(cache_dir)  # before deepgemm_status imports DeepGEMM, which reads it then
     ok, why = deepgemm_status()
     if not ok:  # no CUDA device, or no DeepGEMM that runs here: said without a traceback
-        print(f"build_kernels.py: --warm-deepgemm: {why}", file=sys.stderr, flush=True)
+        print(f"build_kernels.py: --warm-deepgemm: {why}; it warms DeepGEMM for the GPU it runs on: run it on each "
+              f"serving GPU model (sm_90 or sm_100), with DeepGEMM installed (pip install -e \".[deepgemm]\")",
+              file=sys.stderr, flush=True)
         return 1
     try:
         report = warm_deepgemm(ServingShapes(**shape_options), cache_dir)

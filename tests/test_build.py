@@ -240,7 +240,10 @@ def test_warm_deepgemm_takes_the_serving_shapes(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(scoring, "deepgemm_status", lambda: (False, "no CUDA device"))  # this machine's answer
     assert build_kernels.main(["--warm-deepgemm"]) == 1
-    assert capsys.readouterr().err == "build_kernels.py: --warm-deepgemm: no CUDA device\n"
+    # the refusal named no fix: where to run it, and the install it needs
+    assert capsys.readouterr().err == ("build_kernels.py: --warm-deepgemm: no CUDA device; it warms DeepGEMM for the "
+                                       "GPU it runs on: run it on each serving GPU model (sm_90 or sm_100), with "
+                                       "DeepGEMM installed (pip install -e \".[deepgemm]\")\n")
     assert len(calls) == 3  # nothing warmed
 
 
