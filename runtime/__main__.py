@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("verify", help="validate every cubin for this GPU and run the probe")
-    v.add_argument("--root", default=None, help="cache root (default: the installed cache)")
+    v.add_argument("--root", default=None, help="cache root (default: $SPARSE_DECODE_AOT_CACHE, else this checkout's "
+                   "cache, else the installed one)")
     args = parser.parse_args(argv)
     return verify(args.root)
 

@@ -786,6 +786,17 @@ def test_verify_reports_the_manifests_refusal(cache, stand_in, monkeypatch, caps
     assert out.startswith("FAIL: ") and said in out
 
 
+def test_verify_help_names_the_default_root(capsys):
+    """--root's help said the default was the installed cache: it is $SPARSE_DECODE_AOT_CACHE, else the checkout's
+    cache, and the installed one only after both (runtime.manifest.default_root)."""
+    from runtime import __main__ as cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["verify", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "default: $SPARSE_DECODE_AOT_CACHE, else this checkout's cache, else the installed one" in help_text
+
+
 def test_verify_passes_a_cache_matching_the_contract(cache, stand_in, monkeypatch, capsys):
     import runtime.probe
     from runtime import __main__ as cli
