@@ -48,8 +48,10 @@ def require_flag(name: str, value) -> None:
     by its truth value, which for "False" is True."""
     if not isinstance(value, bool):
         kind = type(value)  # numpy's bool is also named "bool": say whose
-        raise TypeError(f"{name} must be a Python bool, got {kind.__module__}.{kind.__qualname__} {value!r}; "
-                        f"pass bool({name})")
+        # bool() is the fix for a numpy bool or a 0/1, not for a string: bool("False") is True
+        fix = (f"pass True or False (bool({value!r}) is {bool(value)})" if isinstance(value, str)
+               else f"pass bool({name})")
+        raise TypeError(f"{name} must be a Python bool, got {kind.__module__}.{kind.__qualname__} {value!r}; {fix}")
 
 
 def cuda_device_index(name: str, device) -> int | None:

@@ -152,7 +152,9 @@ def test_host_op_cpu_fallback_and_checks():
     np = pytest.importorskip("numpy")
     with pytest.raises(TypeError, match=r"block_mode must be a Python bool, got numpy\.bool_? .*True_?; pass bool"):
         decode_topk(logits, ends, out, block_mode=np.bool_(True))  # numpy names its type "bool" too
-    with pytest.raises(TypeError, match=r"^pdl must be a Python bool, got builtins\.str 'False'"):
+    # its fix said "pass bool(pdl)", which for this string is True
+    with pytest.raises(TypeError, match=r"^pdl must be a Python bool, got builtins\.str 'False'; pass True or False "
+                                        r"\(bool\('False'\) is True\)$"):
         decode_topk(logits, ends, out, pdl="False")  # true: it would launch with PDL
 
 
