@@ -805,3 +805,565 @@ def test_failed_check_names_the_checked_cache_in_its_fix(tmp_path, monkeypatch, 
     monkeypatch.setattr(build_kernels, "check_against", lambda *args: ["a difference"])
     assert build_kernels.main(["--check", "--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path)]) == 1
     assert f"run: python build_kernels.py --arch sm_90a --out {tmp_path}" in capsys.readouterr().out
+
+
+# --- sixty-fourth session review (review-64a): mutation audit of the build side ---------------------------------------
+
+def test_the_source_hash_covers_file_names_and_the_contract(tmp_path, monkeypatch):
+    """--check and the manifest's source_hash stand for the kernel sources and the contract: a renamed kernel module,
+    or an edit to runtime/contract alone, changed the cubins' meaning without changing the stamp, had the hash left
+    either out. Files other than Python sources are not part of it."""
+    import build_kernels
+
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "runtime" / "contract").mkdir(parents=True)
+    (tmp_path / "kernels" / "a.py").write_text("A = 1\n")
+    (tmp_path / "runtime" / "contract" / "c.py").write_text("C = 1\n")
+    monkeypatch.setattr(build_kernels, "REPO", tmp_path)
+    seen = [build_kernels.source_hash()]
+    (tmp_path / "kernels" / "notes.txt").write_text("not a source")
+    assert build_kernels.source_hash() == seen[0]
+    (tmp_path / "kernels" / "a.py").rename(tmp_path / "kernels" / "b.py")
+    seen.append(build_kernels.source_hash())
+    (tmp_path / "runtime" / "contract" / "c.py").write_text("C = 2\n")
+    seen.append(build_kernels.source_hash())
+    assert len(set(seen)) == 3, "a rename or a contract edit left the source hash as it was"
+
+
+def _a_probe_cubin(arch="sm_90a"):
+    variant = all_variants(arch, ("probe",))[0]
+    return variant, (REPO / "cubins" / arch / f"{variant.name}.cubin").read_bytes()
+
+
+def test_a_cubin_without_a_kernel_is_refused_by_name(monkeypatch):
+    """manifest_entry takes the cubin's one kernel: a cubin of none is refused with the variant's name, not a bare
+    ValueError from unpacking (or a manifest entry made of nothing)."""
+    import types
+
+    import build_kernels
+
+    variant, cubin = _a_probe_cubin()
+    monkeypatch.setattr(build_kernels, "read_cubin",
+                        lambda data: types.SimpleNamespace(arch="sm_90a", arch_matches=lambda arch: True, kernels={}))
+    with pytest.raises(SystemExit, match=rf"{variant.name} \(sm_90a\): expected one kernel in the cubin, found \[\]"):
+        build_kernels.manifest_entry(variant, "sm_90a", cubin)
+
+
+def test_a_cubin_compiled_for_another_block_shape_is_refused(monkeypatch):
+    """A kernel compiled for other blocks than the contract's threads (its EIATTR_REQNTID) is refused at the build:
+    the driver would refuse each of its launches."""
+    import types
+
+    import build_kernels
+
+    variant, cubin = _a_probe_cubin()
+    build_kernels.manifest_entry(variant, "sm_90a", cubin)  # as compiled
+    wider = (variant.threads * 2, 1, 1)
+    monkeypatch.setattr(build_kernels, "kernel_attributes",
+                        lambda data, symbol: types.SimpleNamespace(required_block=wider))
+    with pytest.raises(SystemExit, match=rf"compiled for blocks of \[{wider[0]}, 1, 1\] threads, the contract "
+                                         rf"launches \[{variant.threads}, 1, 1\]"):
+        build_kernels.manifest_entry(variant, "sm_90a", cubin)
+
+
+def test_written_cache_files_take_the_umask_of_the_build(tmp_path):
+    """The mode is 0666 less the umask, not a fixed 0644: a group-writable umask (0002, a shared build folder) gives
+    0664, as a plain write would."""
+    import os
+    import stat
+
+    import build_kernels
+
+    old = os.umask(0o002)
+    build_kernels._plain_file_mode.cache_clear()
+    try:
+        build_kernels._atomic_write(tmp_path / "x.cubin", b"cubin")
+    finally:
+        os.umask(old)
+        build_kernels._plain_file_mode.cache_clear()
+    assert stat.S_IMODE((tmp_path / "x.cubin").stat().st_mode) == 0o664
+
+
+def test_the_manifest_is_renamed_after_the_cubins_renames_are_on_disk(tmp_path, monkeypatch):
+    """_atomic_write_all renames the cubins and syncs their folder before the manifest (``last``) is renamed: after a
+    power loss the manifest never names a cubin whose rename did not land."""
+    import os
+
+    import build_kernels
+
+    events = []
+    real_replace, real_sync = os.replace, build_kernels._fsync_directory
+    monkeypatch.setattr(os, "replace", lambda src, dst: (events.append(("replace", Path(dst).name)),
+                                                          real_replace(src, dst)))
+    monkeypatch.setattr(build_kernels, "_fsync_directory", lambda d: (events.append(("sync", d.name)), real_sync(d)))
+    build_kernels._atomic_write_all([(tmp_path / "cubins" / "a.cubin", b"a"), (tmp_path / "cubins" / "b.cubin", b"b")],
+                                    last=(tmp_path / "manifests" / "sm_90a.json", b"{}"))
+    assert events == [("replace", "a.cubin"), ("replace", "b.cubin"), ("sync", "cubins"),
+                      ("replace", "sm_90a.json"), ("sync", "manifests")], events
+
+
+def test_a_failed_folder_sync_raises_its_own_error_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """A folder sync that fails after the cubins' renames (an I/O error) is raised as it is: the clean-up skips the
+    staged names already renamed, where unlinking them raised FileNotFoundError over the real error; the manifest,
+    not yet renamed, is not written and its staged copy is removed."""
+    import errno
+
+    import build_kernels
+
+    def failing_sync(directory):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(build_kernels, "_fsync_directory", failing_sync)
+    with pytest.raises(OSError, match="Input/output error"):
+        build_kernels._atomic_write_all([(tmp_path / "a.cubin", b"a")], last=(tmp_path / "m.json", b"{}"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.cubin"]
+
+
+def test_atomic_writes_leave_no_file_descriptor_open(tmp_path):
+    """Each write opens its file and its folder (to sync them): a build of every variant would otherwise hold
+    hundreds of descriptors until it ends."""
+    import os
+
+    import build_kernels
+
+    before = len(os.listdir("/proc/self/fd"))
+    for name in ("a.cubin", "b.cubin", "c.cubin"):
+        build_kernels._atomic_write(tmp_path / name, b"x")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_sigterm_during_a_parallel_compile_exits_with_its_code_and_restores_the_handler():
+    """Inside compile_all's pool block SIGTERM raises SystemExit(128 + 15), so the block's clean-up ends the workers
+    and the exit status says which signal; the previous handler is back afterwards. Outside the main thread (a build
+    run from a thread) no handler can be set, and the block runs as it is."""
+    import signal
+    import threading
+
+    import build_kernels
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop, build_kernels._sigterm_as_exit():
+        signal.raise_signal(signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between bytecodes of the main thread
+            time.sleep(0.001)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+    ran = []
+
+    def in_a_thread():
+        with build_kernels._sigterm_as_exit():
+            ran.append(True)
+
+    worker = threading.Thread(target=in_a_thread)
+    worker.start()
+    worker.join()
+    assert ran == [True]
+
+
+def test_a_parallel_compile_that_returns_too_few_results_stops_the_build(monkeypatch):
+    """A pool's result iterator that ends early (next()'s StopIteration in a worker ends it silently) left variants
+    out of the cubins write_cache then looked up: the count is checked."""
+    import contextlib
+    import types
+
+    import build_kernels
+
+    class FewerResults:
+        def __init__(self, processes):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def imap_unordered(self, fn, tasks):
+            _family, name, arch = tasks[0]
+            yield name, arch, b"cubin", 0.0
+
+    monkeypatch.setattr(build_kernels, "get_context", lambda method: types.SimpleNamespace(Pool=FewerResults))
+    monkeypatch.setattr(build_kernels, "_sigterm_as_exit", contextlib.nullcontext)
+    with pytest.raises(SystemExit, match="the build compiled 1 of 2 variants"):
+        build_kernels.compile_all({"sm_90a": all_variants("sm_90a", ("probe",))}, 2)
+
+
+def test_a_whole_build_stamps_todays_sources_over_any_previous_manifest(tmp_path, monkeypatch):
+    """A build of every family (as --check's fresh build) stamps today's sources and this toolchain alone, whatever
+    manifest it replaces: one of an older stamp, one it cannot read (rewritten, not refused), and one of a
+    measurement build (whose switches it does not keep: it keeps none of its entries)."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+    from runtime.contract import FAMILIES
+
+    tools = {"python": "3"}
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: tools)
+    monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")
+    cache = copy_probe_cache(tmp_path)
+    variants, cubins = _probe_cubins(cache)
+    path = manifest_path(cache, "sm_90a")
+    for damage in (lambda: edit_manifest(cache, "sm_90a", lambda d: d.update(source_hash="f" * 64)),
+                   lambda: path.write_text("{not json"),
+                   lambda: edit_manifest(cache, "sm_90a", lambda d: d["toolchain"].update(build_switches={"X": "1"}))):
+        damage()
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, FAMILIES)
+        data = json.loads(path.read_text())
+        assert data["source_hash"] == build_kernels.source_hash() and data["toolchain"] == tools
+
+
+def test_a_partial_build_that_keeps_nothing_drops_the_previous_switches(tmp_path, monkeypatch):
+    """--only over a measurement build whose entries are all rebuilt keeps none of them: the clean cubins are not
+    recorded as a measurement build's."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", _the_committed_toolchain)
+    monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")
+    cache = copy_probe_cache(tmp_path)
+    edit_manifest(cache, "sm_90a", lambda d: d["toolchain"].update(build_switches={"DECODE_TOPK_EXPERIMENT": "x"}))
+    variants, cubins = _probe_cubins(cache)
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert "build_switches" not in json.loads(manifest_path(cache, "sm_90a").read_text())["toolchain"]
+    check_cache(cache, "sm_90a")
+
+
+def test_kept_switches_of_another_form_stay_recorded_and_this_builds_win(monkeypatch):
+    """_toolchain_with_kept_switches: switches a previous manifest recorded in another form than an object are kept
+    as text (the runtime still refuses the cache); where both builds set one switch, this build's value is the one
+    its new cubins were compiled with."""
+    import build_kernels
+
+    tools = {"python": "3", "build_switches": {"SPARSE_MLA_EXPERIMENT": "now"}}
+    previous = {"toolchain": {"build_switches": {"SPARSE_MLA_EXPERIMENT": "then", "DECODE_TOPK_EXPERIMENT": "x"}}}
+    assert build_kernels._toolchain_with_kept_switches(tools, previous)["build_switches"] == {
+        "SPARSE_MLA_EXPERIMENT": "now", "DECODE_TOPK_EXPERIMENT": "x"}
+    odd = {"toolchain": {"build_switches": ["DECODE_TOPK_EXPERIMENT"]}}
+    assert build_kernels._toolchain_with_kept_switches({"python": "3"}, odd)["build_switches"] == {
+        "previous build": "['DECODE_TOPK_EXPERIMENT']"}
+
+
+def test_a_partial_build_drops_entries_of_families_the_sources_no_longer_define(tmp_path, monkeypatch):
+    """--only keeps the other families' entries, but only of families the contract still has: an entry of a retired
+    family would make the runtime refuse the whole arch (a kernel the contract does not know), and stopped the build.
+    It is dropped, and its cubin removed with the other unnamed files."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", _the_committed_toolchain)
+    cache = copy_probe_cache(tmp_path)
+    empty = _copy_an_empty_kernel(cache)
+    retired = dict(empty, name="retired_kernel", family="retired", cubin="cubins/sm_90a/retired_kernel.cubin")
+    (cache / retired["cubin"]).write_bytes((cache / empty["cubin"]).read_bytes())
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"].extend([empty, retired]))
+    variants, cubins = _probe_cubins(cache)
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert set(check_cache(cache, "sm_90a").kernels) == {v.name for v in variants} | {empty["name"]}
+    assert not (cache / retired["cubin"]).exists()
+
+
+def test_a_partial_build_does_not_check_the_entries_it_replaces(tmp_path, monkeypatch):
+    """Only the kept entries are held to a load's checks: an old cubin of the family being rebuilt (here damaged)
+    is what the build replaces, not a reason to stop it."""
+    from crafted_cache import copy_probe_cache, edit_manifest, first_cubin
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", _the_committed_toolchain)
+    cache = copy_probe_cache(tmp_path)
+    empty = _copy_an_empty_kernel(cache)
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"].append(empty))
+    variants, cubins = _probe_cubins(cache)
+    first_cubin(cache).write_bytes(b"damaged")
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert set(check_cache(cache, "sm_90a").kernels) == {v.name for v in variants} | {empty["name"]}
+
+
+def test_a_symlink_to_a_folder_among_the_cubins_is_removed_not_followed(tmp_path, monkeypatch):
+    """The clean-up leaves a real folder in cubins/<arch>/ (with a warning) but removes a symlink there, even one to
+    a folder, without touching what it points to."""
+    import os
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    cache = copy_probe_cache(tmp_path / "cache")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.cubin").write_bytes(b"x")
+    link = cache / "cubins" / "sm_90a" / "linked"
+    os.symlink(elsewhere, link)
+    variants, cubins = _probe_cubins(cache)
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert not os.path.lexists(link) and (elsewhere / "keep.cubin").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("linked", ["manifests", "cubins/sm_90a"])
+def test_a_symlinked_manifest_or_arch_folder_is_refused(tmp_path, monkeypatch, linked):
+    """Not only cubins/ itself: the build writes manifests/ and each arch's cubins/<arch>/ (and removes files from
+    the latter), so a symlink at either is refused before anything is written."""
+    import os
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    other = copy_probe_cache(tmp_path / "other")
+    cache = tmp_path / "cache"
+    (cache / linked).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(other / linked, cache / linked)
+    variants, cubins = _probe_cubins(other)
+    with pytest.raises(SystemExit, match=rf"{linked}: a symlink"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+
+
+def test_check_reports_a_missing_committed_manifest_or_cubin(tmp_path):
+    """--check names what the committed cache lacks (an arch's manifest, a cubin, its whole cubin folder) in one
+    line each, where a crash would have ended it with a traceback."""
+    import shutil
+
+    from crafted_cache import copy_probe_cache, first_cubin
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    manifest_path(committed, "sm_100a").unlink()
+    problems = build_kernels.check_against(committed, fresh, ["sm_100a"], ("probe",))
+    assert len(problems) == 1 and problems[0].startswith("sm_100a: committed manifest unreadable"), problems
+    first_cubin(committed).unlink()
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert problems == ["sm_90a probe_cluster2: committed cubin missing"], problems
+    shutil.rmtree(committed / "cubins" / "sm_90a")
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert problems == ["sm_90a probe_cluster2: committed cubin missing",
+                        "sm_90a probe_cluster8: committed cubin missing"], problems
+
+
+def test_check_names_a_committed_cubin_that_differs_from_its_manifest(tmp_path):
+    """A committed cubin whose bytes are not those its manifest entry (equal to the fresh build's) names: the check's
+    own line says which, not only the runtime's refusal of the whole arch."""
+    from crafted_cache import copy_probe_cache, first_cubin
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    first_cubin(committed).write_bytes(first_cubin(committed).read_bytes() + b"\0")
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert problems == ["sm_90a probe_cluster2: committed cubin does not match its manifest"], problems
+
+
+def test_check_names_a_committed_entry_of_no_family_the_sources_define(tmp_path):
+    """An entry of a family the contract no longer has is named as not built from the sources, as one of a checked
+    family is (the runtime refuses it too, but --only of any family should say which entry)."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    edit_manifest(committed, "sm_90a", lambda d: d["kernels"].append(dict(d["kernels"][0], name="old", family="gone")))
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert problems == ["sm_90a old: in the committed manifest but not built from the sources"], problems
+
+
+def test_check_names_a_committed_build_of_other_sources(tmp_path):
+    """A committed manifest stamped with other sources than the fresh build's (the kernels were edited and not
+    rebuilt; every entry may still match where the edit changed no cubin) is a difference."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    edit_manifest(committed, "sm_90a", lambda d: d.update(source_hash="f" * 64))
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert problems == ["sm_90a: kernel sources changed since the committed build (source_hash)"], problems
+
+
+def _stop_at_compile(monkeypatch, asked):
+    """compile_all stood in for: records what main asked for, and ends main there (no CuTe DSL compile)."""
+    import build_kernels
+
+    def stop(variants_by_arch, jobs):
+        asked.append({arch: [v.name for v in vs] for arch, vs in variants_by_arch.items()})
+        raise SystemExit(0)
+
+    monkeypatch.setattr(build_kernels, "compile_all", stop)
+
+
+def test_a_build_without_only_takes_every_family_of_every_arch(tmp_path, monkeypatch):
+    """Without --only the contract's families are built for each arch that has them: the refusal of an --only family
+    with no variant for an arch (sparse_mla_decode has none for sm_100a) does not apply to a whole build."""
+    import build_kernels
+
+    asked = []
+    _stop_at_compile(monkeypatch, asked)
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--out", str(tmp_path)])
+    assert stop.value.code == 0
+    assert asked == [{arch: [v.name for v in all_variants(arch)] for arch in ("sm_90a", "sm_100a")}]
+
+
+def test_check_with_only_compares_only_those_families(tmp_path, monkeypatch, capsys):
+    """--check --only probe rebuilds the probes and compares them alone: the committed entries of the other families
+    are not "in the committed manifest but not built"; a check without differences passes with exit 0."""
+    import build_kernels
+    from runtime.contract import FAMILIES
+
+    calls = []
+    monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: {})
+    monkeypatch.setattr(build_kernels, "write_cache", lambda out, vba, cubins, families, **kw: calls.append(families))
+    monkeypatch.setattr(build_kernels, "check_against", lambda *args: calls.append(args[2:]) or [])
+    assert build_kernels.main(["--check", "--only", "probe", "--arch", "sm_90a"]) == 0
+    assert calls == [tuple(FAMILIES), (["sm_90a"], ("probe",))]
+    assert capsys.readouterr().out.rstrip().endswith("check passed")
+
+
+def test_the_source_hash_is_taken_before_compiling(tmp_path, monkeypatch):
+    """main hands write_cache the source hash from before the minutes of compiling, so that an edit during them
+    stops the build (write_cache compares it with the sources then)."""
+    import build_kernels
+
+    hashes = iter(["before", "after"])
+    written = []
+    monkeypatch.setattr(build_kernels, "source_hash", lambda: next(hashes))
+    monkeypatch.setattr(build_kernels, "_warn_of_build_switches", lambda: None)
+    monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: build_kernels.source_hash())
+    monkeypatch.setattr(build_kernels, "write_cache",
+                        lambda out, vba, cubins, families, sources: written.append((cubins, sources)))
+    assert build_kernels.main(["--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path)]) == 0
+    assert written == [("after", "before")]
+
+
+def test_deepgemm_cache_dir_alone_is_refused(tmp_path, capsys):
+    """--deepgemm-cache-dir, like the shape options, belongs to --warm-deepgemm: without it the build would ignore
+    it and compile cubins."""
+    import build_kernels
+
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--deepgemm-cache-dir", str(tmp_path), "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "go with --warm-deepgemm" in capsys.readouterr().err
+
+
+def test_warm_deepgemm_sets_the_jit_cache_dir_before_deepgemm_loads(tmp_path, monkeypatch):
+    """--deepgemm-cache-dir becomes DG_JIT_CACHE_DIR before DeepGEMM is imported (deepgemm_status imports it), which
+    reads it only then."""
+    import os
+
+    import build_kernels
+    from runtime import scoring
+
+    monkeypatch.delenv("DG_JIT_CACHE_DIR", raising=False)
+    seen = []
+
+    def status():
+        seen.append(os.environ.get("DG_JIT_CACHE_DIR"))
+        return False, "no CUDA device"
+
+    monkeypatch.setattr(scoring, "deepgemm_status", status)
+    assert build_kernels.main(["--warm-deepgemm", "--deepgemm-cache-dir", str(tmp_path)]) == 1
+    assert seen == [str(tmp_path)]
+
+
+def test_a_kernel_whose_parameters_differ_from_the_contract_is_refused():
+    """The manifest's parameter list pairs the contract's parameters with the cubin's (zip): a kernel of one more
+    parameter than the contract lists would have been written with the contract's alone. The sizes are compared
+    first, and a difference stops the build naming both."""
+    import dataclasses
+
+    import build_kernels
+    from runtime.contract import Param
+
+    variant, cubin = _a_probe_cubin()
+    longer = dataclasses.replace(variant, params=(*variant.params, Param("extra", "int32_t")))
+    with pytest.raises(SystemExit, match=rf"{variant.name} \(sm_90a\): kernel parameter sizes \[.*\] do not match the "
+                                         r"contract .*\('extra', 'int32_t'\)"):
+        build_kernels.manifest_entry(longer, "sm_90a", cubin)
+
+
+def test_cubin_of_refuses_a_compile_that_kept_no_cubin(monkeypatch):
+    """CuTe DSL fills __cubin__ only when asked to keep it: a compile that kept none (None) or an empty one is a
+    RuntimeError naming the function and arch, not a manifest entry of zero bytes."""
+    import types
+
+    from kernels import compile as kc
+
+    def launch():
+        pass
+
+    for kept in (None, b""):
+        monkeypatch.setattr(kc, "cute", types.SimpleNamespace(compile=lambda fn, *a, options, kept=kept:
+                                                               types.SimpleNamespace(__cubin__=kept)))
+        with pytest.raises(RuntimeError, match="CuTe DSL produced no cubin for launch on sm_90a"):
+            kc.cubin_of(launch, arch="sm_90a")
+
+
+def test_a_switch_set_to_nothing_is_not_recorded(monkeypatch):
+    """A variable set empty (``SPARSE_MLA_EXPERIMENT=``) selects nothing in the kernels, which read it with
+    os.environ.get: it is not a measurement build."""
+    from kernels import compile as kc
+
+    monkeypatch.setenv(kc.SPARSE_MLA_SWITCH, "")
+    monkeypatch.setenv("CUTE_DSL_LINEINFO", "")
+    monkeypatch.setenv(kc.DECODE_TOPK_SWITCH, "timeline")
+    assert kc.build_switches() == {kc.DECODE_TOPK_SWITCH: "timeline"}
+
+
+def test_every_cute_dsl_variable_counts_where_its_declarations_cannot_be_read(monkeypatch):
+    """Another CuTe DSL release whose settings cannot be read: every CUTE_DSL_* variable set is taken as changing
+    the cubins (recorded, the cache refused), rather than none."""
+    import sys
+
+    import cutlass.base_dsl
+
+    from kernels import compile as kc
+
+    monkeypatch.delattr(cutlass.base_dsl, "env_manager", raising=False)
+    monkeypatch.setitem(sys.modules, "cutlass.base_dsl.env_manager", None)
+    monkeypatch.setenv("CUTE_DSL_SOMETHING_NEW", "1")
+    assert "CUTE_DSL_SOMETHING_NEW" in kc._compile_affecting_dsl_variables()
+    assert kc.build_switches()["CUTE_DSL_SOMETHING_NEW"] == "1"
+
+
+def test_manifest_entry_rebuilds_every_committed_entry_from_its_cubin():
+    """Every field manifest_entry writes (config, cluster, non_portable_cluster, params, contract hash, ...) as the
+    committed manifests hold it, for every family: the probes the other build tests compile have no config beyond
+    their cluster and no cluster above 8, so a field written wrong for the other variants went unseen on CPU."""
+    import build_kernels
+
+    for arch in ("sm_90a", "sm_100a"):
+        committed = {e["name"]: e for e in json.loads(manifest_path(REPO, arch).read_text())["kernels"]}
+        variants = all_variants(arch)
+        assert any(v.non_portable_cluster for v in variants), "no variant of a cluster above 8 left to check"
+        for v in variants:
+            assert build_kernels.manifest_entry(v, arch, (REPO / committed[v.name]["cubin"]).read_bytes()) == \
+                committed[v.name], v.name
+
+
+def test_a_build_lock_it_can_only_read_is_refused_before_compiling(tmp_path, monkeypatch):
+    """_require_writable opens the build lock for writing, as FileLock will: a lock file another account created
+    that this one may read but not write passed a check that opened it for reading, and the build failed after its
+    minutes of compiling. (Simulated: this suite may run as root, which any file's mode lets write.)"""
+    import errno
+    import os
+
+    import build_kernels
+
+    lock = tmp_path / ".build.lock"
+    lock.write_text("")
+    real_open = os.open
+
+    def open_as_another_account(path, flags, *args):
+        if Path(path) == lock and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_as_another_account)
+    asked = []
+    _stop_at_compile(monkeypatch, asked)
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--only", "probe", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and asked == []
