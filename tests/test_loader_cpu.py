@@ -1225,3 +1225,182 @@ def test_verify_reports_a_probe_that_fails_to_run(cache, stand_in, monkeypatch, 
     out = capsys.readouterr().out
     assert f"probe: FAIL {type(error).__name__}: " in out and str(error) in out
     assert out.rstrip().endswith("verify: FAILED")
+
+
+# --- sixty-fourth session review (review-64a): verify's CLI, the probe's arithmetic, driver and error helpers --------
+
+def test_verify_fails_where_a_probe_reports_a_mismatch(cache, stand_in, monkeypatch, capsys):
+    """A probe that ran and left other words than expected (the words a PDL ordering fault leaves) is a FAIL line
+    naming what differs, and exit 1; the other probe's ok line still prints."""
+    import runtime.probe
+    from runtime import __main__ as cli
+
+    stand_in()
+    monkeypatch.setattr(runtime.probe, "run_probe",
+                        lambda loaded: {"probe_cluster2": None, "probe_cluster8": "wrote [1], expected [2]"})
+    assert cli.verify(cache) == 1
+    out = capsys.readouterr().out
+    assert f"  probe probe_cluster2: {cli.PROBE_OK}\n" in out
+    assert "  probe probe_cluster8: FAIL wrote [1], expected [2]\n" in out and out.endswith("verify: FAILED\n")
+
+
+def test_verify_fails_while_a_build_holds_the_lock(cache, stand_in, monkeypatch, capsys):
+    """A load stopped by a build writing the cache (CacheLoadInterrupted: a RuntimeError, not a CacheError) is a
+    FAIL line and exit 1, not a traceback."""
+    import functools
+
+    from filelock import FileLock
+
+    from runtime import __main__ as cli
+    from runtime import manifest
+
+    stand_in()
+    monkeypatch.setattr(loader, "build_settled", functools.partial(manifest.build_settled, wait_s=0.05))
+    with FileLock(str(cache / manifest.BUILD_LOCK)):
+        assert cli.verify(cache) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL: ") and "a build has been writing this cache" in out
+
+
+def test_python_m_runtime_verify_takes_root(cache, stand_in, monkeypatch, capsys):
+    """``python -m runtime verify --root DIR`` verifies that cache, not the installed one."""
+    import runtime.probe
+    from runtime import __main__ as cli
+
+    stand_in()
+    monkeypatch.setattr(runtime.probe, "run_probe", lambda loaded: {"probe_cluster2": None})
+    assert cli.main(["verify", "--root", str(cache)]) == 0
+    assert f"manifest {manifest_path(cache, 'sm_90a')} (arch sm_90a" in capsys.readouterr().out
+
+
+def _probe_words(cluster, clusters, seed, previous):
+    """What the probe kernel (kernels/probe.py) leaves, written from its own description: the CTA of cluster rank r
+    and block b sends 1000 * (r + 1) + b to rank r + 1 of its cluster (mod the cluster), and each CTA adds the word
+    it receives and the seed to its word of out."""
+    received = [0] * (cluster * clusters)
+    for block in range(cluster * clusters):
+        rank = block % cluster
+        received[block - rank + (rank + 1) % cluster] = 1000 * (rank + 1) + block
+    return [r + seed + p for r, p in zip(received, previous)]
+
+
+def test_expected_probe_output_is_what_the_kernel_computes():
+    from runtime.probe import expected_probe_output
+
+    assert expected_probe_output(2, 2, 5) == [2006, 1005, 2008, 1007]  # by hand: rank 0 hears from rank 1
+    for cluster in (2, 8, 16):
+        previous = list(range(cluster * 3))
+        assert expected_probe_output(cluster, 3, 9, previous) == _probe_words(cluster, 3, 9, previous), cluster
+
+
+class _ProbeKernel:
+    """A probe kernel run on the CPU over a tensor's words; ``ordered=False``: the second launch of a pair read out
+    before the first's writes (what a PDL ordering fault leaves)."""
+
+    def __init__(self, cluster, buffers, ordered=True):
+        self.entry = types.SimpleNamespace(cluster=(cluster, 1, 1))
+        self.buffers, self.ordered, self.launches = buffers, ordered, []
+
+    def launch(self, grid, pointer, seed):
+        self.launches.append((grid, seed))
+        out = next(b for b in self.buffers if b.data_ptr() == pointer)
+        first_of_pair = len(self.launches) % 2 == 1
+        previous = out.tolist() if self.ordered or first_of_pair else [0] * grid
+        out.copy_(torch.tensor(_probe_words(self.entry.cluster[0], grid // self.entry.cluster[0], seed, previous)))
+
+
+@pytest.fixture
+def cpu_probe(monkeypatch):
+    """run_probe on the CPU: its buffers are CPU tensors (recorded), the GPU spin and synchronize are recorded."""
+    import runtime.probe
+
+    buffers, events = [], []
+    real_zeros = torch.zeros
+
+    def zeros(*args, device=None, **kwargs):
+        buffers.append(real_zeros(*args, **kwargs))
+        return buffers[-1]
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: events.append(("spin", cycles)), raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append(("sync",)))
+
+    def run(ordered_by_name):
+        kernels = {name: _ProbeKernel(int(name.removeprefix("probe_cluster")), buffers, ordered)
+                   for name, ordered in ordered_by_name.items()}
+        cache = types.SimpleNamespace(names=lambda family=None: list(kernels), kernel=kernels.__getitem__)
+        return runtime.probe.run_probe(cache), kernels, events
+
+    return run
+
+
+def test_run_probe_launches_each_pair_after_a_spin_and_passes_the_right_words(cpu_probe):
+    """Each probe variant: PROBE_PAIRS pairs of launches of cluster * CLUSTERS_PER_LAUNCH CTAs on one zeroed buffer,
+    seeds seed, seed + 1 then the next two, each pair queued behind the GPU spin and synchronized."""
+    from runtime.probe import CLUSTERS_PER_LAUNCH, PROBE_PAIRS, QUEUE_SPIN_CYCLES
+
+    results, kernels, events = cpu_probe({"probe_cluster2": True, "probe_cluster8": True})
+    assert results == {"probe_cluster2": None, "probe_cluster8": None}
+    assert kernels["probe_cluster8"].launches == [(8 * CLUSTERS_PER_LAUNCH, 7 + s) for s in range(2 * PROBE_PAIRS)]
+    assert events == [("spin", QUEUE_SPIN_CYCLES), ("sync",)] * (2 * PROBE_PAIRS)
+
+
+def test_run_probe_names_the_ctas_a_second_launch_ran_ahead_of(cpu_probe):
+    """A pair whose second launch read out before the first wrote it is a problem naming those CTAs; that variant
+    stops at its first such pair, the others run on."""
+    results, kernels, _ = cpu_probe({"probe_cluster2": False, "probe_cluster8": True})
+    assert results["probe_cluster8"] is None and len(kernels["probe_cluster2"].launches) == 2
+    assert results["probe_cluster2"].startswith("wrote [2009, 1008, 2011, 1010, 2013, 1012, 2015, 1014], expected "
+                                                "[4017, 2015, 4021, 2019, ")  # seeds 7 then 8: words 2001 + 7 + 8
+    assert "; CTAs [0, 1, 2, 3, 4, 5, 6, 7] of the second launch read out before the first launch's writes" in \
+        results["probe_cluster2"]
+
+
+def test_a_pair_whose_first_launch_wrote_last_is_named_too():
+    """The race's other outcome: the first launch's writes landed after the second's (the first's words are left).
+    Words that match neither outcome are a mismatch without the ordering diagnosis."""
+    from runtime.probe import CLUSTERS_PER_LAUNCH, _pair_problem, expected_probe_output
+
+    first = expected_probe_output(2, CLUSTERS_PER_LAUNCH, 3)
+    assert "CTAs [0, 1, 2, 3, 4, 5, 6, 7] of the second launch read out before" in _pair_problem(first, 2, 3)
+    assert _pair_problem([-1] * 8, 2, 3) == f"wrote {[-1] * 8}, expected " \
+                                            f"{expected_probe_output(2, CLUSTERS_PER_LAUNCH, 4, first)}"
+
+
+def test_a_driver_that_cannot_initialise_is_a_no_driver_error(monkeypatch):
+    """cuInit returning an error (a GPU machine with no device visible, or a driver that failed) is a NoDriverError
+    naming that error and the fix, and the driver module is not kept as initialised."""
+    import runtime.driver
+
+    monkeypatch.setattr(runtime.driver, "_driver", None)
+    monkeypatch.setattr(real, "cuInit", lambda flags: (real.CUresult.CUDA_ERROR_NO_DEVICE,))
+    with pytest.raises(errors.NoDriverError, match=r"cannot initialise \(CUDA_ERROR_NO_DEVICE\).*Fix: run on a"):
+        runtime.driver.driver()
+    assert runtime.driver._driver is None
+    monkeypatch.setattr(real, "cuInit", lambda flags: (OK,))
+    assert runtime.driver.driver() is real and runtime.driver._driver is real
+
+
+def test_check_unpacks_a_result_and_raises_on_any_error(stand_in):
+    """runtime.driver.check: nothing, one value or a tuple of the values after CUDA_SUCCESS; any other result (the
+    first error code, 1, included) a CudaCallError naming the call, the error and the driver's text."""
+    from runtime.driver import CudaCallError, check
+
+    stand_in()
+    assert check((OK,), "cuA") is None and check(OK, "cuA") is None
+    assert check((OK, 5), "cuB") == 5 and check((OK, 5, 6), "cuC") == (5, 6)
+    with pytest.raises(CudaCallError) as failed:
+        check((real.CUresult.CUDA_ERROR_INVALID_VALUE, 0), "cuD")
+    assert str(failed.value) == "cuD failed: CUDA_ERROR_INVALID_VALUE (stand-in driver error)"
+    assert failed.value.result == real.CUresult.CUDA_ERROR_INVALID_VALUE
+
+
+def test_an_unknown_kernel_is_a_key_error_and_a_cache_error(cache, stand_in):
+    """Loaded.kernel(name) of a name the cache lacks: an UnknownKernelError, caught as KeyError (a mapping's miss)
+    and as CacheError, whose text is its message (KeyError's str would quote it)."""
+    stand_in()
+    loaded = loader.load(cache)
+    with pytest.raises(KeyError) as missed:
+        loaded.kernel("no_such_kernel")
+    assert isinstance(missed.value, errors.UnknownKernelError) and isinstance(missed.value, errors.CacheError)
+    assert not str(missed.value).startswith(("'", '"')) and "no_such_kernel" in str(missed.value)
