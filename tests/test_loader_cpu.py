@@ -1377,6 +1377,9 @@ def test_a_driver_that_cannot_initialise_is_a_no_driver_error(monkeypatch):
     with pytest.raises(errors.NoDriverError, match=r"cannot initialise \(CUDA_ERROR_NO_DEVICE\).*Fix: run on a"):
         runtime.driver.driver()
     assert runtime.driver._driver is None
+    # a CacheError: cache_or_fallback binds it as the device's refusal (the ops warn and fall back) and
+    # `runtime verify` reports it, where any other class would escape both as a traceback
+    assert issubclass(errors.NoDriverError, errors.CacheError)
     monkeypatch.setattr(real, "cuInit", lambda flags: (OK,))
     assert runtime.driver.driver() is real and runtime.driver._driver is real
 
