@@ -249,6 +249,8 @@ def _refuse_a_measurement_build(toolchain: dict, path: Path, fix: str) -> None:
     if switches is None or os.environ.get(ALLOW_MEASUREMENT_BUILD_ENV) == "1":
         return
     shown = ", ".join(f"{k}={v}" for k, v in switches.items()) if type(switches) is dict else repr(switches)
+    if not shown:  # no build records an empty set: a hand edit, said as such rather than "built with  set"
+        shown = "an empty toolchain.build_switches (which no build writes)"
     raise MeasurementBuildError(
         f"the cache was built with {shown} set: a measurement build, whose kernels compute something else than the "
         f"ops (or were compiled otherwise than the committed build).", file=path,

@@ -579,6 +579,10 @@ def test_a_measurement_cache_loads_only_where_asked(tmp_path, monkeypatch):
         check_cache(cache, "sm_90a")
     monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")
     check_cache(cache, "sm_90a")
+    monkeypatch.delenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD")
+    edit_manifest(cache, "sm_90a", lambda d: d["toolchain"].update(build_switches={}))  # a hand edit: still refused,
+    with pytest.raises(errors.MeasurementBuildError, match="built with an empty toolchain.build_switches"):  # named
+        check_cache(cache, "sm_90a")
 
 
 def test_the_recorded_switches_are_every_variable_the_kernels_read():
