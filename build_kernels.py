@@ -296,9 +296,9 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
                 "schema": SCHEMA_VERSION,
                 "arch": arch,
                 "toolchain": _toolchain_with_kept_switches(tools, previous if kept else None),
-                # The sources of the whole cache: a build of some families (--only) keeps the previous stamp, since
-                # the entries it kept were built from the sources that stamp names, not from today's.
-                "source_hash": src if whole or previous is None else previous.get("source_hash", ""),
+                # The sources of the whole cache: a build of some families (--only) that keeps entries keeps the
+                # previous stamp, since those were built from the sources it names, not from today's.
+                "source_hash": src if whole or previous is None or not kept else previous.get("source_hash", ""),
                 "kernels": [by_name[v.name] for v in all_variants(arch) if v.name in by_name],
             }
             text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"

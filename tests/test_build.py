@@ -1016,9 +1016,10 @@ def test_a_whole_build_stamps_todays_sources_over_any_previous_manifest(tmp_path
         assert data["source_hash"] == build_kernels.source_hash() and data["toolchain"] == tools
 
 
-def test_a_partial_build_that_keeps_nothing_drops_the_previous_switches(tmp_path, monkeypatch):
+def test_a_partial_build_that_keeps_nothing_drops_the_previous_switches_and_stamp(tmp_path, monkeypatch):
     """--only over a measurement build whose entries are all rebuilt keeps none of them: the clean cubins are not
-    recorded as a measurement build's."""
+    recorded as a measurement build's, and the manifest names today's sources, from which every entry now comes (the
+    previous stamp made --check report the sources changed)."""
     from crafted_cache import copy_probe_cache, edit_manifest
 
     import build_kernels
@@ -1027,9 +1028,12 @@ def test_a_partial_build_that_keeps_nothing_drops_the_previous_switches(tmp_path
     monkeypatch.setenv("SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD", "1")
     cache = copy_probe_cache(tmp_path)
     edit_manifest(cache, "sm_90a", lambda d: d["toolchain"].update(build_switches={"DECODE_TOPK_EXPERIMENT": "x"}))
+    edit_manifest(cache, "sm_90a", lambda d: d.update(source_hash="0" * 64))
     variants, cubins = _probe_cubins(cache)
     build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
-    assert "build_switches" not in json.loads(manifest_path(cache, "sm_90a").read_text())["toolchain"]
+    written = json.loads(manifest_path(cache, "sm_90a").read_text())
+    assert "build_switches" not in written["toolchain"]
+    assert written["source_hash"] == build_kernels.source_hash()
     check_cache(cache, "sm_90a")
 
 
