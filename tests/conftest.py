@@ -14,10 +14,25 @@ REQUIRE_GPU = os.environ.get("SPARSE_DECODE_AOT_REQUIRE_GPU", "") not in ("", "0
 FUZZ_CASES_ENV = "SPARSE_DECODE_AOT_FUZZ_CASES"
 
 
+def _fuzz_cases() -> int:
+    raw = os.environ.get(FUZZ_CASES_ENV, "60")
+    try:
+        cases = int(raw)
+    except ValueError:
+        cases = 0
+    if cases < 1:
+        raise pytest.UsageError(f"{FUZZ_CASES_ENV}={raw!r}: set a whole number of random calls, at least 1 (default 60)")
+    return cases
+
+
+def pytest_configure(config):
+    _fuzz_cases()  # said once, before any test runs, not as a ValueError in every sweep
+
+
 @pytest.fixture
 def fuzz_cases() -> int:
     """How many random calls a sweep draws: SPARSE_DECODE_AOT_FUZZ_CASES, default 60."""
-    return int(os.environ.get(FUZZ_CASES_ENV, "60"))
+    return _fuzz_cases()
 
 
 def _cuda_available() -> bool:
