@@ -648,11 +648,14 @@ def _require_cute_dsl(parser: argparse.ArgumentParser) -> None:
 def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:
     """Refused before minutes of compiling: an --out the build cannot write, or whose build lock it cannot open for
     writing (a lock file that a load by another account created with that account's umask)."""
+    if out.exists() and not out.is_dir():  # mkdir's "File exists" named no fix
+        parser.error(f"--out {out}: a file, not a directory; name the cache root's directory (made where missing)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out).close()
     except OSError as e:
-        parser.error(f"--out {out}: not a writable directory ({e.strerror or e})")
+        parser.error(f"--out {out}: not a writable directory ({e.strerror or e}); name a directory this account can "
+                     f"write")
     lock = out / BUILD_LOCK
     try:
         os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o666))

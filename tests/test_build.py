@@ -187,7 +187,8 @@ def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
 
 
 @pytest.mark.parametrize("args, match", [(["--jobs", "0"], "--jobs: 0 must be at least 1"),
-                                         (["--out", "FILE"], "not a writable directory"),
+                                         (["--out", "FILE"], "a file, not a directory; name the cache root's"),
+                                         (["--out", "FILE/sub"], "not a writable directory (Not a directory); name a"),
                                          (["--max-rows", "64"], "--deepgemm-cache-dir go with --warm-deepgemm"),
                                          (["--warm-deepgemm", "--index-heads", "0"], "--index-heads: 0 must be"),
                                          (["--warm-deepgemm", "--jobs", "2", "--check"],
@@ -202,7 +203,7 @@ def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
 def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     afile = tmp_path / "afile"
     afile.write_text("")
-    args = [str(afile) if a == "FILE" else a for a in args]
+    args = [a.replace("FILE", str(afile)) for a in args]
     proc = subprocess.run(BUILD + ["--only", "probe", *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and match in proc.stderr, proc.stdout + proc.stderr
     assert "compiled" not in proc.stdout
