@@ -21,7 +21,8 @@ def _fuzz_cases() -> int:
     except ValueError:
         cases = 0
     if cases < 1:
-        raise pytest.UsageError(f"{FUZZ_CASES_ENV}={raw!r}: set a whole number of random calls, at least 1 (default 60)")
+        raise pytest.UsageError(f"{FUZZ_CASES_ENV}={raw!r}: set a whole number of random calls, at least 1 "
+                                f"(default 60)")
     return cases
 
 
