@@ -835,9 +835,10 @@ def test_the_source_hash_covers_file_names_and_the_contract(tmp_path, monkeypatc
     assert len(set(seen)) == 3, "a rename or a contract edit left the source hash as it was"
 
 
-def _a_probe_cubin(arch="sm_90a"):
-    variant = all_variants(arch, ("probe",))[0]
-    return variant, (REPO / "cubins" / arch / f"{variant.name}.cubin").read_bytes()
+def _a_probe_cubin():
+    """The committed cache's first probe variant of sm_90a and its cubin."""
+    variants, cubins = _probe_cubins(REPO)
+    return variants[0], cubins[(variants[0].name, "sm_90a")]
 
 
 def test_a_cubin_without_a_kernel_is_refused_by_name(monkeypatch):
