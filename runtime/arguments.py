@@ -134,3 +134,11 @@ def write_result(out: torch.Tensor, result: torch.Tensor) -> None:
     mode = torch.inference_mode() if out.is_inference() else contextlib.nullcontext()
     with torch.no_grad(), mode:
         out.copy_(result)
+
+
+def mark_written(out: torch.Tensor) -> None:
+    """Bump ``out``'s autograd version counter after a kernel wrote it through its pointer, as torch's in-place ops
+    and the fallback's ``copy_`` do: a tensor that autograd saved for a backward pass and a kernel then overwrote
+    raises at the backward instead of giving a gradient from the new values. An inference tensor has no counter:
+    torch leaves it alone."""
+    torch.autograd.graph.increment_version(out)

@@ -18,6 +18,7 @@ import torch
 from .arguments import (
     OP_NAMESPACE,
     cuda_device_index,
+    mark_written,
     require_dense,
     require_flag,
     whole_number,
@@ -263,6 +264,7 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
             lens.data_ptr(), 0 if sinks is None else sinks.data_ptr(), swa_kv.shape[0], compressed_kv.shape[0],
             float(bmm1_scale), float(bmm2_scale))
     launch_on(q.device, kernel, T * n, *args)
+    mark_written(out)
     return out
 
 

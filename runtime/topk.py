@@ -27,6 +27,7 @@ import torch
 from .arguments import (
     OP_NAMESPACE,
     cuda_device_index,
+    mark_written,
     require_dense,
     require_element_aligned,
     require_flag,
@@ -368,6 +369,7 @@ def _select(logits, row_ends, out, k: int, block_mode: bool, pdl: bool, chosen) 
         kernel = kernel.in_stream_order()
     launch_on(logits.device, kernel, rows * cluster, logits.data_ptr(), row_ends.data_ptr(), out.data_ptr(), width,
               logits_stride, out_stride, k)
+    mark_written(out)
 
 
 def _row_strides(logits: torch.Tensor, out: torch.Tensor) -> tuple[int, int]:

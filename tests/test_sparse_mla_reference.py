@@ -971,3 +971,31 @@ def test_p_rounding_check_tells_e4m3_from_e5m2(width):
     ratio_coarse, _ = gpu_tests.p_rounding_ratio(coarse, checked)
     assert tokens >= 6
     assert ratio_right <= 1.1 < gpu_tests.P_ROUNDING_RATIO_MAX < 1.6 <= ratio_coarse, (ratio_right, ratio_coarse)
+
+
+def test_kernel_write_bumps_outs_version(monkeypatch):
+    """The kernel writes out through its pointer, which autograd cannot see: the op bumps out's version counter, as
+    the fallback's copy_ and torch's in-place ops do, so a backward pass over values saved from out before the call
+    raises instead of using the overwritten ones. (The launch is stood in: the CPU has no kernel to run.)"""
+    from runtime import sparse_mla
+
+    class Kernel:
+        def in_stream_order(self):
+            return self
+
+    launched = []
+    monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: Kernel())
+    monkeypatch.setattr(sparse_mla, "launch_on", lambda device, kernel, grid, *args: launched.append(grid))
+    q, swa, comp, idx, lens = make_inputs(3, 640, seed=5)
+    out = torch.zeros(3, H, 512, dtype=torch.bfloat16)
+    weight = torch.ones(512, dtype=torch.bfloat16, requires_grad=True)
+    saved = (out * weight).sum()  # autograd keeps out for weight's gradient
+    before = out._version
+    assert sparse_mla.sparse_mla_decode(q, swa, comp, idx, lens, bmm1_scale=0.04, bmm2_scale=1.0, out=out) is out
+    assert launched == [3 * 5] and out._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+    with torch.inference_mode():
+        buffer = torch.zeros(3, H, 512, dtype=torch.bfloat16)  # a serving engine's buffer: no counter to bump
+    sparse_mla.sparse_mla_decode(q, swa, comp, idx, lens, bmm1_scale=0.04, bmm2_scale=1.0, out=buffer, pdl=False)
+    assert launched == [15, 15]

@@ -997,3 +997,21 @@ def test_rows_wider_than_the_kernels_go_to_the_reference_the_refusal_names(block
         assert got.tolist() == [[width - 8, width - 4, 5]]
     with pytest.raises(ValueError, match=r"width 2147483648 exceeds 2147483647 columns"):
         decode_topk_reference(torch.empty(1, 1 << 31, device="meta"), ends, 3)
+
+
+def test_kernel_write_bumps_outs_version(monkeypatch):
+    """The kernel writes out through its pointer: the op bumps out's version counter (a view's, which is its base's),
+    as the fallback's copy_ does, wave by wave too, so autograd never uses values saved from out before the call."""
+    from runtime import topk
+
+    plan = topk._Plan(_FakeCache(rows=True), "f32", False)
+    monkeypatch.setattr(topk, "_plan_for", lambda device, dtype, block_mode: plan)
+    launched = []
+    monkeypatch.setattr(topk, "launch_on", lambda device, kernel, grid, *a: launched.append(grid))
+    buffer = torch.zeros(600, 512, dtype=torch.int32)
+    for rows, grids in ((2, [2]), (600, [200, 200, 200])):
+        logits = torch.zeros(rows, 8192).as_subclass(_CudaLooking)
+        before = buffer._version
+        topk.decode_topk(logits, torch.full((rows,), 8192, dtype=torch.int32), buffer[:rows])
+        assert launched[-len(grids):] == grids
+        assert buffer._version >= before + len(grids), rows
