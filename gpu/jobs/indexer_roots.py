@@ -9,6 +9,7 @@ also timed behind the scoring (DeepGEMM logits, then the kernel, in one graph: w
 launch can overlap), beside the scoring alone.
 """
 import json
+import os
 import sys
 
 import torch
@@ -42,7 +43,10 @@ def main() -> None:
     scorer = DeepGemmScorer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     cells = []
-    for rows, ctx in SIZES:
+    # INDEXER_ROOTS_CONTEXTS=8192,65536: only those contexts (every size by default).
+    contexts = os.environ.get("INDEXER_ROOTS_CONTEXTS")
+    sizes = [s for s in SIZES if contexts is None or str(s[1]) in contexts.split(",")]
+    for rows, ctx in sizes:
         inputs = rotated_inputs(scorer, rows, ctx, gen)
         xs = [(scorer.logits(*inp), inp[3]) for inp in inputs]
         name, c, grid = decode_topk_plan(xs[0][0], rows, K, False)

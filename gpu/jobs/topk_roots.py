@@ -233,6 +233,17 @@ CASE_SETS = {"long": LONG_CASES, "twin64": TWIN64_CASES, "rows8": ROWS8_CASES, "
              "c12": C12_CASES, "c9": C9_CASES, "table_gate": TABLE_GATE_CASES, "c8to11": C8TO11_CASES}
 
 
+def row_ends(rows: int, length: int, g: torch.Generator) -> torch.Tensor:
+    """Each row's end: TOPK_ROOTS_ENDS=full (the default: the whole length), short (an eighth of it: a wide logits
+    buffer of short rows) or random (uniform in [0, length])."""
+    mode = os.environ.get("TOPK_ROOTS_ENDS", "full")
+    if mode == "random":
+        return torch.randint(0, length + 1, (rows,), dtype=torch.int32, device="cuda", generator=g)
+    if mode not in ("full", "short"):
+        raise SystemExit(f"TOPK_ROOTS_ENDS={mode!r}: expected full, short or random")
+    return torch.full((rows,), length if mode == "full" else length // 8, dtype=torch.int32, device="cuda")
+
+
 def main() -> None:
     out_path, roots = sys.argv[1], sys.argv[2:]
     cases = CASE_SETS.get(os.environ.get("TOPK_ROOTS_CASES", ""), CASES)
@@ -244,7 +255,7 @@ def main() -> None:
         sets = common.rotation_count(nbytes, most=16)
         g = torch.Generator(device="cuda").manual_seed(rows * 31 + length)
         xs = [torch.randn(rows, length, device="cuda", generator=g).to(dtype) for _ in range(sets)]
-        ends = torch.full((rows,), length, dtype=torch.int32, device="cuda")
+        ends = row_ends(rows, length, g)
         out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
         cell = {"kernel": name, "rows": rows, "length": length, "k": k, "us": {}}
         for r, cache in caches.items():
@@ -262,7 +273,8 @@ def main() -> None:
         results.append(cell)
         del xs
     with open(out_path, "w") as f:
-        json.dump({"info": common.gpu_info(), "roots": roots, "cases": results}, f, indent=1)
+        json.dump({"info": common.gpu_info(), "roots": roots, "ends": os.environ.get("TOPK_ROOTS_ENDS", "full"),
+                   "cases": results}, f, indent=1)
 
 
 if __name__ == "__main__":
