@@ -396,7 +396,8 @@ def plan_decode_rows(
 
     ``padded_tokens``: the step's tokens including a CUDA graph's padding (default
     ``metadata.num_tokens``), in ``[metadata.num_tokens, state.max_rows]``. The reset
-    spans them all, so padded rows hold -1, not an earlier step's indices."""
+    spans them all, so padded rows hold -1, not an earlier step's indices; the padded
+    rows of ``candidate_blocks`` (those it has) are reset too."""
     if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
         return _plan_decode_rows_eagerly(state, metadata, tp, padded_tokens=padded_tokens)
     _check_metadata_type(metadata)
@@ -468,6 +469,10 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
         schedule = state.scorer.schedule(_rows(metadata.seq_lens, start, end))
     state._plans = next(_PLAN_SERIALS)
     _rows(state.topk_indices, 0, reset_rows).fill_(-1)
+    if state.candidate_blocks is not None and reset_rows > num_rows:
+        # The finish writes the step's candidate rows, not a CUDA graph's padded ones: reset, they hold -1 as the
+        # padded top-k rows do, not an earlier, larger step's blocks (a slice past the buffer's rows is empty).
+        state.candidate_blocks[num_rows:reset_rows].fill_(-1)
     # What finish_decode_rows compares against the state and metadata it is given; decode_rows finishes its plan
     # at once, with the same ones.
     buffers, view = ((), ()) if by_decode_rows else (_buffers_of(state), _metadata_view(metadata))
@@ -694,7 +699,7 @@ def decode_rows(
 ) -> torch.Tensor | None:
     """``plan_decode_rows`` then ``finish_decode_rows``: the step's top-k buffer, or
     None when the caller's stock path should run. Rows of ``q`` past
-    ``metadata.num_tokens`` are a CUDA graph's padding: their top-k rows are reset too.
+    ``metadata.num_tokens`` are a CUDA graph's padding: their top-k and candidate rows are reset too.
     Everything the finish would refuse is refused before the plan's reset, so an
     ``all_gather`` that is not a RowGather is refused on every step with rows, not
     only on one that shards (``finish_decode_rows`` looks at it only where it shards)."""

@@ -934,6 +934,23 @@ def test_padded_rows_of_the_step_are_reset():
     assert torch.equal(state.topk_indices[:20], _expected(step)[:20])
 
 
+def test_padded_rows_of_the_candidate_buffer_are_reset():
+    """The candidate buffer's padded rows are reset as the top-k buffer's are: a CUDA graph padded to 24 rows with 20
+    real ones after a step of 24 rows left rows 20-23 holding the earlier step's candidate blocks (review-65a)."""
+    step = make_step(24, k=16, candidates=12, max_rows=24)
+    state = make_state(step, scorer=TorchScorer())
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())  # the previous step: 24 rows
+    assert (state.candidate_blocks[20:24] >= 0).any()
+    md = step.metadata
+    padded = DecodeMetadata(md.seq_lens, md.block_table, 20, 20, md.max_seq_len)
+    decode_rows(state, padded, step.q, step.weights, SingleRank())  # q has the padded step's 24 rows
+    assert (state.topk_indices[20:24] == -1).all() and (state.candidate_blocks[20:24] == -1).all()
+    assert torch.equal(state.candidate_blocks[:20], _expected(step, block_mode=True)[:20])
+    state.candidate_blocks.fill_(5)
+    plan_decode_rows(state, padded, SingleRank(), padded_tokens=22)  # the split flow: the plan resets them
+    assert (state.candidate_blocks[20:22] == -1).all() and (state.candidate_blocks[22:] == 5).all()
+
+
 def test_plan_resets_padded_tokens_and_checks_them():
     step = make_step(20, k=16, max_rows=24)
     state = make_state(step, scorer=TorchScorer())
