@@ -249,6 +249,9 @@ class DistGroup:
         self._dist = dist
         self.group = group
         self.rank = dist.get_rank(group)
+        if self.rank < 0:  # torch's answer for a process outside the group (its world size would raise, naming none)
+            raise ValueError(f"group: this process (global rank {dist.get_rank()}) is not a member of the group; make "
+                             f"a DistGroup only on the group's ranks (others run the step with their own group)")
         self.world_size = dist.get_world_size(group)
         # "nccl", or a backend per device type ("cpu:gloo,cuda:nccl", what init_process_group() without a backend
         # makes): CUDA tensors gather through NCCL there too, straight into one tensor.

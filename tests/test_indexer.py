@@ -500,6 +500,25 @@ def test_dist_group_reads_a_backend_per_device_type():
     _spawn_gloo(_gloo_mixed_backend_worker, 2)
 
 
+def _gloo_outside_subgroup_worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        subgroup = dist.new_group(ranks=[0])  # every rank makes it; rank 1 is not in it
+        if rank == 0:
+            assert (DistGroup(subgroup).rank, DistGroup(subgroup).world_size) == (0, 1)
+        else:
+            with pytest.raises(ValueError, match=r"group: this process \(global rank 1\) is not a member"):
+                DistGroup(subgroup)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dist_group_of_a_subgroup_this_rank_is_outside():
+    """DistGroup(subgroup) on a rank outside the subgroup raised torch's "Invalid process group specified" from its
+    world size, naming no argument (torch gives such a rank -1 for its rank): a ValueError naming group (review-65a)."""
+    _spawn_gloo(_gloo_outside_subgroup_worker, 2)
+
+
 @pytest.mark.parametrize("backend, takes_cpu", [("nccl", False), ("gloo", True), ("cpu:gloo,cuda:nccl", True),
                                                 ("cuda:nccl", False), ("mpi", True)])
 def test_dist_group_refuses_rows_on_a_device_its_backend_does_not_gather(backend, takes_cpu):
