@@ -68,12 +68,19 @@ def read_header(data: bytes) -> CubinInfo:
 
 
 def check_section_table(data: bytes) -> None:
-    """The section and program headers and every section and segment lie inside the file (CubinFormatError if not).
+    """The section and program headers and every section and segment lie inside the file, and every record of the
+    attribute lists (``.nv.info`` and each ``.nv.info.<kernel>``) inside its section (CubinFormatError if not).
 
-    Cheap (no section is parsed); the loader runs it before handing the bytes to the driver,
-    which does not bounds-check a crafted section table (seen: a hang, a segfault).
+    The loader runs it before handing the bytes to the driver, which does not bounds-check a crafted section
+    table (seen: a hang, a segfault), and reads the attribute lists as it loads: the loader's own parse of the
+    kernel's list (``kernel_attributes``) comes after the load. Only the lists are walked, no other section.
     """
-    _section_heads(data)
+    heads, shstrndx = _section_heads(data)
+    strtab = heads[shstrndx][4]
+    for h in heads:
+        if data.startswith(b".nv.info", strtab + h[0]):
+            for attr, value in _attributes(data[h[4] : h[4] + h[5]]):
+                _is_param(attr, value)  # a short parameter record too: read as 12 bytes, it runs into the next
 
 
 _PHDR_SIZE = 56  # ELF64's program header: type, flags, offset, vaddr, paddr, filesz, memsz, align

@@ -492,12 +492,13 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
         check_cubin_against_entry(data, entry, Path(path), manifest.arch, manifest.root)
     else:
         check_cubin_arch(data, entry, path, manifest.arch, manifest.root)
-        # The loader hands these bytes to the driver next, which does not bounds-check a crafted section
-        # table (seen: a hang, a segfault); the full check above parses the table anyway.
-        try:
-            check_section_table(data)
-        except CubinFormatError as e:
-            raise _unreadable_elf(e, entry, path, manifest.arch, manifest.root) from None
+    # The loader hands these bytes to the driver next, which does not bounds-check a crafted section table (seen: a
+    # hang, a segfault) and is not trusted to with the attribute lists it reads either. In check_cache too (its own
+    # parse reads the kernels' lists, not the global one), so that no cubin it passes is refused at load.
+    try:
+        check_section_table(data)
+    except CubinFormatError as e:
+        raise _unreadable_elf(e, entry, path, manifest.arch, manifest.root) from None
     tick("cubin_elf")
     return data
 

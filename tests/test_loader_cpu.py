@@ -767,6 +767,23 @@ def test_malformed_program_headers_never_reach_the_driver(cache, stand_in, where
     _never_reaches_the_driver(cache, stand_in, craft)
 
 
+def _record_past_its_list(record: bytes):
+    """An edit of a cubin's bytes: its attribute-list record that starts with ``record`` (format 4, an attribute, a
+    16-bit size; the last of its list in the committed probe) says it holds 8 bytes more, past its section's end."""
+    def edit(data):
+        at = bytes(data).index(record)
+        data[at + 2] += 8
+    return edit
+
+
+@pytest.mark.parametrize("record", [b"\x04\x12\x08\x00", b"\x04\x36\x04\x00"], ids=["global list", "kernel's list"])
+def test_an_attribute_list_running_past_its_section_never_reaches_the_driver(cache, stand_in, record):
+    """Loader audit (review-65b): the attribute lists were parsed only after cuLibraryLoadData (the kernel's own, for
+    its parameter count) or never (the global .nv.info), so a record running past its section, in a cubin whose
+    sha256 matched an edited manifest, was handed to the driver, which reads those lists as it loads."""
+    _never_reaches_the_driver(cache, stand_in, _record_past_its_list(record))
+
+
 @pytest.mark.parametrize("edit, said", [
     # It crashed with an AttributeError printing the toolchain.
     (lambda d: d.update(toolchain="12.9"), "fields toolchain have the wrong type"),

@@ -917,3 +917,18 @@ def test_an_attribute_running_past_its_section_is_refused(cache):
     rewrite_first_cubin(cache, "sm_90a", _last_attribute_past_its_section)
     with pytest.raises(errors.CubinIntegrityError, match="attribute runs past its section"):
         check_cache(cache, "sm_90a")
+
+
+def _global_attribute_past_its_section(data):
+    """The last record of the cubin's global .nv.info (EIATTR 0x12, 8 bytes in the committed probes) says it holds
+    16 bytes: its value runs past the section's end."""
+    at = bytes(data).index(bytes([4, 0x12, 8, 0]))
+    data[at + 2] = 16
+
+
+def test_a_global_attribute_running_past_its_section_is_refused(cache):
+    """Loader audit (review-65b): check_cache parsed the kernels' attribute lists but not the global one, which the
+    driver reads too; the load now refuses such a cubin before the driver, and check_cache passes none it refuses."""
+    rewrite_first_cubin(cache, "sm_90a", _global_attribute_past_its_section)
+    with pytest.raises(errors.CubinIntegrityError, match="attribute runs past its section"):
+        check_cache(cache, "sm_90a")
