@@ -127,12 +127,12 @@ def default_root() -> Path:
         data = sysconfig.get_path("data") or sys.prefix
     except (KeyError, AttributeError, ImportError, OSError, ValueError):  # an odd scheme or no _sysconfigdata
         data = sys.prefix
-    bases = [data, sys.prefix, site.USER_BASE or ""]
-    # A package imported from the user site (pip install --user) has its data under the user base: look there first,
-    # not at another install's (a root `pip install` into /usr/local, the scheme's data path, of another version).
-    user_site = getattr(site, "USER_SITE", None)
-    if user_site and site.USER_BASE and here == Path(user_site).resolve():
-        bases.insert(0, site.USER_BASE)
+    # This package's own data first, not another install's (a root `pip install` into /usr/local, the scheme's data
+    # path, of another version): pip puts it in <prefix>/share for a package in <prefix>/lib/pythonX.Y/site-packages,
+    # whatever the running interpreter's prefix (--user, --prefix, a base install seen from a venv with
+    # --system-site-packages), and in <dir>/share for `pip install --target <dir>`.
+    own = [here.parents[2]] if len(here.parents) > 2 else []
+    bases = [*own, here, data, sys.prefix, site.USER_BASE or ""]
     for base in bases:
         candidate = Path(base) / "share" / "sparse_decode_aot"
         if (candidate / "manifests").is_dir():

@@ -807,6 +807,31 @@ def test_a_user_install_finds_its_own_data_before_the_schemes(tmp_path, monkeypa
     assert manifest.default_root() == at_prefix
 
 
+@pytest.mark.parametrize("how", ["--target", "--prefix"])
+def test_an_install_outside_the_interpreters_prefix_finds_its_own_data(tmp_path, monkeypatch, how):
+    """Loader audit (review-65b): `pip install --target DIR` puts the package in DIR and its data files in DIR/share,
+    `pip install --prefix P` the package in P/lib/pythonX.Y/site-packages and the data in P/share (then PYTHONPATH;
+    a venv with --system-site-packages over a base install is the same case): the runtime looked under the running
+    interpreter's prefixes only, found no manifest there and named a root that holds none."""
+    import site
+    import sys
+    import sysconfig
+
+    from runtime import manifest
+
+    venv, install = tmp_path / "venv", tmp_path / "opt"
+    package = install if how == "--target" else install / "lib/python3.11/site-packages"
+    monkeypatch.delenv(manifest.CACHE_ROOT_ENV, raising=False)
+    monkeypatch.setattr(manifest, "__file__", str(package / "runtime/manifest.py"))
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(site, "USER_BASE", str(tmp_path / "home/.local"))
+    real_get_path = sysconfig.get_path
+    monkeypatch.setattr(sysconfig, "get_path",
+                        lambda name, *a, **k: str(venv) if name == "data" else real_get_path(name, *a, **k))
+    installed = copy_probe_cache(install / "share" / "sparse_decode_aot")
+    assert manifest.default_root() == installed
+
+
 # --- fifty-first session's review: the block shape a kernel was compiled for -------------------------------------
 
 _REQNTID_128 = b"\x04\x10\x0c\x00" + (128).to_bytes(4, "little") + (1).to_bytes(4, "little") * 2
