@@ -146,10 +146,11 @@ def resolved_root(root: str | Path | None = None) -> Path:
     path = Path(root) if root is not None else default_root()
     try:
         return path.resolve()
-    except (RuntimeError, OSError) as e:
-        raise PathError(f"the cache root cannot be resolved ({e}).", file=path,
-                        fix=f"point ${CACHE_ROOT_ENV} (or the root passed in) at a folder holding manifests/ and "
-                            f"cubins/") from None
+    except (RuntimeError, OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise PathError(f"the cache root cannot be resolved ({e}).", file=path, fix=_POINT_AT_A_ROOT) from None
+
+
+_POINT_AT_A_ROOT = f"point ${CACHE_ROOT_ENV} (or the root passed in) at a folder holding manifests/ and cubins/"
 
 
 MANIFEST_MAX_BYTES = 16 << 20  # a real one is tens of KiB; the bound keeps a crafted one from filling memory
@@ -202,6 +203,9 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
         raise SchemaError("manifest not found.", file=path, fix=fix) from None
     except _OutsideRoot as e:
         raise _outside_root("manifest", e.real, root, arch, file=path) from None
+    except NotADirectoryError:  # a root naming a file: no rebuild fixes that (the build refuses such an --out)
+        raise PathError("a file stands where the cache root's folder or its manifests/ folder should be.", file=path,
+                        fix=_POINT_AT_A_ROOT) from None
     except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
         if isinstance(e, OSError):
             _raise_if_process_state(e, "manifest", path)

@@ -632,6 +632,32 @@ def test_relative_cache_root_in_the_environment_is_refused(monkeypatch):
     assert default_root() == REPO
 
 
+@pytest.mark.parametrize("where", ["root", "manifests", "environment"])
+def test_a_cache_root_that_is_a_file_is_named_as_such(cache, monkeypatch, where):
+    """Loader audit (review-65b): a root (passed in or in $SPARSE_DECODE_AOT_CACHE) naming a file, or a root whose
+    manifests/ is a file, was "manifest is not readable JSON (Not a directory)", fixed by building into the file."""
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    if where == "manifests":
+        shutil.rmtree(cache / "manifests")
+        (cache / "manifests").write_text("")
+        root = cache
+    else:
+        root = cache / "manifests" / "sm_90a.json"
+    if where == "environment":
+        monkeypatch.setenv(CACHE_ROOT_ENV, str(root))
+    with pytest.raises(errors.PathError, match=r"sm_90a\.json: a file stands where the cache root's folder .* Fix: "
+                                               r"point \$SPARSE_DECODE_AOT_CACHE \(or the root passed in\) at"):
+        check_cache(None if where == "environment" else root, "sm_90a")
+
+
+def test_a_cache_root_with_a_nul_is_a_path_error(cache):
+    """Loader audit (review-65b): a root holding a NUL (read from a config file, say) raised pathlib's bare
+    ValueError ("embedded null byte"), naming neither the root nor the fix, and no CacheError for the host ops."""
+    with pytest.raises(errors.PathError, match="the cache root cannot be resolved .*null byte"):
+        check_cache(f"{cache}\0", "sm_90a")
+
+
 def test_a_read_waits_for_a_build_writing_the_cache(cache):
     """A build holds the root's lock exclusively while it writes (build_kernels.write_cache); check_cache (and
     runtime.load, through the same build_settled) reads under it shared: it waits for the writes to end, and
