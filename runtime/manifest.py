@@ -153,6 +153,12 @@ def resolved_root(root: str | Path | None = None) -> Path:
 _POINT_AT_A_ROOT = f"point ${CACHE_ROOT_ENV} (or the root passed in) at a folder holding manifests/ and cubins/"
 
 
+def _read_access(root) -> str:
+    """The fix where the cache's files cannot be read (a build under umask 077, served by another user): a rebuild
+    into a root the serving user cannot write would fail."""
+    return f"let the serving user read the cache root: chmod -R a+rX {root} (or build it under umask 022)"
+
+
 MANIFEST_MAX_BYTES = 16 << 20  # a real one is tens of KiB; the bound keeps a crafted one from filling memory
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # hashlib's hexdigest of a SHA-256
 CUBIN_MAX_BYTES = 64 << 20  # a real one is 10-300 KiB; an entry's size is the read's bound, so it is bounded too
@@ -206,6 +212,9 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     except NotADirectoryError:  # a root naming a file: no rebuild fixes that (the build refuses such an --out)
         raise PathError("a file stands where the cache root's folder or its manifests/ folder should be.", file=path,
                         fix=_POINT_AT_A_ROOT) from None
+    except PermissionError as e:
+        raise SchemaError(f"manifest cannot be read by this process ({e}).", file=path,
+                          fix=_read_access(root)) from None
     except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
         if isinstance(e, OSError):
             _raise_if_process_state(e, "manifest", path)
@@ -476,7 +485,10 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
     except _OutsideRoot as e:
         raise _outside_root("cubin", e.real, manifest.root, manifest.arch, file=Path(path),
                             kernel=entry.name) from None
-    except (OSError, ValueError) as e:  # a directory, a FIFO or device, no permission, a NUL in the path
+    except PermissionError as e:
+        raise CubinIntegrityError(f"cubin cannot be read by this process ({e}).", file=Path(path), kernel=entry.name,
+                                  fix=_read_access(manifest.root)) from None
+    except (OSError, ValueError) as e:  # a directory, a FIFO or device, a NUL in the path
         if isinstance(e, OSError):
             _raise_if_process_state(e, "cubin", Path(path))
         raise CubinIntegrityError(f"cubin is not a readable file ({e}).", file=Path(path), kernel=entry.name,

@@ -658,6 +658,30 @@ def test_a_cache_root_with_a_nul_is_a_path_error(cache):
         check_cache(f"{cache}\0", "sm_90a")
 
 
+@pytest.mark.parametrize("what", ["manifest", "cubin"])
+def test_a_cache_the_serving_user_cannot_read_names_the_access_fix(cache, monkeypatch, what):
+    """Loader audit (review-65b): a cache built under umask 077 (folders 0700, files 0600) and served by another user
+    was "manifest is not readable JSON (Permission denied)" or "cubin is not a readable file", fixed by a rebuild into
+    a root that user cannot write. (Run as root here, where no mode refuses a read: the open's error stands in.)"""
+    import errno
+
+    from runtime import manifest
+
+    real_read = manifest._read_regular_file
+
+    def read(path, limit, inside=None):
+        if path.endswith(".json") == (what == "manifest"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_read(path, limit, inside)
+
+    monkeypatch.setattr(manifest, "_read_regular_file", read)
+    error = errors.SchemaError if what == "manifest" else errors.CubinIntegrityError
+    fix = f"let the serving user read the cache root: chmod -R a+rX {cache}"
+    with pytest.raises(error, match=rf"{what} cannot be read by this process \(\[Errno 13\] Permission denied.* Fix: "
+                                    + re.escape(fix)):
+        check_cache(cache, "sm_90a")
+
+
 def test_a_read_waits_for_a_build_writing_the_cache(cache):
     """A build holds the root's lock exclusively while it writes (build_kernels.write_cache); check_cache (and
     runtime.load, through the same build_settled) reads under it shared: it waits for the writes to end, and
