@@ -51,7 +51,6 @@ from .manifest import (
     Manifest,
     build_settled,
     check_against_contract,
-    check_elf_attributes,
     check_param_layout,
     no_tick,
     read_checked_cubin,
@@ -699,8 +698,8 @@ class _KernelLoader:
 
     def load(self, entry: KernelEntry) -> Kernel:
         drv, tick, manifest = self.drv, self.tick, self.manifest
-        # Path inside the root, size, sha256 and the ELF header's SM; the symbol and the
-        # parameter layout are the driver's checks below.
+        # Path inside the root, size, sha256, the ELF's section table and attribute lists (the kernel's parameter
+        # count and block shape); the symbol and the parameter layout are the driver's checks below.
         data = read_checked_cubin(manifest, entry, sections=False, tick=tick)
         path = manifest.root / entry.cubin  # for messages
         try:
@@ -709,7 +708,7 @@ class _KernelLoader:
                 raise self._load_failure(err, entry, path)
             self.libraries.append(library)
             tick("cuLibraryLoadData")
-            return self._check(entry, data, path, library)
+            return self._check(entry, path, library)
         except (CudaCallError, missing_function_error()) as e:  # the driver refused to configure it, or lacks a call
             raise _driver_failure(e, path, entry.name, self.fix) from None
 
@@ -725,7 +724,7 @@ class _KernelLoader:
             fix=f"use a driver that supports the build's toolchain ({tools}), or {self.fix} with this driver's",
         )
 
-    def _check(self, entry: KernelEntry, data: bytes, path: Path, library) -> Kernel:
+    def _check(self, entry: KernelEntry, path: Path, library) -> Kernel:
         drv, tick, manifest = self.drv, self.tick, self.manifest
         err, cu_kernel = drv.cuLibraryGetKernel(library, entry.symbol.encode())
         _raise_if_interrupted(err, "cuLibraryGetKernel")  # the process's state, not a missing symbol
@@ -735,13 +734,12 @@ class _KernelLoader:
         tick("cuLibraryGetKernel")
         function = check(drv.cuKernelGetFunction(cu_kernel), "cuKernelGetFunction")
         tick("cuKernelGetFunction")
-        # The driver's offsets and sizes of the manifest's parameters, then the count from the
-        # kernel's ELF attribute list (a kernel with parameters the manifest lacks must not pass).
+        # The driver's offsets and sizes of the manifest's parameters; the count (a kernel with parameters the
+        # manifest lacks must not pass) and the block shape came from the kernel's ELF attribute list before the
+        # load (read_checked_cubin's check_elf_attributes, in its "cubin_elf" phase).
         check_param_layout(entry, _driver_param_layout(drv, function, len(entry.params)), path, manifest.arch,
                            "cuFuncGetParamInfo", manifest.root)
         tick("cuFuncGetParamInfo")
-        check_elf_attributes(data, entry, path, manifest.arch, manifest.root)
-        tick("elf_param_count")  # the profile's phase name since the thirty-fifth session (now with the block shape)
 
         static_smem = check(drv.cuFuncGetAttribute(self.static_smem, function), "cuFuncGetAttribute")
         if entry.smem_bytes + static_smem > self.smem_optin:

@@ -512,9 +512,11 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
     # hang, a segfault) and is not trusted to with the attribute lists it reads either. In check_cache too (its own
     # parse reads the kernels' lists, not the global one), so that no cubin it passes is refused at load.
     try:
-        check_section_table(data)
+        check_section_table(data, parsed_kernel=None if sections else entry.symbol)
     except CubinFormatError as e:
         raise _unreadable_elf(e, entry, path, manifest.arch, manifest.root) from None
+    if not sections:  # the entry's own list, which check_section_table left to this parse
+        check_elf_attributes(data, entry, path, manifest.arch, manifest.root)
     tick("cubin_elf")
     return data
 
