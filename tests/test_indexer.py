@@ -939,16 +939,23 @@ def test_metadata_counts_take_any_integer_and_refuse_bools_and_floats():
             DecodeMetadata(md.seq_lens, md.block_table, **kw)
 
 
-def test_padded_rows_of_the_step_are_reset():
-    """A CUDA graph padded to 24 rows with 20 real ones: rows 20-23 of the top-k buffer are reset to -1 (the
-    seed resets every token of the step), not left with the previous step's indices."""
-    step = make_step(24, k=16, max_rows=24)
+def _padded_step_after_a_full_one(candidates=None):
+    """A step of 24 rows, then a CUDA graph's step padded to those 24 rows with 20 real ones: (step, state, the
+    padded step's metadata), the state's buffers as the padded step left them."""
+    step = make_step(24, k=16, candidates=candidates, max_rows=24)
     state = make_state(step, scorer=TorchScorer())
     decode_rows(state, step.metadata, step.q, step.weights, SingleRank())  # the previous step: 24 rows
     assert (state.topk_indices[20:24] >= 0).any()
     md = step.metadata
     padded = DecodeMetadata(md.seq_lens, md.block_table, 20, 20, md.max_seq_len)
     decode_rows(state, padded, step.q, step.weights, SingleRank())  # q has the padded step's 24 rows
+    return step, state, padded
+
+
+def test_padded_rows_of_the_step_are_reset():
+    """A CUDA graph padded to 24 rows with 20 real ones: rows 20-23 of the top-k buffer are reset to -1 (the
+    seed resets every token of the step), not left with the previous step's indices."""
+    step, state, _ = _padded_step_after_a_full_one()
     assert (state.topk_indices[20:24] == -1).all()
     assert torch.equal(state.topk_indices[:20], _expected(step)[:20])
 
@@ -956,13 +963,7 @@ def test_padded_rows_of_the_step_are_reset():
 def test_padded_rows_of_the_candidate_buffer_are_reset():
     """The candidate buffer's padded rows are reset as the top-k buffer's are: a CUDA graph padded to 24 rows with 20
     real ones after a step of 24 rows left rows 20-23 holding the earlier step's candidate blocks (review-65a)."""
-    step = make_step(24, k=16, candidates=12, max_rows=24)
-    state = make_state(step, scorer=TorchScorer())
-    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())  # the previous step: 24 rows
-    assert (state.candidate_blocks[20:24] >= 0).any()
-    md = step.metadata
-    padded = DecodeMetadata(md.seq_lens, md.block_table, 20, 20, md.max_seq_len)
-    decode_rows(state, padded, step.q, step.weights, SingleRank())  # q has the padded step's 24 rows
+    step, state, padded = _padded_step_after_a_full_one(candidates=12)
     assert (state.topk_indices[20:24] == -1).all() and (state.candidate_blocks[20:24] == -1).all()
     assert torch.equal(state.candidate_blocks[:20], _expected(step, block_mode=True)[:20])
     state.candidate_blocks.fill_(5)
