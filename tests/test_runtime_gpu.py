@@ -103,14 +103,15 @@ def test_python_m_runtime_verify_passes():
 
 
 @pytest.mark.parametrize("edit, error, match", [
-    ("symbol", "SymbolError", "driver finds no symbol"),
+    ("symbol", "SymbolError", "cubin has no kernel symbol"),
     ("shift_second_param", "ParamLayoutError", "contradict cuFuncGetParamInfo"),
-    ("add_param", "ParamLayoutError", "contradict cuFuncGetParamInfo"),
+    ("add_param", "ParamLayoutError", "lists 3 parameters, the cubin's ELF has 2"),
     ("drop_last_param", "ParamLayoutError", "the cubin's ELF has 2"),
 ])
 def test_crafted_cache_refused_by_the_driver_checks(tmp_path, monkeypatch, edit, error, match):
-    """load() reads only the ELF header on the CPU; the driver's checks refuse these (the contract made to agree
-    with the crafted manifest: the cubin is what disagrees)."""
+    """load() refuses a manifest the cubin contradicts: the symbol, the parameter count (from the ELF's attribute
+    list, read before the driver load) and the layout (the driver's cuFuncGetParamInfo). The contract is made to
+    agree with the crafted manifest: the cubin is what disagrees."""
     import crafted_cache
     import torch
 
