@@ -787,6 +787,32 @@ def test_an_attribute_list_running_past_its_section_never_reaches_the_driver(cac
     _never_reaches_the_driver(cache, stand_in, _record_past_its_list(record))
 
 
+def _another_kernels_list(records: bytes):
+    """An edit of a cubin's bytes: its 32-byte .nv.callgraph section renamed .nv.info.cgph, in place (13 bytes each),
+    and holding ``records``: the attribute list of another kernel than the entry's, as in a cubin of two kernels."""
+    def edit(data):
+        from runtime.cubin import _section_heads
+
+        heads, shstrndx = _section_heads(bytes(data))
+        strtab = heads[shstrndx][4]
+        (head,) = [h for h in heads if bytes(data[strtab + h[0] :]).startswith(b".nv.callgraph\0")]
+        assert head[5] == len(records) == 32
+        data[strtab + head[0] : strtab + head[0] + 13] = b".nv.info.cgph"
+        data[head[4] : head[4] + 32] = records
+    return edit
+
+
+@pytest.mark.parametrize("records", [
+    b"\x04\x12\x20\x00" + bytes(28),  # a record of 32 bytes in a 32-byte list
+    b"\x04\x17\x04\x00" + bytes(4) + b"\x01\x00" * 12,  # a parameter's record of 4 bytes, not 12
+], ids=["record past the list", "short parameter record"])
+def test_another_kernels_attribute_list_never_reaches_the_driver(cache, stand_in, records):
+    """The load walks the entry's own attribute list once (check_elf_attributes) and every other list in
+    check_section_table, which skips the entry's alone: a malformed list of another kernel in the same cubin is
+    refused before the driver reads it too, not only the global list and the entry's (review-65c)."""
+    _never_reaches_the_driver(cache, stand_in, _another_kernels_list(records))
+
+
 @pytest.mark.parametrize("edit, said", [
     # It crashed with an AttributeError printing the toolchain.
     (lambda d: d.update(toolchain="12.9"), "fields toolchain have the wrong type"),
