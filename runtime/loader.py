@@ -3,12 +3,12 @@
 ``load()`` reads the manifest for the current device's arch, checks every entry
 against the contract (manifest.py: ``check_against_contract``; the ops pack arguments
 and compute grids from it), checks every cubin on the CPU side (path, size, sha256,
-the ELF header's SM), loads it
+the ELF header's SM, its section table and attribute lists, and from the kernel's own
+list the symbol, the parameter count and the block shape), loads it
 with ``cuLibraryLoadData`` (a library is context-independent, so every GPU of the
-process can use it) and checks it against the device: the symbol by
-``cuLibraryGetKernel``, the parameter layout by ``cuFuncGetParamInfo`` (the count
-pinned by the kernel's ELF attribute list), shared memory against the opt-in
-limit, the cluster shape by ``cuOccupancyMaxActiveClusters``. The full ELF parse
+process can use it) and checks it against the device: the symbol again by
+``cuLibraryGetKernel``, the parameter layout by ``cuFuncGetParamInfo``, shared
+memory against the opt-in limit, the cluster shape by ``cuOccupancyMaxActiveClusters``. The full ELF parse
 (every kernel's parameter list) is left to ``check_cache`` and ``python -m runtime
 verify``: at load it would repeat what the driver checks. A launch is one
 ``cuLaunchKernelEx`` on the current torch stream with arguments packed into one
@@ -698,8 +698,8 @@ class _KernelLoader:
 
     def load(self, entry: KernelEntry) -> Kernel:
         drv, tick, manifest = self.drv, self.tick, self.manifest
-        # Path inside the root, size, sha256, the ELF's section table and attribute lists (the kernel's parameter
-        # count and block shape); the symbol and the parameter layout are the driver's checks below.
+        # Path inside the root, size, sha256, the ELF's section table and attribute lists (the kernel's symbol,
+        # parameter count and block shape); the driver's checks below find the symbol again and the parameter layout.
         data = read_checked_cubin(manifest, entry, sections=False, tick=tick)
         path = manifest.root / entry.cubin  # for messages
         try:

@@ -470,10 +470,11 @@ def no_tick(label: str) -> None:
 def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool = True, tick=no_tick) -> bytes:
     """The cubin's bytes once its path, size, sha256, ELF arch, symbol and params check out.
 
-    ``sections=False`` reads only the ELF header (the SM): ``runtime.load()`` then checks the
-    symbol and the parameter layout through the driver (``cuLibraryGetKernel``,
-    ``cuFuncGetParamInfo``), which is what it trusts at launch. ``tick(label)`` is called after
-    each step (the loader's phase profile).
+    ``sections=False`` (``runtime.load()``) parses only what the driver would read unchecked: the section and
+    program headers, every attribute list's records, and the kernel's own list (the symbol, the parameter count and
+    the block shape against the manifest); the parameter layout is then the driver's check (``cuFuncGetParamInfo``),
+    which is what it trusts at launch. ``sections=True`` (``check_cache``) parses every kernel's parameter layout
+    too. ``tick(label)`` is called after each step (the loader's phase profile).
     """
     path = _cubin_path(manifest, entry)
     try:
