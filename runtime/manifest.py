@@ -32,6 +32,7 @@ from .contract import (
 )
 from .cubin import (
     CubinFormatError,
+    KernelAttributes,
     check_section_table,
     kernel_attributes,
     read_cubin,
@@ -513,11 +514,11 @@ def read_checked_cubin(manifest: Manifest, entry: KernelEntry, *, sections: bool
     # hang, a segfault) and is not trusted to with the attribute lists it reads either. In check_cache too (its own
     # parse reads the kernels' lists, not the global one), so that no cubin it passes is refused at load.
     try:
-        check_section_table(data, parsed_kernel=None if sections else entry.symbol)
+        attributes = check_section_table(data, kernel=None if sections else entry.symbol)
     except CubinFormatError as e:
         raise _unreadable_elf(e, entry, path, manifest.arch, manifest.root) from None
-    if not sections:  # the entry's own list, which check_section_table left to this parse
-        check_elf_attributes(data, entry, path, manifest.arch, manifest.root)
+    if not sections:  # the entry's own list, parsed above (check_cubin_against_entry checked it on the other path)
+        _check_attributes(attributes, entry, path, manifest.arch, manifest.root)
     tick("cubin_elf")
     return data
 
@@ -612,6 +613,11 @@ def check_elf_attributes(data: bytes, entry: KernelEntry, path, arch: str, root=
         attributes = kernel_attributes(data, entry.symbol)
     except CubinFormatError as e:
         raise _unreadable_elf(e, entry, path, arch, root) from None
+    _check_attributes(attributes, entry, path, arch, root)
+
+
+def _check_attributes(attributes: KernelAttributes | None, entry: KernelEntry, path, arch: str, root=None) -> None:
+    """check_elf_attributes of the kernel's attributes as parsed (None: the cubin has no list of its symbol)."""
     if attributes is None:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=Path(path), kernel=entry.name,
                           fix=rebuild(arch, root))

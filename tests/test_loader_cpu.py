@@ -807,9 +807,9 @@ def _another_kernels_list(records: bytes):
     b"\x04\x17\x04\x00" + bytes(4) + b"\x01\x00" * 12,  # a parameter's record of 4 bytes, not 12
 ], ids=["record past the list", "short parameter record"])
 def test_another_kernels_attribute_list_never_reaches_the_driver(cache, stand_in, records):
-    """The load walks the entry's own attribute list once (check_elf_attributes) and every other list in
-    check_section_table, which skips the entry's alone: a malformed list of another kernel in the same cubin is
-    refused before the driver reads it too, not only the global list and the entry's (review-65c)."""
+    """The load's check_section_table walks every attribute list for its bounds but the entry's own, which it
+    parses once for the kernel's attributes: a malformed list of another kernel in the same cubin is refused before
+    the driver reads it too, not only the global list and the entry's (review-65c)."""
     _never_reaches_the_driver(cache, stand_in, _another_kernels_list(records))
 
 

@@ -3,6 +3,7 @@
 import hashlib
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from crafted_cache import (
@@ -802,24 +803,33 @@ def test_a_filesystem_without_flock_is_read_unguarded(cache, monkeypatch):
     assert set(check_cache(cache, "sm_90a").kernels) == {"probe_cluster2", "probe_cluster8"}
 
 
-def test_installed_data_files_are_found_under_the_schemes_data_path(tmp_path, monkeypatch):
-    """pip puts the data files of `pip install .` under the install scheme's data path (sysconfig "data"): Debian's and
-    Ubuntu's system Python installs into /usr/local (the package in /usr/local/lib/python3.X/dist-packages, the cache
-    in /usr/local/share/sparse_decode_aot) while sys.prefix is /usr, where the runtime looked and found no manifest."""
+def _installed_layout(monkeypatch, package: Path, prefix: Path, data: Path, user_base: Path) -> None:
+    """Stand in for an install: the runtime's package in ``package``, the interpreter's sys.prefix ``prefix``, the
+    scheme's data path (sysconfig "data") ``data`` and the user base ``user_base``; no cache root in the
+    environment."""
     import site
     import sys
     import sysconfig
 
     from runtime import manifest
 
-    usr = tmp_path / "usr"
     monkeypatch.delenv(manifest.CACHE_ROOT_ENV, raising=False)
-    monkeypatch.setattr(manifest, "__file__", str(usr / "local/lib/python3/dist-packages/runtime/manifest.py"))
-    monkeypatch.setattr(sys, "prefix", str(usr))
-    monkeypatch.setattr(site, "USER_BASE", str(tmp_path / "home/.local"))
+    monkeypatch.setattr(manifest, "__file__", str(package / "runtime/manifest.py"))
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    monkeypatch.setattr(site, "USER_BASE", str(user_base))
     real_get_path = sysconfig.get_path
     monkeypatch.setattr(sysconfig, "get_path",
-                        lambda name, *a, **k: str(usr / "local") if name == "data" else real_get_path(name, *a, **k))
+                        lambda name, *a, **k: str(data) if name == "data" else real_get_path(name, *a, **k))
+
+
+def test_installed_data_files_are_found_under_the_schemes_data_path(tmp_path, monkeypatch):
+    """pip puts the data files of `pip install .` under the install scheme's data path (sysconfig "data"): Debian's and
+    Ubuntu's system Python installs into /usr/local (the package in /usr/local/lib/python3.X/dist-packages, the cache
+    in /usr/local/share/sparse_decode_aot) while sys.prefix is /usr, where the runtime looked and found no manifest."""
+    from runtime import manifest
+
+    usr = tmp_path / "usr"
+    _installed_layout(monkeypatch, usr / "local/lib/python3/dist-packages", usr, usr / "local", tmp_path / "home/.local")
     installed = copy_probe_cache(usr / "local" / "share" / "sparse_decode_aot")
     assert manifest.default_root() == installed
 
@@ -829,21 +839,14 @@ def test_a_user_install_finds_its_own_data_before_the_schemes(tmp_path, monkeypa
     the scheme's data path (/usr/local on Debian, of another version) must not be picked over it: the package's own
     data comes first. And where sysconfig cannot name a data path, sys.prefix is looked at as before."""
     import site
-    import sys
     import sysconfig
 
     from runtime import manifest
 
     usr, home = tmp_path / "usr", tmp_path / "home/.local"
     user_site = home / "lib/python3/site-packages"
-    monkeypatch.delenv(manifest.CACHE_ROOT_ENV, raising=False)
-    monkeypatch.setattr(manifest, "__file__", str(user_site / "runtime/manifest.py"))
-    monkeypatch.setattr(sys, "prefix", str(usr))
-    monkeypatch.setattr(site, "USER_BASE", str(home))
+    _installed_layout(monkeypatch, user_site, usr, usr / "local", home)
     monkeypatch.setattr(site, "USER_SITE", str(user_site))
-    real_get_path = sysconfig.get_path
-    monkeypatch.setattr(sysconfig, "get_path",
-                        lambda name, *a, **k: str(usr / "local") if name == "data" else real_get_path(name, *a, **k))
     copy_probe_cache(usr / "local" / "share" / "sparse_decode_aot")  # another install's, in the scheme's data path
     mine = copy_probe_cache(home / "share" / "sparse_decode_aot")
     assert manifest.default_root() == mine
@@ -863,21 +866,11 @@ def test_an_install_outside_the_interpreters_prefix_finds_its_own_data(tmp_path,
     `pip install --prefix P` the package in P/lib/pythonX.Y/site-packages and the data in P/share (then PYTHONPATH;
     a venv with --system-site-packages over a base install is the same case): the runtime looked under the running
     interpreter's prefixes only, found no manifest there and named a root that holds none."""
-    import site
-    import sys
-    import sysconfig
-
     from runtime import manifest
 
     venv, install = tmp_path / "venv", tmp_path / "opt"
     package = install if how == "--target" else install / "lib/python3.11/site-packages"
-    monkeypatch.delenv(manifest.CACHE_ROOT_ENV, raising=False)
-    monkeypatch.setattr(manifest, "__file__", str(package / "runtime/manifest.py"))
-    monkeypatch.setattr(sys, "prefix", str(venv))
-    monkeypatch.setattr(site, "USER_BASE", str(tmp_path / "home/.local"))
-    real_get_path = sysconfig.get_path
-    monkeypatch.setattr(sysconfig, "get_path",
-                        lambda name, *a, **k: str(venv) if name == "data" else real_get_path(name, *a, **k))
+    _installed_layout(monkeypatch, package, venv, venv, tmp_path / "home/.local")
     installed = copy_probe_cache(install / "share" / "sparse_decode_aot")
     assert manifest.default_root() == installed
 
