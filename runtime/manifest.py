@@ -116,7 +116,7 @@ def default_root() -> Path:
                             fix=f"set {CACHE_ROOT_ENV} to an absolute path (the cache root holding manifests/)")
         return Path(env)
     here = Path(__file__).resolve().parent.parent
-    if (here / "manifests").is_dir():
+    if _holds_a_cache(here):
         return here
     import site
     import sys
@@ -136,9 +136,15 @@ def default_root() -> Path:
     bases = [*own, here, data, sys.prefix, site.USER_BASE or ""]
     for base in bases:
         candidate = Path(base) / "share" / "sparse_decode_aot"
-        if (candidate / "manifests").is_dir():
+        if _holds_a_cache(candidate):
             return candidate
     return Path(data) / "share" / "sparse_decode_aot"
+
+
+def _holds_a_cache(folder: Path) -> bool:
+    """A cache root holds both manifests/ and cubins/: installed, the runtime's package sits in site-packages, where
+    another distribution's top-level ``manifests`` package alone would have made site-packages look like a checkout."""
+    return (folder / "manifests").is_dir() and (folder / "cubins").is_dir()
 
 
 def resolved_root(root: str | Path | None = None) -> Path:

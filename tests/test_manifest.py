@@ -875,6 +875,23 @@ def test_an_install_outside_the_interpreters_prefix_finds_its_own_data(tmp_path,
     assert manifest.default_root() == installed
 
 
+def test_another_packages_manifests_folder_in_site_packages_is_no_cache_root(tmp_path, monkeypatch):
+    """Installed, the runtime's package sits in site-packages beside every other distribution's; one that ships a
+    top-level ``manifests`` package there made site-packages look like a checkout, and the runtime named it as the
+    cache root instead of its own installed data. A root holds manifests/ and cubins/ both."""
+    from runtime import manifest
+
+    venv = tmp_path / "venv"
+    site_packages = venv / "lib/python3.11/site-packages"
+    _installed_layout(monkeypatch, site_packages, venv, venv, tmp_path / "home/.local")
+    (site_packages / "manifests").mkdir(parents=True)
+    (site_packages / "manifests" / "__init__.py").write_text("")
+    installed = copy_probe_cache(venv / "share" / "sparse_decode_aot")
+    assert manifest.default_root() == installed
+    (site_packages / "cubins").mkdir()  # a checkout's layout (the cache committed beside the runtime) still wins
+    assert manifest.default_root() == site_packages
+
+
 # --- fifty-first session's review: the block shape a kernel was compiled for -------------------------------------
 
 _REQNTID_128 = b"\x04\x10\x0c\x00" + (128).to_bytes(4, "little") + (1).to_bytes(4, "little") * 2
