@@ -69,7 +69,8 @@ def read_header(data: bytes) -> CubinInfo:
 
 def check_section_table(data: bytes, *, kernel: str | None = None) -> KernelAttributes | None:
     """The section and program headers and every section and segment lie inside the file, and every record of the
-    attribute lists (``.nv.info`` and each ``.nv.info.<kernel>``) inside its section (CubinFormatError if not).
+    attribute lists (``.nv.info`` and each ``.nv.info.<kernel>``, and their capmerc twins ``.nv.merc.nv.info*`` in an
+    sm_100a cubin) inside its section (CubinFormatError if not).
 
     The loader runs it before handing the bytes to the driver, which does not bounds-check a crafted section
     table (seen: a hang, a segfault), and reads the attribute lists as it loads. Only the lists are walked, no other
@@ -78,12 +79,20 @@ def check_section_table(data: bytes, *, kernel: str | None = None) -> KernelAttr
     """
     heads, shstrndx = _section_heads(data)
     strtab = heads[shstrndx][4]
-    own = None if kernel is None else _info_name(kernel)
+    own = () if kernel is None else tuple(image + _info_name(kernel) for image in _IMAGES)
     for h in heads:
-        if data.startswith(b".nv.info", strtab + h[0]) and not (own and data.startswith(own, strtab + h[0])):
+        name = strtab + h[0]
+        if any(data.startswith(image + b".nv.info", name) for image in _IMAGES) and not any(
+            data.startswith(o, name) for o in own
+        ):
             for attr, value in _attributes(data[h[4] : h[4] + h[5]]):
                 _is_param(attr, value)  # a short parameter record too: read as 12 bytes, it runs into the next
-    return None if kernel is None else _attributes_of(_kernel_info(data, heads, strtab, kernel), kernel)
+    return None if kernel is None else _own_attributes(data, heads, strtab, kernel)
+
+
+# The images whose attribute lists the driver reads: the SASS image's (.nv.info*), and on sm_100a also the capmerc
+# image's (.nv.merc.nv.info*), which describes the same kernel for the driver's finalizer.
+_IMAGES = (b"", b".nv.merc")
 
 
 _PHDR_SIZE = 56  # ELF64's program header: type, flags, offset, vaddr, paddr, filesz, memsz, align
@@ -219,7 +228,24 @@ def kernel_attributes(data: bytes, symbol: str) -> KernelAttributes | None:
     launch of another shape.
     """
     heads, shstrndx = _section_heads(data)
-    return _attributes_of(_kernel_info(data, heads, heads[shstrndx][4], symbol), symbol)
+    return _own_attributes(data, heads, heads[shstrndx][4], symbol)
+
+
+def _own_attributes(data: bytes, heads, strtab: int, symbol: str) -> KernelAttributes | None:
+    """kernel_attributes of ``symbol`` from its SASS image's list; where the cubin also carries a capmerc image's list
+    of it (sm_100a), that list must say the same, since the manifest's checks read only the first."""
+    attributes = _attributes_of(_kernel_info(data, heads, strtab, symbol), symbol)
+    merc = _attributes_of(_kernel_info(data, heads, strtab, symbol, image=b".nv.merc"), symbol)
+    if merc is not None and merc != attributes:
+        raise CubinFormatError(f"kernel {symbol}'s capmerc attribute list (.nv.merc.nv.info) says {_said(merc)}, its "
+                               f".nv.info list {_said(attributes)}")
+    return attributes
+
+
+def _said(attributes: KernelAttributes | None) -> str:
+    if attributes is None:
+        return "nothing (no list)"
+    return f"{attributes.param_count} parameters, block {attributes.required_block}"
 
 
 def _attributes_of(info: bytes | None, symbol: str) -> KernelAttributes | None:
@@ -242,13 +268,13 @@ def _info_name(symbol: str) -> bytes:
     return b".nv.info." + symbol.encode() + b"\0"
 
 
-def _kernel_info(data: bytes, heads, strtab: int, symbol: str) -> bytes | None:
-    """The ``.nv.info.<symbol>`` section of the ELF (its attribute list), found by the section headers ``heads``
-    (``_section_heads``') and the offset of their string table."""
-    name = _info_name(symbol)
+def _kernel_info(data: bytes, heads, strtab: int, symbol: str, image: bytes = b"") -> bytes | None:
+    """The ``.nv.info.<symbol>`` section of the ELF (its attribute list; ``image`` b".nv.merc": the capmerc image's),
+    found by the section headers ``heads`` (``_section_heads``') and the offset of their string table."""
+    name = image + _info_name(symbol)
     found = [h for h in heads if data.startswith(name, strtab + h[0])]
     if len(found) > 1:  # read_cubin's dict kept the last, this the first: a decoy could hide a parameter from either
-        raise CubinFormatError(f"two sections named .nv.info.{symbol}")
+        raise CubinFormatError(f"two sections named {image.decode()}.nv.info.{symbol}")
     return data[found[0][4] : found[0][4] + found[0][5]] if found else None
 
 

@@ -898,11 +898,12 @@ _REQNTID_128 = b"\x04\x10\x0c\x00" + (128).to_bytes(4, "little") + (1).to_bytes(
 
 
 def _require_block(threads: int, y: int = 1):
-    """An edit of a cubin's bytes: its kernel's EIATTR_REQNTID record (128 threads in the committed probes) says
-    ``threads`` (and ``y``)."""
+    """An edit of a cubin's bytes: its kernel's EIATTR_REQNTID records (128 threads in the committed probes; an sm_100a
+    cubin has a second in its capmerc image's list, which must agree) say ``threads`` (and ``y``)."""
     def edit(data):
-        at = bytes(data).index(_REQNTID_128)
-        data[at + 4: at + 12] = threads.to_bytes(4, "little") + y.to_bytes(4, "little")
+        for _ in range(bytes(data).count(_REQNTID_128)):
+            at = bytes(data).index(_REQNTID_128)
+            data[at + 4: at + 12] = threads.to_bytes(4, "little") + y.to_bytes(4, "little")
     return edit
 
 
@@ -1017,3 +1018,57 @@ def test_a_global_attribute_running_past_its_section_is_refused(cache):
     rewrite_first_cubin(cache, "sm_90a", _global_attribute_past_its_section)
     with pytest.raises(errors.CubinIntegrityError, match="attribute runs past its section"):
         check_cache(cache, "sm_90a")
+
+
+# --- sixty-sixth session: the capmerc image's attribute lists of an sm_100a cubin ----------------------------------
+
+def _capmerc_list(name: bytes, fn):
+    """An edit of a cubin's bytes: ``fn`` of the bytes of its section ``name`` (a bytearray, edited in place)."""
+    def edit(data):
+        from runtime.cubin import _section_heads
+
+        heads, shstrndx = _section_heads(bytes(data))
+        strtab = heads[shstrndx][4]
+        (head,) = [h for h in heads if bytes(data[strtab + h[0] :]).startswith(name + b"\0")]
+        body = data[head[4] : head[4] + head[5]]
+        fn(body)
+        data[head[4] : head[4] + head[5]] = body
+    return edit
+
+
+def _last_record_past_the_end(body):
+    """The list's last record (EIATTR 0x12, 8 bytes in the committed probes) says it holds 16."""
+    at = bytes(body).rindex(bytes([4, 0x12, 8, 0]))
+    body[at + 2] = 16
+
+
+def _one_parameter_fewer(body):
+    """The list's first parameter record (EIATTR_KPARAM_INFO, 0x17) renamed to an attribute no reader knows."""
+    at = bytes(body).index(bytes([4, 0x17, 12, 0]))
+    body[at + 1] = 0x7F
+
+
+def test_the_capmerc_images_attribute_lists_are_checked_too(cache):
+    """An sm_100a cubin carries its kernel twice: as SASS (.nv.info lists) and as a capmerc image for the driver's
+    finalizer, with its own lists (.nv.merc.nv.info*), which the bounds walk skipped and no check compared. A merc
+    list running past its section, or one that gives the kernel another parameter count than its .nv.info list (which
+    alone is checked against the manifest), is refused by check_cache and by the load's check_section_table."""
+    from runtime.cubin import CubinFormatError, check_section_table
+    from runtime.manifest import read_manifest
+
+    copy = cache.parent / "pristine"
+    copy_probe_cache(copy, archs=("sm_100a",))
+    symbol = read_manifest(cache, "sm_100a").kernels[first_cubin(cache, "sm_100a").stem].symbol
+    assert check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol).param_count > 0
+
+    rewrite_first_cubin(cache, "sm_100a", _capmerc_list(b".nv.merc.nv.info", _last_record_past_the_end))
+    with pytest.raises(errors.CubinIntegrityError, match="attribute runs past its section"):
+        check_cache(cache, "sm_100a")
+    with pytest.raises(CubinFormatError, match="attribute runs past its section"):
+        check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol)
+
+    rewrite_first_cubin(copy, "sm_100a", _capmerc_list(b".nv.merc.nv.info." + symbol.encode(), _one_parameter_fewer))
+    with pytest.raises(errors.CubinIntegrityError, match=r"capmerc attribute list \(.nv.merc.nv.info\) says \d+ "):
+        check_cache(copy, "sm_100a")
+    with pytest.raises(CubinFormatError, match="capmerc attribute list"):
+        check_section_table(first_cubin(copy, "sm_100a").read_bytes(), kernel=symbol)
