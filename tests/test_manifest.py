@@ -1072,3 +1072,106 @@ def test_the_capmerc_images_attribute_lists_are_checked_too(cache):
         check_cache(copy, "sm_100a")
     with pytest.raises(CubinFormatError, match="capmerc attribute list"):
         check_section_table(first_cubin(copy, "sm_100a").read_bytes(), kernel=symbol)
+
+
+# --- sixty-sixth session's review: what the capmerc checks must not let through ------------------------------------
+
+def _kernel_symbol(root, arch="sm_100a") -> str:
+    from runtime.manifest import read_manifest
+
+    return read_manifest(root, arch).kernels[first_cubin(root, arch).stem].symbol
+
+
+def _merc_required_block(threads: int):
+    """The capmerc list's EIATTR_REQNTID record alone says ``threads``: the .nv.info list keeps the manifest's 128."""
+    def edit(body):
+        at = bytes(body).index(_REQNTID_128)
+        body[at + 4 : at + 8] = threads.to_bytes(4, "little")
+    return edit
+
+
+def test_a_capmerc_list_of_another_block_shape_is_refused(cache):
+    """The capmerc list must give the kernel's block shape as its .nv.info list does, not its parameter count only:
+    the driver refuses a launch of a shape other than the one the image it runs was compiled for."""
+    from runtime.cubin import CubinFormatError, check_section_table
+
+    symbol = _kernel_symbol(cache)
+    merc = b".nv.merc.nv.info." + symbol.encode()
+    rewrite_first_cubin(cache, "sm_100a", _capmerc_list(merc, _merc_required_block(256)))
+    with pytest.raises(CubinFormatError, match=r"says 2 parameters, block \(256, 1, 1\), its .nv.info list 2 "):
+        check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol)
+    with pytest.raises(errors.CubinIntegrityError, match=r"capmerc attribute list .* block \(256, 1, 1\)"):
+        check_cache(cache, "sm_100a")
+
+
+def _first_record_past_the_end(body):
+    """The list's first record (EIATTR 0x37, a 4-byte SVAL in the committed probes) says it holds 65535 bytes."""
+    assert bytes(body[:4]) == bytes([4, 0x37, 4, 0])
+    body[2:4] = b"\xff\xff"
+
+
+def test_a_kernels_own_capmerc_list_is_walked_for_a_symbol_it_only_begins_with(cache):
+    """check_section_table(kernel=...) leaves the kernel's own lists to its own parse; the name it leaves out ends at
+    the NUL, so a list named for a longer symbol that begins with the kernel's (.nv.merc.nv.info.<kernel>X) is still
+    walked, and a record of it past its section refused."""
+    from runtime.cubin import CubinFormatError, check_section_table
+
+    symbol = _kernel_symbol(cache)
+    merc = b".nv.merc.nv.info." + symbol.encode()
+    rewrite_first_cubin(cache, "sm_100a", _capmerc_list(merc, _first_record_past_the_end))
+    with pytest.raises(CubinFormatError, match="attribute runs past its section"):
+        check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol[:-1])
+
+
+def _section_named_as(target: bytes, renamed: bytes):
+    """An edit of a cubin's bytes: section ``renamed``'s header names it as section ``target`` is named."""
+    def edit(data):
+        import struct
+
+        from runtime.cubin import _section_heads
+
+        heads, shstrndx = _section_heads(bytes(data))
+        strtab = heads[shstrndx][4]
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        (shentsize,) = struct.unpack_from("<H", data, 0x3A)
+        names = [bytes(data[strtab + h[0] :]).split(b"\0", 1)[0] for h in heads]
+        struct.pack_into("<I", data, shoff + names.index(renamed) * shentsize, heads[names.index(target)][0])
+    return edit
+
+
+def test_a_second_capmerc_list_of_the_kernel_is_refused(cache):
+    """Two sections named .nv.merc.nv.info.<kernel>: the kernel's own lists are left out of the bounds walk and only
+    the first of a name is parsed, so a second would go unread by every check (the load's path has no read_cubin,
+    whose own parse refuses two sections of a name)."""
+    from runtime.cubin import CubinFormatError, check_section_table
+
+    symbol = _kernel_symbol(cache)
+    own = b".nv.merc.nv.info." + symbol.encode()
+    rewrite_first_cubin(cache, "sm_100a", _section_named_as(own, b".nv.merc.nv.info"))
+    with pytest.raises(CubinFormatError, match=f"two sections named {re.escape(own.decode())}$"):
+        check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol)
+
+
+def _sass_list_renamed(symbol: str):
+    """An edit of a cubin's bytes: the kernel's .nv.info list is named for another symbol (its first letter's case
+    flipped), its capmerc list kept."""
+    def edit(data):
+        from runtime.cubin import _section_heads
+
+        heads, shstrndx = _section_heads(bytes(data))
+        strtab = heads[shstrndx][4]
+        name = b".nv.info." + symbol.encode() + b"\0"
+        (head,) = [h for h in heads if bytes(data[strtab + h[0] :]).startswith(name)]
+        data[strtab + head[0] + len(b".nv.info.")] ^= 0x20
+    return edit
+
+
+def test_a_capmerc_list_without_its_nv_info_list_is_refused_as_a_disagreement(cache):
+    """A kernel with a capmerc list and no .nv.info list: the two images disagree (the load names both), rather than
+    the symbol being absent."""
+    from runtime.cubin import CubinFormatError, check_section_table
+
+    symbol = _kernel_symbol(cache)
+    rewrite_first_cubin(cache, "sm_100a", _sass_list_renamed(symbol))
+    with pytest.raises(CubinFormatError, match=r"says 2 parameters, block \(128, 1, 1\), its .nv.info list nothing"):
+        check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol)
