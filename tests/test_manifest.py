@@ -892,6 +892,21 @@ def test_another_packages_manifests_folder_in_site_packages_is_no_cache_root(tmp
     assert manifest.default_root() == site_packages
 
 
+def test_a_cubins_package_alone_or_a_share_folder_of_manifests_alone_is_no_cache_root(tmp_path, monkeypatch):
+    """Either folder alone is no root: another distribution's top-level ``cubins`` package in site-packages, or an
+    install's share folder left with manifests/ only, is passed over for the next root that holds both."""
+    from runtime import manifest
+
+    opt, usr = tmp_path / "opt", tmp_path / "usr"
+    site_packages = opt / "lib/python3.11/site-packages"
+    _installed_layout(monkeypatch, site_packages, usr, usr, tmp_path / "home/.local")
+    (site_packages / "cubins").mkdir(parents=True)
+    (site_packages / "cubins" / "__init__.py").write_text("")
+    (opt / "share/sparse_decode_aot/manifests").mkdir(parents=True)
+    installed = copy_probe_cache(usr / "share" / "sparse_decode_aot")
+    assert manifest.default_root() == installed
+
+
 # --- fifty-first session's review: the block shape a kernel was compiled for -------------------------------------
 
 _REQNTID_128 = b"\x04\x10\x0c\x00" + (128).to_bytes(4, "little") + (1).to_bytes(4, "little") * 2
