@@ -162,7 +162,12 @@ def host_overhead(n: int = 20000, rounds: int = 7) -> dict:
         for _ in range(n):
             kernel.launch(1, 0)
 
-    rounds_us = alternating_rounds({"bare": bare, "ours": ours}, rounds, n, torch.cuda.synchronize)
+    return launch_overhead(alternating_rounds({"bare": bare, "ours": ours}, rounds, n, torch.cuda.synchronize), n)
+
+
+def launch_overhead(rounds_us: dict, n: int) -> dict:
+    """The record of the eager-launch comparison from ``alternating_rounds``' microseconds per launch of each mode:
+    ``ratio`` is the median of the rounds' ours/bare ratios."""
     bare_us, ours_us = statistics.median(rounds_us["bare"]), statistics.median(rounds_us["ours"])
     ratios = [o / b for o, b in zip(rounds_us["ours"], rounds_us["bare"])]
     return {"runtime_launch_us": ours_us, "bare_cuLaunchKernelEx_us": bare_us, "ratio": statistics.median(ratios),
@@ -171,7 +176,7 @@ def host_overhead(n: int = 20000, rounds: int = 7) -> dict:
 
 
 def alternating_rounds(modes: dict, rounds: int, n: int, sync) -> dict:
-    """Microseconds a call of each mode (a function making ``n`` calls), round by round with the modes side by side
+    """Microseconds per call, of the ``n`` a mode (a function) makes, round by round with the modes side by side
     in each round. Every mode is run once first (warm). All of one mode's rounds before the other's let the host's
     drift between them into the ratio: one H100 host gave 1.78x that way, and 0.91-1.34x in alternating rounds."""
     for fn in modes.values():

@@ -443,3 +443,23 @@ def test_launch_overhead_rounds_alternate_the_modes():
     out = alternating_rounds(modes, 3, 10, lambda: calls.append("sync"))
     assert calls == ["bare", "ours", "sync"] + ["bare", "sync", "ours", "sync"] * 3
     assert set(out) == {"bare", "ours"} and all(len(v) == 3 and all(t >= 0 for t in v) for v in out.values())
+
+
+def test_launch_overhead_rounds_are_microseconds_per_launch(monkeypatch):
+    """A round's time is the mode's ``n`` launches' time over ``n``, in microseconds; the record's ratio is the
+    median of the rounds' ours/bare ratios, not the ratio of the medians (which is kept beside it)."""
+    import benchmarks.bench_runtime as bench
+
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    costs = iter([0.0, 0.0, 0.010, 0.020, 0.030, 0.030, 0.020, 0.050])  # the warm calls, then bare/ours per round
+
+    def mode():
+        clock[0] += next(costs)
+
+    out = bench.alternating_rounds({"bare": mode, "ours": mode}, 3, 1000, lambda: None)
+    assert out["bare"] == pytest.approx([10.0, 30.0, 20.0]) and out["ours"] == pytest.approx([20.0, 30.0, 50.0])
+    record = bench.launch_overhead(out, 1000)
+    assert record["ratio"] == pytest.approx(2.0) and record["ratio_of_medians"] == pytest.approx(1.5)
+    assert record["ratio_range"] == pytest.approx([1.0, 2.5])
+    assert (record["runtime_launch_us"], record["bare_cuLaunchKernelEx_us"]) == pytest.approx((30.0, 20.0))
