@@ -79,12 +79,9 @@ def check_section_table(data: bytes, *, kernel: str | None = None) -> KernelAttr
     """
     heads, shstrndx = _section_heads(data)
     strtab = heads[shstrndx][4]
-    own = () if kernel is None else tuple(image + _info_name(kernel) for image in _IMAGES)
+    own = () if kernel is None else tuple(image + _info_name(kernel) for image in _IMAGES)  # () starts no name
     for h in heads:
-        name = strtab + h[0]
-        if any(data.startswith(image + b".nv.info", name) for image in _IMAGES) and not any(
-            data.startswith(o, name) for o in own
-        ):
+        if data.startswith(_LISTS, strtab + h[0]) and not data.startswith(own, strtab + h[0]):
             for attr, value in _attributes(data[h[4] : h[4] + h[5]]):
                 _is_param(attr, value)  # a short parameter record too: read as 12 bytes, it runs into the next
     return None if kernel is None else _own_attributes(data, heads, strtab, kernel)
@@ -93,6 +90,7 @@ def check_section_table(data: bytes, *, kernel: str | None = None) -> KernelAttr
 # The images whose attribute lists the driver reads: the SASS image's (.nv.info*), and on sm_100a also the capmerc
 # image's (.nv.merc.nv.info*), which describes the same kernel for the driver's finalizer.
 _IMAGES = (b"", b".nv.merc")
+_LISTS = tuple(image + b".nv.info" for image in _IMAGES)  # their sections' name prefixes: one startswith for both
 
 
 _PHDR_SIZE = 56  # ELF64's program header: type, flags, offset, vaddr, paddr, filesz, memsz, align
