@@ -653,13 +653,16 @@ def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str, 
     check_cubin_arch(data, entry, path, arch, root)
     try:
         info = read_cubin(data)
+        # Before the symbol is looked up in read_cubin's .nv.info lists: a capmerc list of the kernel without its
+        # .nv.info list is the two images disagreeing (unreadable ELF), as the load's check_section_table says.
+        attributes = kernel_attributes(data, entry.symbol)
     except CubinFormatError as e:
         raise _unreadable_elf(e, entry, path, arch, root) from None
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
     layout = [(p.offset, p.size) for p in info.kernels[entry.symbol]]
     check_param_layout(entry, layout, path, arch, "the cubin's ELF", root)
-    check_elf_attributes(data, entry, path, arch, root)  # the count agrees with the layout just checked: block shape
+    _check_attributes(attributes, entry, path, arch, root)  # the count agrees with the layout just checked: block shape
 
 
 def check_param_layout(entry: KernelEntry, actual, path, arch: str, source: str, root=None) -> None:

@@ -49,6 +49,19 @@ def rewrite_first_cubin(root, arch, fn) -> None:
     edit_manifest(root, arch, lambda d: d["kernels"][0].update(size=len(data), sha256=hashlib.sha256(data).hexdigest()))
 
 
+def sass_list_renamed(symbol: str):
+    """An edit of a cubin's bytes (for ``rewrite_first_cubin``): kernel ``symbol``'s .nv.info list is named for another
+    symbol (its first letter's case flipped), its capmerc list (.nv.merc.nv.info.<symbol>, sm_100a) kept."""
+    def edit(data):
+        from runtime.cubin import _section_heads
+
+        heads, shstrndx = _section_heads(bytes(data))
+        strtab = heads[shstrndx][4]
+        name = b".nv.info." + symbol.encode() + b"\0"
+        (head,) = [h for h in heads if bytes(data[strtab + h[0] :]).startswith(name)]
+        data[strtab + head[0] + len(b".nv.info.")] ^= 0x20
+    return edit
+
 def drop_last_param(data) -> None:
     """The first kernel's manifest entry lists one parameter fewer than its cubin has."""
     data["kernels"][0]["params"].pop()

@@ -24,6 +24,7 @@ from crafted_cache import (
     edit_manifest,
     first_cubin,
     rewrite_first_cubin,
+    sass_list_renamed,
     shift_second_param,
 )
 
@@ -811,6 +812,25 @@ def test_another_kernels_attribute_list_never_reaches_the_driver(cache, stand_in
     parses once for the kernel's attributes: a malformed list of another kernel in the same cubin is refused before
     the driver reads it too, not only the global list and the entry's (review-65c)."""
     _never_reaches_the_driver(cache, stand_in, _another_kernels_list(records))
+
+
+def test_a_capmerc_list_without_its_nv_info_list_is_one_refusal_of_check_cache_and_load(cache, stand_in, monkeypatch):
+    """An sm_100a kernel with a capmerc attribute list (.nv.merc.nv.info.<kernel>) and no .nv.info list: its two
+    images disagree, a defect of the cubin, refused alike by check_cache and the load (a CubinIntegrityError naming
+    the file, the kernel and the rebuild) before the driver sees it. check_cache called it a missing symbol
+    (SymbolError): it looked the symbol up in the .nv.info lists before the capmerc list was read."""
+    entry = json.loads(manifest_path(cache, "sm_100a").read_text())["kernels"][0]
+    rewrite_first_cubin(cache, "sm_100a", sass_list_renamed(entry["symbol"]))
+    with pytest.raises(errors.CubinIntegrityError, match="capmerc attribute list .* its .nv.info list nothing") as e:
+        manifest_module.check_cache(cache, "sm_100a")
+    checked = e.value
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))  # a device sm_100a serves
+    drv = stand_in()
+    with pytest.raises(errors.CubinIntegrityError) as e:
+        loader.load(cache)
+    assert str(e.value) == str(checked) and drv.loaded == []
+    assert e.value.file == first_cubin(cache, "sm_100a") and e.value.kernel == entry["name"]
+    assert e.value.fix.startswith("python build_kernels.py --arch sm_100a")
 
 
 @pytest.mark.parametrize("edit, said", [

@@ -15,6 +15,7 @@ from crafted_cache import (
     edit_manifest,
     first_cubin,
     rewrite_first_cubin,
+    sass_list_renamed,
     shift_second_param,
 )
 
@@ -1167,26 +1168,12 @@ def test_a_second_capmerc_list_of_the_kernel_is_refused(cache):
         check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol)
 
 
-def _sass_list_renamed(symbol: str):
-    """An edit of a cubin's bytes: the kernel's .nv.info list is named for another symbol (its first letter's case
-    flipped), its capmerc list kept."""
-    def edit(data):
-        from runtime.cubin import _section_heads
-
-        heads, shstrndx = _section_heads(bytes(data))
-        strtab = heads[shstrndx][4]
-        name = b".nv.info." + symbol.encode() + b"\0"
-        (head,) = [h for h in heads if bytes(data[strtab + h[0] :]).startswith(name)]
-        data[strtab + head[0] + len(b".nv.info.")] ^= 0x20
-    return edit
-
-
 def test_a_capmerc_list_without_its_nv_info_list_is_refused_as_a_disagreement(cache):
     """A kernel with a capmerc list and no .nv.info list: the two images disagree (the load names both), rather than
     the symbol being absent."""
     from runtime.cubin import CubinFormatError, check_section_table
 
     symbol = _kernel_symbol(cache)
-    rewrite_first_cubin(cache, "sm_100a", _sass_list_renamed(symbol))
+    rewrite_first_cubin(cache, "sm_100a", sass_list_renamed(symbol))
     with pytest.raises(CubinFormatError, match=r"says 2 parameters, block \(128, 1, 1\), its .nv.info list nothing"):
         check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol)
