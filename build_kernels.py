@@ -37,7 +37,7 @@ from runtime.contract import (  # noqa: E402
     family_contract_hash,
 )
 from runtime.cubin import kernel_attributes, read_cubin  # noqa: E402
-from runtime.errors import CacheError  # noqa: E402
+from runtime.errors import CacheError, rebuild  # noqa: E402
 from runtime.manifest import (  # noqa: E402
     ALLOW_MEASUREMENT_BUILD_ENV,
     BUILD_LOCK,
@@ -435,27 +435,38 @@ def _refuse_unusable_folders(out: Path, variants_by_arch: dict) -> None:
                                  f"another --out")
 
 
+class WholeCacheProblem(str):
+    """A --check problem of what a manifest records for all its entries (its source stamp, its toolchain) or of the
+    manifest itself (unreadable, malformed), which only a build of every family mends: a build of some families
+    (--only) keeps the other families' source stamp and build switches with their entries, and refuses their entries
+    of another compiler and a manifest it cannot read (write_cache)."""
+
+
 def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
-    """Differences between the committed cache and a fresh build: one line per variant."""
+    """Differences between the committed cache and a fresh build: one line per variant (a WholeCacheProblem where
+    only a build of every family mends it)."""
     problems = []
     for arch in archs:
         try:
             old = json.loads(manifest_path(committed, arch).read_text())
         except (OSError, ValueError) as e:
-            problems.append(f"{arch}: committed manifest unreadable ({e})")
+            problems.append(WholeCacheProblem(f"{arch}: committed manifest unreadable ({e})"))
             continue
         if not _comparable(old):  # the comparison below would crash on it: the runtime's reading names the fault
-            problems.append(_runtime_refusal(committed, arch) or f"{arch}: committed manifest is malformed")
+            problems.append(WholeCacheProblem(_runtime_refusal(committed, arch)
+                                              or f"{arch}: committed manifest is malformed"))
             continue
         before = len(problems)
         new = json.loads(manifest_path(fresh, arch).read_text())
         if old.get("source_hash") != new["source_hash"]:
-            problems.append(f"{arch}: kernel sources changed since the committed build (source_hash)")
+            problems.append(WholeCacheProblem(f"{arch}: kernel sources changed since the committed build "
+                                              f"(source_hash)"))
         if old.get("toolchain") != new["toolchain"]:  # what a plain rebuild would rewrite too
             tools = old.get("toolchain") if isinstance(old.get("toolchain"), dict) else {}
             fresh_tools = new["toolchain"]
             fields = sorted(k for k in tools.keys() | fresh_tools.keys() if tools.get(k) != fresh_tools.get(k))
-            problems.append(f"{arch}: toolchain differs from the committed build's ({', '.join(fields)})")
+            problems.append(WholeCacheProblem(f"{arch}: toolchain differs from the committed build's "
+                                              f"({', '.join(fields)})"))
         # Fields no build writes (the runtime reads past them), and the entries' order (the contract's: a build
         # writes it whatever was rebuilt), were not compared: a committed manifest unlike any build passed.
         unwritten = sorted(k for k in old if k not in new)
@@ -497,6 +508,18 @@ def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
             if refusal is not None:
                 problems.append(refusal)
     return problems
+
+
+def _check_fix(args: argparse.Namespace, families: tuple, problems: list) -> str:
+    """What a failed --check tells to run: a build of what it checked, its --arch, --out and --only, so that the
+    command rebuilds the cache and the families checked; without --only where a problem is a WholeCacheProblem (a
+    partial build would leave the check failing, or refuse)."""
+    fix = rebuild(" ".join(args.arch), args.out)
+    if not args.only:
+        return f"run: {fix}"
+    if any(isinstance(p, WholeCacheProblem) for p in problems):
+        return f"--only cannot mend a manifest's source stamp, toolchain or form; run: {fix}"
+    return f"run: {fix}" + "".join(f" --only {family}" for family in families)
 
 
 def _comparable(old) -> bool:
@@ -578,9 +601,8 @@ def main(argv=None) -> int:
             problems = check_against(args.out, Path(tmp), args.arch, families)
         for p in problems:
             print(f"CHECK FAILED: {p}")
-        out = "" if args.out == REPO else f" --out {args.out}"  # the fix rebuilds the cache that was checked
         print("check passed" if not problems else f"check failed: {len(problems)} difference(s); "
-              f"run: python build_kernels.py --arch {' '.join(args.arch)}{out}")
+              f"{_check_fix(args, families, problems)}")
         return 1 if problems else 0
     _require_writable(parser, args.out)  # before minutes of compiling, not after
     _refuse_unusable_folders(args.out, variants_by_arch)

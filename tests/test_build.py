@@ -812,6 +812,35 @@ def test_failed_check_names_the_checked_cache_in_its_fix(tmp_path, monkeypatch, 
     assert f"run: python build_kernels.py --arch sm_90a --out {tmp_path}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("where, edit, fix", [
+    ("committed", lambda d: d["kernels"][0].update(sha256="0" * 64),
+     "run: python build_kernels.py --arch sm_90a --out {out} --only probe"),
+    ("fresh", lambda d: d.update(source_hash="f" * 64),
+     ("--only cannot mend a manifest's source stamp, toolchain or form; run: python build_kernels.py --arch sm_90a "
+      "--out {out}")),
+], ids=["an entry of the family checked", "the source stamp"])
+def test_failed_check_with_only_names_the_build_that_mends_it(tmp_path, monkeypatch, capsys, where, edit, fix):
+    """The fix a failed --check --only printed left --only out: run as said, it rebuilt every family, not the ones
+    checked. It now carries the check's --only (each once), but not where the problem is the manifest's source stamp
+    (or its toolchain, or the manifest itself): a build of some families keeps the stamp of the entries it keeps
+    (test_partial_build_keeps_the_manifest_order_and_the_source_stamp), and the check would fail again after it."""
+    import shutil
+
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    caches = {"committed": copy_probe_cache(tmp_path / "committed"), "fresh": copy_probe_cache(tmp_path / "fresh")}
+    edit_manifest(caches[where], "sm_90a", edit)
+    monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: {})
+    monkeypatch.setattr(build_kernels, "write_cache",  # the fresh build: the crafted copy, no CuTe DSL compile
+                        lambda out, *args, **kwargs: shutil.copytree(caches["fresh"], out, dirs_exist_ok=True))
+    out = caches["committed"]
+    assert build_kernels.main(["--check", "--only", "probe", "--only", "probe", "--arch", "sm_90a", "--out",
+                               str(out)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == f"check failed: 1 difference(s); {fix.format(out=out)}"
+
+
 # --- sixty-fourth session review (review-64a): mutation audit of the build side ---------------------------------------
 
 def test_the_source_hash_covers_file_names_and_the_contract(tmp_path, monkeypatch):
