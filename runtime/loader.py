@@ -736,7 +736,7 @@ class _KernelLoader:
         tick("cuKernelGetFunction")
         # The driver's offsets and sizes of the manifest's parameters; the count (a kernel with parameters the
         # manifest lacks must not pass) and the block shape came from the kernel's ELF attribute list before the
-        # load (read_checked_cubin's check_elf_attributes, in its "cubin_elf" phase).
+        # load (read_checked_cubin's _check_attributes, in its "cubin_elf" phase).
         check_param_layout(entry, _driver_param_layout(drv, function, len(entry.params)), path, manifest.arch,
                            "cuFuncGetParamInfo", manifest.root)
         tick("cuFuncGetParamInfo")
