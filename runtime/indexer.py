@@ -713,13 +713,15 @@ def decode_rows(
     if metadata is not None and metadata.num_prefills == 0:
         _check_num_tokens(metadata)
     has_rows = metadata is not None and metadata.num_prefills == 0 and metadata.num_tokens > 0
-    if has_rows:  # every argument is here: what the finish would refuse is refused before the plan resets
-        _check_row_gather(all_gather)
-        _check_query(q, weights, metadata.num_tokens, state)
-        _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
-        # Its checks of q, weights and the metadata just now leave the scorer its own limits to check.
-        _check_scoring(state, metadata, q, weights)
+    # The state's device current for the checks too, as plan_decode_rows and finish_decode_rows make it before
+    # theirs: DeepGemmScorer's check_inputs refuses a q off the current device (where its kernels launch).
     with _on_device(state.topk_indices.device):
+        if has_rows:  # every argument is here: what the finish would refuse is refused before the plan resets
+            _check_row_gather(all_gather)
+            _check_query(q, weights, metadata.num_tokens, state)
+            _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
+            # Its checks of q, weights and the metadata just now leave the scorer its own limits to check.
+            _check_scoring(state, metadata, q, weights)
         # A plan is made only for a step with rows, whose arguments were all checked above.
         plan = _plan(state, metadata, tp, _padded_tokens(state, metadata, q), by_decode_rows=has_rows)
         return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=has_rows)

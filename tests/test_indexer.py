@@ -7,6 +7,7 @@ that ranks scoring only their slices gather the same buffers as a replicated run
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -210,6 +211,46 @@ def test_plan_and_finish_run_on_the_state_device(monkeypatch):
     plan = plan_decode_rows(state, step.metadata, SingleRank())
     finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
     assert entered == [state.topk_indices.device] * 2
+    assert torch.equal(state.topk_indices[:20], _expected(step))
+
+
+class _CurrentDeviceScorer(TorchScorer):
+    """The torch scorer behind DeepGemmScorer's check that q is on the current device (its kernels launch there):
+    ``current`` is the device the step made current (None: the process's own, not the state's)."""
+
+    def __init__(self):
+        self.current = None
+
+    def check_inputs(self, q, *args, **kwargs):
+        if self.current != q.device:
+            raise ValueError(f"q: on {q.device}, but {self.current} is current")
+        super().check_inputs(q, *args, **kwargs)
+
+
+def test_decode_rows_checks_the_scoring_inputs_with_the_state_device_current(monkeypatch):
+    """A state on another GPU than the current one (cuda:1 while cuda:0 is current): plan_decode_rows and
+    finish_decode_rows make its device current before they check anything, decode_rows only after it had the scorer
+    check the step, so DeepGemmScorer refused (q off the current device) the very step that plan + finish took."""
+    from runtime import indexer
+
+    scorer = _CurrentDeviceScorer()
+
+    @contextlib.contextmanager
+    def making_current(device):
+        was, scorer.current = scorer.current, device
+        try:
+            yield
+        finally:
+            scorer.current = was
+
+    monkeypatch.setattr(indexer, "_on_device", making_current)
+    step = make_step(20, k=16, max_rows=24)
+    planned = make_state(step, scorer=scorer)
+    finish_decode_rows(planned, step.q, step.weights, plan_decode_rows(planned, step.metadata, SingleRank()),
+                       SingleRank())
+    state = make_state(step, scorer=scorer)
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    assert torch.equal(state.topk_indices, planned.topk_indices)
     assert torch.equal(state.topk_indices[:20], _expected(step))
 
 
