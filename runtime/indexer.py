@@ -997,6 +997,7 @@ def _check_int32_rows(name: str, t: torch.Tensor) -> None:
     require_element_aligned(name, t)  # decode_topk's out: written by 4-byte stores
 
 
+@_on_state_device  # the scorer's schedule, rebuilt to compare, is built on the current device (DeepGemmScorer's)
 def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) -> None:
     """Check the step's metadata, its device values included, against ``DecodeMetadata``'s contract: every
     row ``r < num_tokens`` has ``0 <= seq_lens[r] <= state.max_model_len``, and the block-table ids of its
@@ -1005,7 +1006,6 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
     serving step does not call it, and a CUDA graph capture cannot; a test or an eager debugging run does, or
     sets ``SPARSE_DECODE_AOT_CHECK_METADATA`` for ``plan_decode_rows`` and ``finish_decode_rows`` to. A
     ``metadata.schedule`` must equal the scorer's schedule of ``seq_lens``' values (rebuilt here to compare)."""
-    _check_state(state)
     if not isinstance(metadata, DecodeMetadata):  # None included: there is no stock path to run here
         raise TypeError(f"metadata: expected a runtime.indexer.DecodeMetadata, got {type(metadata).__name__}; pass "
                         f"the step's metadata")

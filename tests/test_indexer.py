@@ -215,16 +215,32 @@ def test_plan_and_finish_run_on_the_state_device(monkeypatch):
 
 
 class _CurrentDeviceScorer(TorchScorer):
-    """The torch scorer behind DeepGemmScorer's check that q is on the current device (its kernels launch there):
-    ``current`` is the device the step made current (None: the process's own, not the state's)."""
+    """The torch scorer behind DeepGemmScorer's checks that q and seq_lens are on the current device (its kernels
+    launch there), with a schedule of seq_lens' values: ``current`` is the device that ``making_current`` (the
+    indexer's _on_device, patched) made current; None is the process's own, not the state's."""
 
     def __init__(self):
         self.current = None
 
+    def _require_current(self, name, t):
+        if self.current != t.device:
+            raise ValueError(f"{name}: on {t.device}, but {self.current} is current")
+
     def check_inputs(self, q, *args, **kwargs):
-        if self.current != q.device:
-            raise ValueError(f"q: on {q.device}, but {self.current} is current")
+        self._require_current("q", q)
         super().check_inputs(q, *args, **kwargs)
+
+    def schedule(self, seq_lens):
+        self._require_current("seq_lens", seq_lens)
+        return seq_lens.clone()
+
+    @contextlib.contextmanager
+    def making_current(self, device):
+        was, self.current = self.current, device
+        try:
+            yield
+        finally:
+            self.current = was
 
 
 def test_decode_rows_checks_the_scoring_inputs_with_the_state_device_current(monkeypatch):
@@ -234,16 +250,7 @@ def test_decode_rows_checks_the_scoring_inputs_with_the_state_device_current(mon
     from runtime import indexer
 
     scorer = _CurrentDeviceScorer()
-
-    @contextlib.contextmanager
-    def making_current(device):
-        was, scorer.current = scorer.current, device
-        try:
-            yield
-        finally:
-            scorer.current = was
-
-    monkeypatch.setattr(indexer, "_on_device", making_current)
+    monkeypatch.setattr(indexer, "_on_device", scorer.making_current)
     step = make_step(20, k=16, max_rows=24)
     planned = make_state(step, scorer=scorer)
     finish_decode_rows(planned, step.q, step.weights, plan_decode_rows(planned, step.metadata, SingleRank()),
@@ -1113,6 +1120,26 @@ def test_metadata_value_check_catches_each_bad_value():
         bad[2, 2] = value
         with pytest.raises(ValueError, match=f"metadata.block_table: row 2 reads page 2 as id {value}, outside"):
             check_decode_metadata_values(state, DecodeMetadata(lens, bad, 4, 4, 256))
+
+
+def test_metadata_value_check_rebuilds_the_schedule_with_the_state_device_current(monkeypatch):
+    """check_decode_metadata_values rebuilds the scorer's schedule to compare with metadata.schedule; it did so with
+    the process's current device, not the state's, so for a state on cuda:1 while cuda:0 was current
+    DeepGemmScorer.schedule refused seq_lens (off the current device) where the metadata was right. It makes the
+    state's device current, as the plan that runs it under SPARSE_DECODE_AOT_CHECK_METADATA does."""
+    from runtime import indexer
+    from runtime.indexer import check_decode_metadata_values
+
+    scorer = _CurrentDeviceScorer()
+    monkeypatch.setattr(indexer, "_on_device", scorer.making_current)
+    step = make_step(6, heads=8, head_dim=32, max_model_len=256, k=8)
+    state = make_state(step, scorer=scorer)
+    with scorer.making_current(state.topk_indices.device):
+        md = _with_schedule(step.metadata, scorer.schedule(step.metadata.seq_lens))
+    check_decode_metadata_values(state, md)
+    monkeypatch.setattr(indexer, "CHECK_METADATA_VALUES", True)
+    finish_decode_rows(state, step.q, step.weights, plan_decode_rows(state, md, SingleRank()), SingleRank())
+    assert torch.equal(state.topk_indices[:6], _expected(step))
 
 
 def test_metadata_value_check_runs_in_the_plan_when_asked(monkeypatch):
