@@ -36,7 +36,7 @@ def queue_behind_spin() -> None:
 
 def run_probe(cache, seed: int = 7) -> dict:
     """Launch every probe variant twice back to back on one zeroed buffer, PROBE_PAIRS times, and compare with the
-    expected words.
+    expected words; on the cache's device (``cache.device``), whichever device is current.
 
     The second launch may start beside the first (which releases its dependents at once, programmatic dependent
     launch) and adds to the words the first writes late: where the two overlap, it sees them only because its
@@ -46,22 +46,26 @@ def run_probe(cache, seed: int = 7) -> dict:
     import torch
 
     results = {}
-    for name in cache.names("probe"):
-        kernel = cache.kernel(name)
-        cluster = kernel.entry.cluster[0]
-        n = cluster * CLUSTERS_PER_LAUNCH
-        problem = None
-        for pair in range(PROBE_PAIRS):
-            s = seed + 2 * pair
-            out = torch.zeros((n,), dtype=torch.int32, device="cuda")
-            queue_behind_spin()
-            kernel.launch(n, out.data_ptr(), s)
-            kernel.launch(n, out.data_ptr(), s + 1)
-            torch.cuda.synchronize()
-            problem = _pair_problem(out.tolist(), cluster, s)
-            if problem is not None:
-                break
-        results[name] = problem
+    # The cache's device current throughout: its kernels launch on the current device's stream and refuse another
+    # (a cache of runtime.load(device=i) while another GPU is current), and the buffer, the spin and the
+    # synchronize below are the current device's.
+    with torch.cuda.device(cache.device):
+        for name in cache.names("probe"):
+            kernel = cache.kernel(name)
+            cluster = kernel.entry.cluster[0]
+            n = cluster * CLUSTERS_PER_LAUNCH
+            problem = None
+            for pair in range(PROBE_PAIRS):
+                s = seed + 2 * pair
+                out = torch.zeros((n,), dtype=torch.int32, device="cuda")
+                queue_behind_spin()
+                kernel.launch(n, out.data_ptr(), s)
+                kernel.launch(n, out.data_ptr(), s + 1)
+                torch.cuda.synchronize()
+                problem = _pair_problem(out.tolist(), cluster, s)
+                if problem is not None:
+                    break
+            results[name] = problem
     return results
 
 

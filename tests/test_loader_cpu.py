@@ -1363,12 +1363,14 @@ class _ProbeKernel:
     """A probe kernel run on the CPU over a tensor's words; ``ordered=False``: the second launch of a pair read out
     before the first's writes (what a PDL ordering fault leaves)."""
 
-    def __init__(self, cluster, buffers, ordered=True):
+    def __init__(self, cluster, buffers, ordered=True, current=lambda: None):
         self.entry = types.SimpleNamespace(cluster=(cluster, 1, 1))
         self.buffers, self.ordered, self.launches = buffers, ordered, []
+        self.current, self.launched_on = current, []
 
     def launch(self, grid, pointer, seed):
         self.launches.append((grid, seed))
+        self.launched_on.append(self.current())  # the device current at the launch (its stream's)
         out = next(b for b in self.buffers if b.data_ptr() == pointer)
         first_of_pair = len(self.launches) % 2 == 1
         previous = out.tolist() if self.ordered or first_of_pair else [0] * grid
@@ -1377,25 +1379,44 @@ class _ProbeKernel:
 
 @pytest.fixture
 def cpu_probe(monkeypatch):
-    """run_probe on the CPU: its buffers are CPU tensors (recorded), the GPU spin and synchronize are recorded."""
+    """run_probe on the CPU: its buffers are CPU tensors (recorded), the GPU spin and synchronize are recorded, each
+    with the CUDA device it used (torch.cuda.device stood in; cuda:0 current); ``device``: the cache's."""
     import runtime.probe
 
     buffers, events = [], []
+    current = {"index": 0}
     real_zeros = torch.zeros
 
+    @contextlib.contextmanager
+    def switch(d):
+        before, current["index"] = current["index"], d.index if isinstance(d, torch.device) else d
+        try:
+            yield
+        finally:
+            current["index"] = before
+
     def zeros(*args, device=None, **kwargs):
+        index = torch.device(device).index
+        events.append(("zeros", current["index"] if index is None else index))  # "cuda": the current device
         buffers.append(real_zeros(*args, **kwargs))
         return buffers[-1]
 
     monkeypatch.setattr(torch, "zeros", zeros)
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: events.append(("spin", cycles)), raising=False)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append(("sync",)))
+    monkeypatch.setattr(torch.cuda, "device", switch)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: events.append(("spin", cycles, current["index"])),
+                        raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(
+        ("sync", current["index"] if device is None else torch.device("cuda", device).index)))
 
-    def run(ordered_by_name):
-        kernels = {name: _ProbeKernel(int(name.removeprefix("probe_cluster")), buffers, ordered)
+    def run(ordered_by_name, device=0):
+        kernels = {name: _ProbeKernel(int(name.removeprefix("probe_cluster")), buffers, ordered,
+                                      lambda: current["index"])
                    for name, ordered in ordered_by_name.items()}
-        cache = types.SimpleNamespace(names=lambda family=None: list(kernels), kernel=kernels.__getitem__)
-        return runtime.probe.run_probe(cache), kernels, events
+        cache = types.SimpleNamespace(names=lambda family=None: list(kernels), kernel=kernels.__getitem__,
+                                      device=device)
+        results = runtime.probe.run_probe(cache)
+        assert current["index"] == 0, "the process's current device is left as it was"
+        return results, kernels, events
 
     return run
 
@@ -1408,7 +1429,17 @@ def test_run_probe_launches_each_pair_after_a_spin_and_passes_the_right_words(cp
     results, kernels, events = cpu_probe({"probe_cluster2": True, "probe_cluster8": True})
     assert results == {"probe_cluster2": None, "probe_cluster8": None}
     assert kernels["probe_cluster8"].launches == [(8 * CLUSTERS_PER_LAUNCH, 7 + s) for s in range(2 * PROBE_PAIRS)]
-    assert events == [("spin", QUEUE_SPIN_CYCLES), ("sync",)] * (2 * PROBE_PAIRS)
+    assert events == [("zeros", 0), ("spin", QUEUE_SPIN_CYCLES, 0), ("sync", 0)] * (2 * PROBE_PAIRS)
+
+
+def test_run_probe_runs_on_the_caches_device(cpu_probe):
+    """A cache loaded for cuda:1 (runtime.load(device=1)) while cuda:0 is current: run_probe zeroed its buffer, spun
+    and synchronized on cuda:0 and launched there, which Kernel.launch refuses (a kernel belongs to the device it was
+    loaded for), so it could not probe that cache. Every step runs with the cache's device current."""
+    results, kernels, events = cpu_probe({"probe_cluster2": True}, device=1)
+    assert results == {"probe_cluster2": None}
+    assert kernels["probe_cluster2"].launched_on == [1] * len(kernels["probe_cluster2"].launches)
+    assert {event[-1] for event in events} == {1}, events
 
 
 def test_run_probe_names_the_ctas_a_second_launch_ran_ahead_of(cpu_probe):
