@@ -127,8 +127,7 @@ class IndexerState:
         if self.topk_backend not in ("auto", "torch"):
             raise ValueError(f"topk_backend: expected 'auto' or 'torch', got {self.topk_backend!r}")
         if self.scorer is None:
-            with _on_device(self.topk_indices.device):  # DeepGemmScorer reads the current device's SMs and arch
-                self.scorer = default_scorer(self.topk_indices.device)
+            self.scorer = default_scorer(self.topk_indices.device)  # built with that device current
         missing = [m for m in ("schedule", "check_inputs", "logits") if not callable(getattr(self.scorer, m, None))]
         if missing:
             raise TypeError(f"scorer: {type(self.scorer).__name__} lacks {', '.join(missing)}; implement "

@@ -345,10 +345,13 @@ def _check_current_device(name: str, t: torch.Tensor) -> None:
 
 
 def default_scorer(device: torch.device | str) -> Scorer:
-    """DeepGEMM where it can run on ``device``, else the torch scorer."""
+    """DeepGEMM where it can run on ``device`` (its scorer built with ``device`` current), else the torch scorer."""
     device = torch.device(device)
     if device.type == "cuda" and deepgemm_status(device)[0]:
-        return DeepGemmScorer()
+        # DeepGemmScorer() asks about the current device (its status, the arch whose head counts it checks): the
+        # device asked about here, not the one that happens to be current.
+        with torch.cuda.device(device):
+            return DeepGemmScorer()
     return TorchScorer()
 
 

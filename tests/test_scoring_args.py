@@ -55,6 +55,45 @@ def test_deepgemm_status_takes_sm90_and_sm100_only(major, ok, monkeypatch):
     assert got == ((True, "ok") if ok else (False, refused))
 
 
+@pytest.mark.parametrize("current_major", [8, 10])
+def test_default_scorer_builds_deepgemms_scorer_for_the_device_it_was_asked_about(current_major, monkeypatch):
+    """default_scorer(device) asked deepgemm_status about ``device``, then built DeepGemmScorer() with whichever device
+    was current, and the scorer reads its arch there (and asks deepgemm_status of it again). With cuda:1 an sm_90 and
+    cuda:0 current: an sm_80 made default_scorer("cuda:1") raise "DeepGemmScorer: compute capability 8.x" instead of
+    returning a scorer; an sm_100 gave a scorer that checks sm_100's head counts for the sm_90. (Two GPUs stood in
+    for: torch.cuda.device switches the current one, the import is faked.)"""
+    import contextlib
+
+    import torch
+
+    current = {"index": 0}
+    majors = {0: current_major, 1: 9}
+
+    @contextlib.contextmanager
+    def switch(device):
+        before, current["index"] = current["index"], index_of(device)
+        try:
+            yield
+        finally:
+            current["index"] = before
+
+    def index_of(device):  # None, "cuda": the current device
+        if isinstance(device, int):
+            return device
+        index = None if device is None else torch.device(device).index
+        return current["index"] if index is None else index
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device", switch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (majors[index_of(device)], 0))
+    monkeypatch.setattr(scoring, "_import_deep_gemm", lambda: object())
+    scorer = scoring.default_scorer("cuda:1")
+    assert isinstance(scorer, scoring.DeepGemmScorer) and scorer.arch_major == 9
+    assert current["index"] == 0, "the current device is left as it was"
+    assert isinstance(scoring.default_scorer(torch.device("cuda", 0)),
+                      scoring.TorchScorer if current_major == 8 else scoring.DeepGemmScorer)
+
+
 def test_deepgemm_schedule_refuses_what_is_not_a_tensor():
     """schedule(None) raised AttributeError ('NoneType' has no dtype), naming nothing."""
     scorer = object.__new__(scoring.DeepGemmScorer)  # no DeepGEMM here: the check runs before any call into it
