@@ -680,10 +680,16 @@ def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:
                      f"write")
     lock = out / BUILD_LOCK
     try:
-        os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o666))
+        # Not through a symlink: FileLock opens the lock with O_NOFOLLOW, so a symlinked lock passed here and failed
+        # the build after its compiles (ELOOP, a traceback), and a load does too (it then reads unguarded).
+        os.close(os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666))
     except OSError as e:
-        parser.error(f"--out {out}: cannot open its build lock {lock} for writing ({e.strerror or e}); let this "
-                     f"account write it, or remove it (a load creates it again)")
+        if lock.is_symlink():
+            why, fix = f"a symlink to {os.readlink(lock)}, which no lock follows", "remove the link"
+        else:
+            why, fix = e.strerror or e, "let this account write it, or remove it"
+        parser.error(f"--out {out}: cannot open its build lock {lock} for writing ({why}); {fix} (a load creates it "
+                     f"again)")
 
 
 if __name__ == "__main__":

@@ -1406,3 +1406,29 @@ def test_a_build_lock_it_can_only_read_is_refused_before_compiling(tmp_path, mon
     with pytest.raises(SystemExit) as stop:
         build_kernels.main(["--only", "probe", "--out", str(tmp_path)])
     assert stop.value.code == 2 and asked == []
+
+
+@pytest.mark.parametrize("target", ["a file", "nothing"])
+def test_a_symlinked_build_lock_is_refused_before_compiling(tmp_path, monkeypatch, capsys, target):
+    """_require_writable opened the build lock through a symlink, which FileLock (O_NOFOLLOW) then refused after every
+    compile with a bare ELOOP traceback; a load opens it so too and reads unguarded. A link to nothing had its target
+    created outside the cache by the check. Now refused before compiling, naming the link and the fix."""
+    import os
+
+    import build_kernels
+
+    elsewhere = tmp_path / "elsewhere.lock"
+    if target == "a file":
+        elsewhere.write_text("")
+    out = tmp_path / "cache"
+    out.mkdir()
+    os.symlink(elsewhere, out / ".build.lock")
+    asked = []
+    _stop_at_compile(monkeypatch, asked)
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--only", "probe", "--out", str(out)])
+    assert stop.value.code == 2 and asked == []
+    err = capsys.readouterr().err
+    assert f"cannot open its build lock {out / '.build.lock'} for writing (a symlink to {elsewhere}" in err, err
+    assert "; remove the link (a load creates it again)" in err
+    assert elsewhere.exists() == (target == "a file")
