@@ -15,6 +15,7 @@ import functools
 import hashlib
 import importlib
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -242,8 +243,11 @@ def compile_all(variants_by_arch: dict, jobs: int):
         # Results as they finish, so that a failed compile stops the build at once; leaving the block terminates
         # the workers (a failure, Ctrl-C, or a SIGTERM to this process alone: an executor's pool compiled every
         # queued variant first, and a SIGTERM left its workers waiting forever).
+        before = set(multiprocessing.active_children())
         with _sigterm_as_exit(), get_context("spawn").Pool(min(jobs, len(tasks))) as pool:
-            for i, (name, arch, cubin, secs) in enumerate(pool.imap_unordered(_compile_task, tasks), 1):
+            workers = [p for p in multiprocessing.active_children() if p not in before]
+            results_of = _results_while_workers_live(pool.imap_unordered(_compile_task, tasks), workers)
+            for i, (name, arch, cubin, secs) in enumerate(results_of, 1):
                 results[(name, arch)] = cubin
                 print(f"[{i}/{len(tasks)}] {arch} {name}: {len(cubin)} bytes in {secs:.1f} s", flush=True)
         if len(results) != len(tasks):
@@ -255,6 +259,23 @@ def compile_all(variants_by_arch: dict, jobs: int):
             print(f"[{i}/{len(tasks)}] {arch} {name}: {len(cubin)} bytes in {secs:.1f} s", flush=True)
     print(f"compiled {len(tasks)} variant(s) in {time.perf_counter() - start:.1f} s", flush=True)
     return results
+
+
+def _results_while_workers_live(pending, workers: list):
+    """The pool's results as they come, and a SystemExit where one of its ``workers`` died: a Pool replaces a worker
+    that a signal ended (the OOM killer, a crash in the compiler) and loses its task, so the build waited for that
+    result forever (a SIGTERM did not end it either)."""
+    while True:
+        try:
+            yield pending.next(timeout=1.0)
+        except StopIteration:
+            return
+        except multiprocessing.TimeoutError:  # no result this second
+            dead = [p for p in workers if p.exitcode is not None]
+            if dead:
+                raise SystemExit(f"a compile worker (pid {dead[0].pid}) died with exit code {dead[0].exitcode} "
+                                 f"(a negative code: killed by that signal, the OOM killer's is -9), and its variant "
+                                 f"with it; build again, with fewer --jobs where memory ran out") from None
 
 
 def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, sources: str | None = None) -> None:

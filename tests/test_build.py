@@ -763,6 +763,33 @@ def test_a_failed_compile_ends_a_parallel_build_at_once():
     assert took < 45, f"{took:.0f} s: the build went on compiling (every variant takes over a minute on two workers)"
 
 
+def test_a_compile_worker_that_dies_stops_a_parallel_build(tmp_path):
+    """A worker killed mid-compile (the OOM killer, a crash in the compiler) was replaced by the Pool, which lost its
+    task: the build waited for that result forever, and a SIGTERM did not end it. The death now stops the build."""
+    import os
+
+    (tmp_path / "dying_worker.py").write_text(
+        "import os, signal, time\n"
+        "def compile_task(task):\n"
+        "    if task[1] == 'probe_cluster2':\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    time.sleep(0.5)\n"
+        "    return task[1], task[2], b'cubin', 0.5\n")
+    code = ("import build_kernels, dying_worker\n"
+            "from runtime.contract import all_variants\n"
+            "build_kernels._compile_task = dying_worker.compile_task  # what the spawned workers run, by name\n"
+            "build_kernels.compile_all({'sm_90a': all_variants('sm_90a', ('probe',))}, 2)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the build waited forever for the variant of a worker that died")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "a compile worker (pid " in proc.stderr and "died with exit code -9" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_arch_given_twice_builds_both(tmp_path, monkeypatch):
     """--arch sm_90a --arch sm_100a kept the last one only: sm_90a dropped without a word (and a --check of it passed
     without looking)."""
@@ -1015,7 +1042,8 @@ def test_a_parallel_compile_that_returns_too_few_results_stops_the_build(monkeyp
 
         def imap_unordered(self, fn, tasks):
             _family, name, arch = tasks[0]
-            yield name, arch, b"cubin", 0.0
+            results = iter([(name, arch, b"cubin", 0.0)])
+            return types.SimpleNamespace(next=lambda timeout=None: next(results))  # as a Pool's IMapIterator
 
     monkeypatch.setattr(build_kernels, "get_context", lambda method: types.SimpleNamespace(Pool=FewerResults))
     monkeypatch.setattr(build_kernels, "_sigterm_as_exit", contextlib.nullcontext)
