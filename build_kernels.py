@@ -563,6 +563,15 @@ def _runtime_refusal(committed: Path, arch: str) -> str | None:
     return None
 
 
+def _folder(text: str) -> Path:
+    """A folder option's path; an empty one is refused: Path("") is the current directory, so ``--out "$UNSET"``
+    would build into (and clean) whatever folder the command ran in."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no folder (it would be the current directory); name "
+                                         "the folder, '.' for the current one")
+    return Path(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # The build options default to None so that --warm-deepgemm can tell which were given (it takes none).
@@ -570,7 +579,7 @@ def main(argv=None) -> int:
                         help=f"archs to build (repeatable; default: {' '.join(ARCHS)})")
     parser.add_argument("--only", action="append", choices=FAMILIES, help="build only this family (repeatable)")
     parser.add_argument("--jobs", type=int, help="parallel compile processes (default 1)")
-    parser.add_argument("--out", type=Path, help="cache root (holds cubins/ and manifests/; default: this checkout)")
+    parser.add_argument("--out", type=_folder, help="cache root (holds cubins/ and manifests/; default: this checkout)")
     parser.add_argument("--check", action="store_true",
                         help="rebuild into a temp dir and fail if anything differs from the cache at --out")
     parser.add_argument("--warm-deepgemm", action="store_true",
@@ -579,7 +588,7 @@ def main(argv=None) -> int:
     for option, (field_name, what) in _SERVING_SHAPE_OPTIONS.items():
         warm.add_argument(option, type=int, dest=field_name, metavar="N",
                           help=f"{what} (default {_serving_default(field_name)})")
-    warm.add_argument("--deepgemm-cache-dir", type=Path, metavar="DIR",
+    warm.add_argument("--deepgemm-cache-dir", type=_folder, metavar="DIR",
                       help="DeepGEMM's JIT cache directory (DG_JIT_CACHE_DIR; default: DeepGEMM's own)")
     args = parser.parse_args(argv)
     build_options_given = [option for option, value in _build_options(args).items()

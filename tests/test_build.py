@@ -189,6 +189,10 @@ def test_partial_build_keeps_the_manifest_order_and_the_source_stamp(tmp_path):
 @pytest.mark.parametrize("args, match", [(["--jobs", "0"], "--jobs: 0 must be at least 1"),
                                          (["--out", "FILE"], "a file, not a directory; name the cache root's"),
                                          (["--out", "FILE/sub"], "not a writable directory (Not a directory); name a"),
+                                         # Path("") is the current directory: --out "$UNSET" built there
+                                         (["--out", ""], "--out: an empty path names no folder"),
+                                         (["--warm-deepgemm", "--deepgemm-cache-dir", ""],
+                                          "--deepgemm-cache-dir: an empty path names no folder"),
                                          (["--max-rows", "64"], "--deepgemm-cache-dir go with --warm-deepgemm"),
                                          (["--warm-deepgemm", "--index-heads", "0"], "--index-heads: 0 must be"),
                                          (["--warm-deepgemm", "--jobs", "2", "--check"],
