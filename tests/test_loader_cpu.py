@@ -281,12 +281,8 @@ def _probe_on_device_0(cache):
     return kernel, _recording_launches(kernel)
 
 
-@contextlib.contextmanager
-def _switching_device(monkeypatch, current: int):
-    """torch's current device starts at ``current``; torch.cuda.device(d) makes d current inside the block.
-    Each device's current stream handle is 1000 + its index."""
-    state = {"index": current}
-
+def _device_stand_in(state: dict):
+    """A stand-in for torch.cuda.device: ``state["index"]`` is the current device, d inside the block."""
     @contextlib.contextmanager
     def device(d):
         before, state["index"] = state["index"], d.index if isinstance(d, torch.device) else d
@@ -295,9 +291,17 @@ def _switching_device(monkeypatch, current: int):
         finally:
             state["index"] = before
 
+    return device
+
+
+@contextlib.contextmanager
+def _switching_device(monkeypatch, current: int):
+    """torch's current device starts at ``current``; torch.cuda.device(d) makes d current inside the block.
+    Each device's current stream handle is 1000 + its index."""
+    state = {"index": current}
     monkeypatch.setattr(loader, "_current_device", lambda: state["index"])
     monkeypatch.setattr(loader, "_raw_stream_of", lambda index: 1000 + index)
-    monkeypatch.setattr(loader.torch.cuda, "device", device)
+    monkeypatch.setattr(loader.torch.cuda, "device", _device_stand_in(state))
     yield state
 
 
@@ -1386,15 +1390,6 @@ def cpu_probe(monkeypatch):
     buffers, events = [], []
     current = {"index": 0}
     real_zeros = torch.zeros
-
-    @contextlib.contextmanager
-    def switch(d):
-        before, current["index"] = current["index"], d.index if isinstance(d, torch.device) else d
-        try:
-            yield
-        finally:
-            current["index"] = before
-
     def zeros(*args, device=None, **kwargs):
         index = torch.device(device).index
         events.append(("zeros", current["index"] if index is None else index))  # "cuda": the current device
@@ -1402,7 +1397,7 @@ def cpu_probe(monkeypatch):
         return buffers[-1]
 
     monkeypatch.setattr(torch, "zeros", zeros)
-    monkeypatch.setattr(torch.cuda, "device", switch)
+    monkeypatch.setattr(torch.cuda, "device", _device_stand_in(current))
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: events.append(("spin", cycles, current["index"])),
                         raising=False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(
