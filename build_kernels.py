@@ -332,16 +332,19 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
 
 
 def _unnamed_files(root: Path, arch: str, manifest: dict) -> list:
-    """What ``root/cubins/<arch>/`` holds that no entry of ``manifest`` names: the cubin of a variant the sources
-    no longer define, or a killed build's staged copy. No load reads them, but a plain install would ship them, and
-    a cache that holds more than its manifest says cannot be told from one that lost a manifest entry."""
+    """What ``root/cubins/<arch>/`` holds that no entry of ``manifest`` names (the cubin of a variant the sources
+    no longer define, or a killed build's staged copy), and a killed build's staged copies of the arch's manifest
+    (``manifests/.<arch>.json.*``, _staged_copy's names). No load reads them, but a plain install would ship them,
+    and a cache that holds more than its manifest says cannot be told from one that lost a manifest entry."""
+    staged_manifests = sorted(manifest_path(root, arch).parent.glob(f".{manifest_path(root, arch).name}.*"))
     folder = root / "cubins" / arch
     if not folder.is_dir():
-        return []
+        return staged_manifests
     # Compared as normalised paths: the runtime reads "cubins/sm_90a/./x.cubin" as "cubins/sm_90a/x.cubin".
     named = {os.path.normpath(e["cubin"]) for e in manifest.get("kernels", [])
              if isinstance(e, dict) and isinstance(e.get("cubin"), str)}
-    return sorted(p for p in folder.iterdir() if os.path.normpath(f"cubins/{arch}/{p.name}") not in named)
+    return sorted(p for p in folder.iterdir() if os.path.normpath(f"cubins/{arch}/{p.name}") not in named) + \
+        staged_manifests
 
 
 def _remove_unnamed_files(out: Path, arch: str, manifest: dict) -> None:

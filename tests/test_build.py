@@ -352,11 +352,13 @@ def test_check_names_files_no_manifest_entry_names(tmp_path):
     folder = committed / "cubins" / "sm_90a"
     (folder / "probe_gone.cubin").write_bytes(b"\x7fELF")
     (folder / ".probe_cluster2.cubin.k1ll3d").write_bytes(b"")
+    (committed / "manifests" / ".sm_100a.json.k1ll3d").write_bytes(b"{")  # a killed build's staged manifest
     problems = build_kernels.check_against(committed, fresh, ["sm_90a", "sm_100a"], ("probe",))
     why = ("in the committed cache, named by no manifest entry (a variant the sources no longer define, or a "
            "killed build's temporary file)")
     assert problems == [f"sm_90a cubins/sm_90a/.probe_cluster2.cubin.k1ll3d: {why}",
-                        f"sm_90a cubins/sm_90a/probe_gone.cubin: {why}"], problems
+                        f"sm_90a cubins/sm_90a/probe_gone.cubin: {why}",
+                        f"sm_100a manifests/.sm_100a.json.k1ll3d: {why}"], problems
 
 
 def test_a_build_leaves_only_the_cubins_its_manifest_names(tmp_path, monkeypatch, capsys):
@@ -375,11 +377,17 @@ def test_a_build_leaves_only_the_cubins_its_manifest_names(tmp_path, monkeypatch
     (folder / "probe_gone.cubin").write_bytes(b"\x7fELF")
     (folder / ".probe_cluster2.cubin.k1ll3d").write_bytes(b"")
     (folder / "notes").mkdir()
+    staged_manifest = cache / "manifests" / ".sm_90a.json.k1ll3d"  # a killed build's, staged beside the manifest
+    staged_manifest.write_bytes(b"{")
+    other_staged_manifest = cache / "manifests" / ".sm_100a.json.k1ll3d"  # of an arch not built: left to its build
+    other_staged_manifest.write_bytes(b"{")
     build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
     assert sorted(p.name for p in folder.iterdir()) == sorted([f"{v.name}.cubin" for v in variants] + ["notes"])
+    assert not staged_manifest.exists() and other_staged_manifest.exists()
     assert sorted(p.name for p in (cache / "cubins" / "sm_100a").iterdir()) == other_arch  # not built: untouched
     out, err = capsys.readouterr()
     assert f"removed {folder / 'probe_gone.cubin'}" in out and f"removed {folder / '.probe_cluster2.cubin.k1ll3d'}" in out
+    assert f"removed {staged_manifest}" in out
     assert f"warning: left {folder / 'notes'}" in err
     check_cache(cache, "sm_90a")
 
