@@ -42,6 +42,7 @@ from runtime.errors import CacheError, rebuild  # noqa: E402
 from runtime.manifest import (  # noqa: E402
     ALLOW_MEASUREMENT_BUILD_ENV,
     BUILD_LOCK,
+    build_settled,
     check_against_contract,
     check_cache,
     manifest_path,
@@ -469,6 +470,13 @@ class WholeCacheProblem(str):
 def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
     """Differences between the committed cache and a fresh build: one line per variant (a WholeCacheProblem where
     only a build of every family mends it)."""
+    # Under the committed cache's build lock, shared, as a load reads it: a build of that cache writing between its
+    # cubins and its manifest made the check report its new cubins as not matching the old manifest.
+    with build_settled(committed):
+        return _check_against(committed, fresh, archs, families)
+
+
+def _check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
     problems = []
     for arch in archs:
         try:

@@ -1472,3 +1472,40 @@ def test_a_symlinked_build_lock_is_refused_before_compiling(tmp_path, monkeypatc
     assert f"cannot open its build lock {out / '.build.lock'} for writing (a symlink to {elsewhere}" in err, err
     assert "; remove the link (a load creates it again)" in err
     assert elsewhere.exists() == (target == "a file")
+
+
+def test_check_waits_for_a_build_writing_the_committed_cache(tmp_path, monkeypatch):
+    """--check read the committed manifest and cubins without the build lock: a build of that cache between its
+    cubins and its manifest made it report the new cubins as not matching the old manifest, as a load would."""
+    import shutil
+    import threading
+
+    from crafted_cache import copy_probe_cache
+    from filelock import FileLock
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    variants = all_variants("sm_90a", ("probe",))
+    cubins = {(v.name, "sm_90a"): (fresh / "cubins" / "sm_90a" / f"{v.name}.cubin").read_bytes() + b"\0" * 16
+              for v in variants}
+    build_kernels.write_cache(fresh, {"sm_90a": variants}, cubins, ("probe",))  # what the build writes
+    halfway, done = threading.Event(), threading.Event()
+
+    def build_of_the_committed_cache():
+        with FileLock(str(committed / ".build.lock")):
+            shutil.copytree(fresh / "cubins", committed / "cubins", dirs_exist_ok=True)
+            halfway.set()
+            time.sleep(0.5)
+            shutil.copy(manifest_path(fresh, "sm_90a"), manifest_path(committed, "sm_90a"))
+        done.set()
+
+    builder = threading.Thread(target=build_of_the_committed_cache)
+    builder.start()
+    assert halfway.wait(10)
+    try:
+        problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+        assert done.is_set() and problems == [], problems
+    finally:
+        builder.join()
