@@ -25,7 +25,12 @@ import time
 from multiprocessing import get_context
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, SoftFileLock
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux: FileLock's own lock
+    fcntl = None
 
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
@@ -299,7 +304,7 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
     # earlier variants' new cubins under the old manifest, whose sha256s every load then refused.
     entries_by_arch = {arch: [manifest_entry(v, arch, cubins[(v.name, arch)]) for v in variants]
                        for arch, variants in variants_by_arch.items()}
-    with FileLock(str(out / BUILD_LOCK)):
+    with _build_lock(out):
         # A partial build (--only) keeps the other families' entries from the manifests it replaces: read (and
         # refused where unreadable) before any file is written.
         previous_by_arch = {arch: _previous_manifest(manifest_path(out, arch), needed=not whole)
@@ -330,6 +335,28 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
                               last=(manifest_path(out, arch), text.encode()))
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
             _remove_unnamed_files(out, arch, manifest)
+
+
+def _build_lock(out: Path):
+    """The build's exclusive lock on ``out``: FileLock on BUILD_LOCK, whose flock a load shares (build_settled).
+
+    Where this filesystem has no flock (ENOSYS, ENOLCK: a Lustre mount without it, say), loads read unguarded and
+    the builds exclude each other with a marker file of its own name. FileLock's own fallback (filelock 4) makes
+    BUILD_LOCK itself the marker, and took the empty one that every load and _require_writable create for the
+    marker of an owner it cannot probe: the build waited forever after its compiles."""
+    lock = str(out / BUILD_LOCK)
+    if fcntl is None:
+        return FileLock(lock)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close
+    except BlockingIOError:  # another build holds it: flock works
+        pass
+    except OSError:  # no flock on this filesystem, as build_settled takes it
+        return SoftFileLock(lock + ".soft")
+    finally:
+        os.close(fd)
+    return FileLock(lock)
 
 
 def _unnamed_files(root: Path, arch: str, manifest: dict) -> list:

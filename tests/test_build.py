@@ -1509,3 +1509,39 @@ def test_check_waits_for_a_build_writing_the_committed_cache(tmp_path, monkeypat
         assert done.is_set() and problems == [], problems
     finally:
         builder.join()
+
+
+def test_a_build_on_a_filesystem_without_flock_does_not_wait_for_the_loads_lock_file(tmp_path, monkeypatch):
+    """Without flock (ENOSYS: a Lustre mount without it, say) filelock falls back to a marker file at the lock's
+    own path, and took the empty .build.lock that every load (and _require_writable) creates for a marker of an
+    owner it cannot probe: the build waited forever after its compiles."""
+    import errno
+    import fcntl
+    import threading
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+    from runtime.manifest import build_settled
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    with build_settled(cache):  # a load: it creates the lock file, and reads unguarded
+        pass
+    assert (cache / ".build.lock").exists()
+    variants = all_variants("sm_90a", ("probe",))
+    cubins = {(v.name, "sm_90a"): (cache / "cubins" / "sm_90a" / f"{v.name}.cubin").read_bytes() + b"\0" * 16
+              for v in variants}
+    builder = threading.Thread(target=build_kernels.write_cache, args=(cache, {"sm_90a": variants}, cubins,
+                                                                       ("probe",)), daemon=True)
+    builder.start()
+    builder.join(10)
+    assert not builder.is_alive(), "the build waits for a lock no one holds"
+    check_cache(cache, "sm_90a")
+    assert {v.name: (cache / "cubins" / "sm_90a" / f"{v.name}.cubin").read_bytes() for v in variants} == \
+        {v.name: cubins[(v.name, "sm_90a")] for v in variants}
+    assert not (cache / ".build.lock.soft").exists()  # the marker goes with the build
