@@ -329,6 +329,15 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
         # Traced by torch.compile: one opaque node (_decode_topk_op), which runs this function on real tensors.
         require_flag("block_mode", block_mode)
         require_flag("pdl", pdl)
+        if isinstance(out, torch.Tensor) and out._base is not None:
+            # out a view (a slice of a wider buffer): this torch's inductor, with dynamic shapes, hands the op a view
+            # of the base at storage offset 0 where the slice's offset is symbolic (out = buf[1:-1, 3:515] wrote
+            # buf's first rows: pytorch/pytorch#198068, aten.sym_storage_offset lowered to 0). The op writes a fresh
+            # tensor and a plain copy_, which the compilers place right, fills the view (rows * k words more).
+            written = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+            _decode_topk_op(logits, row_ends, written, block_mode, pdl)
+            out.copy_(written)
+            return
         _decode_topk_op(logits, row_ends, out, block_mode, pdl)
         return
     rows, width, k = _check_args(logits, row_ends, out, block_mode)

@@ -196,3 +196,31 @@ def test_sparse_mla_out_over_q_is_refused_inside_torch_compile():
     with pytest.raises(Exception, match="views with different dtypes|out overlaps q's memory"):
         compiled(*args, out=out)
     assert not out.any(), "out untouched"
+
+
+@pytest.mark.parametrize("dynamic, compiler", MODES + [(True, "inductor")], ids=MODE_IDS + ["inductor-dynamic"])
+def test_decode_topk_writes_a_slice_of_a_wider_buffer_inside_torch_compile(dynamic, compiler):
+    # out = rows and columns sliced from a wider buffer (accepted eagerly: unit column stride, rows apart). Inductor
+    # with dynamic shapes handed the op that view at storage offset 0 (pytorch/pytorch#198068): the buffer's first
+    # rows were written, the slice's last row never.
+    k = 512
+
+    def step(logits, row_ends, buf):
+        out = buf[1:-1, 3:3 + k]
+        decode_topk(logits, row_ends, out)
+        return out.sum(1)
+
+    compiled, called = _compile(step, dynamic, compiler)
+    g = torch.Generator().manual_seed(11)
+    for rows, width in ((3, 5000), (2, 3000)):
+        logits = torch.randn(rows, width, generator=g)
+        row_ends = torch.tensor([width, 700, 9][:rows], dtype=torch.int32)
+        buf = torch.full((rows + 2, k + 10), -9, dtype=torch.int32)
+        got = compiled(logits, row_ends, buf)
+        want = decode_topk_reference(logits, row_ends, k)
+        assert torch.equal(torch.sort(buf[1:-1, 3:3 + k], 1).values, torch.sort(want, 1).values), "the slice written"
+        assert torch.equal(got, want.sum(1)), "the write seen after the op"
+        rest = buf.clone()
+        rest[1:-1, 3:3 + k] = -9
+        assert (rest == -9).all(), "nothing outside the slice written"
+    assert called and set(called) == {"sparse_decode_aot.decode_topk.default"}
