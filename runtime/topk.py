@@ -70,10 +70,21 @@ ROW_ALWAYS_MAX_WIDTH = {False: 8192, True: contract.ROW_MAX_WIDTH}  # by block_m
 FULL_SM_TWIN_MIN_COLUMNS = 8192
 
 
+def _require_tensors(logits, row_ends, out) -> None:
+    """A TypeError naming the first argument that is no tensor: _check_args' first checks, and all that a traced
+    call checks before its op (a traced call with out=None wrote nothing and raised nothing; logits as a list
+    failed inside the tracer)."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}; pass the scores as a 2-D "
+                        f"float32 or bfloat16 tensor")
+    for name, t in (("row_ends", row_ends), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; pass an int32 tensor")
+
+
 def _require_int32_tensor(name: str, t) -> torch.Size:
-    """``t``'s shape where it is a dense int32 tensor, else a TypeError naming ``name``."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; pass an int32 tensor")
+    """``t``'s shape where it is a dense int32 tensor (a tensor: _require_tensors), else a TypeError naming
+    ``name``."""
     require_dense(name, t)
     if t.dtype != torch.int32:
         fix = "allocate it with dtype=torch.int32" if name == "out" else f"pass {name}.int()"
@@ -84,9 +95,7 @@ def _require_int32_tensor(name: str, t) -> torch.Size:
 def _check_args(logits, row_ends, out, block_mode):
     """Every argument checked before anything is launched; returns (rows, width, k). Each property is read once:
     an eager call's checks are host time on every layer of a step."""
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}; pass the scores as a 2-D "
-                        f"float32 or bfloat16 tensor")
+    _require_tensors(logits, row_ends, out)
     require_dense("logits", logits)
     if logits.dtype not in _DTYPES:
         raise TypeError(f"logits must be float32 or bfloat16, got {logits.dtype}; pass logits.float()")
@@ -327,9 +336,10 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
     """
     if torch.compiler.is_compiling():
         # Traced by torch.compile: one opaque node (_decode_topk_op), which runs this function on real tensors.
+        _require_tensors(logits, row_ends, out)
         require_flag("block_mode", block_mode)
         require_flag("pdl", pdl)
-        if isinstance(out, torch.Tensor) and out._base is not None:
+        if out._base is not None:
             # out a view (a slice of a wider buffer): this torch's inductor, with dynamic shapes, hands the op a view
             # of the base at storage offset 0 where the slice's offset is symbolic (out = buf[1:-1, 3:515] wrote
             # buf's first rows: pytorch/pytorch#198068, aten.sym_storage_offset lowered to 0). The op writes a fresh

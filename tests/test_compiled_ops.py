@@ -106,6 +106,51 @@ def test_flags_and_scales_are_refused_while_tracing():
         _compile(lambda *a: sparse_mla_decode(*a, bmm1_scale=1e31, bmm2_scale=1.0), False)[0](*args)
 
 
+def _eager_refusal(fn, *args):
+    with pytest.raises((TypeError, ValueError)) as eager:
+        fn(*args)
+    return eager.type, str(eager.value)
+
+
+def _topk_args(**given):
+    args = {"logits": torch.randn(2, 64), "row_ends": torch.full((2,), 64, dtype=torch.int32),
+            "out": torch.empty(2, 512, dtype=torch.int32)}
+    return tuple({**args, **given}.values())
+
+
+def _mla_args(**given):
+    pool = torch.zeros(8, 512).to(FP8)
+    args = {"q": torch.zeros(1, 16, 512).to(FP8), "swa_kv": pool, "compressed_kv": pool,
+            "indices": torch.zeros(1, 128, dtype=torch.int32), "lens": torch.ones(1, dtype=torch.int32),
+            "sinks": None, "out": None}
+    return tuple({**args, **given}.values())
+
+
+def _mla(q, swa_kv, compressed_kv, indices, lens, sinks, out):
+    return sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, sinks=sinks, bmm1_scale=0.05, bmm2_scale=1.0,
+                             out=out)
+
+
+@pytest.mark.parametrize("op, args", [
+    # Traced, decode_topk with out=None wrote nothing and raised nothing; a list of logits failed in the tracer.
+    (decode_topk, _topk_args(out=None)),
+    (decode_topk, _topk_args(logits=[[1.0] * 64] * 2)),
+    (decode_topk, _topk_args(row_ends=[64, 64])),
+    # sparse_mla_decode allocated out from q's shape first: a 0-d q was an IndexError while tracing, a list the
+    # tracer's own error.
+    (_mla, _mla_args(q=torch.zeros((), dtype=FP8))),
+    (_mla, _mla_args(q=[[0.0] * 512] * 16)),
+], ids=["topk-out-None", "topk-logits-list", "topk-row_ends-list", "mla-q-0d", "mla-q-list"])
+def test_an_argument_that_is_no_tensor_is_refused_inside_torch_compile_as_eagerly(op, args):
+    """What the host checks refuse eagerly is refused alike in a compiled function: the same exception type and
+    message, not a tracer's error or (decode_topk with out=None) nothing at all."""
+    kind, message = _eager_refusal(op, *args)
+    torch._dynamo.reset()
+    with pytest.raises(kind) as compiled:
+        torch.compile(op, backend="aot_eager")(*args)
+    assert str(compiled.value) == message
+
+
 @pytest.mark.parametrize("flow", ("decode_rows", "plan_then_finish"))
 def test_indexer_steps_run_eagerly_inside_a_compiled_function(flow):
     step = make_step(8, heads=32, head_dim=64, k=16)
