@@ -60,34 +60,37 @@ def _copy_fix(name, fix):
             f"for the kernel before it, which would write a copy made each call), or pass pdl=False")
 
 
-def _require_tensor(name, t, dtype):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; pass a {dtype} tensor")
+# The refusals _check_tensor and _check_traced_args share, built only where they raise: the checks inline, since an
+# eager call's checks are host time (a call each per tensor cost ~0.45 us a call of sparse_mla_decode).
+def _not_a_tensor(name, t, dtype) -> TypeError:
+    return TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; pass a {dtype} tensor")
 
 
-def _require_ndim(name, shape, ndim):
-    if len(shape) != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(shape)}")
+def _wrong_ndim(name, shape, ndim) -> ValueError:
+    return ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(shape)}")
 
 
 def _check_traced_args(q, swa_kv, compressed_kv, indices, lens, sinks, out):
     """What a traced call checks of its tensors before its op, as _check_tensor does first: each is a tensor (a list
     failed inside the tracer), and q's dimensions where out is allocated from them (an IndexError while tracing).
     The rest the op's real call checks."""
-    for name, t, dtype in (("q", q, FP8), ("swa_kv", swa_kv, FP8), ("compressed_kv", compressed_kv, FP8),
-                           ("indices", indices, torch.int32), ("lens", lens, torch.int32),
-                           ("sinks", sinks, torch.float32), ("out", out, torch.bfloat16)):
-        if t is not None or name not in ("sinks", "out"):
-            _require_tensor(name, t, dtype)
-    if out is None:
-        _require_ndim("q", q.shape, 3)
+    given = [("q", q, FP8), ("swa_kv", swa_kv, FP8), ("compressed_kv", compressed_kv, FP8),
+             ("indices", indices, torch.int32), ("lens", lens, torch.int32)]
+    given += [(name, t, dtype) for name, t, dtype in (("sinks", sinks, torch.float32), ("out", out, torch.bfloat16))
+              if t is not None]  # optional
+    for name, t, dtype in given:
+        if not isinstance(t, torch.Tensor):
+            raise _not_a_tensor(name, t, dtype)
+    if out is None and q.dim() != 3:
+        raise _wrong_ndim("q", q.shape, 3)
 
 
 def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     """``t``'s shape, where it is a dense contiguous ``dtype`` tensor of ``ndim`` dimensions inside its storage, on
     ``device`` (unless None: q, which sets it) and ``align``-byte aligned; else a TypeError/ValueError naming ``name``.
     Each property is read once: an eager call's checks are host time on every layer of a step."""
-    _require_tensor(name, t, dtype)
+    if not isinstance(t, torch.Tensor):
+        raise _not_a_tensor(name, t, dtype)
     require_dense(name, t)
     if t.dtype != dtype:
         # out receives the result: a converted copy of it would not
@@ -99,7 +102,8 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
             fix = _copy_fix(name, f"pass {name}.to({dtype})")
         raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}; {fix}")
     shape = t.shape
-    _require_ndim(name, shape, ndim)
+    if len(shape) != ndim:
+        raise _wrong_ndim(name, shape, ndim)
     if not t.is_contiguous():
         fix = "pass a contiguous out (or out=None)" if name == "out" else _copy_fix(name, f"pass {name}.contiguous()")
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}; {fix}")

@@ -70,21 +70,32 @@ ROW_ALWAYS_MAX_WIDTH = {False: 8192, True: contract.ROW_MAX_WIDTH}  # by block_m
 FULL_SM_TWIN_MIN_COLUMNS = 8192
 
 
+# The refusals _check_args and _require_tensors share, built only where they raise: the checks inline, since an
+# eager call's checks are host time on every layer of a step.
+def _logits_not_a_tensor(logits) -> TypeError:
+    return TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}; pass the scores as a 2-D float32 "
+                     f"or bfloat16 tensor")
+
+
+def _not_an_int32_tensor(name: str, t) -> TypeError:
+    return TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; pass an int32 tensor")
+
+
 def _require_tensors(logits, row_ends, out) -> None:
-    """A TypeError naming the first argument that is no tensor: _check_args' first checks, and all that a traced
-    call checks before its op (a traced call with out=None wrote nothing and raised nothing; logits as a list
-    failed inside the tracer)."""
+    """What a traced call checks before its op, as _check_args does first: a TypeError naming the first argument
+    that is no tensor (a traced call with out=None wrote nothing and raised nothing; logits as a list failed inside
+    the tracer)."""
     if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}; pass the scores as a 2-D "
-                        f"float32 or bfloat16 tensor")
+        raise _logits_not_a_tensor(logits)
     for name, t in (("row_ends", row_ends), ("out", out)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; pass an int32 tensor")
+            raise _not_an_int32_tensor(name, t)
 
 
 def _require_int32_tensor(name: str, t) -> torch.Size:
-    """``t``'s shape where it is a dense int32 tensor (a tensor: _require_tensors), else a TypeError naming
-    ``name``."""
+    """``t``'s shape where it is a dense int32 tensor, else a TypeError naming ``name``."""
+    if not isinstance(t, torch.Tensor):
+        raise _not_an_int32_tensor(name, t)
     require_dense(name, t)
     if t.dtype != torch.int32:
         fix = "allocate it with dtype=torch.int32" if name == "out" else f"pass {name}.int()"
@@ -95,7 +106,8 @@ def _require_int32_tensor(name: str, t) -> torch.Size:
 def _check_args(logits, row_ends, out, block_mode):
     """Every argument checked before anything is launched; returns (rows, width, k). Each property is read once:
     an eager call's checks are host time on every layer of a step."""
-    _require_tensors(logits, row_ends, out)
+    if not isinstance(logits, torch.Tensor):
+        raise _logits_not_a_tensor(logits)
     require_dense("logits", logits)
     if logits.dtype not in _DTYPES:
         raise TypeError(f"logits must be float32 or bfloat16, got {logits.dtype}; pass logits.float()")
