@@ -608,22 +608,14 @@ def check_cubin_arch(data: bytes, entry: KernelEntry, path, arch: str, root=None
     return info
 
 
-def check_elf_attributes(data: bytes, entry: KernelEntry, path, arch: str, root=None) -> None:
-    """The manifest lists as many parameters as the ELF's attribute list of the kernel has, and its threads are the
-    block shape the kernel was compiled for (where the list names one).
+def _check_attributes(attributes: KernelAttributes | None, entry: KernelEntry, path, arch: str, root=None) -> None:
+    """The manifest lists as many parameters as the ELF's attribute list of the kernel has (``attributes``, as
+    kernel_attributes parsed them; None: the cubin has no list of its symbol), and its threads are the block shape the
+    kernel was compiled for (where the list names one).
 
     The loader's one ELF read past the header: ``cuFuncGetParamInfo`` is asked for the manifest's
     parameters only, so a kernel with more parameters than the manifest lists needs this.
     """
-    try:
-        attributes = kernel_attributes(data, entry.symbol)
-    except CubinFormatError as e:
-        raise _unreadable_elf(e, entry, path, arch, root) from None
-    _check_attributes(attributes, entry, path, arch, root)
-
-
-def _check_attributes(attributes: KernelAttributes | None, entry: KernelEntry, path, arch: str, root=None) -> None:
-    """check_elf_attributes of the kernel's attributes as parsed (None: the cubin has no list of its symbol)."""
     if attributes is None:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=Path(path), kernel=entry.name,
                           fix=rebuild(arch, root))

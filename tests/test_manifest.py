@@ -940,7 +940,7 @@ def test_a_cubin_compiled_for_another_block_shape_is_refused(cache, arch, shape)
     """The manifest's threads were compared with the contract only: a cubin compiled for another block shape passed
     every check of a load, and the driver then refused each launch. It is refused at load, naming both shapes (the
     loader's own path calls the same check after the driver's parameter checks)."""
-    from runtime.manifest import check_elf_attributes, read_manifest
+    from runtime.manifest import check_cubin_against_entry, read_manifest
 
     rewrite_first_cubin(cache, arch, _require_block(*shape))
     with pytest.raises(errors.BlockShapeError, match=rf"requires blocks of \[{shape[0]}, {shape[1]}, 1\] threads, the "
@@ -949,7 +949,7 @@ def test_a_cubin_compiled_for_another_block_shape_is_refused(cache, arch, shape)
     manifest = read_manifest(cache, arch)
     entry = next(iter(manifest.kernels.values()))
     with pytest.raises(errors.BlockShapeError):
-        check_elf_attributes(first_cubin(cache, arch).read_bytes(), entry, first_cubin(cache, arch), arch)
+        check_cubin_against_entry(first_cubin(cache, arch).read_bytes(), entry, first_cubin(cache, arch), arch)
 
 
 def test_the_build_refuses_a_kernel_compiled_for_another_block_shape():
@@ -994,14 +994,14 @@ def test_a_second_attribute_list_of_the_kernel_is_refused(cache, monkeypatch):
     """Two sections named .nv.info.<kernel>: the load path's parameter count read the first, check_cache's layout the
     last, so a decoy listing a parameter fewer passed the load of a manifest that drops the kernel's last parameter
     (the check the count exists for). Refused as an unreadable ELF by both."""
-    from runtime.manifest import check_elf_attributes, read_manifest
+    from runtime.manifest import check_cubin_against_entry, read_manifest
 
     rewrite_first_cubin(cache, "sm_90a", _decoy_kernel_info)
     edit_manifest(cache, "sm_90a", drop_last_param)
     contract_follows_the_manifest(monkeypatch, cache)
     entry = next(iter(read_manifest(cache, "sm_90a").kernels.values()))
     with pytest.raises(errors.CubinIntegrityError, match="two sections named .nv.info.kernel"):
-        check_elf_attributes(first_cubin(cache).read_bytes(), entry, first_cubin(cache), "sm_90a")
+        check_cubin_against_entry(first_cubin(cache).read_bytes(), entry, first_cubin(cache), "sm_90a")
     with pytest.raises(errors.CubinIntegrityError, match="two sections named .nv.info.kernel"):
         check_cache(cache, "sm_90a")
 
