@@ -337,6 +337,10 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
             _remove_unnamed_files(out, arch, manifest)
 
 
+# How the build opens its lock file, as FileLock does: for writing, created where missing, never through a symlink.
+_BUILD_LOCK_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+
+
 def _build_lock(out: Path):
     """The build's exclusive lock on ``out``: FileLock on BUILD_LOCK, whose flock a load shares (build_settled).
 
@@ -347,7 +351,7 @@ def _build_lock(out: Path):
     lock = str(out / BUILD_LOCK)
     if fcntl is None:
         return FileLock(lock)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    fd = os.open(lock, _BUILD_LOCK_OPEN_FLAGS, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close
     except BlockingIOError:  # another build holds it: flock works
@@ -750,7 +754,7 @@ def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:
     try:
         # Not through a symlink: FileLock opens the lock with O_NOFOLLOW, so a symlinked lock passed here and failed
         # the build after its compiles (ELOOP, a traceback), and a load does too (it then reads unguarded).
-        os.close(os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666))
+        os.close(os.open(lock, _BUILD_LOCK_OPEN_FLAGS, 0o666))
     except OSError as e:
         if lock.is_symlink():
             why, fix = f"a symlink to {os.readlink(lock)}, which no lock follows", "remove the link"
