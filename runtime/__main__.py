@@ -1,4 +1,5 @@
-"""``python -m runtime verify``: list, validate and self-test the cache on this GPU."""
+"""``python -m runtime verify``: list, validate and self-test the cache on this GPU; ``--files-only`` checks the cache's
+files without a GPU or driver."""
 
 from __future__ import annotations
 
@@ -6,13 +7,17 @@ import argparse
 import sys
 import time
 
+from .contract import ARCHS
+
+NO_DEVICE_HINT = ("  (`python -m runtime verify --files-only` checks the cache's files without a GPU: every check "
+                  "a load makes before the driver)")
 PROBE_OK = ("ok (words exchanged through DSMEM in clusters; each second launch, released to start beside the first, "
             "read the first's words after its dependency wait)")
 
 
 def verify(root=None) -> int:
     from . import load
-    from .errors import CacheError, CacheLoadInterrupted, rebuild
+    from .errors import CacheError, CacheLoadInterrupted, NoDriverError, rebuild
     from .manifest import check_cache
     from .probe import run_probe
 
@@ -21,6 +26,8 @@ def verify(root=None) -> int:
         cache = load(root)
     except (CacheError, RuntimeError) as e:
         print(f"FAIL: {e}")
+        if isinstance(e, NoDriverError):
+            print(NO_DEVICE_HINT)
         return 1
     seconds = time.perf_counter() - start
     m = cache.manifest
@@ -57,14 +64,53 @@ def verify(root=None) -> int:
     return 1 if failed else 0
 
 
+def verify_files(root=None, archs=()) -> int:
+    """``verify --files-only``: every check a load makes before the driver (the manifest's schema, its entries against
+    the runtime's contract, each cubin's size, hash, ELF header, symbol and parameter list), for each arch in ``archs``
+    or else each arch the cache has a manifest for; no GPU or driver needed, so an image build or a CPU-only host can
+    check the cache it ships. The device's own checks (arch, shared memory, cluster shape) and the probe need a GPU."""
+    from .errors import CacheError, CacheLoadInterrupted, rebuild
+    from .manifest import check_cache, manifest_path, resolved_root
+
+    try:
+        root = resolved_root(root)
+    except CacheError as e:
+        print(f"FAIL: {e}")
+        return 1
+    archs = list(dict.fromkeys(archs)) or [arch for arch in ARCHS if manifest_path(root, arch).is_file()]
+    if not archs:
+        print(f"FAIL: {root} holds no manifest of {', '.join(ARCHS)}. Fix: {rebuild(None, root)}")
+        return 1
+    failed = 0
+    for arch in archs:
+        try:
+            m = check_cache(root, arch)
+        except (CacheError, CacheLoadInterrupted) as e:
+            print(f"FAIL {arch}: {e}")
+            failed += 1
+            continue
+        print(f"ok {arch}: manifest {m.path} (schema ok, source {m.source_hash[:12]}, toolchain "
+              f"{m.toolchain.get('nvidia-cutlass-dsl', '?')}), {len(m.kernels)} kernels: every entry matches the "
+              f"runtime's contract; cubin sizes, hashes, ELF symbols and parameter lists match the manifest")
+    print("verify --files-only: " + ("FAILED" if failed else "all checks passed (no device checked: run `python -m "
+                                      "runtime verify` on each GPU model before serving)"))
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("verify", help="validate every cubin for this GPU and run the probe")
     v.add_argument("--root", default=None, help="cache root (default: $SPARSE_DECODE_AOT_CACHE, else this checkout's "
                    "cache, else the installed one)")
+    v.add_argument("--files-only", action="store_true", help="check the cache's files without a GPU or driver: every "
+                   "check a load makes before the driver, for each arch with a manifest (or each --arch)")
+    v.add_argument("--arch", action="append", default=[], choices=ARCHS, help="with --files-only: check this arch's "
+                   "manifest, which must exist (repeatable; default: every arch the cache has a manifest for)")
     args = parser.parse_args(argv)
-    return verify(args.root)
+    if args.arch and not args.files_only:
+        parser.error("--arch goes with --files-only (verify on a GPU checks the arch of that GPU)")
+    return verify_files(args.root, args.arch) if args.files_only else verify(args.root)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ _DATACLASSES_FILE = os.path.abspath(dataclasses.__file__)
 _CHECKOUT = os.path.realpath(os.path.dirname(os.path.dirname(_PACKAGE_DIR)))
 
 
-def rebuild(arch: str, root=None) -> str:
-    """REBUILD for ``arch``, with ``--out root`` where the cache root is not the build's default (this checkout)."""
-    fix = REBUILD.format(arch=arch)
+def rebuild(arch: str | None, root=None) -> str:
+    """REBUILD for ``arch`` (None: every arch), with ``--out root`` where the cache root is not the build's default
+    (this checkout)."""
+    fix = REBUILD.format(arch=arch) if arch else REBUILD.split(" --arch")[0]
     if root is not None and os.path.realpath(root) != _CHECKOUT:
         fix += f" --out {root}"
     return fix

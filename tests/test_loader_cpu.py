@@ -1499,3 +1499,91 @@ def test_an_unknown_kernel_is_a_key_error_and_a_cache_error(cache, stand_in):
         loaded.kernel("no_such_kernel")
     assert isinstance(missed.value, errors.UnknownKernelError) and isinstance(missed.value, errors.CacheError)
     assert not str(missed.value).startswith(("'", '"')) and "no_such_kernel" in str(missed.value)
+
+
+# --- sixty-eighth session: `verify --files-only`, the cache's own checks where no GPU or driver is -------------------
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    """The driver as on CI: any call of runtime.driver.driver() raises NoDriverError (and would fail a test that
+    expects none)."""
+    import runtime.driver
+
+    def refuse():
+        raise errors.NoDriverError("no CUDA driver on this machine (test).", fix="run on a GPU")
+
+    monkeypatch.setattr(runtime.driver, "driver", refuse)
+    monkeypatch.setattr(loader, "driver", refuse)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_verify_files_only_checks_every_arch_without_a_driver(cache, no_driver, capsys):
+    """Without a GPU, verify stopped at the driver: an image build or a CPU-only host could not check the cache it
+    ships. --files-only runs every check a load makes before the driver, for each arch with a manifest."""
+    from runtime import __main__ as cli
+
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 0
+    out = capsys.readouterr().out
+    for arch in ("sm_90a", "sm_100a"):
+        assert f"ok {arch}: manifest {manifest_path(cache, arch)} (schema ok" in out
+    assert "2 kernels: every entry matches the runtime's contract" in out
+    assert out.rstrip().splitlines()[-1].startswith("verify --files-only: all checks passed (no device checked")
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda cubin: cubin.write_bytes(cubin.read_bytes()[:-1]), "bytes, the manifest says"),
+    (lambda cubin: cubin.write_bytes(cubin.read_bytes()[:-1] + b"\x01"), "cubin sha256 does not match"),
+    (lambda cubin: cubin.unlink(), "cubin is missing"),
+])
+def test_verify_files_only_fails_an_arch_whose_cubin_is_damaged(cache, no_driver, capsys, damage, said):
+    """A damaged cubin of one arch fails that arch (its reason and fix), the other arch is still checked, exit 1."""
+    from runtime import __main__ as cli
+
+    damage(first_cubin(cache, "sm_100a"))
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 1
+    out = capsys.readouterr().out
+    assert f"ok sm_90a: manifest {manifest_path(cache, 'sm_90a')}" in out
+    failed = [line for line in out.splitlines() if line.startswith("FAIL sm_100a: ")]
+    assert len(failed) == 1 and said in failed[0] and "python build_kernels.py --arch sm_100a" in failed[0]
+    assert out.rstrip().endswith("verify --files-only: FAILED")
+
+
+def test_verify_files_only_checks_the_named_arch_which_must_exist(cache, no_driver, capsys):
+    """--arch A checks A only and requires its manifest; without --arch an arch with no manifest is not checked."""
+    from runtime import __main__ as cli
+
+    manifest_path(cache, "sm_100a").unlink()
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "ok sm_90a" in out and "sm_100a" not in out
+    assert cli.main(["verify", "--files-only", "--arch", "sm_100a", "--root", str(cache)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL sm_100a: ") and "ok sm_90a" not in out
+
+
+def test_verify_files_only_fails_a_root_without_manifests(tmp_path, no_driver, capsys):
+    from runtime import __main__ as cli
+
+    assert cli.main(["verify", "--files-only", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out == (f"FAIL: {tmp_path.resolve()} holds no manifest of sm_90a, sm_100a. Fix: python build_kernels.py "
+                   f"--out {tmp_path.resolve()}\n")
+
+
+def test_verify_without_a_driver_names_files_only(cache, no_driver, monkeypatch, capsys):
+    """verify's refusal where no driver is says what can still be checked on this machine."""
+    from runtime import __main__ as cli
+
+    monkeypatch.setattr(loader, "_caches", {})
+    assert cli.verify(cache) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL: no CUDA driver on this machine (test).")
+    assert "`python -m runtime verify --files-only` checks the cache's files without a GPU" in out
+
+
+def test_verify_arch_goes_with_files_only(capsys):
+    from runtime import __main__ as cli
+
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["verify", "--arch", "sm_90a"])
+    assert refused.value.code == 2 and "--arch goes with --files-only" in capsys.readouterr().err
