@@ -106,12 +106,14 @@ def check_in_storage(name: str, t: torch.Tensor) -> None:
     (``untyped_storage().resize_()``, as FSDP frees a parameter's memory) leaves views whose data_ptr points at
     freed or foreign memory, which a kernel would read or write, and torch's own slice assignment and fill_ would
     too. About 0.35 us of host time a contiguous tensor, 0.8 a strided one."""
-    nbytes = t.nbytes
-    if not nbytes:
+    # numel, not nbytes: plain torch.compile compiles these checks when a traced call's refusal falls back to eager
+    # (a list for a tensor), and a FakeTensor with symbolic sizes has no nbytes (Dynamo's TorchRuntimeError).
+    numel = t.numel()
+    if not numel:
         return
     es = t.element_size()
     if t.is_contiguous():
-        need = t.storage_offset() * es + nbytes
+        need = (t.storage_offset() + numel) * es
     else:
         end = t.storage_offset() + 1
         for size, stride in zip(t.shape, t.stride()):

@@ -151,6 +151,54 @@ def test_an_argument_that_is_no_tensor_is_refused_inside_torch_compile_as_eagerl
     assert str(compiled.value) == message
 
 
+def _listed(args: tuple, at: int) -> tuple:
+    return args[:at] + (args[at].tolist(),) + args[at + 1:]
+
+
+_MLA_FULL = _mla_args(sinks=torch.zeros(16), out=torch.empty(1, 16, 512, dtype=torch.bfloat16))
+_TOPK_FULL = _topk_args()
+
+
+@pytest.mark.parametrize("dynamic", (None, True), ids=("default", "dynamic"))
+@pytest.mark.parametrize("op, args", [(_mla, _listed(_MLA_FULL, i)) for i in range(len(_MLA_FULL))]
+                         + [(decode_topk, _listed(_TOPK_FULL, i)) for i in range(len(_TOPK_FULL))],
+                         ids=[f"mla-{n}" for n in ("q", "swa_kv", "compressed_kv", "indices", "lens", "sinks", "out")]
+                         + [f"topk-{n}" for n in ("logits", "row_ends", "out")])
+def test_every_tensor_argument_given_as_a_list_is_refused_as_eagerly_by_plain_torch_compile(op, args, dynamic):
+    """Plain torch.compile (no fullgraph) runs a frame whose trace raised eagerly and compiles the functions it calls:
+    sparse_mla_decode's tensor checks then read a FakeTensor's nbytes, which symbolic shapes refuse, so a list for any
+    of its arguments after the first two ended in Dynamo's TorchRuntimeError, not the eager TypeError. Twice: the
+    second call recompiles with dynamic shapes."""
+    kind, message = _eager_refusal(op, *args)
+    torch._dynamo.reset()
+    compiled = torch.compile(op, backend="aot_eager", dynamic=dynamic)
+    for _ in range(2):
+        with pytest.raises(kind) as refused:
+            compiled(*args)
+        assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("given, said", [
+    ({"bmm1_scale": 1e31}, "bmm1_scale must be small enough"),
+    ({"bmm2_scale": True}, "bmm2_scale must be a real number, got bool"),
+    ({"pdl": "x"}, "pdl must be a Python bool"),
+])
+def test_flags_and_scales_are_refused_as_eagerly_by_plain_torch_compile(given, said):
+    """The same for the scalars: refused with the eager message by a compile without fullgraph too."""
+    def call(*args):
+        return sparse_mla_decode(*args, **{"bmm1_scale": 0.05, "bmm2_scale": 1.0, **given})
+
+    args = _mla_args()[:5]
+    kind, message = _eager_refusal(call, *args)
+    assert said in message
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend="aot_eager")
+    for _ in range(2):
+        with pytest.raises(kind) as refused:
+            compiled(*args)
+        assert str(refused.value) == message
+
+
 @pytest.mark.parametrize("flow", ("decode_rows", "plan_then_finish"))
 def test_indexer_steps_run_eagerly_inside_a_compiled_function(flow):
     step = make_step(8, heads=32, head_dim=64, k=16)
