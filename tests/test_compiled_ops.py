@@ -178,17 +178,21 @@ def test_every_tensor_argument_given_as_a_list_is_refused_as_eagerly_by_plain_to
         assert str(refused.value) == message
 
 
-@pytest.mark.parametrize("given, said", [
-    ({"bmm1_scale": 1e31}, "bmm1_scale must be small enough"),
-    ({"bmm2_scale": True}, "bmm2_scale must be a real number, got bool"),
-    ({"pdl": "x"}, "pdl must be a Python bool"),
+@pytest.mark.parametrize("op, given, said", [
+    ("mla", {"bmm1_scale": 1e31}, "bmm1_scale must be small enough"),
+    ("mla", {"bmm2_scale": True}, "bmm2_scale must be a real number, got bool"),
+    ("mla", {"pdl": "x"}, "pdl must be a Python bool"),
+    ("topk", {"block_mode": 1}, "block_mode must be a Python bool"),
+    ("topk", {"pdl": "x"}, "pdl must be a Python bool"),
 ])
-def test_flags_and_scales_are_refused_as_eagerly_by_plain_torch_compile(given, said):
+def test_flags_and_scales_are_refused_as_eagerly_by_plain_torch_compile(op, given, said):
     """The same for the scalars: refused with the eager message by a compile without fullgraph too."""
     def call(*args):
+        if op == "topk":
+            return decode_topk(*args, **given)
         return sparse_mla_decode(*args, **{"bmm1_scale": 0.05, "bmm2_scale": 1.0, **given})
 
-    args = _mla_args()[:5]
+    args = _topk_args() if op == "topk" else _mla_args()[:5]
     kind, message = _eager_refusal(call, *args)
     assert said in message
     torch._dynamo.reset()
