@@ -775,6 +775,33 @@ def test_malformed_program_headers_never_reach_the_driver(cache, stand_in, where
     _never_reaches_the_driver(cache, stand_in, craft)
 
 
+def _section_name_past_its_table(where: str):
+    """An edit of a cubin's bytes: a section that is no attribute list (the last header's) named from 4 GiB past the
+    section-name string table, or that table one byte shorter, so that its last name runs past its end."""
+    def edit(data):
+        import struct
+
+        from runtime.cubin import _section_heads
+
+        heads, shstrndx = _section_heads(bytes(data))
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        (shentsize,) = struct.unpack_from("<H", data, 0x3A)
+        if where == "name offset":
+            other = next(i for i in reversed(range(len(heads))) if i != shstrndx)
+            struct.pack_into("<I", data, shoff + other * shentsize, 0xFFFFFF00)  # sh_name
+        else:
+            struct.pack_into("<Q", data, shoff + shstrndx * shentsize + 32, heads[shstrndx][5] - 1)  # sh_size
+    return edit
+
+
+@pytest.mark.parametrize("where", ["name offset", "unterminated table"])
+def test_a_section_name_past_its_string_table_never_reaches_the_driver(cache, stand_in, where):
+    """The section table was bounds-checked but not the sections' names: a name offset 4 GiB past the string table
+    (which check_cache refused, reading the names) or a table whose last name has no NUL inside it passed the load's
+    checks and went to the driver, which finds the attribute lists by their names."""
+    _never_reaches_the_driver(cache, stand_in, _section_name_past_its_table(where))
+
+
 def _record_past_its_list(record: bytes):
     """An edit of a cubin's bytes: its attribute-list record that starts with ``record`` (format 4, an attribute, a
     16-bit size; the last of its list in the committed probe) says it holds 8 bytes more, past its section's end."""

@@ -532,7 +532,7 @@ def _short_param_record(data):
 @pytest.mark.parametrize("craft, said", [
     (_short_param_record, "a kernel parameter's record is 8 bytes, not 12"),
     (_tiny_section_headers, "section header size 1 is not"),
-    (_bad_section_name, "a section name is unreadable"),
+    (_bad_section_name, "a section's name lies past the section names' string table"),
     (_header_cut_short, "not a little-endian ELF64"),
     (_string_table_index_past_the_table, "section headers run past"),
     (_wide_section_headers, "section headers run past"),
