@@ -22,8 +22,16 @@ def rebuild(arch: str | None, root=None) -> str:
     (this checkout)."""
     fix = REBUILD.format(arch=arch) if arch else REBUILD.split(" --arch")[0]
     if root is not None and os.path.realpath(root) != _CHECKOUT:
-        fix += f" --out {root}"
+        fix += f" --out {shell_word(root)}"
     return fix
+
+
+def shell_word(path) -> str:
+    """``path`` as one word of a shell command in a fix: a root with a space or a ';' in it, written bare, split the
+    command pasted (the rebuild's argparse refused the rest, a chmod changed other folders). Quoted only then."""
+    import shlex  # noqa: PLC0415 - only a fix that names another root than the checkout's needs it
+
+    return shlex.quote(str(path))
 
 
 def _inside_runtime(filename: str) -> bool:

@@ -53,6 +53,7 @@ from .errors import (
     SchemaError,
     SymbolError,
     rebuild,
+    shell_word,
 )
 
 CACHE_ROOT_ENV = "SPARSE_DECODE_AOT_CACHE"
@@ -163,7 +164,7 @@ _POINT_AT_A_ROOT = f"point ${CACHE_ROOT_ENV} (or the root passed in) at a folder
 def _read_access(root) -> str:
     """The fix where the cache's files cannot be read (a build under umask 077, served by another user): a rebuild
     into a root the serving user cannot write would fail."""
-    return f"let the serving user read the cache root: chmod -R a+rX {root} (or build it under umask 022)"
+    return f"let the serving user read the cache root: chmod -R a+rX {shell_word(root)} (or build it under umask 022)"
 
 
 MANIFEST_MAX_BYTES = 16 << 20  # a real one is tens of KiB; the bound keeps a crafted one from filling memory

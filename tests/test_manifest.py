@@ -418,6 +418,32 @@ def test_the_fix_rebuilds_the_refused_cache_not_the_checkouts(cache, monkeypatch
     assert rebuild("sm_90a", REPO) == "python build_kernels.py --arch sm_90a"  # the build's default root
 
 
+def test_a_fix_naming_the_cache_root_is_a_command_a_shell_runs_as_written(tmp_path, monkeypatch):
+    """The fixes name the root in a command to paste into a shell: a root with a space (or a ';') was written bare,
+    so the rebuild split it in two (argparse: unrecognized arguments) and the chmod changed the wrong folders."""
+    import errno
+    import shlex
+
+    from runtime import manifest
+
+    cache = copy_probe_cache(tmp_path / "serving cache;x")
+    cubin = first_cubin(cache)
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    cubin.write_bytes(bytes(data))
+    with pytest.raises(errors.CubinIntegrityError) as refused:
+        check_cache(cache, "sm_90a")
+    assert shlex.split(refused.value.fix)[-2:] == ["--out", str(cache.resolve())]
+
+    def unreadable(path, limit, inside=None):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(manifest, "_read_regular_file", unreadable)
+    with pytest.raises(errors.SchemaError) as refused:
+        check_cache(cache, "sm_90a")
+    assert shlex.split(refused.value.fix.split(": ", 1)[1])[:4] == ["chmod", "-R", "a+rX", str(cache.resolve())]
+
+
 @pytest.mark.parametrize("field, value", [("toolchain", "12.9"), ("toolchain", ["cutlass"]), ("source_hash", 5)])
 def test_manifest_header_field_of_the_wrong_type(cache, field, value):
     """python -m runtime verify prints the toolchain and source hash: a wrong type is a SchemaError naming the field,
