@@ -151,6 +151,9 @@ def _holds_a_cache(folder: Path) -> bool:
 def resolved_root(root: str | Path | None = None) -> Path:
     """``root`` (default: ``default_root()``) with every symlink resolved; a PathError where that fails: a symlink
     loop raised pathlib's RuntimeError before Python 3.13, which is no refusal to the host ops (every call raised it)."""
+    if root == "":  # Path("") is the current folder: "$UNSET" would check whatever folder the command ran in
+        raise PathError("the cache root passed in is an empty path, which names no folder (it would be the "
+                        "current one).", fix="pass the folder holding manifests/ and cubins/, '.' for the current one")
     path = Path(root) if root is not None else default_root()
     try:
         return path.resolve()

@@ -686,6 +686,15 @@ def test_a_cache_root_with_a_nul_is_a_path_error(cache):
         check_cache(f"{cache}\0", "sm_90a")
 
 
+def test_an_empty_cache_root_is_refused_not_read_as_the_current_folder(cache, monkeypatch):
+    """A root given as "" (python -m runtime verify --root "$UNSET", runtime.load(os.environ.get(...,""))) is no
+    folder: Path("") is the current one, so the cache of whatever folder the command ran in was checked and passed
+    (the build refuses an empty --out for the same reason)."""
+    monkeypatch.chdir(cache)
+    with pytest.raises(errors.PathError, match="cache root passed in is an empty path.* Fix: pass the folder"):
+        check_cache("", "sm_90a")
+
+
 @pytest.mark.parametrize("what", ["manifest", "cubin"])
 def test_a_cache_the_serving_user_cannot_read_names_the_access_fix(cache, monkeypatch, what):
     """Loader audit (review-65b): a cache built under umask 077 (folders 0700, files 0600) and served by another user
