@@ -128,6 +128,11 @@ class IndexerState:
             raise ValueError(f"topk_backend: expected 'auto' or 'torch', got {self.topk_backend!r}")
         if self.scorer is None:
             self.scorer = default_scorer(self.topk_indices.device)  # built with that device current
+        if isinstance(self.scorer, type):
+            # A class has the interface's methods as plain functions: every step would bind the query as self and
+            # raise Python's TypeError about a missing argument.
+            name = self.scorer.__name__
+            raise TypeError(f"scorer: got the class {name}; pass an instance, {name}()")
         missing = [m for m in ("schedule", "check_inputs", "logits") if not callable(getattr(self.scorer, m, None))]
         if missing:
             raise TypeError(f"scorer: {type(self.scorer).__name__} lacks {', '.join(missing)}; implement "

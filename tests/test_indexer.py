@@ -2545,3 +2545,13 @@ def test_dist_group_device_types_per_backend(backend, cuda, cpu):
         else:
             with pytest.raises(ValueError, match=rf"^tp: its backend gathers .* on {device}"):
                 group.check_device(device)
+
+
+def test_state_refuses_a_scorer_class_for_an_instance():
+    """scorer=TorchScorer (the class, not TorchScorer()) passed the interface check, its methods being functions of
+    the class, and every step then raised Python's TypeError about a missing 'max_model_len' (the query bound as
+    self): refused when the state is built, naming scorer and the fix."""
+    step = make_step(8, k=16)
+    with pytest.raises(TypeError, match=r"^scorer: got the class TorchScorer; pass an instance, TorchScorer\(\)"):
+        make_state(step, scorer=TorchScorer)
+    make_state(step, scorer=TorchScorer())
