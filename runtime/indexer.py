@@ -1169,6 +1169,10 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
             raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
         check_in_storage(f"metadata.{name}", t)
         require_element_aligned(f"metadata.{name}", t)  # read by 4-byte loads: DeepGEMM's, decode_topk's row ends
+    if isinstance(md.schedule, torch.Tensor):
+        # The plan records where it is (_metadata_view) after its reset, whether the scorer reads it or not: a
+        # sparse or nested one raised torch's error there, naming nothing.
+        require_dense("metadata.schedule", md.schedule)
     _check_metadata_fits_context(state, md)
 
 

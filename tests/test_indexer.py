@@ -2555,3 +2555,18 @@ def test_state_refuses_a_scorer_class_for_an_instance():
     with pytest.raises(TypeError, match=r"^scorer: got the class TorchScorer; pass an instance, TorchScorer\(\)"):
         make_state(step, scorer=TorchScorer)
     make_state(step, scorer=TorchScorer())
+
+
+@pytest.mark.parametrize("layout", ["sparse", "nested"])
+def test_plan_refuses_a_schedule_without_strides_before_the_reset(layout):
+    """plan_decode_rows records where metadata.schedule is (_metadata_view: its data_ptr, shape, strides) after the
+    reset: a sparse or nested schedule (which the torch scorer never reads) raised torch's RuntimeError there, naming
+    nothing, with the top-k rows already reset. Refused before, naming the field."""
+    step = make_step(8, k=16)
+    schedule = {"sparse": torch.zeros(5, 2, dtype=torch.int32).to_sparse(),
+                "nested": torch.nested.nested_tensor([torch.zeros(2, dtype=torch.int32)] * 5)}[layout]
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    with pytest.raises(TypeError, match="^metadata.schedule must be a dense"):
+        plan_decode_rows(state, dataclasses.replace(step.metadata, schedule=schedule), SingleRank())
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
