@@ -311,13 +311,15 @@ class DeepGemmScorer:
         ``deep_gemm.set_num_sms`` changed it is refused). DeepGEMM's host code checks the shape, dtype and
         contiguity but not the device: its kernel would read another device's (or the host's) address."""
         want = (self.num_sms + 1, 2)
+        if isinstance(schedule, torch.Tensor):
+            # First: a nested tensor's shape, read below, raised torch's RuntimeError, naming nothing.
+            require_dense(name, schedule)
         if (not isinstance(schedule, torch.Tensor) or schedule.shape != want or schedule.dtype != torch.int32
                 or not schedule.is_contiguous() or schedule.device != device):
             got = (f"{schedule.dtype} {tuple(schedule.shape)} on {schedule.device}"
                    if isinstance(schedule, torch.Tensor) else type(schedule).__name__)
             raise ValueError(f"{name}: expected [{want[0]}, 2] from DeepGemmScorer.schedule (contiguous int32 on "
                              f"{device}), got {got}; build it with the scorer's schedule, or pass None")
-        require_dense(name, schedule)
         check_in_storage(name, schedule)
         if schedule.data_ptr() % SCHEDULE_ALIGN:
             raise ValueError(f"{name}: DeepGEMM reads it in {SCHEDULE_ALIGN}-byte pairs, so it must start at an "

@@ -267,3 +267,21 @@ def test_check_step_compiles_nothing_refuses_each_sign_of_a_compile(tmp_path, mo
 
     with pytest.raises(RuntimeError, match="first decode step took .* steady: something compiled or loaded"):
         scoring.check_step_compiles_nothing(slow_first, repeats=3, first_step_factor=2.0, first_step_slack_ms=1.0)
+
+
+@pytest.mark.parametrize("layout", ["sparse", "nested"])
+def test_deepgemm_check_schedule_names_a_schedule_without_strides(layout):
+    """check_schedule read the shape and contiguity before require_dense: a nested schedule raised torch's
+    "NestedTensorImpl doesn't support sizes" RuntimeError, naming nothing, and a sparse one was told its shape, dtype
+    and device were wrong while they were [5, 2] int32 on the device asked for."""
+    import types
+
+    import torch
+
+    scorer = object.__new__(scoring.DeepGemmScorer)  # no DeepGEMM here: the check runs before any call into it
+    scorer._dg = types.SimpleNamespace(get_num_sms=lambda: 4)
+    schedule = {"sparse": torch.zeros(5, 2, dtype=torch.int32).to_sparse(),
+                "nested": torch.nested.nested_tensor([torch.zeros(2, dtype=torch.int32)] * 5)}[layout]
+    with pytest.raises(TypeError, match="^schedule must be a dense"):
+        scorer.check_schedule(schedule, torch.device("cpu"))
+    scorer.check_schedule(torch.zeros(5, 2, dtype=torch.int32), torch.device("cpu"))
