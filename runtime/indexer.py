@@ -102,6 +102,14 @@ class IndexerState:
                                  f"e.g. dataclasses.replace(state, {name}=...), which checks it")
         object.__setattr__(self, name, value)
 
+    def __setstate__(self, state: dict) -> None:
+        # A copy (copy.copy, copy.deepcopy, pickle) holds the checked fields; a deep copy's or a pickle's buffers are
+        # new ones, kept apart and laid out as the original's. Where they are is recorded anew (the original's
+        # addresses had every step refuse them as changed in place), and no plan of the original is the copy's latest.
+        self.__dict__.update(state)
+        object.__setattr__(self, "_layout", _buffer_layouts(self))
+        object.__setattr__(self, "_plans", 0)
+
     def __post_init__(self) -> None:
         _check_int32_rows("topk_indices", self.topk_indices)
         self.k = whole_count("k", self.k, 1)

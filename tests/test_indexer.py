@@ -2570,3 +2570,27 @@ def test_plan_refuses_a_schedule_without_strides_before_the_reset(layout):
     with pytest.raises(TypeError, match="^metadata.schedule must be a dense"):
         plan_decode_rows(state, dataclasses.replace(step.metadata, schedule=schedule), SingleRank())
     assert (state.topk_indices == 5).all(), "reset before the refusal"
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_state_steps_as_the_original(how):
+    """copy.deepcopy of a state (of a layer holding it), or a pickle round trip, kept the original's record of where
+    its buffers were: every step on the copy was refused as 'topk_indices: changed in place since the state was
+    built', which it was not. The copy records its own buffers and steps as the original does."""
+    import copy
+    import io
+
+    step = make_step(20, k=16, candidates=12, max_rows=24)
+    state = make_state(step, scorer=TorchScorer())
+    if how == "deepcopy":
+        copied = copy.deepcopy(state)
+    else:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        buffer.seek(0)
+        copied = torch.load(buffer, weights_only=False)
+    assert copied.topk_indices.data_ptr() != state.topk_indices.data_ptr()
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    decode_rows(copied, step.metadata, step.q, step.weights, SingleRank())
+    assert torch.equal(copied.topk_indices, state.topk_indices)
+    assert torch.equal(copied.candidate_blocks, state.candidate_blocks)
