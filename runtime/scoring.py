@@ -116,6 +116,14 @@ def _require_on_q_device(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
         raise ValueError(f"{name}: on {t.device}, expected {q.device} like q")
 
 
+def check_has_heads(q: torch.Tensor) -> None:
+    """A ValueError naming q where it has no heads ([rows, 0, head_dim]): its logits would sum nothing (0 for every
+    key), and each row's top-k would be its first k columns, said by nothing."""
+    if q.shape[1] == 0:
+        raise ValueError(f"q: has no index heads ({list(q.shape)}); pass the layer's index query, [rows, heads, "
+                         f"head_dim] with heads >= 1")
+
+
 def _check_scorer_layouts(q: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor) -> None:
     """The tail of check_scoring_inputs, and all that check_scoring_inputs(layout_checked=True) checks but the
     cache's device: the built-in scorers' layouts that the indexer's own checks of a step do not ask for (q
@@ -157,6 +165,7 @@ def check_scoring_inputs(
         raise TypeError(f"q: expected float8_e4m3fn, got {q.dtype}")
     if q.dim() != 3:
         raise ValueError(f"q: expected [rows, heads, head_dim], got shape {tuple(q.shape)}")
+    check_has_heads(q)
     rows, heads, _ = q.shape
     if weights.dtype != torch.float32:
         raise TypeError(f"weights: expected float32, got {weights.dtype}")

@@ -2594,3 +2594,23 @@ def test_a_copied_state_steps_as_the_original(how):
     decode_rows(copied, step.metadata, step.q, step.weights, SingleRank())
     assert torch.equal(copied.topk_indices, state.topk_indices)
     assert torch.equal(copied.candidate_blocks, state.candidate_blocks)
+
+
+def test_a_query_of_no_heads_is_refused_naming_it():
+    """q [rows, 0, head_dim] with weights [rows, 0] passed every check: the torch scorer summed no heads into logits
+    of 0 for every key, and each row's 'top-k' was its first k columns, without a word. Refused by the flow and the
+    scorer's checks, naming q, before the reset."""
+    step = make_step(8, k=16)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    q, weights = step.q[:, :0], step.weights[:, :0]
+    with pytest.raises(ValueError, match=r"^q: has no index heads \(\[8, 0, 64\]\)"):
+        decode_rows(state, step.metadata, q, weights, SingleRank())
+    assert (state.topk_indices == 5).all(), "reset before the refusal"
+    plan = plan_decode_rows(state, step.metadata, SingleRank())
+    with pytest.raises(ValueError, match=r"^q: has no index heads"):
+        finish_decode_rows(state, q, weights, plan, SingleRank())
+    md = step.metadata
+    with pytest.raises(ValueError, match=r"^q: has no index heads"):
+        TorchScorer().logits(q, weights, step.state_args["index_k_cache"], md.seq_lens, md.block_table, None,
+                             step.state_args["max_model_len"])
