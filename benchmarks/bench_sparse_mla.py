@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -401,8 +402,15 @@ def finish(result, out) -> None:
                                           lambda v: v <= TARGET["over_floor_max"]),
             }
     common.write_json(out, result)
-    with open(str(out).rsplit(".", 1)[0] + ".md", "w") as f:
-        f.write(table(result))
+    table_path(out).write_text(table(result))
+
+
+def table_path(out) -> Path:
+    """The markdown table's path beside the JSON ``out``: its suffix made .md (the path cut at its last dot put the
+    table outside a dotted folder where ``out`` had no suffix, and over the JSON where ``out`` ended in .md)."""
+    out = Path(out)
+    md = out.with_suffix(".md")
+    return md if md != out else out.with_name(out.name + ".md")
 
 
 if __name__ == "__main__":

@@ -478,3 +478,19 @@ def test_launch_overhead_rounds_are_microseconds_per_launch(monkeypatch):
     assert record["ratio"] == pytest.approx(2.0) and record["ratio_of_medians"] == pytest.approx(1.5)
     assert record["ratio_range"] == pytest.approx([1.0, 2.5])
     assert (record["runtime_launch_us"], record["bare_cuLaunchKernelEx_us"]) == pytest.approx((30.0, 20.0))
+
+
+@pytest.mark.parametrize("folder, name, table_name", [("run.v2", "sparse_mla", "sparse_mla.md"),
+                                                      ("run", "sparse_mla.json", "sparse_mla.md"),
+                                                      ("run", "sparse_mla.md", "sparse_mla.md.md")])
+def test_the_mla_table_is_written_beside_its_json(tmp_path, folder, name, table_name):
+    """The table's name was the --out path cut at its last dot: an --out without a suffix in a folder with a dot in
+    its name wrote the table outside that folder (run.v2/sparse_mla -> run.md), and an --out ending in .md had its
+    JSON overwritten by the table."""
+    from benchmarks.bench_sparse_mla import finish
+
+    out = tmp_path / folder / name
+    finish(_mla_result(), out)
+    assert json.loads(out.read_text())["op"] == "sparse_mla_decode"
+    assert (tmp_path / folder / table_name).read_text().startswith("sparse_mla_decode on ")
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted({name, table_name})
