@@ -156,18 +156,22 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
     best = None
     if tsm is not None:
         sweep = []
+        # Each config left out of the peer, with why, on record: a wrong one's time stays in sweep_us, and a case
+        # whose every config failed has no peer (its speedup not judged) and would say nothing of the reason.
+        rejected = {}
         for cfg in configs:
             op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
             try:
                 r = time_op(op, inp, inp.sets)  # the final timing's rotation: the config that wins cold
                 sweep.append((r["median_us"], cfg))
             except Exception as e:
-                log(f"  triton {cfg}: {type(e).__name__}: {str(e)[:200]}")
+                rejected[str(cfg)] = f"{type(e).__name__}: {str(e)[:200]}"
+                log(f"  triton {cfg}: {rejected[str(cfg)]}")
         if sweep:
             sweep.sort(key=lambda x: x[0])
             best_cfg = best = check = None
             for _, cfg in sweep:  # the fastest config whose output is right
-                checked = checked_triton(tsm, T, width, cfg, inp, log)
+                checked = checked_triton(tsm, T, width, cfg, inp, log, rejected)
                 if checked is not None:
                     best_cfg, (best, check) = cfg, checked
                     break
@@ -179,6 +183,8 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
             case["triton"] = r
             case["all_cold"]["triton"] = time_op(best, cold, sets)
             case["triton_in_stream_order"] = best_in_stream_order(tsm, T, width, best_cfg, sweep, inp, log)
+        if rejected:
+            case["triton_rejected"] = rejected
 
     def reference(q, s, c, i, l, *, out, **kw):
         out.copy_(sparse_mla_decode_reference(q, s, c, i, l, tokens_per_chunk=max(T, 1), **kw))
@@ -238,14 +244,16 @@ def bench_case(T, width, swa, comp, sinks, gen, kernel_fn, tsm, log, configs=(),
 STREAM_ORDER_CANDIDATES = 4  # the PDL sweep's fastest configs, timed again without PDL for the stream-order peer
 
 
-def checked_triton(tsm, T: int, width: int, cfg, inp, log):
+def checked_triton(tsm, T: int, width: int, cfg, inp, log, rejected: dict | None = None):
     """(the Triton peer of ``cfg``, its output's relative error against the reference), or None where its output is
-    wrong (logged)."""
+    wrong (logged, and the reason put in ``rejected`` under the config's name where given)."""
     try:
         op = tsm.TritonSparseMla(T, width, DEVICE, cfg)
         return op, check_output(op, inp)
     except Exception as e:  # noqa: BLE001 - a wrong output, or a config Triton cannot compile: the next one runs
         log(f"  triton {cfg}: {type(e).__name__}: {e}")
+        if rejected is not None:
+            rejected[str(cfg)] = f"{type(e).__name__}: {str(e)[:200]}"
         return None
 
 

@@ -494,3 +494,57 @@ def test_the_mla_table_is_written_beside_its_json(tmp_path, folder, name, table_
     assert json.loads(out.read_text())["op"] == "sparse_mla_decode"
     assert (tmp_path / folder / table_name).read_text().startswith("sparse_mla_decode on ")
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted({name, table_name})
+
+
+def test_the_mla_record_names_each_triton_config_left_out_and_why(monkeypatch):
+    """bench_case's Triton sweep on stand-ins: a config whose output is wrong, or that fails to run, is left out of the
+    peer with its reason in the record (``triton_rejected``); before, the reasons went to the log alone, so the record's
+    sweep_us showed a wrong config faster than the peer unmarked, and a case whose every config failed had no peer
+    and no word of why."""
+    import dataclasses
+
+    import benchmarks.bench_sparse_mla as bench
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        block_n: int
+        pdl: bool = True
+
+    class StandIn:
+        def __init__(self, T, width, sets, *rest):
+            self.sets = sets
+
+    class Triton:
+        def __init__(self, T, width, device, cfg):
+            self.cfg = cfg
+
+    wrong, failing = {Cfg(16)}, {Cfg(64)}
+    times = {Cfg(16): 3.0, Cfg(32): 4.0}
+
+    def time_op(fn, inp, sets):
+        if fn.cfg in failing:
+            raise RuntimeError("out of resources: shared memory")
+        return {"median_us": times[fn.cfg]}
+
+    def check_output(fn, inp):
+        if fn.cfg in wrong:
+            raise RuntimeError("output differs from the reference: relative max error 0.5")
+        return 0.01
+
+    monkeypatch.setattr(bench, "sets_for", lambda T, width: 2)
+    monkeypatch.setattr(bench, "PoolSlices", StandIn)
+    monkeypatch.setattr(bench, "Inputs", StandIn)
+    monkeypatch.setattr(bench.common, "floor", lambda *shape: {"floor_us": 2.0})
+    monkeypatch.setattr(bench, "time_op", time_op)
+    monkeypatch.setattr(bench, "check_output", check_output)
+    monkeypatch.setattr(bench, "best_in_stream_order", lambda *a: {"median_us": 5.0})
+    tsm = type("tsm", (), {"TritonSparseMla": Triton})
+    configs = (Cfg(16), Cfg(32), Cfg(64))
+    case = bench.bench_case(12, 640, None, None, None, None, None, tsm, print, configs, with_reference=False)
+    assert case["triton"]["config"] == {"block_n": 32, "pdl": True} and case["triton"]["median_us"] == 4.0
+    assert set(case["triton_rejected"]) == {str(Cfg(16)), str(Cfg(64))}
+    assert "differs" in case["triton_rejected"][str(Cfg(16))]
+    assert "out of resources" in case["triton_rejected"][str(Cfg(64))]
+    wrong.add(Cfg(32))
+    case = bench.bench_case(12, 640, None, None, None, None, None, tsm, print, configs, with_reference=False)
+    assert "triton" not in case and set(case["triton_rejected"]) == {str(c) for c in configs}
