@@ -666,6 +666,7 @@ def main(argv=None) -> int:
                          f"that --only")
     _require_cute_dsl(parser)
     if args.check:
+        _refuse_a_file(parser, args.out)  # its fix would name a build the build refuses, after minutes of compiling
         with tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
             sources = source_hash()
             cubins = compile_all(variants_by_arch, args.jobs)
@@ -739,11 +740,17 @@ def _require_cute_dsl(parser: argparse.ArgumentParser) -> None:
                      f"install the 'build' extra: pip install -e \".[build]\"")
 
 
+def _refuse_a_file(parser: argparse.ArgumentParser, out: Path) -> None:
+    """An --out that names a file, refused with the fix (mkdir's "File exists", or --check's unreadable manifest
+    whose fix was a build of that file, named none)."""
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out}: a file, not a directory; name the cache root's directory (made where missing)")
+
+
 def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:
     """Refused before minutes of compiling: an --out the build cannot write, or whose build lock it cannot open for
     writing (a lock file that a load by another account created with that account's umask)."""
-    if out.exists() and not out.is_dir():  # mkdir's "File exists" named no fix
-        parser.error(f"--out {out}: a file, not a directory; name the cache root's directory (made where missing)")
+    _refuse_a_file(parser, out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out).close()

@@ -213,6 +213,21 @@ def test_bad_arguments_are_refused_before_compiling(tmp_path, args, match):
     assert "compiled" not in proc.stdout
 
 
+def test_check_of_an_out_naming_a_file_is_refused_before_compiling(tmp_path, monkeypatch, capsys):
+    """--check --out FILE compiled every variant asked (minutes), then reported the committed manifest unreadable
+    ('Not a directory') and named for its fix a build with that --out, which the build refuses ('a file, not a
+    directory'): refused before compiling, as the build refuses it."""
+    import build_kernels
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setattr(build_kernels, "compile_all", lambda *args: pytest.fail("compiled for a check of a file"))
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--check", "--only", "probe", "--arch", "sm_90a", "--out", str(afile)])
+    assert stop.value.code == 2
+    assert f"--out {afile}: a file, not a directory" in capsys.readouterr().err
+
+
 def test_warm_deepgemm_takes_the_serving_shapes(tmp_path, monkeypatch, capsys):
     """--warm-deepgemm warmed DeepGEMM for fixed shapes (256 rows, 64 heads of 128) and printed nothing: a model with
     32 index heads or head dim 64, or a rank with more rows, still compiled at serving time. Its shapes and cache
