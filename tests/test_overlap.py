@@ -161,3 +161,48 @@ def test_overlaps_matches_brute_force(view, seed, size, draws):
         got = (overlaps(a, b), overlaps(b, a), first_overlap(a, (("b", b),)) == "b",
                first_overlap(b, (("a", a),)) == "a")
         assert got == (want,) * 4, (a.shape, a.stride(), a.storage_offset(), b.shape, b.stride(), b.storage_offset())
+
+
+def _many_pieces_view(base: torch.Tensor, rng: random.Random) -> torch.Tensor:
+    """An int32 view of ``base`` with four dimensions and no unit stride: more runs of adjacent columns than
+    runtime.overlap reads one by one (_MAX_PIECES), so its layout is read as its whole byte span."""
+    flat = base.view(torch.int32)
+    shape = [rng.randint(5, 7), rng.randint(10, 12), rng.randint(10, 12), rng.randint(6, 8)]  # >= 300 pieces
+    strides = [0, 0, 0, rng.randint(2, 3)]
+    for i in (2, 1, 0):  # each dimension's stride past the span of the ones inside it
+        strides[i] = (shape[i + 1] - 1) * strides[i + 1] + 1 + rng.randint(1, 4)
+    need = sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+    assert need + 32 <= flat.numel()
+    return flat.as_strided(shape, strides, rng.randrange(8, 32))  # 32 to 128 bytes in: probes fit before it
+
+
+def test_a_layout_of_too_many_pieces_is_read_as_its_span_never_missing_a_byte():
+    """A view of more than _MAX_PIECES runs is read as its byte span: "a false alarm at worst, never a miss". The
+    brute-force test above never draws one (three dimensions of at most five), so a span one element short (its last
+    element's bytes unseen) passed it. Here every byte the view holds, probed alone and by random views, is found,
+    and a probe past either end of the span is not (the span is exact at its ends)."""
+    from runtime.overlap import _MAX_PIECES, _runs, first_overlap
+
+    rng = random.Random(3)
+    base = torch.zeros(128 * 1024, dtype=torch.uint8)
+    for _ in range(20):
+        a = _many_pieces_view(base, rng)
+        pieces = 1
+        for n in sorted(a.shape)[:-1]:  # every dimension but the longest makes pieces (no unit stride: runs of one)
+            pieces *= n
+        assert pieces > _MAX_PIECES and type(_runs(a)) is list and len(_runs(a)) == 1, (a.shape, a.stride())
+        held = _all_bytes_of(a)
+        first, last = min(held) - base.data_ptr(), max(held) - base.data_ptr()
+        probes = [base[first:first + 1], base[last:last + 1], base[last - 3:last + 1].view(torch.int32),
+                  base[:first], base[last + 1:]]
+        # The span, the bytes before it and 64 after (from base's start: _any_view's offsets are the storage's).
+        window = base[:(last + 64) // 4 * 4]
+        probes += [_any_view(window, rng.choice([torch.uint8, torch.int32]), rng) for _ in range(30)]
+        for b in probes:
+            got = (overlaps(a, b), overlaps(b, a), first_overlap(a, (("b", b),)) == "b",
+                   first_overlap(b, (("a", a),)) == "a")
+            bytes_of_b = _all_bytes_of(b) if b.numel() else set()
+            if held & bytes_of_b:
+                assert got == (True,) * 4, ("a miss", a.shape, a.stride(), b.shape, b.stride(), b.storage_offset())
+            elif not bytes_of_b or max(bytes_of_b) < min(held) or min(bytes_of_b) > max(held):
+                assert got == (False,) * 4, ("outside the span", a.shape, a.stride(), b.shape, b.storage_offset())
