@@ -935,8 +935,17 @@ def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
     monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: asked.append(device))
     monkeypatch.setattr(sparse_mla.torch.cuda, "current_device", lambda: 5)
     monkeypatch.setattr(sparse_mla.torch.cuda, "is_available", lambda: True)
-    for device in (True, 1.7, "1"):
-        with pytest.raises((TypeError, ValueError), match="device: "):
+    # Each refusal's type and words, not any TypeError or ValueError that says "device: ": a negative index was not
+    # asked at all, and whole_number in place of whole_count sent -1 on to torch.device("cuda", -1), whose
+    # RuntimeError names no argument.
+    refusals = [(True, TypeError, r"^device: expected an integer, got the bool True$"),
+                (1.7, TypeError, r"^device: expected an integer, got float 1\.7; pass a whole count$"),
+                ("1", ValueError, r"^device: '1' names no device; pass an index or 'cuda:i'$"),
+                (-1, ValueError, r"^device: expected an integer >= 0, got -1$"),
+                ("gpu7", ValueError, r"^device: 'gpu7' names no device"),
+                ("cuda:-1", ValueError, r"^device: 'cuda:-1' names no device")]
+    for device, kind, said in refusals:
+        with pytest.raises(kind, match=said):
             sparse_mla.max_tokens(640, device)
     assert asked == []
     assert sparse_mla.max_tokens(640, "meta") == 0 and asked == []
@@ -950,8 +959,9 @@ def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
     sparse_mla.max_tokens(640, "cuda")
     assert asked.pop() == torch.device("cuda", 0)
     monkeypatch.setattr(runtime.loader.torch.cuda, "is_available", lambda: True)
-    for device in (True, 1.7, "cpu", "gpu7"):
-        with pytest.raises((TypeError, ValueError), match="device: "):
+    not_cuda = r"^device: runtime\.load loads kernels for a CUDA device; pass its index or 'cuda:i'$"
+    for device, kind, said in refusals + [("cpu", ValueError, not_cuda)]:
+        with pytest.raises(kind, match=said):
             runtime.load(device=device)
 
 
