@@ -334,10 +334,14 @@ def test_host_op_accepts_valid_arguments_on_cpu():
 
 
 def test_host_op_width_check():
+    """A width the kernels do not take is refused naming it and the widths they take (the fix), on a machine with a
+    device or without one (max_tokens answers 0 there for a supported width, without asking about the device): any
+    ValueError that said "width" passed before, so did one that dropped the widths."""
     from runtime import sparse_mla
-    for width in (0, 64, 256, 512, 768):
-        with pytest.raises(ValueError, match="width"):
-            sparse_mla.max_tokens(width)
+    for width in (0, 64, 127, 129, 256, 512, 639, 641, 768):
+        for device in (None, "cuda:0", "cpu"):
+            with pytest.raises(ValueError, match=rf"^width {width} is not supported; widths: \(128, 640\)$"):
+                sparse_mla.max_tokens(width, device)
 
 
 def test_second_product_k_order_matches_the_fragment_and_is_conflict_free():
