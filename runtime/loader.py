@@ -149,7 +149,8 @@ class Kernel:
         """Launch on ``stream`` (default: torch's current stream) with ``args`` in contract order.
 
         The stream must be on the device the kernel was loaded for (a torch stream or the default one of
-        another device is refused; ``launch_on`` makes the tensors' device current around the launch).
+        another device is refused, and so is any default stream, torch's included, while another device is
+        current; ``launch_on`` makes the tensors' device current around the launch).
 
         ``grid`` counts CTAs (an int or an (x, y, z) tuple); x must be a multiple of the
         cluster's x. Pointers are ints (``tensor.data_ptr()``). The arguments are packed into
@@ -182,6 +183,11 @@ class Kernel:
             if self.device is not None and index is not None and index != self.device:
                 raise self._other_device(f"stream is on cuda:{index}")
             stream = stream.cuda_stream
+            # torch's default stream is handle 0 (or 1, 2), which the driver resolves against the current context,
+            # not the object's device: checked as a raw default handle is (one comparison on this path only)
+            if stream <= _PER_THREAD_STREAM and self.device is not None and _current_device() != self.device:
+                raise self._other_device(f"stream has a default stream's handle, {stream}, which names the default "
+                                         f"stream of cuda:{_current_device()}")
         with self._lock:
             config = self._config
             if dims != self._dims:

@@ -354,6 +354,28 @@ def test_the_special_default_stream_handles_of_another_device_are_refused(cache,
     assert launched == [handle, 3]
 
 
+@pytest.mark.parametrize("handle", [0, 1, 2])
+def test_a_torch_default_stream_of_the_kernels_device_is_refused_while_another_is_current(cache, stand_in, monkeypatch,
+                                                                                          handle):
+    """torch's default stream of cuda:0 (torch.cuda.current_stream(0) where none was set) has the handle 0, which the
+    driver resolves against the current context: with cuda:1 current, the kernel of cuda:0 ran on cuda:1's default
+    stream, its device index passing the stream check. Refused as stream=0 is; launched once cuda:0 is current, and a
+    torch stream of its own handle launches whichever device is current."""
+    stand_in()
+    kernel, launched = _probe_on_device_0(cache)
+    with _switching_device(monkeypatch, current=1) as state:
+        default = types.SimpleNamespace(device_index=0, cuda_stream=handle)
+        with pytest.raises(ValueError, match=f"probe_cluster2: stream has a default stream's handle, {handle}, "
+                                             f"which names the default stream of cuda:1, the kernel was loaded for "
+                                             f"cuda:0"):
+            kernel.launch(2, 0, 0, stream=default)
+        assert not launched
+        kernel.launch(2, 0, 0, stream=types.SimpleNamespace(device_index=0, cuda_stream=77))
+        state["index"] = 0
+        kernel.launch(2, 0, 0, stream=default)
+    assert launched == [77, handle]
+
+
 def test_a_launch_without_a_current_context_binds_the_devices_and_launches(cache, stand_in, monkeypatch):
     """A thread whose first CUDA work is a launch (an op given every buffer) has no current context, and a CUkernel on
     the default stream runs in the current one: the driver answers CUDA_ERROR_INVALID_CONTEXT. The launch makes its
