@@ -227,6 +227,11 @@ class Kernel:
             try:
                 struct.pack(code, value)
             except (struct.error, OverflowError, TypeError):
+                if isinstance(value, torch.Tensor):  # its data_ptr() was meant; no repr: a device tensor's reads it
+                    fix = f"{param.name}.data_ptr()" if code == "Q" else f"a Python {'float' if code == 'f' else 'int'}"
+                    return TypeError(f"{self.name}: argument {param.name} ({param.ctype}) got a "
+                                     f"{type(value).__name__} of shape {tuple(value.shape)} on {value.device}; "
+                                     f"pass {fix}")
                 number = (float, int) if code == "f" else int
                 if not isinstance(value, number) and not hasattr(value, "__index__"):
                     return TypeError(f"{self.name}: argument {param.name} ({param.ctype}) got {type(value).__name__} "

@@ -1309,6 +1309,28 @@ def test_launch_refuses_a_value_its_c_type_cannot_hold(cache, stand_in):
     assert _packed_values(kernel) == [4096, 7]
 
 
+def test_a_tensor_passed_for_an_argument_is_named_as_a_tensor_without_reading_it(cache, stand_in):
+    """A tensor passed where its data_ptr() belongs was said to be 'out of its C type's range' (it has __index__),
+    its repr in the message: a device tensor's repr copies its values back, which waits for the GPU and fails inside
+    a CUDA-graph capture with the capture's error instead of this one. Now a TypeError naming the fix, no repr."""
+    stand_in()
+    kernel = loader.load(cache).kernel("probe_cluster2")
+    launched = _recording_launches(kernel)
+
+    class Unreadable(torch.Tensor):  # a device tensor's values cannot be read here
+        def __repr__(self):
+            raise AssertionError("the refusal read the tensor's values")
+
+    out = torch.zeros(4, dtype=torch.int32).as_subclass(Unreadable)
+    with pytest.raises(TypeError, match=r"^probe_cluster2: argument out \(void\*\) got a Unreadable of shape \(4,\) "
+                                        r"on cpu; pass out\.data_ptr\(\)$"):
+        kernel.launch(2, out, 7, stream=5)
+    with pytest.raises(TypeError, match=r"^probe_cluster2: argument seed \(int32_t\) got a Unreadable of shape \(4,\) "
+                                        r"on cpu; pass a Python int$"):
+        kernel.launch(2, 0, out, stream=5)
+    assert not launched
+
+
 def test_float_arguments_pack_as_c_converts_them():
     """A float past float32's range packs as inf (as ctypes and C's conversion do); an int too large for a double and a
     value that is no number are refused, naming the argument."""
