@@ -376,7 +376,9 @@ def _bind_a_start_up_load(device: int, answer) -> None:
 def _refuse_a_load_in_capture(op: str, device: int) -> None:
     """A first call inside CUDA graph stream capture would load the cache there: torch's context set-up and the
     driver's module loading cannot be captured (the load would fail, or its work land in the graph)."""
-    if torch.cuda.is_initialized() and _capturing_on(device):  # no CUDA yet: nothing can be capturing
+    # No CUDA yet: nothing can be capturing. A device past torch's count is left to load(), which names it: making it
+    # current to ask raised torch's 'invalid device ordinal'.
+    if torch.cuda.is_initialized() and device < torch.cuda.device_count() and _capturing_on(device):
         device_arch(device)  # a GPU no arch serves is refused (and bound) without a load, as outside a capture
         raise CacheLoadInterrupted(
             f"{op}: the first call on cuda:{device} came during CUDA graph stream capture and would load the AOT "

@@ -692,6 +692,38 @@ def test_first_call_during_graph_capture_is_refused_with_the_fix(cache, stand_in
     assert loader.cache_or_fallback("decode_topk", 0) is loaded and capturing["asked"] == 0
 
 
+def test_a_device_past_the_count_asked_of_the_ops_is_refused_naming_it_once_cuda_is_initialized(cache, stand_in,
+                                                                                                  monkeypatch):
+    """max_tokens(width, device=i) and load_kernels(i, ...) with i past the devices torch sees: once CUDA was
+    initialized, the first call's capture check made cuda:i current and raised torch's 'invalid device ordinal'
+    (runtime.load's ValueError naming the device came only before CUDA's initialization). Now that ValueError both
+    ways, and nothing is bound."""
+    from runtime import sparse_mla, topk
+    from runtime.manifest import CACHE_ROOT_ENV
+
+    stand_in()
+    monkeypatch.setenv(CACHE_ROOT_ENV, str(cache))
+    monkeypatch.setattr(loader, "_bound", {})
+    monkeypatch.setattr(sparse_mla, "_kernels", {})
+    monkeypatch.setattr(topk, "_plans", {})
+
+    def device(index):  # torch.cuda.device(i) past the count: cudaSetDevice's error
+        if index >= 2:
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    past = r"^device: cuda:2 does not exist, this process sees 2 CUDA device\(s\)"
+    for initialized in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda initialized=initialized: initialized)
+        with pytest.raises(ValueError, match=past):
+            sparse_mla.max_tokens(640, 2)
+        with pytest.raises(ValueError, match=past):
+            topk.load_kernels("cuda:2", torch.float32, False)
+    assert loader._bound == {} and sparse_mla._kernels == {} and topk._plans == {}
+
+
 def test_a_direct_load_during_graph_capture_is_refused_before_it_loads(cache, stand_in, monkeypatch):
     """runtime.load(device=i) called inside a capture (not through an op's first call) made the primary context
     current (torch.zeros on the capturing stream) and loaded every cubin there. Refused as the ops' first call is,
