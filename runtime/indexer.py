@@ -208,10 +208,19 @@ class DecodeMetadata:
     schedule: torch.Tensor | None = None
     num_prefills: int = 0
 
-    def __post_init__(self):
-        # Counts often arrive as numpy or tensor-derived integers: held as Python ints from here on.
-        for name in ("num_requests", "num_tokens", "max_seq_len", "num_prefills"):
-            setattr(self, name, whole_count(f"metadata.{name}", getattr(self, name), 0))
+    def __setattr__(self, name: str, value) -> None:
+        # Counts often arrive as numpy or tensor-derived integers: held as Python ints >= 0 whether passed to the
+        # constructor (its field assignments come here) or assigned to a metadata object kept across steps, which
+        # every step then trusts. Checked when built alone, a count reassigned to None or a string met the step's
+        # comparisons (Python's TypeError, naming no field), a float num_requests was refused as row_shard_rows'
+        # 'num_requests', and num_prefills=True or 0.5 took the stock path without a word.
+        if name in _METADATA_COUNTS and (type(value) is not int or value < 0):
+            value = whole_count(_METADATA_COUNTS[name], value, 0)
+        self.__dict__[name] = value  # object.__setattr__ costs ~0.06 us a field: the constructor makes seven
+
+
+# DecodeMetadata's counts, and the names their refusals give them.
+_METADATA_COUNTS = {name: f"metadata.{name}" for name in ("num_requests", "num_tokens", "max_seq_len", "num_prefills")}
 
 
 class TPGroup(Protocol):
@@ -436,7 +445,6 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     if metadata is None or metadata.num_prefills > 0:
         _no_plan(state)
         return None
-    _check_num_tokens(metadata)
     if metadata.num_tokens == 0:
         _no_plan(state)
         return None
@@ -722,8 +730,6 @@ def decode_rows(
         return _decode_rows_eagerly(state, metadata, q, weights, tp, all_gather)
     _check_state(state)
     _check_metadata_type(metadata)
-    if metadata is not None and metadata.num_prefills == 0:
-        _check_num_tokens(metadata)
     has_rows = metadata is not None and metadata.num_prefills == 0 and metadata.num_tokens > 0
     # The state's device current for the checks too, as plan_decode_rows and finish_decode_rows make it before
     # theirs: DeepGemmScorer's check_inputs refuses a q off the current device (where its kernels launch).
@@ -1029,7 +1035,6 @@ def check_decode_metadata_values(state: IndexerState, metadata: DecodeMetadata) 
 
 def _check_metadata_ranges(state: IndexerState, metadata: DecodeMetadata) -> None:
     """``check_decode_metadata_values`` but the schedule: the layout, then each row's length and page ids."""
-    _check_num_tokens(metadata)
     _check_metadata(state, metadata)
     rows = metadata.num_tokens
     lens = metadata.seq_lens[:rows].long()
@@ -1082,13 +1087,6 @@ def _first_true(mask: torch.Tensor) -> int | None:
     """The first index where the 1-D ``mask`` holds, or None (reads it back: a device sync)."""
     hits = mask.nonzero()
     return int(hits[0, 0]) if hits.numel() else None
-
-
-def _check_num_tokens(md: DecodeMetadata) -> None:
-    """``md.num_tokens`` held as a Python int >= 0, as the constructor holds it: a metadata object kept across steps
-    may have it reassigned from a numpy or tensor integer (taken) or a bool (refused, naming the field)."""
-    if type(md.num_tokens) is not int or md.num_tokens < 0:
-        md.num_tokens = whole_count("metadata.num_tokens", md.num_tokens, 0)
 
 
 def _rank_and_world(tp) -> tuple[int, int]:
@@ -1163,8 +1161,6 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
         raise ValueError(f"metadata.num_tokens: {rows} rows exceed topk_indices' {state.max_rows}")
     if state.candidate_blocks is not None and rows > state.candidate_blocks.shape[0]:
         raise ValueError(f"metadata.num_tokens: {rows} rows exceed candidate_blocks' {state.candidate_blocks.shape[0]}")
-    if md.num_requests < 0:
-        raise ValueError(f"metadata.num_requests: {md.num_requests} is negative")
     for name, t, dims in (("seq_lens", md.seq_lens, 1), ("block_table", md.block_table, 2)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
             raise TypeError(f"metadata.{name}: expected an int32 tensor")

@@ -2131,7 +2131,7 @@ def test_a_none_plan_supersedes_the_previous_plan():
 def test_metadata_num_tokens_reassigned_after_construction_is_taken_as_the_constructor_takes_it():
     """A metadata object kept across steps and updated in place: a numpy or tensor integer assigned to num_tokens was
     refused as 'expected an int >= 0, got np.int64(12)', and a bool went on to fail naming num_rows. Integers are
-    taken (held as a Python int), a bool or float is refused naming metadata.num_tokens."""
+    taken (held as a Python int), a bool or float is refused naming metadata.num_tokens, when assigned."""
     np = pytest.importorskip("numpy")
     step = make_step(12, k=16, max_rows=12)
     md = dataclasses.replace(step.metadata)
@@ -2141,13 +2141,31 @@ def test_metadata_num_tokens_reassigned_after_construction_is_taken_as_the_const
         decode_rows(state, md, step.q, step.weights, SingleRank())
         assert type(md.num_tokens) is int and torch.equal(state.topk_indices, _expected(step))
     for value, exc in ((True, TypeError), (12.0, TypeError), (-1, ValueError)):
-        md.num_tokens = value
-        state.topk_indices.fill_(5)
         with pytest.raises(exc, match="^metadata.num_tokens: expected"):
-            decode_rows(state, md, step.q, step.weights, SingleRank())
-        with pytest.raises(exc, match="^metadata.num_tokens: expected"):
-            plan_decode_rows(state, md, SingleRank())
-        assert (state.topk_indices == 5).all()
+            md.num_tokens = value
+        assert md.num_tokens == 12
+
+
+@pytest.mark.parametrize("field", ["num_requests", "num_tokens", "max_seq_len", "num_prefills"])
+def test_every_metadata_count_reassigned_after_construction_is_checked_as_the_constructor_checks_it(field):
+    """Only num_tokens was checked again at the step: num_prefills or num_requests reassigned to None or a string
+    failed with Python's comparison TypeError naming nothing, a float num_requests was refused as row_shard_rows'
+    'num_requests', and num_prefills=True or 0.5 quietly sent the step down the stock path (the constructor refuses
+    each). Every count is refused when assigned, naming metadata.<field>, and keeps its value; integers are taken."""
+    np = pytest.importorskip("numpy")
+    step = make_step(12, k=16, max_rows=12)
+    md = dataclasses.replace(step.metadata)
+    was = getattr(md, field)
+    for value, exc in ((None, TypeError), ("3", TypeError), (True, TypeError), (0.5, TypeError), (3.0, TypeError),
+                       (-1, ValueError)):
+        with pytest.raises(exc, match=f"^metadata.{field}: expected an integer"):
+            setattr(md, field, value)
+        assert getattr(md, field) == was
+    setattr(md, field, np.int64(was))
+    assert type(getattr(md, field)) is int
+    state = make_state(step, scorer=TorchScorer())
+    decode_rows(state, md, step.q, step.weights, SingleRank())
+    assert torch.equal(state.topk_indices, _expected(step))
 
 
 def test_aot_selection_of_an_unsupported_candidate_width_names_the_candidate_buffer():
