@@ -241,7 +241,8 @@ class RowGather(Protocol):
     on what is equal on every rank: the shape, dtype, device, contiguity, and that the
     start is ``GATHER_ALIGN_BYTES``-aligned. ``local`` is always contiguous and aligned
     so (the flow copies a view that is not), but its address differs between ranks, so
-    a finer alignment of it is not such a property."""
+    a finer alignment of it is not such a property. It answers a bool (a numpy bool is taken; a string or a
+    tensor is refused, naming ``all_gather``)."""
 
     def accepts(self, local: torch.Tensor) -> bool: ...
 
@@ -841,7 +842,10 @@ def _all_gather_rows(
     """Gather every rank's ``rows``-row slice of ``buffer`` into its first ``num_rows``
     rows; rows past ``num_rows`` (a short or empty last slice) are dropped."""
     local = _same_layout_on_every_rank(buffer[tp.rank * rows: (tp.rank + 1) * rows])
-    if all_gather is not None and all_gather.accepts(local):
+    taken = all_gather is not None and all_gather.accepts(local)
+    if taken is not True and taken is not False:  # two comparisons where it answers a bool
+        taken = _accepts_answer(all_gather, taken)
+    if taken:
         gathered, source = all_gather(local), "all_gather"
     else:
         gathered, source = tp.all_gather(local), "tp.all_gather"
@@ -851,6 +855,19 @@ def _all_gather_rows(
         raise ValueError(f"{source}: returned rows that share memory with the buffer rows they are copied into, at "
                          f"other positions; return them in memory of their own (or exactly in those rows)")
     rows_now.copy_(gathered_rows)
+
+
+def _accepts_answer(all_gather: RowGather, answer) -> bool:
+    """A RowGather's ``accepts`` answer that is no Python bool: a numpy bool is taken, anything else refused naming
+    ``all_gather`` (every rank alike: the answer rests on what is equal on every rank). Taken by its truth, "False"
+    chose the custom gather, a tensor of more than one element raised torch's RuntimeError naming nothing, and a
+    CUDA tensor's truth waits for the device (which a CUDA graph capture refuses)."""
+    kind = type(answer)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
+        return bool(answer)
+    shown = f"{kind.__name__} {answer!r}" if isinstance(answer, (str, int, float)) else kind.__name__
+    raise TypeError(f"all_gather: {type(all_gather).__name__}.accepts returned {shown}, not a bool; return True or "
+                    f"False (every rank alike)")
 
 
 def _shares_memory_elsewhere(src: torch.Tensor, dst: torch.Tensor) -> bool:

@@ -1974,6 +1974,51 @@ def test_gather_result_of_another_form_is_refused(form, exc, through):
     assert (state.topk_indices[10:18] == -1).all(), "rows copied from the refused result"
 
 
+class _AnsweringGather(_WrongGather):
+    """A gather whose accepts answers ``answer`` (a function of the slice); gathering, it returns every rank's slice
+    (this rank's, a stand-in) and counts its calls."""
+
+    def __init__(self, answer):
+        super().__init__("right")
+        self.answer, self.used = answer, 0
+
+    def accepts(self, local):
+        return self.answer(local)
+
+    def __call__(self, local):
+        self.used += 1
+        return torch.cat([local] * self.world_size)
+
+
+@pytest.mark.parametrize("answer, shown", [
+    (lambda local: "False", "str 'False'"),
+    (lambda local: 1, "int 1"),
+    (lambda local: None, "NoneType"),
+    (lambda local: torch.tensor([True, False]), "Tensor"),
+    (lambda local: torch.tensor(local.shape[1] == 16), "Tensor"),
+])
+def test_a_gather_whose_accepts_answers_no_bool_is_refused_naming_it(answer, shown):
+    """World 2, 18 rows: accepts answered "False" and the custom gather took the rows (a string's truth), a tensor of
+    two elements raised torch's 'Boolean value of Tensor with more than one value is ambiguous', naming nothing, and
+    a tensor of one was read back (a device sync on a GPU, refused inside a CUDA graph capture). A TypeError naming
+    all_gather's accepts, before any gather; a numpy bool is taken as the bool it is."""
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    state = make_state(step, scorer=TorchScorer())
+    gather = _AnsweringGather(answer)
+    with pytest.raises(TypeError, match=rf"^all_gather: _AnsweringGather.accepts returned {shown}, not a bool"):
+        decode_rows(state, step.metadata, step.q, step.weights, Loopback(2), gather)
+    assert gather.used == 0 and (state.topk_indices[10:18] == -1).all()
+
+
+def test_a_gather_whose_accepts_answers_a_numpy_bool_is_taken():
+    np = pytest.importorskip("numpy")
+    step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
+    for answer, used in ((np.bool_(True), 1), (np.bool_(False), 0)):
+        gather = _AnsweringGather(lambda local, answer=answer: answer)
+        decode_rows(make_state(step, scorer=TorchScorer()), step.metadata, step.q, step.weights, Loopback(2), gather)
+        assert gather.used == used
+
+
 class _OddGather(_WrongGather):
     """Every rank's slice concatenated as asked, but sparse, or in ``buffer``'s own memory one row off (rows that
     the copy into the buffer would read after writing them)."""
