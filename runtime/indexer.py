@@ -889,9 +889,11 @@ def _check_gathered(source: str, gathered, local: torch.Tensor, world_size: int)
     if not isinstance(gathered, torch.Tensor) or gathered.dtype != local.dtype:
         got = gathered.dtype if isinstance(gathered, torch.Tensor) else type(gathered).__name__
         raise TypeError(f"{source}: returned {got}; {fix}")
+    # A sparse result, or a wrapper without memory of its own; first, since a nested result's shape raises torch's
+    # RuntimeError ('NestedTensorImpl doesn't support sizes'), naming no gather.
+    require_dense(f"{source}'s result", gathered)
     if gathered.shape != want or gathered.device != local.device:
         raise ValueError(f"{source}: returned {list(gathered.shape)} on {gathered.device}; {fix}")
-    require_dense(f"{source}'s result", gathered)  # a sparse result, or a wrapper without memory of its own
 
 
 def _same_layout_on_every_rank(local: torch.Tensor) -> torch.Tensor:

@@ -2020,8 +2020,8 @@ def test_a_gather_whose_accepts_answers_a_numpy_bool_is_taken():
 
 
 class _OddGather(_WrongGather):
-    """Every rank's slice concatenated as asked, but sparse, or in ``buffer``'s own memory one row off (rows that
-    the copy into the buffer would read after writing them)."""
+    """Every rank's slice concatenated as asked, but sparse, nested, or in ``buffer``'s own memory one row off (rows
+    that the copy into the buffer would read after writing them)."""
 
     def __init__(self, form, buffer):
         super().__init__(form)
@@ -2031,6 +2031,8 @@ class _OddGather(_WrongGather):
         whole = torch.cat([local] * self.world_size)
         if self.form == "sparse":
             return whole.to_sparse()
+        if self.form == "nested":
+            return torch.nested.nested_tensor([local] * self.world_size)
         b = self.buffer
         shifted = torch.empty(0, dtype=b.dtype).set_(b.untyped_storage(), b.storage_offset() + b.stride(0),
                                                      whole.shape, b.stride())
@@ -2041,10 +2043,11 @@ class _OddGather(_WrongGather):
 
 @pytest.mark.parametrize("form, exc, match", [
     ("sparse", TypeError, "all_gather's result must be a dense"),
+    ("nested", TypeError, "all_gather's result must be a dense .*got a nested tensor"),
     ("one row off", ValueError, "all_gather: returned rows that share memory"),
 ])
 def test_gather_result_sparse_or_over_the_buffer_is_refused(form, exc, match):
-    """torch's own errors (a sparse copy, a partly overlapping one) named no gather."""
+    """torch's own errors (a sparse copy, a nested result's shape, a partly overlapping copy) named no gather."""
     step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
     state = make_state(step, scorer=TorchScorer())
     with pytest.raises(exc, match=f"^{match}"):
