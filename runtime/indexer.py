@@ -269,6 +269,12 @@ class DistGroup:
         if not dist.is_initialized():
             raise RuntimeError("DistGroup: torch.distributed is not initialized")
         self._dist = dist
+        # Not a group (a list of its ranks, a framework's object holding one): torch's rank lookup raised its own
+        # error ("unhashable type: 'list'", "Group ... is not registered"), naming no argument. new_group gives a
+        # process outside the group NON_GROUP_MEMBER, refused below naming the fix for that.
+        if not (group is None or group is dist.GroupMember.NON_GROUP_MEMBER or isinstance(group, dist.ProcessGroup)):
+            raise TypeError(f"group: expected a torch.distributed ProcessGroup or None, got {type(group).__name__}; "
+                            f"pass dist.new_group(ranks) (or the ProcessGroup a framework's group object holds)")
         self.group = group
         self.rank = dist.get_rank(group)
         if self.rank < 0:  # torch's answer for a process outside the group (its world size would raise, naming none)

@@ -567,6 +567,25 @@ def test_dist_group_of_a_subgroup_this_rank_is_outside():
     _spawn_gloo(_gloo_outside_subgroup_worker, 2)
 
 
+def _gloo_group_of_another_type_worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        for group, kind in (([0], "list"), (types.SimpleNamespace(device_group=dist.group.WORLD), "SimpleNamespace")):
+            with pytest.raises(TypeError, match=rf"^group: expected a torch.distributed ProcessGroup or None, got "
+                                                rf"{kind}; pass dist.new_group\(ranks\)"):
+                DistGroup(group)
+        assert (DistGroup(dist.group.WORLD).rank, DistGroup(None).world_size) == (0, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dist_group_of_another_type_is_refused_naming_group():
+    """DistGroup([0]) (a list of ranks for the group) raised torch's "unhashable type: 'list'" from its rank lookup,
+    naming nothing; a framework's group object that holds a ProcessGroup, torch's "Group ... is not registered". A
+    TypeError naming group and the fix."""
+    _spawn_gloo(_gloo_group_of_another_type_worker, 1)
+
+
 @pytest.mark.parametrize("backend, takes_cpu", [("nccl", False), ("gloo", True), ("cpu:gloo,cuda:nccl", True),
                                                 ("cuda:nccl", False), ("mpi", True)])
 def test_dist_group_refuses_rows_on_a_device_its_backend_does_not_gather(backend, takes_cpu):
