@@ -29,7 +29,7 @@ def rebuild(arch: str | None, root=None) -> str:
 def shell_word(path) -> str:
     """``path`` as one word of a shell command in a fix: a root with a space or a ';' in it, written bare, split the
     command pasted (the rebuild's argparse refused the rest, a chmod changed other folders). Quoted only then."""
-    import shlex  # noqa: PLC0415 - only a fix that names another root than the checkout's needs it
+    import shlex  # only a fix that names another root than the checkout's needs it
 
     return shlex.quote(str(path))
 
