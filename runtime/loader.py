@@ -182,7 +182,10 @@ class Kernel:
             index = getattr(stream, "device_index", None)
             if self.device is not None and index is not None and index != self.device:
                 raise self._other_device(f"stream is on cuda:{index}")
-            stream = stream.cuda_stream
+            try:
+                stream = stream.cuda_stream
+            except AttributeError:  # a torch.Stream of torch.accelerator, a string: no CUDA handle to launch on
+                raise self._refused_stream(stream) from None
             # torch's default stream is handle 0 (or 1, 2), which the driver resolves against the current context,
             # not the object's device: checked as a raw default handle is (one comparison on this path only)
             if stream <= _PER_THREAD_STREAM and self.device is not None and _current_device() != self.device:
@@ -193,7 +196,10 @@ class Kernel:
             if dims != self._dims:
                 self._set_grid(dims)
             if stream != self._stream:
-                config.hStream = stream
+                try:
+                    config.hStream = stream
+                except (OverflowError, TypeError, ValueError):  # a negative handle, one past 64 bits, a float
+                    raise self._refused_stream(stream) from None
                 self._stream = stream
             try:  # struct checks the count and each value's range and type, in C, in one call
                 self._pack(self._arguments, 0, *args)
@@ -240,6 +246,13 @@ class Kernel:
                                   f"type's range {_RANGES[code]}; check the value before the launch")
         return TypeError(f"{self.name}: arguments {args!r} could not be packed as "
                          f"({', '.join(f'{p.ctype} {p.name}' for p in params)})")
+
+    def _refused_stream(self, stream) -> Exception:
+        """The error for a stream the launch cannot take: no CUDA stream, or a handle no CUstream holds."""
+        shown = f"{stream!r}" if type(stream) in (int, float) else type(stream).__name__
+        error = ValueError if type(stream) is int else TypeError
+        return error(f"{self.name}: stream must be a torch.cuda.Stream, a CUstream handle (an int from 0 to 2**64 - 1) "
+                     f"or None, got {shown}; pass torch.cuda.current_stream(), its cuda_stream, or None")
 
     def _other_device(self, where: str) -> ValueError:
         return ValueError(f"{self.name}: {where}, the kernel was loaded for cuda:{self.device}; launch it on its "

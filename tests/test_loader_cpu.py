@@ -376,6 +376,27 @@ def test_a_torch_default_stream_of_the_kernels_device_is_refused_while_another_i
     assert launched == [77, handle]
 
 
+@pytest.mark.parametrize("stream, kind, shown", [
+    (-1, ValueError, "got -1"),
+    (2 ** 64, ValueError, f"got {2 ** 64}"),
+    (7.0, TypeError, "got 7.0"),
+    ("7", TypeError, "got str"),
+    (types.SimpleNamespace(), TypeError, "got SimpleNamespace"),  # torch.accelerator's torch.Stream has no cuda_stream
+])
+def test_a_stream_no_cuda_stream_handle_holds_is_refused_naming_stream(cache, stand_in, stream, kind, shown):
+    """A negative or over-wide handle raised cuda-python's bare OverflowError from the launch config, and an object
+    without cuda_stream an AttributeError, neither naming the argument; the config keeps its last stream."""
+    stand_in()
+    kernel, launched = _probe_on_device_0(cache)
+    kernel.launch(2, 0, 0, stream=7)
+    with pytest.raises(kind, match=f"probe_cluster2: stream must be a torch.cuda.Stream, a CUstream handle .* "
+                                   f"{shown}; pass torch.cuda.current_stream"):
+        kernel.launch(2, 0, 0, stream=stream)
+    kernel.launch(2, 0, 0, stream=7)  # the config was left as it was
+    kernel.launch(2, 0, 0, stream=8)
+    assert launched == [7, 7, 8]
+
+
 def test_a_launch_without_a_current_context_binds_the_devices_and_launches(cache, stand_in, monkeypatch):
     """A thread whose first CUDA work is a launch (an op given every buffer) has no current context, and a CUkernel on
     the default stream runs in the current one: the driver answers CUDA_ERROR_INVALID_CONTEXT. The launch makes its
