@@ -216,11 +216,15 @@ class DecodeMetadata:
         # 'num_requests', and num_prefills=True or 0.5 took the stock path without a word.
         if name in _METADATA_COUNTS and (type(value) is not int or value < 0):
             value = whole_count(_METADATA_COUNTS[name], value, 0)
-        self.__dict__[name] = value  # object.__setattr__ costs ~0.06 us a field: the constructor makes seven
+        # Not self.__dict__[name] = value, ~0.06 us a field faster to build: reading __dict__ moves the object's
+        # attributes from CPython's inline values into a dict, and each field read then costs ~20 ns instead of ~5
+        # (3.11), 26 reads a decode_rows step and 42 a plan and finish, in each layer that the metadata serves.
+        _set_field(self, name, value)
 
 
 # DecodeMetadata's counts, and the names their refusals give them.
 _METADATA_COUNTS = {name: f"metadata.{name}" for name in ("num_requests", "num_tokens", "max_seq_len", "num_prefills")}
+_set_field = object.__setattr__  # a global: ~0.03 us a field less than object.__setattr__'s two lookups
 
 
 class TPGroup(Protocol):

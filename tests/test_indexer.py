@@ -2235,6 +2235,37 @@ def test_every_metadata_count_reassigned_after_construction_is_checked_as_the_co
     assert torch.equal(state.topk_indices, _expected(step))
 
 
+
+def test_metadata_fields_read_as_fast_as_those_of_a_plain_dataclass():
+    """DecodeMetadata's __setattr__ stored each field through self.__dict__: reading __dict__ moves CPython's inline
+    attribute values into a dict, and each field read then cost ~20 ns instead of ~5 (3.11), for the 26 reads of a
+    decode_rows step (42 of a plan and finish) in every layer the metadata serves, to save ~0.06 us a field when it
+    is built. Its fields read as fast as a plain dataclass's (within 1.5x: the minimum of repeated timings)."""
+    import timeit
+
+    @dataclasses.dataclass
+    class Plain:
+        seq_lens: torch.Tensor
+        block_table: torch.Tensor
+        num_requests: int
+        num_tokens: int
+        max_seq_len: int
+        schedule: torch.Tensor | None = None
+        num_prefills: int = 0
+
+    step = make_step(8, k=16)
+    md = step.metadata
+    built = {cls: cls(md.seq_lens, md.block_table, num_requests=md.num_requests, num_tokens=md.num_tokens,
+                      max_seq_len=md.max_seq_len) for cls in (DecodeMetadata, Plain)}
+
+    def reads(m):
+        for _ in range(100):
+            m.num_tokens, m.seq_lens, m.block_table, m.schedule  # noqa: B018 - the reads are what is timed
+            m.num_prefills, m.num_requests, m.max_seq_len  # noqa: B018
+
+    best = {cls: min(timeit.repeat(lambda m=m: reads(m), number=200, repeat=15)) for cls, m in built.items()}
+    assert best[DecodeMetadata] < 1.5 * best[Plain], best
+
 def test_aot_selection_of_an_unsupported_candidate_width_names_the_candidate_buffer():
     """Block mode selects as many blocks as the candidate buffer is wide: a width the AOT top-k does not take was said
     as 'k = 12 is not one of decode_topk's ...; use a supported k', though the state's k may be a supported one. The
