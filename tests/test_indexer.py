@@ -2235,7 +2235,6 @@ def test_every_metadata_count_reassigned_after_construction_is_checked_as_the_co
     assert torch.equal(state.topk_indices, _expected(step))
 
 
-
 def test_metadata_fields_read_as_fast_as_those_of_a_plain_dataclass():
     """DecodeMetadata's __setattr__ stored each field through self.__dict__: reading __dict__ moves CPython's inline
     attribute values into a dict, and each field read then cost ~20 ns instead of ~5 (3.11), for the 26 reads of a
@@ -2265,6 +2264,7 @@ def test_metadata_fields_read_as_fast_as_those_of_a_plain_dataclass():
 
     best = {cls: min(timeit.repeat(lambda m=m: reads(m), number=200, repeat=15)) for cls, m in built.items()}
     assert best[DecodeMetadata] < 1.5 * best[Plain], best
+
 
 def test_aot_selection_of_an_unsupported_candidate_width_names_the_candidate_buffer():
     """Block mode selects as many blocks as the candidate buffer is wide: a width the AOT top-k does not take was said
