@@ -36,7 +36,7 @@ from .arguments import require_dense, require_element_aligned, whole_count
 from .errors import warn_at_caller
 from .loader import env_flag
 from .overlap import check_in_storage, first_overlap
-from .scoring import Scorer, check_has_heads, check_index_k_cache, default_scorer
+from .scoring import Scorer, check_index_k_cache, default_scorer, no_heads
 
 # Checking the metadata's device values costs a device sync a step, which a serving step cannot pay: a
 # debugging run opts in. Read once, at import, to keep the plan's host time.
@@ -1228,7 +1228,8 @@ def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: I
         raise ValueError(f"q: {q.shape[0]} rows, the step has {num_rows}")
     if q.shape[2] + reference.INDEX_SCALE_BYTES != state.index_k_cache.shape[-1]:
         raise ValueError(f"q: head_dim {q.shape[2]} does not match index_k_cache's {tuple(state.index_k_cache.shape)}")
-    check_has_heads(q)
+    if not q.shape[1]:
+        raise no_heads(q)
     if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32:
         raise TypeError("weights: expected a float32 tensor [rows, heads]")
     require_dense("weights", weights)
