@@ -131,13 +131,13 @@ def _section_heads(data: bytes) -> tuple[list, int]:
         heads = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
     # The names too: the driver finds the attribute lists by them, and a name offset past its string table (or a
     # table whose last name has no NUL in it) would have it read past the table, or the file, unchecked.
-    end, names_size = len(data), heads[shstrndx][5]
+    end, names = len(data), heads[shstrndx]
+    names_size = names[5]
     for h in heads:
         if h[1] != 8 and h[4] + h[5] > end:  # 8 = SHT_NOBITS
             raise CubinFormatError("a section runs past the end of the file (truncated?)")
         if h[0] >= names_size:
             raise CubinFormatError("a section's name lies past the section names' string table")
-    names = heads[shstrndx]
     if names[1] == 8 or data[names[4] + names[5] - 1] != 0:  # inside the file: checked above (a size > 0 here)
         raise CubinFormatError("the section names' string table does not end in a NUL (truncated?)")
     return heads, shstrndx

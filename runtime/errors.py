@@ -7,7 +7,8 @@ import os
 import sys
 import warnings
 
-REBUILD = "python build_kernels.py --arch {arch}"
+REBUILD_ALL = "python build_kernels.py"
+REBUILD = REBUILD_ALL + " --arch {arch}"
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Frames a call passes through on its way into the runtime and that name no line of the caller's:
@@ -20,7 +21,7 @@ _CHECKOUT = os.path.realpath(os.path.dirname(os.path.dirname(_PACKAGE_DIR)))
 def rebuild(arch: str | None, root=None) -> str:
     """REBUILD for ``arch`` (None: every arch), with ``--out root`` where the cache root is not the build's default
     (this checkout)."""
-    fix = REBUILD.format(arch=arch) if arch else REBUILD.split(" --arch")[0]
+    fix = REBUILD.format(arch=arch) if arch else REBUILD_ALL
     if root is not None and os.path.realpath(root) != _CHECKOUT:
         fix += f" --out {shell_word(root)}"
     return fix

@@ -497,6 +497,9 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
             _check_read_apart(state, (("metadata.schedule", schedule),), "give the schedule memory of its own")
 
     _check_buffers_as_built(state)
+    # What finish_decode_rows compares against the state and metadata it is given (decode_rows finishes its plan at
+    # once, with the same ones), read before the reset: a schedule it cannot read is refused with the rows as they were.
+    buffers, view = ((), ()) if by_decode_rows else (_buffers_of(state), _metadata_view(metadata))
     if own_schedule:
         # Before the reset: a schedule the scorer refuses (too many rows for DeepGEMM's) leaves the buffers as
         # they were.
@@ -507,9 +510,6 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
         # The finish writes the step's candidate rows, not a CUDA graph's padded ones: reset, they hold -1 as the
         # padded top-k rows do, not an earlier, larger step's blocks (a slice past the buffer's rows is empty).
         state.candidate_blocks[num_rows:reset_rows].fill_(-1)
-    # What finish_decode_rows compares against the state and metadata it is given; decode_rows finishes its plan
-    # at once, with the same ones.
-    buffers, view = ((), ()) if by_decode_rows else (_buffers_of(state), _metadata_view(metadata))
     seq_lens_at_plan = metadata.seq_lens.clone() if CHECK_METADATA_VALUES and not by_decode_rows else None
     sms = getattr(state.scorer, "num_sms", None)
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
@@ -553,13 +553,17 @@ def _metadata_view(md: DecodeMetadata) -> tuple:
     it is laid out. The plan chose its rows, slices and reset from them, and the finish scores through the same
     object; fields replaced in between (a smaller num_tokens, a shorter seq_lens) would have the finish read rows
     the plan never checked. Device values are not compared: they may be written between plan and finish."""
-    def where(t):
+    def where(name, t):
         if not isinstance(t, torch.Tensor):
             return type(t).__name__
-        return t.data_ptr(), tuple(t.shape), t.stride(), t.device, t.dtype
+        try:
+            return t.data_ptr(), tuple(t.shape), t.stride(), t.device, t.dtype
+        except RuntimeError:  # sparse, nested or without memory (a schedule the torch scorer never reads): named
+            require_dense(f"metadata.{name}", t)
+            raise
     return (("num_tokens", md.num_tokens), ("num_requests", md.num_requests), ("max_seq_len", md.max_seq_len),
-            ("num_prefills", md.num_prefills), ("seq_lens", where(md.seq_lens)),
-            ("block_table", where(md.block_table)), ("schedule", where(md.schedule)))
+            ("num_prefills", md.num_prefills), ("seq_lens", where("seq_lens", md.seq_lens)),
+            ("block_table", where("block_table", md.block_table)), ("schedule", where("schedule", md.schedule)))
 
 
 def _check_metadata_unchanged(plan: DecodeRowsPlan) -> None:
@@ -1202,10 +1206,6 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
             raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
         check_in_storage(f"metadata.{name}", t)
         require_element_aligned(f"metadata.{name}", t)  # read by 4-byte loads: DeepGEMM's, decode_topk's row ends
-    if isinstance(md.schedule, torch.Tensor):
-        # The plan records where it is (_metadata_view) after its reset, whether the scorer reads it or not: a
-        # sparse or nested one raised torch's error there, naming nothing.
-        require_dense("metadata.schedule", md.schedule)
     _check_metadata_fits_context(state, md)
 
 
