@@ -368,15 +368,16 @@ def _unnamed_files(root: Path, arch: str, manifest: dict) -> list:
     no longer define, or a killed build's staged copy), and a killed build's staged copies of the arch's manifest
     (``manifests/.<arch>.json.*``, _staged_copy's names). No load reads them, but a plain install would ship them,
     and a cache that holds more than its manifest says cannot be told from one that lost a manifest entry."""
-    staged_manifests = sorted(manifest_path(root, arch).parent.glob(f".{manifest_path(root, arch).name}.*"))
+    path = manifest_path(root, arch)
+    staged_manifests = sorted(path.parent.glob(f".{path.name}.*"))
     folder = root / "cubins" / arch
     if not folder.is_dir():
         return staged_manifests
     # Compared as normalised paths: the runtime reads "cubins/sm_90a/./x.cubin" as "cubins/sm_90a/x.cubin".
     named = {os.path.normpath(e["cubin"]) for e in manifest.get("kernels", [])
              if isinstance(e, dict) and isinstance(e.get("cubin"), str)}
-    return sorted(p for p in folder.iterdir() if os.path.normpath(f"cubins/{arch}/{p.name}") not in named) + \
-        staged_manifests
+    unnamed = sorted(p for p in folder.iterdir() if os.path.normpath(f"cubins/{arch}/{p.name}") not in named)
+    return unnamed + staged_manifests
 
 
 def _remove_unnamed_files(out: Path, arch: str, manifest: dict) -> None:
