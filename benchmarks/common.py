@@ -48,15 +48,19 @@ def tree_info() -> dict:
 
 
 def gpu_info() -> dict:
-    """The GPU, driver and commit a result was measured on."""
-    p = torch.cuda.get_device_properties(0)
+    """The GPU, driver and commit a result was measured on: the current device, where the benchmarks' tensors go
+    (``torch.device("cuda")``), not device 0."""
+    index = torch.cuda.current_device()
+    p = torch.cuda.get_device_properties(index)
     try:
+        # one line a GPU, all the host's one driver (nvidia-smi's numbering ignores CUDA_VISIBLE_DEVICES)
         driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip()
+                                capture_output=True, text=True, timeout=20).stdout.strip().partition("\n")[0]
     except (OSError, subprocess.SubprocessError):
         driver = ""
     return {
-        "gpu": p.name, "sms": p.multi_processor_count, "l2_bytes": getattr(p, "L2_cache_size", None),
+        "gpu": p.name, "device_index": index, "sms": p.multi_processor_count,
+        "l2_bytes": getattr(p, "L2_cache_size", None),
         "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda,
         **tree_info(),
         "packages": package_versions(),

@@ -72,3 +72,28 @@ def test_head_commit_outside_git_takes_the_environments(tmp_path, monkeypatch):
     assert head_commit(tmp_path) == "f" * 40
     monkeypatch.delenv("GIT_COMMIT")
     assert head_commit(tmp_path) == ""
+
+
+def test_gpu_info_describes_the_current_device(monkeypatch):
+    """The benchmarks put their tensors on the current device, so the record names it, not device 0; the driver is
+    the first of nvidia-smi's lines (one a GPU)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from benchmarks import common
+
+    names = {0: "GPU zero", 1: "GPU one"}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(name=names[i], multi_processor_count=100 + i, L2_cache_size=7))
+    real_run = common.subprocess.run
+
+    def run(command, *args, **kwargs):
+        if command[0] == "nvidia-smi":
+            return SimpleNamespace(stdout="580.1\n580.1\n")
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(common.subprocess, "run", run)
+    info = common.gpu_info()
+    assert (info["gpu"], info["device_index"], info["sms"], info["driver"]) == ("GPU one", 1, 101, "580.1")
