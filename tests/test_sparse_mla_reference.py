@@ -1013,3 +1013,31 @@ def test_kernel_write_bumps_outs_version(monkeypatch):
         buffer = torch.zeros(3, H, 512, dtype=torch.bfloat16)  # a serving engine's buffer: no counter to bump
     sparse_mla.sparse_mla_decode(q, swa, comp, idx, lens, bmm1_scale=0.04, bmm2_scale=1.0, out=buffer, pdl=False)
     assert launched == [15, 15]
+
+
+@pytest.mark.parametrize("empty", ("swa_kv", "compressed_kv"))
+def test_an_empty_pool_at_an_odd_byte_offset_reaches_the_kernel_aligned(monkeypatch, empty):
+    """The alignment check skips an empty tensor (it is never read), but the kernel still forms each masked row's
+    cp.async source address from an empty pool's pointer (16 bytes, source size 0), which PTX requires 16-byte aligned.
+    That holds because torch gives every empty tensor data_ptr 0, a view of a storage sliced at an odd byte included:
+    this pins it. (The launch is stood in: the CPU has no kernel to run.)"""
+    from runtime import sparse_mla
+
+    class Kernel:
+        def in_stream_order(self):
+            return self
+
+    launched = []
+    monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: Kernel())
+    monkeypatch.setattr(sparse_mla, "launch_on", lambda device, kernel, grid, *args: launched.append(args))
+    q, swa, comp, idx, lens = make_inputs(2, 640, seed=6)
+    raw = torch.zeros(1024, dtype=torch.uint8)
+    odd = raw[3:3].view(FP8).view(0, 512)  # an empty pool cut 3 bytes into a buffer
+    assert odd.storage_offset() == 3 and odd.is_contiguous()
+    pools = {"swa_kv": swa, "compressed_kv": comp, empty: odd}
+    sparse_mla.sparse_mla_decode(q, pools["swa_kv"], pools["compressed_kv"], idx, lens, bmm1_scale=0.04,
+                                 bmm2_scale=1.0)
+    (args,) = launched
+    # (out, q, swa_kv, compressed_kv, indices, lens, sinks, swa_rows, compressed_rows, bmm1_scale, bmm2_scale)
+    pointer, rows = {"swa_kv": (2, 7), "compressed_kv": (3, 8)}[empty]
+    assert args[rows] == 0 and args[pointer] % 16 == 0, (args[rows], args[pointer])
