@@ -987,10 +987,9 @@ def test_p_rounding_check_tells_e4m3_from_e5m2(width):
     assert ratio_right <= 1.1 < gpu_tests.P_ROUNDING_RATIO_MAX < 1.6 <= ratio_coarse, (ratio_right, ratio_coarse)
 
 
-def test_kernel_write_bumps_outs_version(monkeypatch):
-    """The kernel writes out through its pointer, which autograd cannot see: the op bumps out's version counter, as
-    the fallback's copy_ and torch's in-place ops do, so a backward pass over values saved from out before the call
-    raises instead of using the overwritten ones. (The launch is stood in: the CPU has no kernel to run.)"""
+def stand_in_launch(monkeypatch, record):
+    """sparse_mla_decode's kernel and launch stood in (the CPU has no kernel to run): returns the list that each
+    launch appends ``record(grid, args)`` to."""
     from runtime import sparse_mla
 
     class Kernel:
@@ -999,7 +998,18 @@ def test_kernel_write_bumps_outs_version(monkeypatch):
 
     launched = []
     monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: Kernel())
-    monkeypatch.setattr(sparse_mla, "launch_on", lambda device, kernel, grid, *args: launched.append(grid))
+    monkeypatch.setattr(sparse_mla, "launch_on",
+                        lambda device, kernel, grid, *args: launched.append(record(grid, args)))
+    return launched
+
+
+def test_kernel_write_bumps_outs_version(monkeypatch):
+    """The kernel writes out through its pointer, which autograd cannot see: the op bumps out's version counter, as
+    the fallback's copy_ and torch's in-place ops do, so a backward pass over values saved from out before the call
+    raises instead of using the overwritten ones. (The launch is stood in: the CPU has no kernel to run.)"""
+    from runtime import sparse_mla
+
+    launched = stand_in_launch(monkeypatch, lambda grid, args: grid)
     q, swa, comp, idx, lens = make_inputs(3, 640, seed=5)
     out = torch.zeros(3, H, 512, dtype=torch.bfloat16)
     weight = torch.ones(512, dtype=torch.bfloat16, requires_grad=True)
@@ -1023,13 +1033,7 @@ def test_an_empty_pool_at_an_odd_byte_offset_reaches_the_kernel_aligned(monkeypa
     this pins it. (The launch is stood in: the CPU has no kernel to run.)"""
     from runtime import sparse_mla
 
-    class Kernel:
-        def in_stream_order(self):
-            return self
-
-    launched = []
-    monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: Kernel())
-    monkeypatch.setattr(sparse_mla, "launch_on", lambda device, kernel, grid, *args: launched.append(args))
+    launched = stand_in_launch(monkeypatch, lambda grid, args: args)
     q, swa, comp, idx, lens = make_inputs(2, 640, seed=6)
     raw = torch.zeros(1024, dtype=torch.uint8)
     odd = raw[3:3].view(FP8).view(0, 512)  # an empty pool cut 3 bytes into a buffer
