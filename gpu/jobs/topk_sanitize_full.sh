@@ -29,25 +29,29 @@ extra=; [ "$tool" = racecheck ] && extra="--racecheck-report all"
 # them to gpu/jobs/topk_racecheck_crowded.sh unless CROWDED (with, skip, only) says otherwise.
 crowded=${CROWDED:-with}; [ "$tool" = racecheck ] && crowded=${CROWDED:-skip}
 for i in $shards; do
-  ( timeout ${SECONDS_EACH:-400} /usr/local/cuda/bin/compute-sanitizer --tool "$tool" $extra \
+  # (COMPUTE_SANITIZER: another binary, e.g. tests/test_gpu_job_verdicts.py's fake one on a CPU)
+  ( timeout ${SECONDS_EACH:-400} "${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}" --tool "$tool" $extra \
       --report-api-errors no --error-exitcode 3 --print-limit 4 python3 gpu/jobs/topk_sanitize.py --shard=$i/$n \
       --crowded=$crowded \
       > "$JOB_OUT/topk_${tool}_$i.txt" 2>&1; echo "rc=$?" >> "$JOB_OUT/topk_${tool}_$i.txt" ) &
 done
 wait
-# The verdict reads the summaries, not rc: --error-exitcode also fires on racecheck's warnings (benign ones are
-# explained in the README), so a clean racecheck shard can exit 3.
+# The verdict reads the summaries, and rc only as far as it can: --error-exitcode also fires on racecheck's warnings
+# (benign ones are explained in the README), so a clean racecheck shard can exit 3; any other rc (a crash after the
+# last case, say: 139, with the summary at 0 errors) is no clean shard.
+ok_rc="rc=0"; [ "$tool" = racecheck ] && ok_rc="rc=(0|3)"
 clean=0
 for i in $shards; do
   f="$JOB_OUT/topk_${tool}_$i.txt"
   echo "-- $tool shard $i/$n"; grep -E "cases match|SUMMARY|rc=|MISMATCH" "$f"
   if grep -qE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: .*\(0 errors" "$f" && ! grep -q MISMATCH "$f" \
-    && grep -qE "^([0-9]+)/\1 cases match" "$f"; then
+    && grep -qE "^([0-9]+)/\1 cases match" "$f" && grep -qxE "$ok_rc" "$f"; then
     clean=$((clean + 1))
   elif ! grep -qE "cases match" "$f"; then  # cut short (its timeout): what it ran, and any error it printed so far
     errors=$(grep -E '^=========' "$f" | grep -viE 'summary|warning' | grep -ciE 'error|invalid')
     echo "   incomplete: $(grep -c '^case ok' "$f") cases ran, $errors sanitizer error lines so far"
   fi
 done
-echo "verdict: $clean of $(wc -w <<< "$shards") shards clean (of $n; 0 sanitizer errors, every case matching)"
+echo "verdict: $clean of $(wc -w <<< "$shards") shards clean (of $n; 0 sanitizer errors, every case matching;" \
+  "crowded cases: $crowded)"
 echo "took ${SECONDS}s"
