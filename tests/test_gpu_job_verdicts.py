@@ -6,11 +6,15 @@ with its summary at 0 errors and its own count of what ran."""
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,3 +86,42 @@ def test_a_clean_racecheck_shard_may_exit_3_on_its_warnings(fake_sanitizer):
                             FAKE_JOB="topk")
     (verdict,) = _verdicts(output)
     assert verdict.startswith("verdict: 2 of 2 shards clean") and "crowded cases: skip" in verdict, output
+
+
+@pytest.mark.parametrize("mode", ["nonfinite", "hang", "crash"])
+def test_the_mla_sanitizers_verdict_reads_each_report_whole(fake_sanitizer, mode):
+    """A launch's non-finite output in a report's first lines, a tool cut short by its timeout (the summary printed on
+    SIGTERM), a crash after the count: the tails printed before showed 0 errors and nothing else; no verdict was
+    printed."""
+    output = fake_sanitizer("gpu/tools/mla_sanitize.sh", "2", FAKE_memcheck=mode)
+    assert _verdicts(output) == ["verdict: 2 of 3 tools clean (0 sanitizer errors, every launch finite)"], output
+    clean = fake_sanitizer("gpu/tools/mla_sanitize.sh", "5")
+    assert _verdicts(clean) == ["verdict: 3 of 3 tools clean (0 sanitizer errors, every launch finite)"], clean
+
+
+def test_the_mla_sanitizer_script_counts_its_launches_and_fails_on_a_non_finite_one(monkeypatch, capsys):
+    """gpu/jobs/mla_support_sanitize.py printed finite=False for a launch and exited 0, so no sanitizer's summary or
+    exit code said so. Its launches stubbed: the first one's output holds a NaN."""
+    calls = []
+
+    def decode(*args, **kwargs):
+        calls.append(1)
+        return torch.full((2, 3), float("nan") if len(calls) == 1 else 0.5)
+
+    cases = types.ModuleType("tests.test_sparse_mla_gpu")
+    cases.BMM1_SCALE = cases.BMM2_SCALE = 1.0
+    cases.COMP_ROWS, cases.SWA_ROWS = 20000, 3000
+    cases.make_case = lambda *args, **kwargs: ((), None)
+    cases.make_edge_case = lambda *args, **kwargs: ((), None)
+    ops = types.ModuleType("runtime.sparse_mla")
+    ops.sparse_mla_decode = decode
+    ops.supports_sparse_mla = lambda *args, **kwargs: True
+    monkeypatch.setitem(sys.modules, "tests.test_sparse_mla_gpu", cases)
+    monkeypatch.setitem(sys.modules, "runtime.sparse_mla", ops)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    monkeypatch.setattr(sys, "argv", ["mla_support_sanitize.py", "5"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(ROOT / "gpu" / "jobs" / "mla_support_sanitize.py"), run_name="__main__")
+    assert exit_info.value.code == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(calls) == 16 and lines[0].endswith("finite=False") and lines[-1] == "15/16 launches finite"

@@ -2,7 +2,9 @@
 
 Run under compute-sanitizer (memcheck, racecheck, synccheck) by gpu/jobs/mla_support.sh; the
 inputs mix the masking cases of tests/test_sparse_mla_gpu.py (indices past the pools, -1, empty
-tokens, whole chunks masked) so every branch of the kernel runs. Prints one line per launch.
+tokens, whole chunks masked) so every branch of the kernel runs. Prints one line per launch, then
+"N/M launches finite" once all ran (gpu/tools/mla_sanitize.sh's verdict reads it); exits non-zero where an output
+is not finite.
 """
 
 import sys
@@ -15,6 +17,7 @@ from tests.test_sparse_mla_gpu import (BMM1_SCALE, BMM2_SCALE, COMP_ROWS, SWA_RO
                                       make_edge_case)
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+launches = finite_launches = 0
 for width in (128, 640):
     for with_sinks in (True, False):
         args, sinks = make_case(T, width, seed=width + with_sinks)
@@ -22,7 +25,9 @@ for width in (128, 640):
         assert supports_sparse_mla(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE), "no kernel"
         out = sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
         torch.cuda.synchronize()
-        print(f"width {width} sinks {with_sinks}: T={T} finite={bool(torch.isfinite(out.float()).all())}", flush=True)
+        finite = bool(torch.isfinite(out.float()).all())
+        launches, finite_launches = launches + 1, finite_launches + finite
+        print(f"width {width} sinks {with_sinks}: T={T} finite={finite}", flush=True)
 
 # make_edge_case: lens past the width and negative, indices -2 / INT32_MIN / INT32_MAX / exactly a pool's end, and
 # empty pools (a zero-row pool's pointer may be anything): no input may make the kernel read outside a pool.
@@ -35,4 +40,9 @@ for width in (128, 640):
             out = sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
             torch.cuda.synchronize()
             finite = bool(torch.isfinite(out.float()).all())
+            launches, finite_launches = launches + 1, finite_launches + finite
             print(f"edge width {width} sinks {with_sinks} pools {rows}: finite={finite}", flush=True)
+# The sanitizers' summaries count device faults only: a launch whose output is not finite (the reference tests assert
+# it is) fails here, and the count shows that every launch ran (a run cut short by its timeout prints no count).
+print(f"{finite_launches}/{launches} launches finite", flush=True)
+sys.exit(0 if finite_launches == launches else 1)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck, racecheck and synccheck (in parallel, each under SECONDS_EACH, the first
 # argument) on gpu/jobs/mla_support_sanitize.py's small launches of both widths with and without sinks;
-# full reports to $JOB_OUT/sanitizer_<tool>.txt, their tails to stdout. Shared by mla_support.sh and mla_final.sh.
+# full reports to $JOB_OUT/sanitizer_<tool>.txt, their tails and a verdict to stdout. Shared by mla_support.sh and
+# mla_final.sh.
 set -u
 t=${1:-50}
 echo "== compute-sanitizer memcheck, racecheck, synccheck (in parallel)"
@@ -11,8 +12,20 @@ echo "== compute-sanitizer memcheck, racecheck, synccheck (in parallel)"
 # PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor its own allocation, so that a read past a pool's end is outside any
 # allocation memcheck knows (inside torch's cached block it would be a valid address; fifty-second session's review).
 for tool in memcheck racecheck synccheck; do
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$t" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 \
-    python3 gpu/jobs/mla_support_sanitize.py 5 > "$JOB_OUT/sanitizer_$tool.txt" 2>&1 &
+  ( PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$t" compute-sanitizer --tool "$tool" --report-api-errors no \
+      --error-exitcode 3 python3 gpu/jobs/mla_support_sanitize.py 5 > "$JOB_OUT/sanitizer_$tool.txt" 2>&1
+    echo "rc=$?" >> "$JOB_OUT/sanitizer_$tool.txt" ) &
 done
 for tool in memcheck racecheck synccheck; do wait -n; done
-for tool in memcheck racecheck synccheck; do echo "-- $tool"; tail -n 6 "$JOB_OUT/sanitizer_$tool.txt"; done
+# The verdict reads each report whole, not its tail (a launch's non-finite output in the first lines was out of the
+# tail's sight): a summary at 0 errors and the script's own "N/N launches finite", printed only once every launch ran
+# (a run cut short by its timeout has none), and rc 0 (racecheck's 3: its warnings), as topk_sanitize_full.sh's does.
+clean=0
+for tool in memcheck racecheck synccheck; do
+  f="$JOB_OUT/sanitizer_$tool.txt"
+  ok_rc="rc=0"; [ "$tool" = racecheck ] && ok_rc="rc=(0|3)"
+  echo "-- $tool"; tail -n 7 "$f"
+  grep -qE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: .*\(0 errors" "$f" \
+    && grep -qE "^([0-9]+)/\1 launches finite" "$f" && grep -qxE "$ok_rc" "$f" && clean=$((clean + 1))
+done
+echo "verdict: $clean of 3 tools clean (0 sanitizer errors, every launch finite)"
