@@ -12,7 +12,13 @@ source gpu/tools/deepgemm_env.sh
 echo "tests digest $(find tests -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)" \
   | tee "${JOB_OUT:-/tmp}/tests_digest.txt"
 python3 -m runtime verify 2>&1 | tail -3
+verify_rc=$?  # (pipefail: verify's own)
 # -rfEs: the failures' and errors' names in the summary too (-rs alone names the skips only); the whole output
 # goes to a file beside the job's reports, since the tail below keeps one traceback's end at most.
 timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rfEs 2>&1 \
   | tee "${JOB_OUT:-/tmp}/all_gpu_tests_pytest.log" | tail -15
+pytest_rc=$?
+# The job's exit status fails where either did (it followed pytest alone: a failed `runtime verify` exited 0), and
+# says which: 124 is the timeout's, 5 pytest's "no tests ran".
+echo "all_gpu_tests: runtime verify rc=$verify_rc, pytest rc=$pytest_rc"
+[ "$verify_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ]
