@@ -4,7 +4,8 @@
 # carried wheel), then the sanitizers of both kernel families (sparse MLA's small launches with the edge inputs;
 # decode_topk's full mode: every cluster size, the twins and the short-row kernel; its racecheck in shards), then the indexer
 # job (tests, benchmark, zero-JIT probes, memcheck of one step). Reports in $JOB_OUT/verify_all.tgz (JOB_OUT=$OUT
-# is enough: it holds that one file).
+# is enough: it holds that one file). The last line (verdict.txt in the archive) names the phases that failed, if any,
+# and the exit status is 1 then.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 LIMIT=${LIMIT:-560}  # the whole job's seconds, inside the device call's 600
@@ -14,25 +15,37 @@ archive_dir=${JOB_OUT:?}
 work=$(mktemp -d /tmp/verify_all.XXXXXX)
 export JOB_OUT=$work
 pack() { tar czf "$archive_dir/verify_all.tgz" -C "$work" .; }
+# The phases that failed, named in the last line and in the exit status (which was the last pack's 0 whatever ran).
+failed=()
 echo "=== 1. all GPU tests"
 bash gpu/jobs/all_gpu_tests.sh 2>&1 | tee "$work/all_gpu_tests.log" | tail -25
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("GPU tests")
 pack
 echo "=== 2. sanitizers (sparse MLA 3 tools + decode_topk full mode: memcheck, synccheck in 3 shards, racecheck in 8 without the crowded cases; in parallel)"
 # decode_topk's three tools side by side with the sparse-MLA ones (racecheck in eight shards; in six, 223-271 s on the
 # H200), each bounded so that the indexer job keeps its ~90 s (77-81 s in the fifty-third and fifty-fifth sessions)
 each=$((LIMIT - 100 - SECONDS)); [ "$each" -gt 320 ] && each=320; [ "$each" -lt 30 ] && each=30
 TOOL=all SECONDS_EACH=$each bash gpu/jobs/topk_sanitize_full.sh > "$work/topk_sanitizers.txt" 2>&1 &
-bash gpu/tools/mla_sanitize.sh $((each < 200 ? each : 200))
+bash gpu/tools/mla_sanitize.sh $((each < 200 ? each : 200)) | tee "$work/mla_sanitizers.txt"
 wait
 cat "$work/topk_sanitizers.txt"
+# Their verdicts (the tools' rc cannot say: racecheck exits 3 on its warnings): each of decode_topk's three with
+# every shard clean, sparse MLA's 3 of 3.
+grep -qx "verdict: 3 of 3 tools clean.*" "$work/mla_sanitizers.txt" || failed+=("sparse MLA sanitizers")
+awk '/^verdict: /{n++; if ($2 != $4 || $4 < 1) bad++} END{exit !(n == 3 && !bad)}' "$work/topk_sanitizers.txt" \
+  || failed+=("decode_topk sanitizers")
 pack
 echo "=== 3. indexer job (took ${SECONDS}s so far)"
 mkdir -p "$work/indexer"
 left=$((LIMIT + 15 - SECONDS))
 if [ "$left" -lt 60 ]; then
-  echo "skipped: ${left}s left of the call"
+  echo "skipped: ${left}s left of the call"; failed+=("indexer (skipped)")
 else
   ROUND_CAP=$left JOB_OUT="$work/indexer" bash gpu/jobs/indexer.sh 2>&1 | tee "$work/indexer/indexer.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("indexer")
 fi
 echo "=== verify_all took ${SECONDS}s"
+verdict="verify_all: every phase passed"; [ ${#failed[@]} -eq 0 ] || verdict="verify_all: FAILED: ${failed[*]}"
+echo "$verdict" | tee "$work/verdict.txt"
 pack
+[ ${#failed[@]} -eq 0 ]
