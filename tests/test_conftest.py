@@ -28,3 +28,31 @@ def test_a_malformed_fuzz_case_count_is_one_usage_error_before_any_test(value):
 def test_a_whole_fuzz_case_count_is_taken():
     proc = _collect_with_fuzz_cases("7")
     assert proc.returncode == pytest.ExitCode.OK, proc.stdout + proc.stderr
+
+
+def test_a_gpu_test_module_skipped_as_a_whole_fails_where_gpu_tests_are_required(tmp_path):
+    """A module-level importorskip in a tests/*_gpu.py module skipped all its tests at collection, past the runtest
+    hook that turns a GPU test's skip into a failure: with SPARSE_DECODE_AOT_REQUIRE_GPU set, pytest said "1 skipped"
+    and exited 0. Now that module is a collection error; another module's skip (test_build.py's) stays a skip. Torch
+    is made to see a device (a plugin) so that the run gets past the collection's no-device check."""
+    (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n")
+    (tmp_path / "fake_device.py").write_text("import torch\n\ntorch.cuda.is_available = lambda: True\n")
+    missing = "import pytest\n\npytest.importorskip('no_such_module_here')\n\n\ndef test_one():\n    pass\n"
+    (tmp_path / "test_lacking_gpu.py").write_text("import pytest\n\npytestmark = pytest.mark.gpu\n" + missing)
+    (tmp_path / "test_lacking_build.py").write_text(missing)
+
+    def run(require: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "SPARSE_DECODE_AOT_REQUIRE_GPU": require, "PYTHONPATH": str(tmp_path)}
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fake_device",
+                               "-m", "gpu", "-rs", str(tmp_path)], capture_output=True, text=True, env=env,
+                              timeout=120, check=False, cwd=tmp_path)
+
+    required = run("1")
+    assert required.returncode == pytest.ExitCode.INTERRUPTED, required.stdout + required.stderr
+    assert "ERROR collecting test_lacking_gpu.py" in required.stdout, required.stdout
+    assert "SPARSE_DECODE_AOT_REQUIRE_GPU is set but this GPU test module skipped" in required.stdout
+    assert "SKIPPED [1] test_lacking_build.py" in required.stdout, required.stdout
+    not_required = run("")
+    assert not_required.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, not_required.stdout + not_required.stderr
+    assert "2 skipped" in not_required.stdout, not_required.stdout
