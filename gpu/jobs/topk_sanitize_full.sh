@@ -36,16 +36,13 @@ for i in $shards; do
       > "$JOB_OUT/topk_${tool}_$i.txt" 2>&1; echo "rc=$?" >> "$JOB_OUT/topk_${tool}_$i.txt" ) &
 done
 wait
-# The verdict reads the summaries, and rc only as far as it can: --error-exitcode also fires on racecheck's warnings
-# (benign ones are explained in the README), so a clean racecheck shard can exit 3; any other rc (a crash after the
-# last case, say: 139, with the summary at 0 errors) is no clean shard.
-ok_rc="rc=0"; [ "$tool" = racecheck ] && ok_rc="rc=(0|3)"
+# The verdict reads the summaries, the cases' count and rc as far as it can (report_clean), and any mismatch.
+source gpu/tools/sanitizer_verdict.sh
 clean=0
 for i in $shards; do
   f="$JOB_OUT/topk_${tool}_$i.txt"
   echo "-- $tool shard $i/$n"; grep -E "cases match|SUMMARY|rc=|MISMATCH" "$f"
-  if grep -qE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: .*\(0 errors" "$f" && ! grep -q MISMATCH "$f" \
-    && grep -qE "^([0-9]+)/\1 cases match" "$f" && grep -qxE "$ok_rc" "$f"; then
+  if report_clean "$f" "$tool" "cases match" && ! grep -q MISMATCH "$f"; then
     clean=$((clean + 1))
   elif ! grep -qE "cases match" "$f"; then  # cut short (its timeout): what it ran, and any error it printed so far
     errors=$(grep -E '^=========' "$f" | grep -viE 'summary|warning' | grep -ciE 'error|invalid')

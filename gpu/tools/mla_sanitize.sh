@@ -18,14 +18,12 @@ for tool in memcheck racecheck synccheck; do
 done
 for tool in memcheck racecheck synccheck; do wait -n; done
 # The verdict reads each report whole, not its tail (a launch's non-finite output in the first lines was out of the
-# tail's sight): a summary at 0 errors and the script's own "N/N launches finite", printed only once every launch ran
-# (a run cut short by its timeout has none), and rc 0 (racecheck's 3: its warnings), as topk_sanitize_full.sh's does.
+# tail's sight): report_clean's summary, rc and the script's own "N/N launches finite", as topk_sanitize_full.sh's does.
+source gpu/tools/sanitizer_verdict.sh
 clean=0
 for tool in memcheck racecheck synccheck; do
   f="$JOB_OUT/sanitizer_$tool.txt"
-  ok_rc="rc=0"; [ "$tool" = racecheck ] && ok_rc="rc=(0|3)"
   echo "-- $tool"; tail -n 7 "$f"
-  grep -qE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: .*\(0 errors" "$f" \
-    && grep -qE "^([0-9]+)/\1 launches finite" "$f" && grep -qxE "$ok_rc" "$f" && clean=$((clean + 1))
+  report_clean "$f" "$tool" "launches finite" && clean=$((clean + 1))
 done
 echo "verdict: $clean of 3 tools clean (0 sanitizer errors, every launch finite)"
