@@ -23,7 +23,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("ti
 
 # FAKE_<shard or tool>: clean (the run's count and its summary at 0 errors; racecheck exits 3 on its warnings, as
 # --error-exitcode makes it), crash (the same, then a crash: 139), nonfinite (an MLA launch's output not finite: the
-# script's count says so and it exits 1), hang (past the timeout; the summary printed on SIGTERM).
+# script's count says so and it exits 1), hang (past the timeout; the summary printed on SIGTERM), empty (a shard
+# given no case, as one past the case count is: "0/0", a clean summary, rc 0).
 FAKE = r"""#!/usr/bin/env bash
 tool=$2
 key=$(printf '%s\n' "$@" | sed -n 's/^--shard=\([0-9]*\)\/.*/\1/p'); [ -n "$key" ] || key=$tool
@@ -39,8 +40,9 @@ else
   for i in 1 2 3 4 5 6 7 8; do echo "edge width 640 sinks False pools (0, 20000): finite=True"; done
   count="16/16 launches finite"; [ "$mode" = nonfinite ] && count="15/16 launches finite"
 fi
+[ "$mode" = empty ] && count="0/0 ${count#* }"
 case $mode in
-  clean) echo "$count"; summary; [ "$tool" = racecheck ] && exit 3; exit 0;;
+  clean|empty) echo "$count"; summary; [ "$tool" = racecheck ] && exit 3; exit 0;;
   crash) echo "$count"; echo "========= Error: process didn't terminate successfully"; summary; exit 139;;
   nonfinite) echo "$count"; echo "========= Target application returned an error"; summary; exit 1;;
   hang) trap 'summary; exit 143' TERM; sleep 60 & wait;;
@@ -79,6 +81,14 @@ def test_a_topk_shard_that_crashed_after_its_cases_is_not_clean(fake_sanitizer):
     (verdict,) = _verdicts(output)
     assert verdict.startswith("verdict: 1 of 3 shards clean"), output
     assert "incomplete: 1 cases ran" in output
+
+
+def test_a_topk_shard_that_ran_no_case_is_not_clean(fake_sanitizer):
+    """More shards than cases leaves a shard nothing to run: its "0/0 cases match" and clean summary counted clean."""
+    output = fake_sanitizer("gpu/jobs/topk_sanitize_full.sh", TOOL="memcheck", SHARDS="2", SECONDS_EACH="5",
+                            FAKE_JOB="topk", FAKE_1="empty")
+    (verdict,) = _verdicts(output)
+    assert verdict.startswith("verdict: 1 of 2 shards clean"), output
 
 
 def test_a_clean_racecheck_shard_may_exit_3_on_its_warnings(fake_sanitizer):
