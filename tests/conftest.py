@@ -45,7 +45,17 @@ def _cuda_available() -> bool:
         return False
 
 
+def _unmarked_gpu_module_tests(items) -> list[str]:
+    """Tests in a tests/*_gpu.py module without the gpu marker: the GPU jobs select `-m gpu`, so such a test would
+    run on no GPU pass and go missing from its count, while CI would run it without a device."""
+    return [item.nodeid for item in items if item.path.name.endswith("_gpu.py") and "gpu" not in item.keywords]
+
+
 def pytest_collection_modifyitems(config, items):
+    unmarked = _unmarked_gpu_module_tests(items)
+    if unmarked:
+        raise pytest.UsageError(f"tests in GPU modules without the gpu marker: {', '.join(unmarked[:5])}; mark them "
+                                f"(pytestmark = pytest.mark.gpu) or move them to a CPU test module")
     if _cuda_available():
         return
     if REQUIRE_GPU:

@@ -56,3 +56,25 @@ def test_a_gpu_test_module_skipped_as_a_whole_fails_where_gpu_tests_are_required
     not_required = run("")
     assert not_required.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, not_required.stdout + not_required.stderr
     assert "2 skipped" in not_required.stdout, not_required.stdout
+
+
+def test_an_unmarked_test_in_a_gpu_module_stops_the_collection(tmp_path):
+    """The GPU jobs select `-m gpu`: a test in a tests/*_gpu.py module without the marker ran on no GPU pass, and the
+    pass's count simply had one test fewer. Now the collection stops, naming it, on CI and the GPU machine alike."""
+    (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n")
+    (tmp_path / "test_mixed_gpu.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_marked():\n    pass\n\n\n"
+                                                "def test_unmarked():\n    pass\n")
+    (tmp_path / "test_plain.py").write_text("def test_cpu():\n    pass\n")
+    def collect() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                               str(tmp_path)], capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+                              env={**os.environ, "SPARSE_DECODE_AOT_REQUIRE_GPU": ""})
+
+    proc = collect()
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "tests in GPU modules without the gpu marker: test_mixed_gpu.py::test_unmarked;" in proc.stderr, proc.stderr
+    (tmp_path / "test_mixed_gpu.py").write_text("import pytest\n\npytestmark = pytest.mark.gpu\n\n\n"
+                                                "def test_marked():\n    pass\n")
+    marked = collect()
+    assert marked.returncode == pytest.ExitCode.OK, marked.stdout + marked.stderr

@@ -11,7 +11,8 @@ source gpu/tools/deepgemm_env.sh
 # (LC_ALL=C: the GPU machine's locale sorts test_indexer_gpu.py before test_indexer.py).
 echo "tests digest $(find tests -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)" \
   | tee "${JOB_OUT:-/tmp}/tests_digest.txt"
-python3 -m runtime verify 2>&1 | tail -3
+# Its whole report beside the job's (the tail shows its verdict; a failed check's line may sit above it).
+python3 -m runtime verify 2>&1 | tee "${JOB_OUT:-/tmp}/runtime_verify.log" | tail -3
 verify_rc=$?  # (pipefail: verify's own)
 # -rfEs: the failures' and errors' names in the summary too (-rs alone names the skips only); the whole output
 # goes to a file beside the job's reports, since the tail below keeps one traceback's end at most.
