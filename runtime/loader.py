@@ -174,23 +174,20 @@ class Kernel:
             if current != self.device and self.device is not None:  # the one comparison when they match
                 raise self._other_device(f"torch's current device is cuda:{current}")
             stream = _raw_stream_of(current)
-        elif type(stream) is int and 0 <= stream <= _PER_THREAD_STREAM:
-            # 0, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name a default stream of the current context
-            if self.device is not None and _current_device() != self.device:
-                raise self._other_device(f"stream {stream} is the default stream of cuda:{_current_device()}")
-        elif type(stream) is not int:
-            index = getattr(stream, "device_index", None)
-            if self.device is not None and index is not None and index != self.device:
-                raise self._other_device(f"stream is on cuda:{index}")
-            try:
-                stream = stream.cuda_stream
-            except AttributeError:  # a torch.Stream of torch.accelerator, a string: no CUDA handle to launch on
-                raise self._refused_stream(stream) from None
-            # torch's default stream is handle 0 (or 1, 2), which the driver resolves against the current context,
-            # not the object's device: checked as a raw default handle is (one comparison on this path only)
-            if stream <= _PER_THREAD_STREAM and self.device is not None and _current_device() != self.device:
-                raise self._other_device(f"stream has a default stream's handle, {stream}, which names the default "
-                                         f"stream of cuda:{_current_device()}")
+        else:
+            if type(stream) is not int:
+                index = getattr(stream, "device_index", None)
+                if self.device is not None and index is not None and index != self.device:
+                    raise self._other_device(f"stream is on cuda:{index}")
+                try:
+                    stream = stream.cuda_stream
+                except AttributeError:  # a torch.Stream of torch.accelerator, a string: no CUDA handle to launch on
+                    raise self._refused_stream(stream) from None
+            # 0, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name a default stream of the current context, not
+            # of a device: a raw handle or a torch stream's (torch's default stream of any device has the handle 0)
+            if 0 <= stream <= _PER_THREAD_STREAM and self.device is not None and _current_device() != self.device:
+                raise self._other_device(f"stream handle {stream} names the default stream of the current device, "
+                                         f"cuda:{_current_device()}")
         with self._lock:
             config = self._config
             if dims != self._dims:

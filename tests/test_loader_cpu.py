@@ -328,8 +328,8 @@ def test_stream_zero_of_another_device_is_refused(cache, stand_in, monkeypatch):
     stand_in()
     kernel, launched = _probe_on_device_0(cache)
     with _switching_device(monkeypatch, current=1) as state:
-        with pytest.raises(ValueError, match="probe_cluster2: stream 0 is the default stream of cuda:1, the kernel was "
-                                             "loaded for cuda:0"):
+        with pytest.raises(ValueError, match="probe_cluster2: stream handle 0 names the default stream of the "
+                                             "current device, cuda:1, the kernel was loaded for cuda:0"):
             kernel.launch(2, 0, 0, stream=0)
         kernel.launch(2, 0, 0, stream=7)
         state["index"] = 0
@@ -344,8 +344,8 @@ def test_the_special_default_stream_handles_of_another_device_are_refused(cache,
     stand_in()
     kernel, launched = _probe_on_device_0(cache)
     with _switching_device(monkeypatch, current=1) as state:
-        with pytest.raises(ValueError, match=f"probe_cluster2: stream {handle} is the default stream of cuda:1, the "
-                                             f"kernel was loaded for cuda:0"):
+        with pytest.raises(ValueError, match=f"probe_cluster2: stream handle {handle} names the default stream of "
+                                             f"the current device, cuda:1, the kernel was loaded for cuda:0"):
             kernel.launch(2, 0, 0, stream=handle)
         assert not launched
         state["index"] = 0
@@ -365,9 +365,8 @@ def test_a_torch_default_stream_of_the_kernels_device_is_refused_while_another_i
     kernel, launched = _probe_on_device_0(cache)
     with _switching_device(monkeypatch, current=1) as state:
         default = types.SimpleNamespace(device_index=0, cuda_stream=handle)
-        with pytest.raises(ValueError, match=f"probe_cluster2: stream has a default stream's handle, {handle}, "
-                                             f"which names the default stream of cuda:1, the kernel was loaded for "
-                                             f"cuda:0"):
+        with pytest.raises(ValueError, match=f"probe_cluster2: stream handle {handle} names the default stream of "
+                                             f"the current device, cuda:1, the kernel was loaded for cuda:0"):
             kernel.launch(2, 0, 0, stream=default)
         assert not launched
         kernel.launch(2, 0, 0, stream=types.SimpleNamespace(device_index=0, cuda_stream=77))
