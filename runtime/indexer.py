@@ -997,7 +997,7 @@ def _reference_select(logits, row_ends, out, block_mode) -> None:
 
 def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
     """The peer the AOT top-k is measured against: mask past each row's end,
-    ``torch.topk`` (unsorted: the rows are sets), -1 where a row has fewer candidates.
+    ``torch.topk`` (unsorted: the rows are sets), a row with fewer than k candidates holding them first, then -1.
     (Tie order is torch's.)"""
     rows, width = logits.shape
     k = out.shape[1]
@@ -1017,7 +1017,13 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
         width = blocks
     take = min(k, width)
     vals, idx = torch.topk(x, take, dim=1, sorted=False)
-    out[:, :take] = torch.where(vals > float("-inf"), idx, torch.full_like(idx, -1)).to(torch.int32)
+    chosen = vals > float("-inf")
+    # Unsorted, torch.topk mixes the columns past a short row's end among its candidates: moved behind them, so that
+    # a row holds its candidates, then -1, as decode_topk's do (a consumer may count a row's active columns as a
+    # prefix, as the sparse MLA's lens does). A stable sort of [rows, take] bytes: small beside the topk itself.
+    order = (~chosen).to(torch.uint8).argsort(dim=1, stable=True)
+    idx, chosen = idx.gather(1, order), chosen.gather(1, order)
+    out[:, :take] = torch.where(chosen, idx, torch.full_like(idx, -1)).to(torch.int32)
     if take < k:
         out[:, take:] = -1
 

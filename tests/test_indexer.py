@@ -340,6 +340,26 @@ def test_torch_topk_select_same_sets_as_reference():
         assert torch.equal(out.sort(dim=1).values, ref.sort(dim=1).values)
 
 
+
+@pytest.mark.parametrize("block_mode", [False, True])
+def test_torch_topk_select_puts_a_short_rows_candidates_before_its_minus_ones(block_mode):
+    """A row with fewer candidates than k holds them first, then -1, in the torch backend as in decode_topk and the
+    reference: a consumer may take a row's count of active columns as a prefix (the seed's sparse MLA masks columns at
+    or past its lens). Unsorted, torch.topk mixed the columns past the row's end among the candidates."""
+    from runtime.indexer import _torch_topk_select
+
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, 4096, generator=g)
+    ends = torch.tensor([3, 100, 700, 4096], dtype=torch.int32)
+    out = torch.empty(4, 512, dtype=torch.int32)
+    _torch_topk_select(logits, ends, out, block_mode)
+    ref = reference.decode_topk_reference(logits, ends, 512, block_mode=block_mode)
+    counts = (ref >= 0).sum(dim=1)
+    assert (counts < 512).sum() >= 2, counts  # the premise: short rows in either mode
+    for row, n in enumerate(counts.tolist()):
+        assert torch.equal(out[row, :n].sort().values, ref[row, :n].sort().values), row
+        assert (out[row, n:] == -1).all(), row
+
 def test_plan_gates_and_reset():
     step = make_step(18, k=8, max_rows=18)
     state = make_state(step, scorer=TorchScorer())
