@@ -340,7 +340,6 @@ def test_torch_topk_select_same_sets_as_reference():
         assert torch.equal(out.sort(dim=1).values, ref.sort(dim=1).values)
 
 
-
 @pytest.mark.parametrize("block_mode", [False, True])
 def test_torch_topk_select_puts_a_short_rows_candidates_before_its_minus_ones(block_mode):
     """A row with fewer candidates than k holds them first, then -1, in the torch backend as in decode_topk and the
@@ -359,6 +358,7 @@ def test_torch_topk_select_puts_a_short_rows_candidates_before_its_minus_ones(bl
     for row, n in enumerate(counts.tolist()):
         assert torch.equal(out[row, :n].sort().values, ref[row, :n].sort().values), row
         assert (out[row, n:] == -1).all(), row
+
 
 def test_plan_gates_and_reset():
     step = make_step(18, k=8, max_rows=18)
