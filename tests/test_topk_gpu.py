@@ -101,6 +101,11 @@ def _check(logits, row_ends, out, k, block_mode):
     if block_mode:
         ends = (ends + DECODE_TOPK_BLOCK - 1) // DECODE_TOPK_BLOCK
     assert ((out >= -1) & (out.long() < ends[:, None])).all(), "index out of range"
+    # A short row holds its candidates first, then -1 (the README's contract: a consumer may count a row's active
+    # columns as a prefix); the set comparisons below would not see -1 among the candidates.
+    chosen = out >= 0
+    gap = ~chosen[:, :-1] & chosen[:, 1:]
+    assert not gap.any(), f"-1 before a candidate in rows {gap.any(dim=1).nonzero().flatten().tolist()[:8]}"
     # Every selected key >= the k-th best key (the reference's worst), per row.
     keys = decode_topk_keys(logits)
     if block_mode:
