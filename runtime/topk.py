@@ -103,6 +103,16 @@ def _require_int32_tensor(name: str, t) -> torch.Size:
     return t.shape
 
 
+def _check_out_strides(out, rows: int, k: int) -> None:
+    """A ValueError unless ``out`` ([rows, k]) holds each row in k adjacent slots of its own."""
+    row_stride, column_stride = out.stride()
+    if column_stride != 1:
+        raise ValueError(f"out must have unit column stride, got strides {out.stride()}; pass rows of k adjacent "
+                         f"int32 slots (a contiguous out, or a slice of its rows)")
+    if rows > 1 and row_stride < k:
+        raise ValueError(f"out's rows overlap (row stride {row_stride} < k = {k}): give each row k slots of its own")
+
+
 def _check_args(logits, row_ends, out, block_mode):
     """Every argument checked before anything is launched; returns (rows, width, k). Each property is read once:
     an eager call's checks are host time on every layer of a step."""
@@ -134,12 +144,7 @@ def _check_args(logits, row_ends, out, block_mode):
     k = out_shape[1]
     if k not in SUPPORTED_K:
         raise ValueError(f"out: k = out.shape[1] = {k} is not supported; expected one of {SUPPORTED_K}")
-    row_stride, column_stride = out.stride()
-    if column_stride != 1:
-        raise ValueError(f"out must have unit column stride, got strides {out.stride()}; pass rows of k adjacent "
-                         f"int32 slots (a contiguous out, or a slice of its rows)")
-    if rows > 1 and row_stride < k:
-        raise ValueError(f"out's rows overlap (row stride {row_stride} < k = {k}): give each row k slots of its own")
+    _check_out_strides(out, rows, k)
     require_flag("block_mode", block_mode)
     device = logits.device
     if row_ends.device != device or out.device != device:
@@ -356,6 +361,10 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
             # of the base at storage offset 0 where the slice's offset is symbolic (out = buf[1:-1, 3:515] wrote
             # buf's first rows: pytorch/pytorch#198068, aten.sym_storage_offset lowered to 0). The op writes a fresh
             # tensor and a plain copy_, which the compilers place right, fills the view (rows * k words more).
+            # The op checks that tensor in out's place: out's own strides are checked here, as eagerly (a view of
+            # overlapping rows took one copy_, later rows over earlier ones' slots, and gave a wrong top-k).
+            if out.dim() == 2:  # another shape the op refuses, on the fresh tensor of that shape
+                _check_out_strides(out, out.shape[0], out.shape[1])
             written = torch.empty(out.shape, dtype=out.dtype, device=out.device)
             _decode_topk_op(logits, row_ends, written, block_mode, pdl)
             out.copy_(written)

@@ -10,6 +10,8 @@ an input never gives a wrong result (refused, or computed on functionalization's
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from indexer_cases import make_state, make_step
@@ -321,3 +323,27 @@ def test_decode_topk_writes_a_slice_of_a_wider_buffer_inside_torch_compile(dynam
         rest[1:-1, 3:3 + k] = -9
         assert (rest == -9).all(), "nothing outside the slice written"
     assert called and set(called) == {"sparse_decode_aot.decode_topk.default"}
+
+
+@pytest.mark.parametrize("dynamic, compiler", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("strides", ((100, 1), (512, 2)), ids=("rows-overlap", "column-stride"))
+def test_an_out_view_the_kernel_cannot_write_is_refused_inside_torch_compile_as_eagerly(dynamic, compiler, strides):
+    # Traced, an out that is a view is written through a fresh tensor, which the op checks in out's place: a view
+    # whose rows overlap (or whose columns are not adjacent), refused eagerly, was filled by one copy_, the later
+    # rows over the earlier ones' slots (a wrong top-k, no error).
+    rows, k = 2, 512
+    logits = torch.randn(rows, 600, generator=torch.Generator().manual_seed(5))
+    row_ends = torch.full((rows,), 600, dtype=torch.int32)
+    words = torch.full((4 * rows * k,), -9, dtype=torch.int32)
+    out = words.as_strided((rows, k), strides)
+    said = _eager_refusal(decode_topk, logits, row_ends, out)
+    assert "out" in said[1] and (words == -9).all()
+
+    def step(logits, row_ends, out):
+        decode_topk(logits, row_ends, out)
+        return out
+
+    # (with dynamic shapes the message shows the strides as symbols)
+    with pytest.raises(Exception, match=re.escape(re.split(r",| \(", said[1])[0])):
+        _compile(step, dynamic, compiler)[0](logits, row_ends, out)
+    assert (words == -9).all(), "out untouched"
