@@ -345,6 +345,9 @@ class DecodeRowsPlan:
     # The scorer's SM count when the plan was made (None: it has none), on every rank, with rows or not: the finish
     # compares it with the count now on every rank alike (a rank with an empty slice holds no schedule to compare).
     num_sms: int | None = None
+    # A split-flow plan holding a schedule, made outside a CUDA graph capture: a finish captured into a graph with it
+    # is refused (_check_capture_of_finish). False inside a capture, in decode_rows, and without a schedule.
+    schedule_outside_capture: bool = False
 
 
 # ---------------------------------------------------------------------------
@@ -512,9 +515,29 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
         state.candidate_blocks[num_rows:reset_rows].fill_(-1)
     seq_lens_at_plan = metadata.seq_lens.clone() if CHECK_METADATA_VALUES and not by_decode_rows else None
     sms = getattr(state.scorer, "num_sms", None)
+    # Asked only where a separate finish will read a schedule (one query of the stream a plan, ~0.3 us).
+    outside = not by_decode_rows and schedule is not None and not _capturing(state.topk_indices.device)
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
                           world_size, state.topk_indices.shape[0], buffers, state._plans, view, seq_lens_at_plan,
-                          sms if isinstance(sms, int) else None)
+                          sms if isinstance(sms, int) else None, outside)
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` (the state's, current in the plan and the finish) is being captured
+    into a CUDA graph. No CPU stream is."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_capture_of_finish(state: IndexerState, plan: DecodeRowsPlan) -> None:
+    """Refuse a finish captured into a CUDA graph whose plan was made outside the capture and holds a schedule: the
+    graph would score every replay under that tensor, built from seq_lens' values when the plan ran (and freed, its
+    memory reused, once the plan is dropped), so a replay whose rows are longer never ends in DeepGEMM's scoring; and
+    the plan's reset of the rows would not be in the graph either."""
+    if plan.schedule_outside_capture and _capturing(state.topk_indices.device):
+        raise ValueError("plan: made outside the CUDA graph capture that finish_decode_rows is captured in, with a "
+                         "schedule built from seq_lens' values at the plan: every replay would score under it (and "
+                         "without the plan's reset); call plan_decode_rows inside the same capture (or capture "
+                         "decode_rows), after the step's seq_lens are written")
 
 
 def _slice_of(state: IndexerState, num_rows: int, num_requests: int, rank: int, world_size: int) -> tuple:
@@ -706,6 +729,7 @@ def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
                          f"{state._plans}, made since: it reset the top-k rows of its own step, or returned None and "
                          f"left them to the stock path): an earlier plan, or one made "
                          f"on another state; pass the latest plan_decode_rows result of this state")
+    _check_capture_of_finish(state, plan)
     _check_metadata_unchanged(plan)
     _check_plan_slice(state, plan, rank, world_size)
     _check_buffers_as_built(state)  # the finish writes them too: changed since the plan, they are refused alike

@@ -1239,6 +1239,37 @@ def test_metadata_value_check_refuses_a_stale_schedule(monkeypatch):
         finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
 
 
+def test_finish_captured_with_a_plan_made_outside_the_capture_is_refused(monkeypatch):
+    """A finish captured into a CUDA graph bakes the plan's schedule tensor into every replay: one the plan built
+    outside the capture (or a caller's schedule it kept) holds seq_lens' values of that moment, and a replay of
+    longer rows never ends in DeepGEMM's scoring, nor does the graph hold the plan's reset. Such a finish is refused
+    before it issues anything; a plan and finish in one capture (or both eager), and decode_rows, run. (The capture
+    state is simulated here: the GPU test captures for real.)"""
+    from runtime import indexer
+
+    capturing = {"now": False}
+    monkeypatch.setattr(indexer, "_capturing", lambda device: capturing["now"], raising=False)
+    step = make_step(6, heads=8, head_dim=32, max_model_len=256, k=8)
+    scorer = _LengthScheduleScorer()
+    state = make_state(step, scorer=scorer)
+    want = make_state(step, scorer=scorer)
+    decode_rows(want, step.metadata, step.q, step.weights, SingleRank())
+    callers = _with_schedule(step.metadata, scorer.schedule(step.metadata.seq_lens))
+    for md in (step.metadata, callers):  # the plan's own schedule, and the caller's it keeps
+        plan = plan_decode_rows(state, md, SingleRank())
+        state.topk_indices.fill_(5)
+        capturing["now"] = True
+        with pytest.raises(ValueError, match=r"^plan: made outside the CUDA graph capture"):
+            finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+        assert (state.topk_indices == 5).all()  # refused before anything was issued
+        plan = plan_decode_rows(state, md, SingleRank())  # inside the capture: its schedule and reset are too
+        assert torch.equal(finish_decode_rows(state, step.q, step.weights, plan, SingleRank()), want.topk_indices)
+        assert torch.equal(decode_rows(state, md, step.q, step.weights, SingleRank()), want.topk_indices)
+        capturing["now"] = False
+        plan = plan_decode_rows(state, md, SingleRank())
+        assert torch.equal(finish_decode_rows(state, step.q, step.weights, plan, SingleRank()), want.topk_indices)
+
+
 def test_metadata_value_check_passes_empty_slices_with_the_callers_schedule(monkeypatch):
     """With the value check on, a rank whose slice is empty (18 rows over 8 ranks: ranks 6 and 7) compared the
     caller's schedule of the whole step, which its plan keeps and never scores with, against one rebuilt from its

@@ -248,6 +248,44 @@ def test_flow_under_cuda_graph_follows_new_inputs(monkeypatch, schedule_in_graph
     assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
 
 
+def test_split_flow_under_cuda_graph_plans_inside_the_capture():
+    """plan_decode_rows and finish_decode_rows captured together replay on each step's values, as decode_rows does;
+    a finish captured with a plan made before the capture is refused (it baked the plan's DeepGEMM schedule, built
+    from seq_lens at the plan and freed with it, into every replay: a longer row's scoring never ends there)."""
+    from runtime.indexer import finish_decode_rows, plan_decode_rows
+
+    scorer = _deepgemm()
+    tokens = 10
+    steps = [_step(tokens, candidates=512, seed=60 + i) for i in range(3)]
+    static = steps[0]
+    state = make_state(static, scorer=scorer)
+    q, weights = static.q.clone(), static.weights.clone()
+    seq_lens, table = static.metadata.seq_lens.clone(), static.metadata.block_table.clone()
+    md = DecodeMetadata(seq_lens, table, num_requests=tokens, num_tokens=tokens, max_seq_len=8192)
+    finish_decode_rows(state, q, weights, plan_decode_rows(state, md, SingleRank()), SingleRank())  # warm
+    torch.cuda.synchronize()
+    eager_plan = plan_decode_rows(state, md, SingleRank())
+    refused = pytest.raises(ValueError, match="plan: made outside the CUDA graph capture")
+    with refused, torch.cuda.graph(torch.cuda.CUDAGraph()):
+        finish_decode_rows(state, q, weights, eager_plan, SingleRank())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        finish_decode_rows(state, q, weights, plan_decode_rows(state, md, SingleRank()), SingleRank())
+    a = static.state_args
+    for new in steps[1:]:
+        for dst, src in ((q, new.q), (weights, new.weights), (seq_lens, new.metadata.seq_lens),
+                         (table, new.metadata.block_table), (a["index_k_cache"], new.state_args["index_k_cache"])):
+            dst.copy_(src)
+        state.topk_indices.fill_(7)
+        graph.replay()
+        logits = scorer.logits(q, weights, a["index_k_cache"], seq_lens, table, scorer.schedule(seq_lens),
+                               a["max_model_len"])
+        assert torch.equal(_sets(state.topk_indices[:tokens]), _sets(reference.decode_topk_reference(
+            logits, seq_lens, a["k"])))
+        assert torch.equal(_sets(state.candidate_blocks[:tokens]), _sets(reference.decode_topk_reference(
+            logits, seq_lens, 512, block_mode=True)))
+
+
 def test_value_check_refuses_a_stale_deepgemm_schedule():
     """DeepGEMM's schedule follows seq_lens' values, and one of longer rows than the scoring finds never ends: the
     value check rebuilds it and refuses a stale one, and takes the current one (the rebuild is bit-identical)."""
