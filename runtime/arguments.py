@@ -48,6 +48,12 @@ def require_flag(name: str, value) -> None:
     by its truth value, which for "False" is True."""
     if not isinstance(value, bool):
         kind = type(value)  # numpy's bool is also named "bool": say whose
+        if isinstance(value, torch.Tensor):
+            # No repr: a device tensor's reads its values back, which waits for the device and fails inside a
+            # CUDA-graph capture with the capture's error rather than this one.
+            raise TypeError(f"{name} must be a Python bool, got a {kind.__name__} of shape {tuple(value.shape)} on "
+                            f"{value.device}; pass a Python bool (a device tensor's value cannot be read during "
+                            f"CUDA-graph capture)")
         # bool() is the fix for a numpy bool or a 0/1, not for a string: bool("False") is True
         fix = (f"pass True or False (bool({value!r}) is {bool(value)})" if isinstance(value, str)
                else f"pass bool({name})")

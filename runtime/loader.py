@@ -260,7 +260,11 @@ class Kernel:
         """``dims`` as three ints, or a TypeError (not three whole numbers: a bool, float or None) or a ValueError
         (outside CUDA's grid limits, or x not a multiple of the cluster's) naming the grid."""
         if len(dims) != 3:
-            raise TypeError(f"{self.name}: grid {dims!r} must be an int or three ints (x, y, z)")
+            # A tensor's type only: a device tensor's repr reads its values back (a device sync, which a CUDA-graph
+            # capture refuses with its own error)
+            shown = (repr(dims) if not any(isinstance(d, torch.Tensor) for d in dims)
+                     else f"({', '.join(type(d).__name__ for d in dims)})")
+            raise TypeError(f"{self.name}: grid {shown} must be an int or three ints (x, y, z)")
         gx, gy, gz = dims = tuple(whole_number(f"{self.name}: grid", d) for d in dims)
         if not (0 < gx <= _GRID_MAX[0] and 0 < gy <= _GRID_MAX[1] and 0 < gz <= _GRID_MAX[2]) or gx % self._cluster_x:
             raise ValueError(f"{self.name}: grid {dims} must be positive, at most {_GRID_MAX}, with x a multiple of "

@@ -1380,6 +1380,9 @@ def test_a_tensor_passed_for_an_argument_is_named_as_a_tensor_without_reading_it
     with pytest.raises(TypeError, match=r"^probe_cluster2: argument seed \(int32_t\) got a Unreadable of shape \(4,\) "
                                         r"on cpu; pass a Python int$"):
         kernel.launch(2, 0, out, stream=5)
+    # nor in a grid of the wrong length (its repr was in the message)
+    with pytest.raises(TypeError, match=r"^probe_cluster2: grid \(Unreadable, int\) must be an int or three ints"):
+        kernel.launch((out[:1], 1), 0, 7, stream=5)
     assert not launched
 
 

@@ -158,6 +158,29 @@ def test_host_op_cpu_fallback_and_checks():
         decode_topk(logits, ends, out, pdl="False")  # true: it would launch with PDL
 
 
+def test_a_tensor_flag_is_refused_without_reading_it():
+    """block_mode or pdl given as a tensor (a device mask's any()) was refused with its repr in the message: a device
+    tensor's repr copies its value back, which waits for the GPU and fails inside a CUDA-graph capture with the
+    capture's error instead of this one. Named by its type, shape and device instead."""
+    from runtime.topk import decode_topk
+
+    logits = torch.randn(2, 64)
+    ends = torch.tensor([64, 10], dtype=torch.int32)
+    out = torch.empty(2, 512, dtype=torch.int32)
+
+    class Unreadable(torch.Tensor):  # a device tensor's value cannot be read here
+        def __repr__(self):
+            raise AssertionError("the refusal read the tensor's value")
+
+        __str__ = __repr__
+
+    flag = torch.tensor(True).as_subclass(Unreadable)
+    for name in ("block_mode", "pdl"):
+        with pytest.raises(TypeError, match=rf"^{name} must be a Python bool, got a Unreadable of shape \(\) on cpu; "
+                                            r"pass a Python bool"):
+            decode_topk(logits, ends, out, **{name: flag})
+
+
 @pytest.mark.parametrize("dtype, offset", [(torch.float32, 1), (torch.float32, 2), (torch.bfloat16, 1)])
 def test_logits_off_their_element_size_are_refused(dtype, offset):
     """Logits over a storage sliced at a byte offset were taken to the exact fallback, whose torch ops read them by
