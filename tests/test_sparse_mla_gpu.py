@@ -469,6 +469,54 @@ def test_kernel_under_cuda_graph():
     assert_kernel_matches(out, args, sinks)
 
 
+def test_pdl_chain_under_cuda_graph_reads_the_selection_before_it(monkeypatch, kernel_launches):
+    """decode_topk writing the compressed columns of the indices straight into their buffer, then sparse_mla_decode
+    reading them, both with programmatic dependent launch: the second kernel's read of what the first wrote is
+    ordered only by its dependency wait. Captured into a CUDA graph (the launches become programmatic edges) and
+    replayed on new logits, with the selected columns set to -1 before each replay (a read ahead of the selection
+    would find them masked): each replay selects the reference's sets, and its output equals an eager launch's on
+    the indices the replay left, bit for bit."""
+    from runtime import topk
+    from runtime.reference import decode_topk_reference
+    from runtime.sparse_mla import sparse_mla_decode
+
+    T, width, k = 12, 640, 512
+    (q, swa, comp, indices, lens), sinks = make_case(T, width, seed=23)
+    g = torch.Generator(device="cpu").manual_seed(24)
+    sources = [torch.randn(T, COMP_ROWS, generator=g).cuda() for _ in range(3)]
+    ends = torch.randint(0, COMP_ROWS + 1, (T,), generator=g, dtype=torch.int32)
+    ends[0], ends[2] = COMP_ROWS, 100  # a whole row, and one of fewer candidates than k (then -1)
+    ends = ends.cuda()
+    logits = torch.empty(T, COMP_ROWS, device="cuda")
+    selected = indices[:, 128:]  # [T, k], row stride 640: decode_topk writes sparse MLA's compressed columns
+    out = poisoned(T)
+    kw = dict(sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE)
+    monkeypatch.setattr(topk, "decode_topk_reference", lambda *a, **_: pytest.fail("decode_topk ran its fallback"))
+    source = sources[0].clone()
+
+    def chain():
+        torch.mul(source, 1.0, out=logits)  # a torch kernel (it never releases its dependents early)
+        topk.decode_topk(logits, ends, selected)  # pdl=True
+        sparse_mla_decode(q, swa, comp, indices, lens, out=out, **kw)  # pdl=True
+
+    chain()  # loads and warms outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for new in sources[1:]:
+        source.copy_(new)
+        selected.fill_(-1)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = decode_topk_reference(new, ends, k)
+        assert torch.equal(selected.sort(dim=1).values, want.sort(dim=1).values), "the replay's selection"
+        eager = sparse_mla_decode(q, swa, comp, indices, lens, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), "the replayed sparse MLA read the selection the replay wrote"
+    assert len(kernel_launches) == 4  # the warm-up, the capture and the two eager launches: every one the kernel
+
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_kernel_inside_torch_compile(backend, kernel_launches):
