@@ -1040,14 +1040,17 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
         x = padded.view(rows, blocks, CANDIDATE_BLOCK_SIZE).amax(dim=2)
         width = blocks
     take = min(k, width)
-    vals, idx = torch.topk(x, take, dim=1, sorted=False)
-    chosen = vals > float("-inf")
-    # Unsorted, torch.topk mixes the columns past a short row's end among its candidates: moved behind them, so that
-    # a row holds its candidates, then -1, as decode_topk's do (a consumer may count a row's active columns as a
-    # prefix, as the sparse MLA's lens does). A stable sort of [rows, take] bytes: small beside the topk itself.
-    order = (~chosen).to(torch.uint8).argsort(dim=1, stable=True)
-    idx, chosen = idx.gather(1, order), chosen.gather(1, order)
-    out[:, :take] = torch.where(chosen, idx, torch.full_like(idx, -1)).to(torch.int32)
+    _, idx = torch.topk(x, take, dim=1, sorted=False)
+    # Every column below a row's end is a candidate (-inf and NaN were made finite above), so a row of fewer than
+    # ``take`` holds all of them: columns 0..count-1, then -1, as decode_topk's rows do (a consumer may count a row's
+    # active columns as a prefix, as the sparse MLA's lens does; unsorted, torch.topk mixed the columns past the end
+    # among them). Elementwise, no sort: the peer costs what the bare torch.topk flow does.
+    count = ends.clamp(0, logits.shape[1])
+    if block_mode:
+        count = (count + CANDIDATE_BLOCK_SIZE - 1) // CANDIDATE_BLOCK_SIZE
+    columns = torch.arange(take, device=idx.device)
+    short_rows = torch.where(columns[None, :] < count[:, None], columns[None, :], -1)
+    out[:, :take] = torch.where(count[:, None] >= take, idx, short_rows).to(torch.int32)
     if take < k:
         out[:, take:] = -1
 
