@@ -107,7 +107,9 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
         # scorer's gather raises an IndexError naming nothing (after the plan's reset).
         raise ValueError(f"{name}: has no page; give the key cache at least one page of {BLOCK_KV} tokens")
     if not cache.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous")
+        # Not .contiguous(): the model writes each step's keys into the cache it holds, which a copy would miss.
+        raise ValueError(f"{name}: must be contiguous, got strides {cache.stride()}; allocate the key cache as one "
+                         f"contiguous tensor and pass it (or a slice of its first pages)")
     check_in_storage(name, cache)
 
 
@@ -130,10 +132,10 @@ def _check_scorer_layouts(q: torch.Tensor, weights: torch.Tensor, cache: torch.T
     contiguous, weights of unit column stride), and the key cache whole (checked when the indexer state was built,
     but a tensor can be changed in place, and its storage shrunk, since). q and weights' shapes are checked."""
     if not q.is_contiguous():
-        raise ValueError("q: must be contiguous")
-    if weights.stride(1) != 1:
-        raise ValueError(f"weights: expected [{q.shape[0]}, {q.shape[1]}] with unit column stride, got "
-                         f"{tuple(weights.shape)}")
+        raise ValueError(f"q: must be contiguous, got strides {q.stride()}; pass q.contiguous()")
+    if weights.stride(1) != 1:  # its shape is checked: the strides are what is wrong
+        raise ValueError(f"weights: expected [{q.shape[0]}, {q.shape[1]}] with unit column stride, got strides "
+                         f"{weights.stride()}; pass weights.contiguous()")
     check_index_k_cache(cache, "cache", q.shape[2])
 
 
@@ -181,7 +183,8 @@ def check_scoring_inputs(
     if block_table.dim() != 2 or block_table.shape[0] != rows:
         raise ValueError(f"block_table: expected int32 [{rows}, pages], got {tuple(block_table.shape)}")
     if block_table.stride(1) != 1:
-        raise ValueError("block_table: needs unit column stride")
+        raise ValueError(f"block_table: needs unit column stride, got strides {block_table.stride()}; pass "
+                         f"block_table.contiguous()")
     for name, t in (("q", q), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table)):
         check_in_storage(name, t)
     max_model_len = whole_count("max_model_len", max_model_len, 1)
@@ -279,8 +282,10 @@ class DeepGemmScorer:
                              f"{MAX_SCHEDULE_ROWS} (its schedule kernel's shared memory): score the rows in steps "
                              f"of at most that many, or shard them over more ranks")
         if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or not seq_lens.is_cuda:
-            raise ValueError(f"seq_lens: expected CUDA int32 [rows], got {seq_lens.dtype} {tuple(seq_lens.shape)} "
-                             f"on {seq_lens.device}")
+            # A dtype is a TypeError, as check_scoring_inputs' and every other dtype refusal of the host code
+            error = TypeError if seq_lens.dtype != torch.int32 else ValueError
+            raise error(f"seq_lens: expected CUDA int32 [rows], got {seq_lens.dtype} {tuple(seq_lens.shape)} on "
+                        f"{seq_lens.device}; pass one int32 length a row, on the GPU that scores them")
         _check_current_device("seq_lens", seq_lens)
         require_element_aligned("seq_lens", seq_lens)  # the schedule kernel's 4-byte loads
         # 2-D context lengths: DeepGEMM 2.x asserts context_lens.dim() == 2.

@@ -129,6 +129,39 @@ def test_deepgemm_schedule_refuses_cpu_seq_lens():
         scorer.schedule(torch.ones(4, dtype=torch.int32))
 
 
+def test_deepgemm_schedule_refuses_seq_lens_of_another_dtype_as_a_type_error():
+    """int64 seq_lens were a ValueError, unlike every other dtype refusal of the host code (check_scoring_inputs'
+    of the same seq_lens included); the refusal now says what to pass too."""
+    import torch
+
+    scorer = object.__new__(scoring.DeepGemmScorer)  # no DeepGEMM here: the check runs before any call into it
+    with pytest.raises(TypeError, match=r"^seq_lens: expected CUDA int32 \[rows\], got torch.int64 \(4,\) on cpu; "
+                                        r"pass one int32 length a row, on the GPU that scores them$"):
+        scorer.schedule(torch.ones(4, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("bad", ["q", "weights", "block_table", "cache"])
+def test_layout_refusals_give_the_strides_and_the_fix(bad):
+    """A strided q, block table or key cache was refused as "must be contiguous" or "needs unit column stride" without
+    what to pass, and weights of the right shape but another column stride as "expected [4, 32] with unit column
+    stride, got (4, 32)": the shape it had, not the strides that were wrong."""
+    import torch
+
+    a = _inputs()
+    t = a[bad]
+    if bad == "q":
+        a[bad] = t.transpose(0, 1).contiguous().transpose(0, 1)
+    elif bad == "cache":  # every other page of a larger cache
+        a[bad] = torch.zeros(2 * t.shape[0], *t.shape[1:], dtype=t.dtype)[::2].copy_(t)
+    else:  # every other column of a wider tensor
+        a[bad] = torch.zeros(t.shape[0], 2 * t.shape[1], dtype=t.dtype)[:, ::2].copy_(t)
+    fix = {"q": r"pass q\.contiguous\(\)", "weights": r"pass weights\.contiguous\(\)",
+           "block_table": r"pass block_table\.contiguous\(\)",
+           "cache": r"allocate the key cache as one contiguous tensor and pass it"}[bad]
+    with pytest.raises(ValueError, match=rf"^{bad}: .*, got strides \({', '.join(map(str, a[bad].stride()))}\); {fix}"):
+        scoring.check_scoring_inputs(**a)
+
+
 def test_nested_key_cache_and_seq_lens_are_named(recwarn):
     """A nested index-key cache (IndexerState, check_index_k_cache) or seq_lens (DeepGemmScorer.schedule) raised
     torch's "NestedTensorImpl doesn't support sizes" RuntimeError, naming no argument, from the refusal's message."""
