@@ -1073,10 +1073,16 @@ def _check_int32_rows(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     require_dense(name, t)
-    if t.dtype != torch.int32 or t.dim() != 2:
-        raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}; allocate it with "
+                        f"dtype=torch.int32")
+    if t.dim() != 2:  # a shape is a ValueError, as the host ops' (decode_topk's out)
+        raise ValueError(f"{name}: expected int32 [rows, columns], got shape {tuple(t.shape)}; allocate it 2-D, one "
+                         f"row a decode token")
     if not t.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous")
+        # Not .contiguous(): the step writes the buffer in place, and a copy would take the rows instead
+        raise ValueError(f"{name}: must be contiguous, got strides {t.stride()}; allocate it contiguous (a slice of "
+                         f"a buffer's first rows is)")
     check_in_storage(name, t)
     require_element_aligned(name, t)  # decode_topk's out: written by 4-byte stores
 
@@ -1229,12 +1235,15 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
         raise ValueError(f"metadata.num_tokens: {rows} rows exceed candidate_blocks' {state.candidate_blocks.shape[0]}")
     for name, t, dims in (("seq_lens", md.seq_lens, 1), ("block_table", md.block_table, 2)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
-            raise TypeError(f"metadata.{name}: expected an int32 tensor")
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"metadata.{name}: expected an int32 tensor, got {got}; build the metadata with int32 "
+                            f"{name}")
         require_dense(f"metadata.{name}", t)
         if t.device != dev:
             raise ValueError(f"metadata.{name}: on {t.device}, expected {dev}")
         if t.dim() != dims or t.stride(-1) != 1:
-            raise ValueError(f"metadata.{name}: expected {dims}-D with unit last stride, got {tuple(t.shape)}")
+            raise ValueError(f"metadata.{name}: expected {dims}-D with unit last stride, got shape {tuple(t.shape)} "
+                             f"with strides {t.stride()}; pass a {dims}-D tensor whose last dimension is contiguous")
         if t.shape[0] < rows:
             raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
         check_in_storage(f"metadata.{name}", t)
@@ -1254,9 +1263,14 @@ def _check_metadata_fits_context(state: IndexerState, md: DecodeMetadata) -> Non
 
 
 def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: IndexerState) -> None:
-    if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn or q.dim() != 3:
-        raise TypeError("q: expected float8_e4m3fn [rows, heads, head_dim]")
-    require_dense("q", q)
+    if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn:
+        got = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
+        raise TypeError(f"q: expected float8_e4m3fn [rows, heads, head_dim], got {got}; pass the layer's FP8 index "
+                        f"query")
+    require_dense("q", q)  # first: a nested tensor's shape, read below, raises torch's error, naming nothing
+    if q.dim() != 3:  # a shape is a ValueError, as check_scoring_inputs' of the same q
+        raise ValueError(f"q: expected float8_e4m3fn [rows, heads, head_dim], got shape {tuple(q.shape)}; pass "
+                         f"one query a decode row, q.view(rows, heads, head_dim)")
     if q.shape[0] < num_rows:
         raise ValueError(f"q: {q.shape[0]} rows, the step has {num_rows}")
     if q.shape[2] + reference.INDEX_SCALE_BYTES != state.index_k_cache.shape[-1]:
@@ -1264,7 +1278,8 @@ def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: I
     if not q.shape[1]:
         raise no_heads(q)
     if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32:
-        raise TypeError("weights: expected a float32 tensor [rows, heads]")
+        got = weights.dtype if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise TypeError(f"weights: expected a float32 tensor [rows, heads], got {got}; pass weights.float()")
     require_dense("weights", weights)
     if weights.dim() != 2 or weights.shape[0] < num_rows or weights.shape[1] != q.shape[1]:
         raise ValueError(f"weights: expected [>= {num_rows}, {q.shape[1]}], got {tuple(weights.shape)}")

@@ -1474,6 +1474,62 @@ def test_decode_rows_refuses_the_query_before_resetting(bad):
     assert (state.topk_indices == 5).all()
 
 
+@pytest.mark.parametrize("bad, error, refusal", [
+    ("q of another rank", ValueError,
+     r"^q: expected float8_e4m3fn \[rows, heads, head_dim\], got shape \(6, 2048\); pass one query a decode row"),
+    ("q of another dtype", TypeError,
+     r"^q: expected float8_e4m3fn \[rows, heads, head_dim\], got torch\.bfloat16; pass the layer's FP8 index query$"),
+    ("weights of another dtype", TypeError,
+     r"^weights: expected a float32 tensor \[rows, heads\], got torch\.float16; pass weights\.float\(\)$"),
+    ("int64 seq_lens", TypeError,
+     r"^metadata\.seq_lens: expected an int32 tensor, got torch\.int64; build the metadata with int32 seq_lens$"),
+    ("column-strided block table", ValueError,
+     (r"^metadata\.block_table: expected 2-D with unit last stride, got shape \(6, 8\) with strides \(16, 2\); "
+      r"pass a 2-D tensor whose last dimension is contiguous$")),
+])
+def test_query_and_metadata_refusals_say_what_was_given_and_the_fix(bad, error, refusal):
+    """The query's and the metadata's refusals said what was expected only ("q: expected float8_e4m3fn [rows, heads,
+    head_dim]", "metadata.seq_lens: expected an int32 tensor"), a block table of unit row but not column stride was
+    told its shape, which was right, and an FP8 q of another rank was a TypeError (check_scoring_inputs' refusal of
+    the same q a ValueError). Each is refused before the plan's reset, with what was given and what to pass."""
+    step = make_step(6, k=8)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    md, q, w = step.metadata, step.q, step.weights
+    if bad == "q of another rank":
+        q = q.flatten(1)
+    elif bad == "q of another dtype":
+        q = q.to(torch.bfloat16)
+    elif bad == "weights of another dtype":
+        w = w.half()
+    elif bad == "int64 seq_lens":
+        md = dataclasses.replace(md, seq_lens=md.seq_lens.long())
+    else:
+        wide = torch.zeros(6, 16, dtype=torch.int32)
+        wide[:, ::2] = md.block_table
+        md = dataclasses.replace(md, block_table=wide[:, ::2])
+    with pytest.raises(error, match=refusal):
+        decode_rows(state, md, q, w, SingleRank())
+    assert (state.topk_indices == 5).all()
+
+
+@pytest.mark.parametrize("bad, error, refusal", [
+    ("1-D", ValueError, r"^topk_indices: expected int32 \[rows, columns\], got shape \(6,\); allocate it 2-D"),
+    ("int64", TypeError, (r"^topk_indices: expected int32 \[rows, columns\], got torch\.int64 \(6, 8\); allocate "
+                          r"it with dtype=torch\.int32$")),
+    ("strided", ValueError, r"^topk_indices: must be contiguous, got strides \(16, 2\); allocate it contiguous"),
+])
+def test_a_top_k_buffer_refusal_says_what_was_given_and_the_fix(bad, error, refusal):
+    """A 1-D top-k buffer was a TypeError (a shape, which the host ops refuse as a ValueError), and a strided one was
+    refused as "must be contiguous" without what to pass."""
+    step = make_step(6, k=8)
+    buffer = {"1-D": torch.zeros(6, dtype=torch.int32), "int64": torch.zeros(6, 8, dtype=torch.int64),
+              "strided": torch.zeros(6, 16, dtype=torch.int32)[:, ::2]}[bad]
+    with pytest.raises(error, match=refusal):
+        IndexerState(topk_indices=buffer, k=4, index_k_cache=step.state_args["index_k_cache"],
+                     max_model_len=step.state_args["max_model_len"], scorer=TorchScorer())
+
+
 @pytest.mark.parametrize("bad", ["weights", "metadata.block_table", "metadata.seq_lens"])
 def test_decode_rows_refuses_sparse_layouts_naming_them(bad):
     """A sparse (COO / CSR) tensor has no strides to check: it is refused with a TypeError naming it, before the
