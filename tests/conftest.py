@@ -45,10 +45,16 @@ def _cuda_available() -> bool:
         return False
 
 
+def _is_gpu_test(item) -> bool:
+    """Whether ``item`` carries the gpu marker, as `-m gpu` selects (item.keywords also hold its name and its
+    parameters' ids: a parameter id "gpu" is no marker)."""
+    return item.get_closest_marker("gpu") is not None
+
+
 def _unmarked_gpu_module_tests(items) -> list[str]:
     """Tests in a tests/*_gpu.py module without the gpu marker: the GPU jobs select `-m gpu`, so such a test would
     run on no GPU pass and go missing from its count, while CI would run it without a device."""
-    return [item.nodeid for item in items if item.path.name.endswith("_gpu.py") and "gpu" not in item.keywords]
+    return [item.nodeid for item in items if item.path.name.endswith("_gpu.py") and not _is_gpu_test(item)]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -62,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("SPARSE_DECODE_AOT_REQUIRE_GPU is set but torch sees no CUDA device")
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu)")
     for item in items:
-        if "gpu" in item.keywords:
+        if _is_gpu_test(item):
             item.add_marker(skip)
 
 
@@ -73,7 +79,7 @@ def pytest_runtest_makereport(item, call):
     above sees only whether torch has a device, and _deepgemm in test_indexer_gpu.py covers DeepGEMM alone."""
     outcome = yield
     report = outcome.get_result()
-    if REQUIRE_GPU and report.skipped and "gpu" in item.keywords and not hasattr(report, "wasxfail"):
+    if REQUIRE_GPU and report.skipped and _is_gpu_test(item) and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"SPARSE_DECODE_AOT_REQUIRE_GPU is set but this GPU test skipped: {reason}"

@@ -63,9 +63,10 @@ def test_an_unmarked_test_in_a_gpu_module_stops_the_collection(tmp_path):
     pass's count simply had one test fewer. Now the collection stops, naming it, on CI and the GPU machine alike."""
     (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n")
-    (tmp_path / "test_mixed_gpu.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_marked():\n    pass\n\n\n"
-                                                "def test_unmarked():\n    pass\n")
+    (tmp_path / "test_mixed_gpu.py").write_text("import pytest\n\n\n@pytest.mark.gpu\ndef test_marked():\n"
+                                                "    pass\n\n\ndef test_unmarked():\n    pass\n")
     (tmp_path / "test_plain.py").write_text("def test_cpu():\n    pass\n")
+
     def collect() -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
                                str(tmp_path)], capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
@@ -78,3 +79,17 @@ def test_an_unmarked_test_in_a_gpu_module_stops_the_collection(tmp_path):
                                                 "def test_marked():\n    pass\n")
     marked = collect()
     assert marked.returncode == pytest.ExitCode.OK, marked.stdout + marked.stderr
+
+
+def test_a_gpu_module_test_counts_as_marked_by_its_marker_alone(tmp_path):
+    """`-m gpu` selects by the marker, while item.keywords also hold the test's name and its parameters' ids: an
+    unmarked test of a GPU module with a parameter id "gpu" passed the check above, and ran on no GPU pass."""
+    (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a CUDA GPU\n")
+    (tmp_path / "test_params_gpu.py").write_text("import pytest\n\n\n@pytest.mark.parametrize('where', ['gpu'])\n"
+                                                 "def test_unmarked(where):\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+                          env={**os.environ, "SPARSE_DECODE_AOT_REQUIRE_GPU": ""})
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "without the gpu marker: test_params_gpu.py::test_unmarked[gpu];" in proc.stderr, proc.stderr
