@@ -668,7 +668,9 @@ def finish_decode_rows(
     its metadata's fields as the plan saw them (replaced counts or tensors are refused;
     the block table's device values may change, ``seq_lens``' may not: the plan built the
     schedule from them), and ``q`` and ``weights`` may not share
-    memory with the state's buffers, which the plan reset before they are read."""
+    memory with the state's buffers, which the plan reset before they are read. Captured
+    into a CUDA graph, the finish takes a plan captured with it: one made outside the
+    capture that holds a schedule is refused (every replay would score under it)."""
     if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
         return _finish_decode_rows_eagerly(state, q, weights, plan, tp, all_gather)
     return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=False)
@@ -710,7 +712,8 @@ def _check_schedule_for_sms_now(state: IndexerState, plan: DecodeRowsPlan) -> No
 
 def _check_finish(state, q, weights, plan, tp, all_gather) -> None:
     """What finish_decode_rows refuses before it scores: a plan of another group or state, or not the state's
-    latest; metadata changed since the plan; a sharded step's gathers; the query."""
+    latest; a plan with a schedule made outside the CUDA graph capture the finish is in; metadata changed since the
+    plan; a sharded step's gathers; the query."""
     if not isinstance(plan, DecodeRowsPlan):
         raise TypeError(f"plan: expected the DecodeRowsPlan (or None) that plan_decode_rows returned, got "
                         f"{type(plan).__name__}; pass its result")
