@@ -848,21 +848,35 @@ def _decode_rows(state: IndexerState, q: torch.Tensor, weights: torch.Tensor, pl
         _rows(q, start, end), _rows(weights, start, end), state.index_k_cache, seq_lens,
         _rows(md.block_table, start, end), plan.schedule, state.max_model_len, checked=True,
     )  # finish_decode_rows checked the whole step's rows; the plan built or checked the schedule
-    _check_logits_shape(state, logits, end - start)
+    _check_logits(state, logits, end - start)
     select = _selector(state, logits)
     if state.candidate_blocks is not None:
         select(logits, seq_lens, _rows(state.candidate_blocks, start, end), True)
     select(logits, seq_lens, _rows(_topk_columns(state), start, end), False)
 
 
-def _check_logits_shape(state: IndexerState, logits, rows: int) -> None:
-    """A scorer's logits are ``[rows, max_model_len]`` (runtime.scoring.Scorer): narrower ones would lose the
-    columns past their width from every selection without a word, and another row count failed in torch's copy."""
+def _check_logits(state: IndexerState, logits, rows: int) -> None:
+    """A scorer's logits are FP32 (or BF16, which decode_topk also takes) ``[rows, max_model_len]`` of unit column
+    stride on the state's device (runtime.scoring.Scorer): narrower ones would lose the columns past their width from
+    every selection without a word, another row count failed in torch's copy, and another dtype, layout or device
+    was refused by decode_topk naming its ``logits`` (or, on the CPU, selected) after the candidate rows had been
+    written. Checked before any selection writes a row."""
     shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else None
+    name = f"scorer: {type(state.scorer).__name__}.logits returned"
     if shape != (rows, state.max_model_len):
         got = f"shape {shape}" if shape is not None else type(logits).__name__
-        raise ValueError(f"scorer: {type(state.scorer).__name__}.logits returned {got} for {rows} rows, expected "
-                         f"[{rows}, {state.max_model_len}] (rows, max_model_len); implement runtime.scoring.Scorer")
+        raise ValueError(f"{name} {got} for {rows} rows, expected [{rows}, {state.max_model_len}] (rows, "
+                         f"max_model_len); implement runtime.scoring.Scorer")
+    if logits.dtype not in _LOGITS_DTYPES:
+        raise TypeError(f"{name} {logits.dtype} logits, expected float32 (or bfloat16); implement "
+                        f"runtime.scoring.Scorer")
+    if logits.device != state.topk_indices.device or (state.max_model_len > 1 and logits.stride(1) != 1):
+        raise ValueError(f"{name} logits on {logits.device} with strides {logits.stride()}, expected them on "
+                         f"{state.topk_indices.device} (the top-k buffer's device) with unit column stride; implement "
+                         f"runtime.scoring.Scorer")
+
+
+_LOGITS_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _rows(t: torch.Tensor, start: int, end: int) -> torch.Tensor:

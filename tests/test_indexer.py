@@ -2574,6 +2574,35 @@ def test_logits_of_another_shape_than_the_scorer_promises_are_refused(scorer):
         decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
 
 
+class _HalfScorer(TorchScorer):
+    def logits(self, *args, **kwargs):  # FP16, which no selection path is promised
+        return super().logits(*args, **kwargs).half()
+
+
+class _ColumnStridedScorer(TorchScorer):
+    def logits(self, *args, **kwargs):  # the right values, column-major
+        return super().logits(*args, **kwargs).t().contiguous().t()
+
+
+@pytest.mark.parametrize("scorer, error, message", [
+    (_HalfScorer, TypeError, r"torch.float16 logits, expected float32 \(or bfloat16\)"),
+    (_ColumnStridedScorer, ValueError, r"logits on cpu with strides \(1, 8\), expected them on cpu .* with unit "
+                                       r"column stride"),
+])
+def test_logits_of_another_dtype_or_layout_are_refused_before_any_row_is_written(scorer, error, message):
+    """decode_topk refused such logits naming its own argument, after the candidate selection (the exact reference,
+    which takes any dtype and layout) had written the candidate rows; on the CPU they were selected. Refused now,
+    naming the scorer, with the top-k and candidate rows as the plan left them."""
+    step = make_step(8, heads=8, head_dim=32, max_model_len=192, k=16, candidates=12)
+    state = make_state(step, scorer=scorer())
+    plan = plan_decode_rows(state, step.metadata, SingleRank())
+    state.topk_indices.fill_(7)
+    state.candidate_blocks.fill_(5)
+    with pytest.raises(error, match=rf"^scorer: {scorer.__name__}\.logits returned {message}; implement "):
+        finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
+    assert (state.topk_indices == 7).all() and (state.candidate_blocks == 5).all()
+
+
 @pytest.mark.parametrize("change", ["as_strided_ overlapping rows", "candidate rows"])
 def test_finish_refuses_a_buffer_changed_in_place_since_the_plan(change):
     """The plan refuses a buffer changed in place since the state was built; the finish, which writes the rows, took
