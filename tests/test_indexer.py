@@ -2586,8 +2586,8 @@ class _ColumnStridedScorer(TorchScorer):
 
 @pytest.mark.parametrize("scorer, error, message", [
     (_HalfScorer, TypeError, r"torch.float16 logits, expected float32 \(or bfloat16\)"),
-    (_ColumnStridedScorer, ValueError, r"logits on cpu with strides \(1, 8\), expected them on cpu .* with unit "
-                                       r"column stride"),
+    (_ColumnStridedScorer, ValueError, (r"logits on cpu with strides \(1, 8\), expected them on cpu .* with unit "
+                                        r"column stride")),
 ])
 def test_logits_of_another_dtype_or_layout_are_refused_before_any_row_is_written(scorer, error, message):
     """decode_topk refused such logits naming its own argument, after the candidate selection (the exact reference,
