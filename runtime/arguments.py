@@ -88,6 +88,11 @@ _NO_MEMORY_FIX = ("pass a plain tensor: a DTensor's {name}.to_local() (or {name}
                   "sparse_mla_decode through torch.compile or their custom ops (torch.ops." + OP_NAMESPACE + ")")
 
 
+def dtype_or_type(value) -> str:
+    """What a dtype refusal says it was given: a tensor's dtype, or the type's name of anything else."""
+    return str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
 def require_dense(name: str, t: torch.Tensor) -> None:
     """A TypeError naming ``name`` where the tensor ``t`` is not a plain strided one: sparse (COO, CSR, ...) or
     nested, which have no strides to check (CSR's ``stride()`` and a nested tensor's ``shape`` raise torch's own

@@ -32,9 +32,14 @@ from typing import Callable, Protocol
 import torch
 
 from . import reference, topk
-from .arguments import require_dense, require_element_aligned, whole_count
+from .arguments import (
+    dtype_or_type,
+    require_dense,
+    require_element_aligned,
+    whole_count,
+)
 from .errors import warn_at_caller
-from .loader import env_flag
+from .loader import capturing_on, env_flag
 from .overlap import check_in_storage, first_overlap
 from .scoring import Scorer, check_index_k_cache, default_scorer, no_heads
 
@@ -523,9 +528,8 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
 
 
 def _capturing(device: torch.device) -> bool:
-    """Whether the current stream of ``device`` (the state's, current in the plan and the finish) is being captured
-    into a CUDA graph. No CPU stream is."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    """Whether the current stream of ``device`` (the state's) is being captured into a CUDA graph. No CPU stream is."""
+    return device.type == "cuda" and capturing_on(device)
 
 
 def _check_capture_of_finish(state: IndexerState, plan: DecodeRowsPlan) -> None:
@@ -942,8 +946,7 @@ def _check_gathered(source: str, gathered, local: torch.Tensor, world_size: int)
     fix = (f"return every rank's slice concatenated along dim 0 in rank order, {local.dtype} {list(want)} on "
            f"{local.device}")
     if not isinstance(gathered, torch.Tensor) or gathered.dtype != local.dtype:
-        got = gathered.dtype if isinstance(gathered, torch.Tensor) else type(gathered).__name__
-        raise TypeError(f"{source}: returned {got}; {fix}")
+        raise TypeError(f"{source}: returned {dtype_or_type(gathered)}; {fix}")
     # A sparse result, or a wrapper without memory of its own; first, since a nested result's shape raises torch's
     # RuntimeError ('NestedTensorImpl doesn't support sizes'), naming no gather.
     require_dense(f"{source}'s result", gathered)
@@ -1252,9 +1255,8 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
         raise ValueError(f"metadata.num_tokens: {rows} rows exceed candidate_blocks' {state.candidate_blocks.shape[0]}")
     for name, t, dims in (("seq_lens", md.seq_lens, 1), ("block_table", md.block_table, 2)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
-            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise TypeError(f"metadata.{name}: expected an int32 tensor, got {got}; build the metadata with int32 "
-                            f"{name}")
+            raise TypeError(f"metadata.{name}: expected an int32 tensor, got {dtype_or_type(t)}; build the metadata "
+                            f"with int32 {name}")
         require_dense(f"metadata.{name}", t)
         if t.device != dev:
             raise ValueError(f"metadata.{name}: on {t.device}, expected {dev}")
@@ -1281,9 +1283,8 @@ def _check_metadata_fits_context(state: IndexerState, md: DecodeMetadata) -> Non
 
 def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: IndexerState) -> None:
     if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn:
-        got = q.dtype if isinstance(q, torch.Tensor) else type(q).__name__
-        raise TypeError(f"q: expected float8_e4m3fn [rows, heads, head_dim], got {got}; pass the layer's FP8 index "
-                        f"query")
+        raise TypeError(f"q: expected float8_e4m3fn [rows, heads, head_dim], got {dtype_or_type(q)}; pass the "
+                        f"layer's FP8 index query")
     require_dense("q", q)  # first: a nested tensor's shape, read below, raises torch's error, naming nothing
     if q.dim() != 3:  # a shape is a ValueError, as check_scoring_inputs' of the same q
         raise ValueError(f"q: expected float8_e4m3fn [rows, heads, head_dim], got shape {tuple(q.shape)}; pass "
@@ -1295,8 +1296,8 @@ def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: I
     if not q.shape[1]:
         raise no_heads(q)
     if not isinstance(weights, torch.Tensor) or weights.dtype != torch.float32:
-        got = weights.dtype if isinstance(weights, torch.Tensor) else type(weights).__name__
-        raise TypeError(f"weights: expected a float32 tensor [rows, heads], got {got}; pass weights.float()")
+        raise TypeError(f"weights: expected a float32 tensor [rows, heads], got {dtype_or_type(weights)}; pass "
+                        f"weights.float()")
     require_dense("weights", weights)
     if weights.dim() != 2 or weights.shape[0] < num_rows or weights.shape[1] != q.shape[1]:
         raise ValueError(f"weights: expected [>= {num_rows}, {q.shape[1]}], got {tuple(weights.shape)}")

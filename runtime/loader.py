@@ -392,7 +392,7 @@ def _refuse_a_load_in_capture(op: str, device: int) -> None:
     driver's module loading cannot be captured (the load would fail, or its work land in the graph)."""
     # No CUDA yet: nothing can be capturing. A device past torch's count is left to load(), which names it: making it
     # current to ask raised torch's 'invalid device ordinal'.
-    if torch.cuda.is_initialized() and device < torch.cuda.device_count() and _capturing_on(device):
+    if torch.cuda.is_initialized() and device < torch.cuda.device_count() and capturing_on(device):
         device_arch(device)  # a GPU no arch serves is refused (and bound) without a load, as outside a capture
         raise CacheLoadInterrupted(
             f"{op}: the first call on cuda:{device} came during CUDA graph stream capture and would load the AOT "
@@ -402,8 +402,13 @@ def _refuse_a_load_in_capture(op: str, device: int) -> None:
         )
 
 
-def _capturing_on(device: int) -> bool:
-    with torch.cuda.device(device):
+def capturing_on(device: int | torch.device) -> bool:
+    """Whether the current stream of the CUDA ``device`` (an index or a torch.device) is being captured into a CUDA
+    graph: asked with that device current, with no switch where it already is (the indexer's plans and finishes)."""
+    index = device if isinstance(device, int) else device.index
+    if index is None or index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(index):
         return torch.cuda.is_current_stream_capturing()
 
 
