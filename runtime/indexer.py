@@ -123,12 +123,14 @@ class IndexerState:
         if self.candidate_blocks is not None:
             _check_int32_rows("candidate_blocks", self.candidate_blocks)
             if self.candidate_blocks.device != self.topk_indices.device:
-                raise ValueError("candidate_blocks: must be on topk_indices' device")
+                raise ValueError(f"candidate_blocks: on {self.candidate_blocks.device}, topk_indices on "
+                                 f"{self.topk_indices.device}; allocate both on the device that serves the layer")
         if self.candidate_block_size != CANDIDATE_BLOCK_SIZE:
             raise ValueError(f"candidate_block_size: only {CANDIDATE_BLOCK_SIZE} is supported")
         check_index_k_cache(self.index_k_cache, "index_k_cache")
         if self.index_k_cache.device != self.topk_indices.device:
-            raise ValueError("index_k_cache: must be on topk_indices' device")
+            raise ValueError(f"index_k_cache: on {self.index_k_cache.device}, topk_indices on "
+                             f"{self.topk_indices.device}; allocate both on the device that serves the layer")
         self._check_buffers_apart()
         self.max_model_len = whole_count("max_model_len", self.max_model_len, 1)
         # The logits are max_model_len wide and decode_topk (kernel and exact fallback) refuses wider ones, but
@@ -387,7 +389,8 @@ def row_shard_bounds(num_rows: int, num_requests: int, world_size: int, rank: in
     rows = row_shard_rows(num_rows, num_requests, world_size)
     rank = whole_count("rank", rank, 0)
     if rank >= world_size:
-        raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank}")
+        raise ValueError(f"rank: expected an int in [0, {world_size}) (world_size {world_size}), got {rank}; pass "
+                         f"this process's rank within the tensor-parallel group")
     if rows is None:
         return None
     num_rows = operator.index(num_rows)  # checked by row_shard_rows; a Python int keeps the bounds Python ints
@@ -1189,7 +1192,8 @@ def _rank_and_world(tp) -> tuple[int, int]:
     rank = whole_count("tp.rank", tp.rank, 0)
     world_size = whole_count("tp.world_size", tp.world_size, 1)
     if rank >= world_size:
-        raise ValueError(f"tp: rank {rank} outside world size {world_size}")
+        raise ValueError(f"tp: rank {rank} outside world size {world_size}; a group's rank must be in "
+                         f"[0, {world_size}): pass the group this process belongs to, with its own rank")
     return rank, world_size
 
 

@@ -124,14 +124,14 @@ def test_k_zero():
 
 
 def test_candidate_blocks_on_another_device():
-    with pytest.raises(ValueError, match="candidate_blocks: must be on topk_indices' device"):
+    with pytest.raises(ValueError, match="candidate_blocks: on meta, topk_indices on cpu; allocate both on the device"):
         IndexerState(**_state_kw(make_step(4, k=16), candidate_blocks=torch.empty(4, 16, dtype=torch.int32,
                                                                                  device="meta")))
 
 
 def test_key_cache_on_another_device():
     step = make_step(4, k=16)
-    with pytest.raises(ValueError, match="index_k_cache: must be on topk_indices' device"):
+    with pytest.raises(ValueError, match="index_k_cache: on meta, topk_indices on cpu; allocate both on the device"):
         IndexerState(**_state_kw(step, index_k_cache=step.state_args["index_k_cache"].to("meta")))
 
 
