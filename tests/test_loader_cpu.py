@@ -1687,6 +1687,27 @@ def test_verify_files_only_checks_the_named_arch_which_must_exist(cache, no_driv
     assert out.startswith("FAIL sm_100a: ") and "ok sm_90a" not in out
 
 
+def test_verify_files_only_says_a_manifest_of_an_unknown_arch_was_not_checked(cache, no_driver, capsys):
+    """A manifest of an arch this runtime does not know (a newer build's) was passed over in silence, as if the
+    cache had been checked whole. It is named as skipped, and does not fail the cache's known arches."""
+    from runtime import __main__ as cli
+
+    unknown = manifest_path(cache, "sm_120a")
+    unknown.write_text(manifest_path(cache, "sm_100a").read_text())
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"skip sm_120a: {unknown} names an arch this runtime does not know (sm_90a, sm_100a), so no "
+                      f"load reads it and it was not checked; serve that arch with a runtime that knows it")
+    assert [line.split(":")[0] for line in out[1:3]] == ["ok sm_90a", "ok sm_100a"]
+    manifest_path(cache, "sm_90a").unlink()
+    manifest_path(cache, "sm_100a").unlink()
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("skip sm_120a: ") and out[1].startswith("FAIL: ") and "holds no manifest of" in out[1]
+    assert cli.main(["verify", "--files-only", "--arch", "sm_90a", "--root", str(cache)]) == 1
+    assert "skip" not in capsys.readouterr().out  # --arch names what to check
+
+
 def test_verify_files_only_fails_a_root_without_manifests(tmp_path, no_driver, capsys):
     from runtime import __main__ as cli
 
