@@ -1,14 +1,16 @@
 """Structural checks of the committed cubins of both archs: what the probe must contain to prove
-clusters, DSMEM stores with mbarrier completion and programmatic dependent launch."""
+clusters, DSMEM stores with mbarrier completion and programmatic dependent launch; what the PDL kernels may touch
+before their dependency wait; the instructions that carry sparse MLA's recipe."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from runtime.contract import all_variants
 from runtime.manifest import manifest_path
-from sass import cuobjdump, opcode_sequence, opcodes
+from sass import cuobjdump, opcode_sequence, opcodes, sass
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -100,3 +102,39 @@ def test_sparse_mla_reads_only_constant_weights_before_the_dependency_wait():
         assert not touched, (k["name"], touched)
         sink_loads = global_accesses_before_wait(k).count("LDG.E.CONSTANT")
         assert sink_loads <= (4 if k["config"]["has_sinks"] else 0), (k["name"], sink_loads)
+
+
+# What issue 3 asks of the sm_90a kernel, by the instructions that carry it out: FP8 WGMMA with FP32 accumulation
+# (QGMMA ... F32.E4M3.E4M3) for both products, the gather by asynchronous copies (LDGSTS), the softmax in base 2
+# (MUFU.EX2), BF16 stores, and with n > 1 CTAs a cluster the statistics exchanged through distributed shared memory
+# (STAS with mbarrier completion) and the partial outputs moved by bulk copies between CTAs (UBLKCP.S.S).
+MLA_EVERY_WIDTH = {"LDGSTS.E.BYPASS.128", "MUFU.EX2", "F2FP.BF16.F32.PACK_AB", "ACQBULK", "PREEXIT"}
+MLA_CLUSTER = {"UCGABAR_ARV", "UCGABAR_WAIT", "STAS.64", "UBLKCP.S.S", "SYNCS.ARRIVE.TRANS64",
+               "SYNCS.PHASECHK.TRANS64.TRYWAIT"}
+MLA_MMA = "QGMMA.64x16x32.F32.E4M3.E4M3"
+# A chunk's 128 rows x 512 dims against 16 heads: 2 row blocks x 16 K steps of 32 for the scores, and 512 / 64 dim
+# blocks x 128 / 32 K steps for P V: 32 MMAs each.
+MLA_MMAS_PER_PRODUCT = 32
+
+
+@pytest.mark.parametrize("width", [128, 640])
+def test_sparse_mla_sass_carries_the_issue_recipe(width):
+    """The kernel's instructions, not only its results: a rebuild that fell back to other MMAs, loads or a
+    cluster-less reduction would still pass the value tests, at another speed. The dependents are released
+    (PREEXIT) once the 32 score MMAs are issued, before the first wait on them, as the issue places it."""
+    for k in every_variant("sm_90a", "sparse_mla_decode"):
+        if k["config"]["width"] != width:
+            continue
+        cubin = str(REPO / k["cubin"])
+        ops = opcodes(cubin)
+        expected = MLA_EVERY_WIDTH | (MLA_CLUSTER if width > 128 else set())
+        assert not expected - ops, (k["name"], expected - ops)
+        if width == 128:  # one CTA a token: nothing to exchange
+            assert not MLA_CLUSTER & ops, (k["name"], MLA_CLUSTER & ops)
+        text = sass(cubin)
+        mmas = re.findall(r"\bQGMMA\.\S+", text)
+        assert set(mmas) == {MLA_MMA} and len(mmas) == 2 * MLA_MMAS_PER_PRODUCT, (k["name"], sorted(set(mmas)))
+        lines = opcode_sequence(cubin)
+        release = lines.index("PREEXIT")
+        assert sum(op.startswith("QGMMA") for op in lines[:release]) == MLA_MMAS_PER_PRODUCT, k["name"]
+        assert not any(op.startswith("WARPGROUP.DEPBAR") for op in lines[:release]), k["name"]
