@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from sass import cuobjdump, opcode_sequence, opcodes, sass
 
 from runtime.contract import all_variants
 from runtime.manifest import manifest_path
-from sass import cuobjdump, opcode_sequence, opcodes, sass
 
 REPO = Path(__file__).resolve().parent.parent
 
