@@ -138,3 +138,22 @@ def test_sparse_mla_sass_carries_the_issue_recipe(width):
         release = lines.index("PREEXIT")
         assert sum(op.startswith("QGMMA") for op in lines[:release]) == MLA_MMAS_PER_PRODUCT, k["name"]
         assert not any(op.startswith("WARPGROUP.DEPBAR") for op in lines[:release]), k["name"]
+
+
+DSMEM_EXCHANGE = {"UCGABAR_ARV", "UCGABAR_WAIT", "STAS"}  # the cluster barrier and stores into a peer CTA
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_decode_topk_clusters_exchange_through_distributed_shared_memory(arch):
+    """Of every decode_topk variant (sm_100a's verified here by structure only, as they cannot run): those whose
+    manifest entry says a row spans a cluster of n > 1 CTAs exchange through the cluster barrier and DSMEM stores;
+    one CTA a row (n = 1, the short-row kernel) carries none, so a manifest whose cluster shape disagrees with the
+    code it names fails here."""
+    for k in every_variant(arch, "decode_topk"):
+        ops = opcodes(str(REPO / k["cubin"]))
+        n = k["config"]["cluster"]
+        assert k["cluster"] == [n, 1, 1], k["name"]
+        if n > 1:
+            assert not DSMEM_EXCHANGE - ops, (arch, k["name"], DSMEM_EXCHANGE - ops)
+        else:
+            assert not DSMEM_EXCHANGE & ops, (arch, k["name"], DSMEM_EXCHANGE & ops)
