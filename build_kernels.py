@@ -147,18 +147,40 @@ def _atomic_write_all(files: list, last: tuple | None = None) -> None:
     try:
         for path, data in [*files, *([last] if last is not None else [])]:
             staged.append((_staged_copy(path, data), path))
-        for group in (staged[:len(files)], staged[len(files):]):
-            for tmp, path in group:
-                os.replace(tmp, path)
-            # The renames on disk before whatever is written next: after a crash or power loss the manifest
-            # (renamed last) never names cubins that did not land.
-            for directory in dict.fromkeys(path.parent for _, path in group):
-                _fsync_directory(directory)
+        with _interrupts_deferred():
+            for group in (staged[:len(files)], staged[len(files):]):
+                for tmp, path in group:
+                    os.replace(tmp, path)
+                # The renames on disk before whatever is written next: after a crash or power loss the manifest
+                # (renamed last) never names cubins that did not land.
+                for directory in dict.fromkeys(path.parent for _, path in group):
+                    _fsync_directory(directory)
     except BaseException:
         for tmp, _ in staged:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """SIGINT and SIGTERM held back for the block and raised again after it: a Ctrl-C or a supervisor's SIGTERM
+    between an arch's cubins' renames and its manifest's left the new cubins under the old manifest, whose sha256s
+    every load then refused. Only the renames and their folders' syncs are covered (milliseconds); SIGKILL cannot
+    be held. Python handlers, not a signal mask: a mask is per thread, and any other thread (torch's) took the signal
+    and tripped the main thread's handler at once. Outside the main thread no handler can be set."""
+    held = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]  # None: not Python's
+    if threading.current_thread() is not threading.main_thread():
+        held = []
+    caught = []
+    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(caught):  # to the handler it was sent to: KeyboardInterrupt, SystemExit, an exit
+            signal.raise_signal(signum)
 
 
 def _staged_copy(path: Path, data: bytes) -> str:

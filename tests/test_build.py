@@ -1560,3 +1560,39 @@ def test_a_build_on_a_filesystem_without_flock_does_not_wait_for_the_loads_lock_
     assert {v.name: (cache / "cubins" / "sm_90a" / f"{v.name}.cubin").read_bytes() for v in variants} == \
         {v.name: cubins[(v.name, "sm_90a")] for v in variants}
     assert not (cache / ".build.lock.soft").exists()  # the marker goes with the build
+
+
+# --- build robustness review: interrupts, folders, --check's fix -----------------------------------------------------
+
+@pytest.mark.parametrize("signum, raised", [("SIGINT", KeyboardInterrupt), ("SIGTERM", SystemExit)])
+def test_an_interrupt_between_the_renames_lands_the_manifest_with_its_cubins(tmp_path, monkeypatch, signum, raised):
+    """A Ctrl-C (or a SIGTERM, which the build turns into SystemExit) between an arch's cubins' renames and its
+    manifest's left the new cubins under the old manifest: every load refused the arch until a rebuild. The signal
+    is now delivered after the manifest's rename: the build stops there with a consistent cache."""
+    import os
+    import signal
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    variants = all_variants("sm_90a", ("probe",))
+    folder = cache / "cubins" / "sm_90a"
+    cubins = {(v.name, "sm_90a"): (folder / f"{v.name}.cubin").read_bytes() + b"\0" * 16 for v in variants}
+    real_sync, sent = build_kernels._fsync_directory, []
+
+    def sync(directory):  # the signal arrives once the cubins are renamed, before the manifest is
+        if not sent:
+            sent.append(directory)
+            os.kill(os.getpid(), getattr(signal, signum))
+        real_sync(directory)
+
+    monkeypatch.setattr(build_kernels, "_fsync_directory", sync)
+    with pytest.raises(raised), build_kernels._sigterm_as_exit():
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert sent == [folder]
+    check_cache(cache, "sm_90a")  # the new manifest names the new cubins
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {f"{v.name}.cubin": cubins[(v.name, "sm_90a")]
+                                                                  for v in variants}
