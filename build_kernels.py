@@ -690,7 +690,9 @@ def main(argv=None) -> int:
     _require_cute_dsl(parser)
     if args.check:
         _refuse_a_file(parser, args.out)  # its fix would name a build the build refuses, after minutes of compiling
-        with tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
+        # SIGTERM (a CI job's timeout) as SystemExit, so that the temporary build is removed: its default action
+        # left it behind, cubins and all, whenever the compiles ran in this process (--jobs 1) or it wrote
+        with _sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
             sources = source_hash()
             cubins = compile_all(variants_by_arch, args.jobs)
             write_cache(Path(tmp), variants_by_arch, cubins, FAMILIES, sources=sources)
@@ -704,8 +706,9 @@ def main(argv=None) -> int:
     _refuse_unusable_folders(args.out, variants_by_arch)
     _warn_of_build_switches()
     sources = source_hash()
-    cubins = compile_all(variants_by_arch, args.jobs)
-    write_cache(args.out, variants_by_arch, cubins, families, sources=sources)
+    with _sigterm_as_exit():  # as SystemExit, so that a write it stops removes its staged copies
+        cubins = compile_all(variants_by_arch, args.jobs)
+        write_cache(args.out, variants_by_arch, cubins, families, sources=sources)
     return 0
 
 

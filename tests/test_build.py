@@ -1596,3 +1596,58 @@ def test_an_interrupt_between_the_renames_lands_the_manifest_with_its_cubins(tmp
     check_cache(cache, "sm_90a")  # the new manifest names the new cubins
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == {f"{v.name}.cubin": cubins[(v.name, "sm_90a")]
                                                                   for v in variants}
+
+
+def _main_in_a_subprocess(tmp_path: Path, patch: str, *args: str) -> subprocess.CompletedProcess:
+    """build_kernels.main(args) in its own process (a signal's default action would end pytest's), after ``patch``
+    (Python run first, with build_kernels, os, signal and Path imported); its temporary folders under tmp_path/tmp."""
+    import os
+
+    (tmp_path / "tmp").mkdir()
+    script = ("import os, signal, sys\nfrom pathlib import Path\nimport build_kernels\n" + patch
+              + "\nsys.exit(build_kernels.main(sys.argv[1:]))\n")
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env={**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(REPO)})
+
+
+def test_sigterm_during_a_check_removes_its_temporary_build(tmp_path):
+    """A SIGTERM (a CI job's timeout) while --check compiled in its own process (--jobs 1) or wrote its fresh build
+    ended it by the signal's default action: the aot_check_* folder stayed in the temporary directory, a fresh cubin
+    cache and all, each time. It is now a SystemExit(143), and the folder goes."""
+    from crafted_cache import copy_probe_cache
+
+    cache = copy_probe_cache(tmp_path / "cache")
+    patch = ("def compile_all(variants_by_arch, jobs):\n"
+             "    os.kill(os.getpid(), signal.SIGTERM)\n"
+             "    signal.sigtimedwait([], 5)  # the handler runs here\n"
+             "build_kernels.compile_all = compile_all")
+    proc = _main_in_a_subprocess(tmp_path, patch, "--check", "--only", "probe", "--arch", "sm_90a", "--out",
+                                 str(cache))
+    assert proc.returncode == 128 + 15, proc.stdout + proc.stderr
+    assert [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("aot_check_")] == []
+
+
+def test_sigterm_during_a_write_removes_its_staged_copies(tmp_path):
+    """A SIGTERM while write_cache staged an arch's files ended the build by the signal's default action, and its
+    staged copies (cubins/<arch>/.<name>.cubin.*) stayed in the cache until the next build, named by no manifest
+    entry: shipped by a plain install, a failure of --check. It is now a SystemExit(143) that removes them."""
+    from crafted_cache import copy_probe_cache
+
+    cache = copy_probe_cache(tmp_path / "cache")
+    before = {p.relative_to(cache): p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    patch = ("build_kernels.toolchain_info = lambda: {'python': '3'}  # no CuTe DSL compile for it\n"
+             "folder = Path(sys.argv[-1]) / 'cubins'\n"
+             "build_kernels.compile_all = lambda variants_by_arch, jobs: {\n"
+             "    (v.name, arch): (folder / arch / f'{v.name}.cubin').read_bytes() + bytes(16)\n"
+             "    for arch, variants in variants_by_arch.items() for v in variants}\n"
+             "real_fsync = os.fsync\n"
+             "def fsync(fd):  # the first staged cubin is on disk: the signal comes\n"
+             "    real_fsync(fd)\n"
+             "    os.kill(os.getpid(), signal.SIGTERM)\n"
+             "    signal.sigtimedwait([], 5)  # the handler runs here\n"
+             "os.fsync = fsync")
+    proc = _main_in_a_subprocess(tmp_path, patch, "--only", "probe", "--arch", "sm_90a", "--out", str(cache))
+    assert proc.returncode == 128 + 15, proc.stdout + proc.stderr
+    after = {p.relative_to(cache): p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    assert after == {**before, Path(".build.lock"): b""}  # nothing replaced, nothing staged left
+    check_cache(cache, "sm_90a")
