@@ -704,6 +704,7 @@ def main(argv=None) -> int:
         return 1 if problems else 0
     _require_writable(parser, args.out)  # before minutes of compiling, not after
     _refuse_unusable_folders(args.out, variants_by_arch)
+    _require_writable_folders(parser, args.out, variants_by_arch)
     _warn_of_build_switches()
     sources = source_hash()
     with _sigterm_as_exit():  # as SystemExit, so that a write it stops removes its staged copies
@@ -795,6 +796,20 @@ def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:
             why, fix = e.strerror or e, "let this account write it, or remove it"
         parser.error(f"--out {out}: cannot open its build lock {lock} for writing ({why}); {fix} (a load creates it "
                      f"again)")
+
+
+def _require_writable_folders(parser: argparse.ArgumentParser, out: Path, archs) -> None:
+    """The folders the build stages, renames and removes files in (each arch's cubin folder, ``manifests/``), or the
+    nearest one that exists where they do not yet: a cache root this account can write holding folders it cannot
+    (a cache another account built, an image's) passed _require_writable and failed the build after its compiles,
+    with a bare PermissionError at the first staged cubin."""
+    for folder in (*(out / "cubins" / arch for arch in archs), out / "manifests"):
+        existing = next(f for f in (folder, *folder.parents) if f.is_dir())  # out at the latest: it was made
+        try:
+            tempfile.TemporaryFile(dir=existing).close()
+        except OSError as e:
+            parser.error(f"--out {out}: cannot write in {existing} ({e.strerror or e}), where the build writes "
+                         f"{folder.relative_to(out)}/; let this account write it, or build with another --out")
 
 
 if __name__ == "__main__":

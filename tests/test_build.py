@@ -1651,3 +1651,36 @@ def test_sigterm_during_a_write_removes_its_staged_copies(tmp_path):
     after = {p.relative_to(cache): p.read_bytes() for p in cache.rglob("*") if p.is_file()}
     assert after == {**before, Path(".build.lock"): b""}  # nothing replaced, nothing staged left
     check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("folder", ["cubins/sm_90a", "manifests", "cubins"])
+def test_a_cache_folder_it_cannot_write_is_refused_before_compiling(tmp_path, monkeypatch, capsys, folder):
+    """A cache root this account can write, holding cubins/<arch>/ or manifests/ it cannot (a cache another account
+    built), passed _require_writable's check of the root, and the build failed after its compiles with a bare
+    PermissionError at the first staged file. (Simulated: this suite may run as root, which any mode lets write.)"""
+    import errno
+    import os
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    cache = copy_probe_cache(tmp_path, archs=("sm_90a",) if folder != "cubins" else ())
+    locked = cache / folder
+    locked.mkdir(parents=True, exist_ok=True)
+    real_open = os.open
+
+    def open_as_another_account(path, flags, *args):  # no file made in ``locked`` (O_TMPFILE opens the folder)
+        if locked in (Path(path), Path(path).parent) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_as_another_account)
+    asked = []
+    _stop_at_compile(monkeypatch, asked)
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--only", "probe", "--arch", "sm_90a", "--out", str(cache)])
+    assert stop.value.code == 2 and asked == []
+    written = "manifests" if folder == "manifests" else "cubins/sm_90a"
+    assert (f"--out {cache}: cannot write in {locked} (Permission denied), where the build writes {written}/; let "
+            f"this account write it, or build with another --out") in capsys.readouterr().err
