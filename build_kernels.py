@@ -515,10 +515,11 @@ def _refuse_unusable_folders(out: Path, variants_by_arch: dict) -> None:
 
 
 class WholeCacheProblem(str):
-    """A --check problem of what a manifest records for all its entries (its source stamp, its toolchain) or of the
-    manifest itself (unreadable, malformed), which only a build of every family mends: a build of some families
-    (--only) keeps the other families' source stamp and build switches with their entries, and refuses their entries
-    of another compiler and a manifest it cannot read (write_cache)."""
+    """A --check problem of what a manifest records for all its entries (its source stamp, its toolchain), of the
+    manifest itself (unreadable, malformed) or of an entry of a family not checked that the runtime refuses, which
+    only a build of every family mends: a build of some families (--only) keeps the other families' source stamp and
+    build switches with their entries, and refuses their entries of another compiler or that the runtime refuses and
+    a manifest it cannot read (write_cache)."""
 
 
 def check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
@@ -590,7 +591,7 @@ def _check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
         if len(problems) == before:
             # Python's == above takes 1 for true and 128.0 for 128 and a dict keeps one of two equal names: what the
             # runtime reads (exact JSON types, no duplicates, schema, arch, the contract) must accept it too.
-            refusal = _runtime_refusal(committed, arch)
+            refusal = _runtime_refusal(committed, arch, rebuilt=built)
             if refusal is not None:
                 problems.append(refusal)
     return problems
@@ -604,7 +605,7 @@ def _check_fix(args: argparse.Namespace, families: tuple, problems: list) -> str
     if not args.only:
         return f"run: {fix}"
     if any(isinstance(p, WholeCacheProblem) for p in problems):
-        return f"--only cannot mend a manifest's source stamp, toolchain or form; run: {fix}"
+        return f"--only cannot mend a manifest's source stamp, toolchain or form, or an entry it keeps; run: {fix}"
     return f"run: {fix}" + "".join(f" --only {family}" for family in families)
 
 
@@ -618,13 +619,16 @@ def _named_entries(kernels) -> bool:
     return isinstance(kernels, list) and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in kernels)
 
 
-def _runtime_refusal(committed: Path, arch: str) -> str | None:
+def _runtime_refusal(committed: Path, arch: str, rebuilt=()) -> str | None:
     """The problem line where the runtime refuses the committed manifest or a cubin it names (a symlink out of the
-    cache root, a wrong ELF header: every CPU-side check of a load), else None."""
+    cache root, a wrong ELF header: every CPU-side check of a load), else None. A WholeCacheProblem unless it refuses
+    an entry the check rebuilt (``rebuilt``): a build of some families (--only) refuses to keep one it would not
+    rebuild, and mends no refusal of the manifest itself."""
     try:
         check_cache(committed, arch)
     except CacheError as e:
-        return f"{arch}: the runtime refuses the committed manifest ({e})"
+        line = f"{arch}: the runtime refuses the committed manifest ({e})"
+        return line if isinstance(e.kernel, str) and e.kernel in rebuilt else WholeCacheProblem(line)
     return None
 
 

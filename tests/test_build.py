@@ -870,8 +870,8 @@ def test_failed_check_names_the_checked_cache_in_its_fix(tmp_path, monkeypatch, 
     ("committed", lambda d: d["kernels"][0].update(sha256="0" * 64),
      "run: python build_kernels.py --arch sm_90a --out {out} --only probe"),
     ("fresh", lambda d: d.update(source_hash="f" * 64),
-     ("--only cannot mend a manifest's source stamp, toolchain or form; run: python build_kernels.py --arch sm_90a "
-      "--out {out}")),
+     ("--only cannot mend a manifest's source stamp, toolchain or form, or an entry it keeps; run: python "
+      "build_kernels.py --arch sm_90a --out {out}")),
 ], ids=["an entry of the family checked", "the source stamp"])
 def test_failed_check_with_only_names_the_build_that_mends_it(tmp_path, monkeypatch, capsys, where, edit, fix):
     """The fix a failed --check --only printed left --only out: run as said, it rebuilt every family, not the ones
@@ -1684,3 +1684,42 @@ def test_a_cache_folder_it_cannot_write_is_refused_before_compiling(tmp_path, mo
     written = "manifests" if folder == "manifests" else "cubins/sm_90a"
     assert (f"--out {cache}: cannot write in {locked} (Permission denied), where the build writes {written}/; let "
             f"this account write it, or build with another --out") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("refused, fix", [
+    ("empty_cluster1", "--only cannot mend a manifest's source stamp, toolchain or form, or an entry it keeps; run: "
+                       "python build_kernels.py --arch sm_90a --out {out}"),
+    ("probe_cluster2", "run: python build_kernels.py --arch sm_90a --out {out} --only probe"),
+], ids=["an entry of another family", "an entry of the family checked"])
+def test_check_with_only_names_a_build_that_mends_a_runtime_refusal(tmp_path, monkeypatch, capsys, refused, fix):
+    """A committed cache that the runtime refuses for an entry of a family --check --only did not check (here one
+    whose shared memory the contract no longer gives) was told 'run: ... --only probe', a build that refuses to keep
+    that entry ('build every family (no --only)'). Only a refusal of an entry the check rebuilt (here a cubin linked
+    from outside the root) keeps --only in the fix."""
+    import shutil
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    committed = copy_probe_cache(tmp_path / "committed", archs=("sm_90a",))
+    fresh = copy_probe_cache(tmp_path / "fresh", archs=("sm_90a",))
+    data = json.loads(manifest_path(committed, "sm_90a").read_text())
+    empty = next(k for k in json.loads(manifest_path(REPO, "sm_90a").read_text())["kernels"]
+                 if k["name"] == "empty_cluster1")
+    shutil.copy(REPO / empty["cubin"], committed / empty["cubin"])
+    data["kernels"].append({**empty, "smem_bytes": empty["smem_bytes"] + 16} if refused == "empty_cluster1" else empty)
+    manifest_path(committed, "sm_90a").write_text(json.dumps(data))
+    if refused == "probe_cluster2":
+        outside = tmp_path / "outside.cubin"
+        shutil.copy(committed / "cubins/sm_90a/probe_cluster2.cubin", outside)
+        (committed / "cubins/sm_90a/probe_cluster2.cubin").unlink()
+        (committed / "cubins/sm_90a/probe_cluster2.cubin").symlink_to(outside)
+    monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: {})
+    monkeypatch.setattr(build_kernels, "write_cache",  # the fresh build: the crafted copy, no CuTe DSL compile
+                        lambda out, *args, **kwargs: shutil.copytree(fresh, out, dirs_exist_ok=True))
+    assert build_kernels.main(["--check", "--only", "probe", "--arch", "sm_90a", "--out", str(committed)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("CHECK FAILED: sm_90a: the runtime refuses the committed manifest (")
+    assert f"kernel {refused}:" in out[0]
+    assert out[-1] == f"check failed: 1 difference(s); {fix.format(out=committed)}"
