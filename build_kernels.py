@@ -694,6 +694,7 @@ def main(argv=None) -> int:
     _require_cute_dsl(parser)
     if args.check:
         _refuse_a_file(parser, args.out)  # its fix would name a build the build refuses, after minutes of compiling
+        _refuse_no_cache_to_check(parser, args.out, args.arch)
         # SIGTERM (a CI job's timeout) as SystemExit, so that the temporary build is removed: its default action
         # left it behind, cubins and all, whenever the compiles ran in this process (--jobs 1) or it wrote
         with _sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
@@ -776,6 +777,15 @@ def _refuse_a_file(parser: argparse.ArgumentParser, out: Path) -> None:
     whose fix was a build of that file, named none)."""
     if out.exists() and not out.is_dir():
         parser.error(f"--out {out}: a file, not a directory; name the cache root's directory (made where missing)")
+
+
+def _refuse_no_cache_to_check(parser: argparse.ArgumentParser, out: Path, archs: list) -> None:
+    """--check of a folder with no manifest of the archs it checks (a mistyped --out, a cache not built yet), refused
+    with the fix: it compiled every variant asked (minutes) before saying that each manifest was unreadable. One
+    arch's manifest missing among others is still the check's to report, beside the others' differences."""
+    if not any(os.path.lexists(manifest_path(out, arch)) for arch in archs):
+        parser.error(f"--check --out {out}: no manifest of {' '.join(archs)} to check in {out / 'manifests'}; name "
+                     f"the root of a built cache, or build one: {rebuild(' '.join(archs), out)}")
 
 
 def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:

@@ -838,8 +838,11 @@ def test_arch_given_twice_builds_both(tmp_path, monkeypatch):
 def test_only_given_twice_builds_the_family_once(tmp_path, monkeypatch):
     """--only probe --only probe ended in a traceback, all_variants' "duplicate kernel names in the contract" (the
     contract was fine); --arch given twice was already taken once."""
+    from crafted_cache import copy_probe_cache
+
     import build_kernels
 
+    copy_probe_cache(tmp_path, archs=("sm_90a",))  # a cache to check: a folder without one is refused first
     asked = []
 
     def stop(variants_by_arch, jobs):
@@ -857,8 +860,11 @@ def test_only_given_twice_builds_the_family_once(tmp_path, monkeypatch):
 def test_failed_check_names_the_checked_cache_in_its_fix(tmp_path, monkeypatch, capsys):
     """The fix a failed --check printed left --out out: run as said, it rebuilt this checkout's cache, not the one
     checked, and the check kept failing."""
+    from crafted_cache import copy_probe_cache
+
     import build_kernels
 
+    copy_probe_cache(tmp_path, archs=("sm_90a",))  # a cache to check: a folder without one is refused first
     monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: {})
     monkeypatch.setattr(build_kernels, "write_cache", lambda *args, **kwargs: None)
     monkeypatch.setattr(build_kernels, "check_against", lambda *args: ["a difference"])
@@ -1723,3 +1729,22 @@ def test_check_with_only_names_a_build_that_mends_a_runtime_refusal(tmp_path, mo
     assert out[0].startswith("CHECK FAILED: sm_90a: the runtime refuses the committed manifest (")
     assert f"kernel {refused}:" in out[0]
     assert out[-1] == f"check failed: 1 difference(s); {fix.format(out=committed)}"
+
+
+@pytest.mark.parametrize("where", ["a folder that does not exist", "a folder without manifests"])
+def test_check_of_an_out_without_a_manifest_is_refused_before_compiling(tmp_path, monkeypatch, capsys, where):
+    """--check --out of a folder holding no manifest of the archs checked (a mistyped path) compiled every variant
+    asked, minutes for a whole check, and then reported each manifest unreadable: refused first, with the fix."""
+    import build_kernels
+
+    out = tmp_path / "nothing"
+    if where == "a folder without manifests":
+        (out / "cubins").mkdir(parents=True)
+    monkeypatch.setattr(build_kernels, "compile_all", lambda *args: pytest.fail("compiled for a check of no cache"))
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--check", "--only", "probe", "--out", str(out)])
+    assert stop.value.code == 2
+    assert (f"--check --out {out}: no manifest of sm_90a sm_100a to check in {out / 'manifests'}; name the root of "
+            f"a built cache, or build one: python build_kernels.py --arch sm_90a sm_100a --out {out}"
+            in capsys.readouterr().err)
+
