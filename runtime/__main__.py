@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from .contract import ARCHS
 
@@ -76,6 +77,19 @@ def _say_unknown_manifests(root) -> None:
                   f"load reads it and it was not checked; serve that arch with a runtime that knows it")
 
 
+def _say_unnamed_files(manifest) -> None:
+    """Files of the arch's cubin folder that no entry names (a dropped variant's cubin, a killed build's staged
+    copy): no load reads them, but an install ships them; said, not failed (``build_kernels.py --check`` fails them
+    and a build removes them)."""
+    folder = Path(manifest.root) / "cubins" / manifest.arch
+    named = {(Path(manifest.root) / e.cubin).resolve() for e in manifest.kernels.values()}
+    unnamed = sorted(p.name for p in folder.iterdir() if p.resolve() not in named) if folder.is_dir() else []
+    if unnamed:
+        print(f"note {manifest.arch}: {folder} holds {len(unnamed)} file(s) no manifest entry names "
+              f"({', '.join(unnamed[:5])}{', ...' if len(unnamed) > 5 else ''}); no load reads them, a build of the "
+              f"arch removes them")
+
+
 def verify_files(root=None, archs=()) -> int:
     """``verify --files-only``: every check a load makes before the driver (the manifest's schema, its entries against
     the runtime's contract, each cubin's size, hash, ELF header, symbol and parameter list), for each arch in ``archs``
@@ -106,6 +120,7 @@ def verify_files(root=None, archs=()) -> int:
         print(f"ok {arch}: manifest {m.path} (schema ok, source {m.source_hash[:12]}, toolchain "
               f"{m.toolchain.get('nvidia-cutlass-dsl', '?')}), {len(m.kernels)} kernels: every entry matches the "
               f"runtime's contract; cubin sizes, hashes, ELF symbols and parameter lists match the manifest")
+        _say_unnamed_files(m)
     print("verify --files-only: " + ("FAILED" if failed else "all checks passed (no device checked: run `python -m "
                                       "runtime verify` on each GPU model before serving)"))
     return 1 if failed else 0

@@ -1708,6 +1708,22 @@ def test_verify_files_only_says_a_manifest_of_an_unknown_arch_was_not_checked(ca
     assert "skip" not in capsys.readouterr().out  # --arch names what to check
 
 
+def test_verify_files_only_names_files_no_entry_names(cache, no_driver, capsys):
+    """A stray file in an arch's cubin folder (a dropped variant's cubin, a killed build's staged copy) passed
+    unsaid, though an install ships it. It is named in a note; the arch still passes, as no load reads it."""
+    from runtime import __main__ as cli
+
+    folder = first_cubin(cache, "sm_90a").parent
+    (folder / "dropped_variant.cubin").write_bytes(b"old")
+    (folder / ".probe_cluster2.cubin.tmp123").write_bytes(b"")
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index(next(line for line in out if line.startswith("ok sm_90a")))
+    assert out[at + 1] == (f"note sm_90a: {folder} holds 2 file(s) no manifest entry names (.probe_cluster2.cubin"
+                           f".tmp123, dropped_variant.cubin); no load reads them, a build of the arch removes them")
+    assert not any(line.startswith("note sm_100a") for line in out)
+
+
 def test_verify_files_only_fails_a_root_without_manifests(tmp_path, no_driver, capsys):
     from runtime import __main__ as cli
 
