@@ -822,9 +822,11 @@ def preload_decode_rows(state: IndexerState, max_rows: int | None = None, heads:
     start-up, so that every kernel a step can pick (DeepGEMM's, from its warm JIT cache,
     and the AOT top-k's cluster variants, loaded lazily by the driver) is resident before
     the first real step: that step then costs what a steady one does. Leaves the buffers'
-    first ``max_rows`` rows at -1. Compiles nothing when DeepGEMM's cache was warmed
-    (``runtime.scoring.warm_deepgemm``). Its dummy rows read page 0 of the key cache (a state's
-    cache has at least one)."""
+    first ``max_rows`` rows at -1. ``heads``: the model's index heads (q's second dimension), which
+    the dummy steps score: DeepGEMM compiles its logits kernel per head count, so another count
+    preloads a kernel the steps never use and leaves theirs to the first step. Compiles nothing when
+    DeepGEMM's cache was warmed for those heads (``runtime.scoring.warm_deepgemm``). Its dummy rows
+    read page 0 of the key cache (a state's cache has at least one)."""
     _check_state(state)
     # A step's rows fit both buffers (the plan refuses more rows than the candidate buffer holds).
     most = state.max_rows if state.candidate_blocks is None else min(state.max_rows, state.candidate_blocks.shape[0])
