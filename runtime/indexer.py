@@ -186,9 +186,14 @@ class DecodeMetadata:
 
     ``seq_lens`` ``[>= num_tokens]`` int32: each row's valid compressed tokens;
     ``block_table`` ``[>= num_tokens, pages]`` int32: each row's pages of the index-key
-    cache (a request's rows repeat its table); ``schedule``: the scorer's schedule
-    of all the rows, if the caller built one; ``num_prefills`` > 0 sends the step
-    down the caller's stock path.
+    cache (a request's rows repeat its table); ``num_tokens``: the rows the step scores
+    (a CUDA graph's padded rows past them are reset, not scored: ``padded_tokens``
+    of ``plan_decode_rows``); ``num_requests``: its requests (rows a whole
+    multiple of them may be sharded, ``row_shard_rows``); ``max_seq_len``: the
+    largest of the rows' ``seq_lens``, in compressed tokens like them (at most the
+    state's ``max_model_len``); ``schedule``: the scorer's schedule of all the rows,
+    if the caller built one; ``num_prefills`` > 0 sends the step down the caller's
+    stock path.
 
     The device values are trusted, as the seed trusts its metadata: checking them
     would cost a device sync a step. For each row ``r < num_tokens`` the caller
