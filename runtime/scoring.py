@@ -96,9 +96,12 @@ def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None)
     if isinstance(cache, torch.Tensor):
         # First: a nested tensor's shape, read for the message below, raised torch's RuntimeError, naming nothing.
         require_dense(name, cache)
-    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or cache.dim() != 4:
+    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8:
         got = f"{cache.dtype} {tuple(cache.shape)}" if isinstance(cache, torch.Tensor) else type(cache).__name__
         raise TypeError(f"{name}: expected uint8 [blocks, {BLOCK_KV}, 1, {row}], got {got}")
+    if cache.dim() != 4:  # a shape, not a type: ValueError, as every other shape refusal of the flow
+        raise ValueError(f"{name}: expected uint8 [blocks, {BLOCK_KV}, 1, {row}], got {cache.dim()} dims "
+                         f"{tuple(cache.shape)}; pass the paged cache, not a view of its rows")
     width_ok = cache.shape[3] > reference.INDEX_SCALE_BYTES if head_dim is None else cache.shape[3] == row
     if cache.shape[1] != BLOCK_KV or cache.shape[2] != 1 or not width_ok:
         raise ValueError(f"{name}: expected [blocks, {BLOCK_KV}, 1, {row}], got {tuple(cache.shape)}")

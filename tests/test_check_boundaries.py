@@ -18,6 +18,7 @@ from odd_tensors import at_byte_offset
 from test_indexer import _cpu_deepgemm_scorer
 from test_scoring_args import _inputs as _scoring
 
+from runtime import scoring
 from runtime.indexer import (
     IndexerState,
     SingleRank,
@@ -311,3 +312,15 @@ def test_schedule_storage_shrunk():
     schedule.untyped_storage().resize_(8)
     with pytest.raises(ValueError, match="schedule: its view ends"):
         _cpu_deepgemm_scorer(4).check_schedule(schedule, torch.device("cpu"))
+
+
+def test_index_k_cache_of_another_rank_is_a_value_error_and_of_another_dtype_a_type_error():
+    """A 4-D uint8 cache is the contract: a wrong rank is a shape problem (ValueError, as the flow's other shape
+    refusals), a wrong dtype or a non-tensor a type problem (TypeError)."""
+    cache = torch.zeros(2, 64, 1, 68, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"^cache: expected uint8 \[blocks, 64, 1, 68\], got 3 dims \(2, 64, 68\)"):
+        scoring.check_index_k_cache(cache[:, :, 0], head_dim=64)
+    with pytest.raises(TypeError, match=r"^cache: expected uint8 \[blocks, 64, 1, 68\], got torch.int8"):
+        scoring.check_index_k_cache(cache.view(torch.int8), head_dim=64)
+    with pytest.raises(TypeError, match=r"^cache: expected uint8 .*, got list"):
+        scoring.check_index_k_cache([cache], head_dim=64)
