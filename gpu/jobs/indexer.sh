@@ -15,6 +15,7 @@ set -u
 export SPARSE_DECODE_AOT_REQUIRE_GPU=1
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh  # DeepGEMM libraries, JIT cache dir, cache restored
+mkdir -p "$JOB_OUT"  # a folder not made yet (JOB_OUT=$OUT/indexer): step 1 wrote into it before anything made it
 limit=$(grep -m1 '^# limit:' "$0" | awk '{print $3}')
 budget=$(( ${ROUND_CAP:-$limit} < limit ? ${ROUND_CAP:-$limit} : limit ))
 left() { echo $(( budget - SECONDS - 4 )); }
