@@ -622,13 +622,21 @@ def _named_entries(kernels) -> bool:
 def _runtime_refusal(committed: Path, arch: str, rebuilt=()) -> str | None:
     """The problem line where the runtime refuses the committed manifest or a cubin it names (a symlink out of the
     cache root, a wrong ELF header: every CPU-side check of a load), else None. A WholeCacheProblem unless it refuses
-    an entry the check rebuilt (``rebuilt``): a build of some families (--only) refuses to keep one it would not
-    rebuild, and mends no refusal of the manifest itself."""
+    an entry the check rebuilt (``rebuilt``) in a manifest the runtime reads: a build of some families (--only)
+    refuses to keep one it would not rebuild, and reads the whole manifest before it keeps any (an entry of a
+    rebuilt family with a float size or a name given twice stops it too), so it mends no refusal of the manifest's
+    reading."""
     try:
         check_cache(committed, arch)
     except CacheError as e:
         line = f"{arch}: the runtime refuses the committed manifest ({e})"
-        return line if isinstance(e.kernel, str) and e.kernel in rebuilt else WholeCacheProblem(line)
+        if not (isinstance(e.kernel, str) and e.kernel in rebuilt):
+            return WholeCacheProblem(line)
+        try:
+            read_manifest(committed, arch)  # as _checked_kept_entries reads it
+        except CacheError:
+            return WholeCacheProblem(line)
+        return line
     return None
 
 

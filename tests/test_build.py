@@ -1731,6 +1731,49 @@ def test_check_with_only_names_a_build_that_mends_a_runtime_refusal(tmp_path, mo
     assert out[-1] == f"check failed: 1 difference(s); {fix.format(out=committed)}"
 
 
+@pytest.mark.parametrize("edit", [lambda e: e.update(size=float(e["size"])), None],
+                         ids=["a float size", "a name given twice"])
+def test_check_with_only_names_a_whole_build_where_an_entry_it_checked_fails_the_manifests_reading(
+        tmp_path, monkeypatch, capsys, edit):
+    """A checked family's entry that the runtime refuses while reading the manifest (5816.0 for 5816, which the
+    check's == takes; the entry given twice, which its by-name dict keeps once) kept --only in the fix, and that
+    build refuses: it reads the whole manifest before it keeps the other families' entries. Only a build of every
+    family (which reads no previous manifest) mends it."""
+    import shutil
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    committed = copy_probe_cache(tmp_path / "committed", archs=("sm_90a",))
+    fresh = copy_probe_cache(tmp_path / "fresh", archs=("sm_90a",))
+    data = json.loads(manifest_path(committed, "sm_90a").read_text())
+    empty = next(k for k in json.loads(manifest_path(REPO, "sm_90a").read_text())["kernels"]
+                 if k["name"] == "empty_cluster1")
+    shutil.copy(REPO / empty["cubin"], committed / empty["cubin"])
+    data["kernels"].append(empty)  # an entry of another family, which --only probe keeps
+    if edit is None:
+        data["kernels"].append(dict(data["kernels"][0]))
+    else:
+        edit(data["kernels"][0])
+    manifest_path(committed, "sm_90a").write_text(json.dumps(data))
+    monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: {})
+    monkeypatch.setattr(build_kernels, "write_cache",  # the fresh build: the crafted copy, no CuTe DSL compile
+                        lambda out, *args, **kwargs: shutil.copytree(fresh, out, dirs_exist_ok=True))
+    assert build_kernels.main(["--check", "--only", "probe", "--arch", "sm_90a", "--out", str(committed)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("CHECK FAILED: sm_90a: the runtime refuses the committed manifest (")
+    assert f"kernel {data['kernels'][0]['name']}:" in out[0]
+    assert out[-1] == ("check failed: 1 difference(s); --only cannot mend a manifest's source stamp, toolchain or "
+                       f"form, or an entry it keeps; run: python build_kernels.py --arch sm_90a --out {committed}")
+    monkeypatch.undo()
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: data["toolchain"])  # no CuTe DSL compile for it
+    variants = all_variants("sm_90a", ("probe",))
+    cubins = {(v.name, "sm_90a"): (fresh / "cubins" / "sm_90a" / f"{v.name}.cubin").read_bytes() for v in variants}
+    with pytest.raises(SystemExit, match="--only keeps the other families' entries from this manifest, but"):
+        build_kernels.write_cache(committed, {"sm_90a": variants}, cubins, ("probe",))  # the fix it gave before
+
+
 @pytest.mark.parametrize("where", ["a folder that does not exist", "a folder without manifests"])
 def test_check_of_an_out_without_a_manifest_is_refused_before_compiling(tmp_path, monkeypatch, capsys, where):
     """--check --out of a folder holding no manifest of the archs checked (a mistyped path) compiled every variant
