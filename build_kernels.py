@@ -54,6 +54,7 @@ from runtime.manifest import (  # noqa: E402
     read_checked_cubin,
     read_manifest,
     sha256_of,
+    unnamed_files,
 )
 
 SOURCE_DIRS = ("kernels", "runtime/contract")
@@ -386,20 +387,10 @@ def _build_lock(out: Path):
 
 
 def _unnamed_files(root: Path, arch: str, manifest: dict) -> list:
-    """What ``root/cubins/<arch>/`` holds that no entry of ``manifest`` names (the cubin of a variant the sources
-    no longer define, or a killed build's staged copy), and a killed build's staged copies of the arch's manifest
-    (``manifests/.<arch>.json.*``, _staged_copy's names). No load reads them, but a plain install would ship them,
-    and a cache that holds more than its manifest says cannot be told from one that lost a manifest entry."""
-    path = manifest_path(root, arch)
-    staged_manifests = sorted(path.parent.glob(f".{path.name}.*"))
-    folder = root / "cubins" / arch
-    if not folder.is_dir():
-        return staged_manifests
-    # Compared as normalised paths: the runtime reads "cubins/sm_90a/./x.cubin" as "cubins/sm_90a/x.cubin".
-    named = {os.path.normpath(e["cubin"]) for e in manifest.get("kernels", [])
-             if isinstance(e, dict) and isinstance(e.get("cubin"), str)}
-    unnamed = sorted(p for p in folder.iterdir() if os.path.normpath(f"cubins/{arch}/{p.name}") not in named)
-    return unnamed + staged_manifests
+    """``unnamed_files`` of a manifest as JSON, which a --check may find malformed: an entry without a string cubin
+    names nothing."""
+    return unnamed_files(root, arch, [e["cubin"] for e in manifest.get("kernels", [])
+                                      if isinstance(e, dict) and isinstance(e.get("cubin"), str)])
 
 
 def _remove_unnamed_files(out: Path, arch: str, manifest: dict) -> None:

@@ -78,14 +78,16 @@ def _say_unknown_manifests(root) -> None:
 
 
 def _say_unnamed_files(manifest) -> None:
-    """Files of the arch's cubin folder that no entry names (a dropped variant's cubin, a killed build's staged
-    copy): no load reads them, but an install ships them; said, not failed (``build_kernels.py --check`` fails them
-    and a build removes them)."""
-    folder = Path(manifest.root) / "cubins" / manifest.arch
-    named = {(Path(manifest.root) / e.cubin).resolve() for e in manifest.kernels.values()}
-    unnamed = sorted(p.name for p in folder.iterdir() if p.resolve() not in named) if folder.is_dir() else []
+    """The files of the arch's cubin folder that no entry names (a dropped variant's cubin, a killed build's staged
+    copy) and a killed build's staged copies of its manifest: no load reads them, but an install ships them; said,
+    not failed (``build_kernels.py --check`` fails them and a build removes them)."""
+    from .manifest import unnamed_files
+
+    root = Path(manifest.root)
+    unnamed = [str(p.relative_to(root)) for p in unnamed_files(root, manifest.arch,
+                                                                [e.cubin for e in manifest.kernels.values()])]
     if unnamed:
-        print(f"note {manifest.arch}: {folder} holds {len(unnamed)} file(s) no manifest entry names "
+        print(f"note {manifest.arch}: {root} holds {len(unnamed)} file(s) no manifest entry names "
               f"({', '.join(unnamed[:5])}{', ...' if len(unnamed) > 5 else ''}); no load reads them, a build of the "
               f"arch removes them")
 

@@ -681,6 +681,25 @@ def supported_arch(arch: str) -> str:
     return arch
 
 
+def unnamed_files(root: Path, arch: str, cubins) -> list[Path]:
+    """What ``root/cubins/<arch>/`` holds that none of ``cubins`` (the manifest entries' cubin paths, relative to the
+    root) names (the cubin of a variant the sources no longer define, or a killed build's staged copy), and a killed
+    build's staged copies of the arch's manifest (``manifests/.<arch>.json.*``, the build's staged names). No load
+    reads them, but a plain install would ship them, and a cache that holds more than its manifest says cannot be
+    told from one that lost a manifest entry. A build removes them, its --check fails them, ``verify --files-only``
+    names them."""
+    path = manifest_path(root, arch)
+    staged_manifests = sorted(path.parent.glob(f".{path.name}.*"))
+    folder = Path(root) / "cubins" / arch
+    if not folder.is_dir():
+        return staged_manifests
+    # Compared as normalised paths, not through the filesystem (a stray file may be a dangling or looping link): the
+    # runtime reads "cubins/sm_90a/./x.cubin" as "cubins/sm_90a/x.cubin".
+    named = {os.path.normpath(cubin) for cubin in cubins}
+    unnamed = sorted(p for p in folder.iterdir() if os.path.normpath(f"cubins/{arch}/{p.name}") not in named)
+    return unnamed + staged_manifests
+
+
 def check_cache(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     """Every CPU-side check of a cache (no GPU needed): the manifest, its entries against the contract, then each
     cubin, with no build's writes in between (``build_settled``)."""

@@ -1719,9 +1719,30 @@ def test_verify_files_only_names_files_no_entry_names(cache, no_driver, capsys):
     assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 0
     out = capsys.readouterr().out.splitlines()
     at = out.index(next(line for line in out if line.startswith("ok sm_90a")))
-    assert out[at + 1] == (f"note sm_90a: {folder} holds 2 file(s) no manifest entry names (.probe_cluster2.cubin"
-                           f".tmp123, dropped_variant.cubin); no load reads them, a build of the arch removes them")
+    assert out[at + 1] == (f"note sm_90a: {cache} holds 2 file(s) no manifest entry names (cubins/sm_90a/.probe_"
+                           f"cluster2.cubin.tmp123, cubins/sm_90a/dropped_variant.cubin); no load reads them, a build "
+                           f"of the arch removes them")
     assert not any(line.startswith("note sm_100a") for line in out)
+
+
+def test_verify_files_only_names_a_looping_link_and_a_staged_manifest_as_unnamed_files(cache, no_driver, capsys):
+    """The note resolved each file of the cubin folder: a stray link to itself (a loop) raised pathlib's
+    RuntimeError after the arch's ok line, a traceback instead of the verdict. And a killed build's staged copy of the
+    manifest, which --check fails and a build removes as it does the folder's strays, went unsaid. The note now takes
+    the build's own list (runtime.manifest.unnamed_files), compared by name."""
+    import os
+
+    from runtime import __main__ as cli
+
+    folder = first_cubin(cache, "sm_90a").parent
+    os.symlink("loop.cubin", folder / "loop.cubin")
+    staged = manifest_path(cache, "sm_90a").parent / ".sm_90a.json.abc123"
+    staged.write_text("{}")
+    assert cli.main(["verify", "--files-only", "--arch", "sm_90a", "--root", str(cache)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (f"note sm_90a: {cache} holds 2 file(s) no manifest entry names (cubins/sm_90a/loop.cubin, "
+                      f"manifests/.sm_90a.json.abc123); no load reads them, a build of the arch removes them")
+    assert out[-1].startswith("verify --files-only: all checks passed")
 
 
 def test_verify_files_only_fails_a_root_without_manifests(tmp_path, no_driver, capsys):
