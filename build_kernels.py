@@ -174,8 +174,10 @@ def _interrupts_deferred():
     if threading.current_thread() is not threading.main_thread():
         held = []
     caught = []
-    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
-    try:
+    previous = {}
+    try:  # the handlers swapped inside: one that lands between two swaps is still put back, its signal raised again
+        for s in held:
+            previous[s] = signal.signal(s, lambda signum, _frame: caught.append(signum))
         yield
     finally:
         for s, handler in previous.items():
