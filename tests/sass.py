@@ -52,3 +52,16 @@ def opcode_sequence(cubin: str) -> list[str]:
 def opcodes(cubin: str) -> set[str]:
     """The distinct instruction mnemonics (with modifiers) of a cubin."""
     return set(opcode_sequence(cubin))
+
+
+@lru_cache(maxsize=None)
+def resource_usage(cubin: str) -> dict:
+    """``cuobjdump -res-usage`` of a one-kernel cubin: {"REG": registers a thread, "SHARED": static shared bytes, ...}."""
+    tool = cuobjdump()
+    if tool is None:
+        raise RuntimeError("cuobjdump is not installed: pip install -e '.[test]'")
+    out = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True, timeout=120)
+    found = re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out.stdout)
+    if out.returncode or not found:
+        raise RuntimeError(f"cuobjdump -res-usage {cubin} failed: {out.stderr}")
+    return {name: int(value) for name, value in found}

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from sass import cuobjdump, opcode_sequence, opcodes, sass
+from sass import cuobjdump, opcode_sequence, opcodes, resource_usage, sass
 
 from runtime.contract import all_variants
 from runtime.manifest import manifest_path
@@ -157,3 +157,33 @@ def test_decode_topk_clusters_exchange_through_distributed_shared_memory(arch):
             assert not DSMEM_EXCHANGE - ops, (arch, k["name"], DSMEM_EXCHANGE - ops)
         else:
             assert not DSMEM_EXCHANGE & ops, (arch, k["name"], DSMEM_EXCHANGE & ops)
+
+
+# What an SM of both archs holds (sm_90 and sm_100 alike): 64K 32-bit registers, allocated 256 a warp; 228 KiB of
+# shared memory, of which each CTA also takes 1 KiB for the system; 2048 threads; 32 CTAs.
+SM_REGISTERS, REGISTER_UNIT, SM_SHARED, CTA_RESERVED_SHARED, SM_THREADS, SM_CTAS = 65536, 256, 233472, 1024, 2048, 32
+
+
+def resident_ctas(kernel) -> int:
+    """CTAs of ``kernel`` an SM holds at once, from its cubin's registers and static shared memory and its
+    manifest's threads and dynamic shared memory (the occupancy calculator's rules; the static count is added on top
+    of the reserved kilobyte, which only errs low)."""
+    usage = resource_usage(str(REPO / kernel["cubin"]))
+    warps = -(-kernel["threads"] // 32)
+    warp_registers = -(-usage["REG"] * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    by_registers = SM_REGISTERS // warp_registers // warps if warp_registers else SM_CTAS
+    by_shared = SM_SHARED // (kernel["smem_bytes"] + usage["SHARED"] + CTA_RESERVED_SHARED)
+    return min(by_registers, by_shared, SM_THREADS // kernel["threads"], SM_CTAS)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_cubins_fit_the_ctas_an_sm_their_variants_are_built_for(arch):
+    """The occupancy each variant is routed and sized by, from what its cubin uses (sm_100a's verified here only):
+    decode_topk's ``ctas_per_sm`` (two where its routing counts two CTAs an SM; a cubin one register a thread over
+    64 would hold one, and halve its waves with no error), and sparse MLA's two CTAs an SM (issue 3)."""
+    for family in ("decode_topk", "sparse_mla_decode"):
+        if arch == "sm_100a" and family == "sparse_mla_decode":
+            continue  # a Hopper WGMMA kernel: no sm_100a variant
+        for k in every_variant(arch, family):
+            wanted = k["config"]["ctas_per_sm"] if family == "decode_topk" else 2
+            assert resident_ctas(k) >= wanted, (arch, k["name"], resource_usage(str(REPO / k["cubin"])), wanted)
