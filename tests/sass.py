@@ -7,7 +7,7 @@ import os
 import re
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 
@@ -29,7 +29,7 @@ def cuobjdump() -> str | None:
     return os.path.join(d, "cuobjdump") if d else None
 
 
-@lru_cache(maxsize=None)
+@cache
 def sass(cubin: str) -> str:
     tool = cuobjdump()
     if tool is None:
@@ -38,7 +38,7 @@ def sass(cubin: str) -> str:
     d = _tool_dir()
     if d:
         env["PATH"] = d + os.pathsep + env.get("PATH", "")  # cuobjdump calls nvdisasm
-    out = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env, timeout=120, check=False)
     if out.returncode or "Function" not in out.stdout:
         raise RuntimeError(f"cuobjdump -sass {cubin} failed: {out.stderr}")
     return out.stdout
@@ -54,13 +54,14 @@ def opcodes(cubin: str) -> set[str]:
     return set(opcode_sequence(cubin))
 
 
-@lru_cache(maxsize=None)
+@cache
 def resource_usage(cubin: str) -> dict:
-    """``cuobjdump -res-usage`` of a one-kernel cubin: {"REG": registers a thread, "SHARED": static shared bytes, ...}."""
+    """``cuobjdump -res-usage`` of a one-kernel cubin: {"REG": registers a thread, "SHARED": static shared bytes,
+    "STACK", "LOCAL"}."""
     tool = cuobjdump()
     if tool is None:
         raise RuntimeError("cuobjdump is not installed: pip install -e '.[test]'")
-    out = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True, timeout=120, check=False)
     found = re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out.stdout)
     if out.returncode or not found:
         raise RuntimeError(f"cuobjdump -res-usage {cubin} failed: {out.stderr}")
