@@ -1363,8 +1363,8 @@ def test_state_scalars_take_any_integer_and_refuse_bools():
 
 
 @pytest.mark.parametrize("cache, exc", [
-    (torch.zeros(4, 64, 36, dtype=torch.uint8), TypeError),  # 3-D
-    (torch.zeros((), dtype=torch.uint8), TypeError),
+    (torch.zeros(4, 64, 36, dtype=torch.uint8), ValueError),  # 3-D: a shape problem
+    (torch.zeros((), dtype=torch.uint8), ValueError),
     (torch.zeros(4, 32, 1, 36, dtype=torch.uint8), ValueError),  # 32-token pages
     (torch.zeros(4, 64, 2, 36, dtype=torch.uint8), ValueError),
     (torch.zeros(4, 64, 1, 4, dtype=torch.uint8), ValueError),  # no head dims
