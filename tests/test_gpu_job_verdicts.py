@@ -34,7 +34,8 @@ summary() {
   else echo "========= ERROR SUMMARY: 0 errors"; fi
 }
 echo "========= COMPUTE-SANITIZER"
-if [ "$FAKE_JOB" = topk ]; then echo "case ok: decode_topk randn width 40003 k=512"; count="6/6 cases match"
+if [ "${FAKE_JOB:-}" = topk ] || [[ "$*" == *topk_sanitize* ]]; then
+  echo "case ok: decode_topk randn width 40003 k=512"; count="6/6 cases match"
 else
   [ "$mode" = nonfinite ] && echo "width 128 sinks True: T=5 finite=False"
   for i in 1 2 3 4 5 6 7 8; do echo "edge width 640 sinks False pools (0, 20000): finite=True"; done
@@ -135,3 +136,138 @@ def test_the_mla_sanitizer_script_counts_its_launches_and_fails_on_a_non_finite_
     assert exit_info.value.code == 1
     lines = capsys.readouterr().out.splitlines()
     assert len(calls) == 16 and lines[0].endswith("finite=False") and lines[-1] == "15/16 launches finite"
+
+
+# Dry runs of whole jobs, as a session calls them on the GPU machine: from a scratch checkout (gpu/ and tests/ copied,
+# the rest linked), `JOB_OUT=$OUT/<job> bash gpu/jobs/<job>.sh` with no PYTHONPATH, every GPU-side tool a stub first on
+# PATH. The stub python3 runs nothing: it prints, exits with FAKE_PYTEST_RC / FAKE_VERIFY_RC (pytest, runtime verify),
+# hangs where FAKE_HANG matches its arguments, crashes before writing where FAKE_NO_WRITE does, writes the JSON a
+# script is given (--out or a *.json argument: benchmarks/ make its folder, gpu/jobs/ scripts do not, as the real ones),
+# fails as Python would where a script that does not put the checkout on sys.path itself runs without it on
+# PYTHONPATH, and writes nothing outside the test's folder but into a job's own temporary folder (/tmp/NAME.XXXXXX).
+STUB_PYTHON = r"""#!/usr/bin/env bash
+write() {  # SCRIPT PATH
+  [[ -n "${FAKE_NO_WRITE:-}" && "$1" == *$FAKE_NO_WRITE* ]] && { echo "Traceback: crashed before writing $2"; exit 1; }
+  case "$2" in
+    "$DRY_ROOT"/*|/tmp/*/*) ;;
+    *) echo "PermissionError: a dry run writes into its folder or a job's temporary one only: '$2'"; exit 1;;
+  esac
+  case "$1" in benchmarks/*) mkdir -p "$(dirname "$2")";; esac
+  { echo '{}' > "$2"; } 2>/dev/null || { echo "FileNotFoundError: [Errno 2] No such file or directory: '$2'"; exit 1; }
+}
+[[ -n "${FAKE_HANG:-}" && "$*" == *$FAKE_HANG* ]] && exec sleep 30
+case "$1" in
+  -P) shift; exec "$0" "$@";;
+  -) cat > /dev/null; echo "stub stdin script"; exit 0;;
+  -c) case "$2" in
+        *sysconfig*|*"import deep_gemm"*) exec "$DRY_PYTHON" "$@";;
+        *device_count*) echo "${FAKE_GPUS:-1}"; exit 0;;
+      esac
+      p=$(grep -o "open('[^']*', 'w')" <<< "$2" | head -1 | cut -d"'" -f2)
+      [ -z "$p" ] || write -c "$p"
+      echo "stub -c"; exit 0;;
+  -m) case "$2" in
+        pytest) echo "212 passed in 1.00s"; exit "${FAKE_PYTEST_RC:-0}";;
+        runtime) echo "runtime verify: ok"; exit "${FAKE_VERIFY_RC:-0}";;
+      esac; exit 0;;
+esac
+script=$1; shift
+if ! grep -q "sys.path.insert" "$script" 2>/dev/null && [[ ":${PYTHONPATH:-}:" != *":$PWD:"* ]]; then
+  echo "ModuleNotFoundError: No module named 'benchmarks' ($script run without the checkout on PYTHONPATH)"; exit 1
+fi
+prev=
+for a in "$@"; do
+  if [ "$prev" = --out ] || [[ "$a" == *.json || "$a" == *.jsonl ]]; then write "$script" "$a"; fi
+  prev=$a
+done
+echo "stub $script"
+"""
+STUBS = {
+    "python3": STUB_PYTHON,
+    "compute-sanitizer": FAKE,
+    "ncu": 'prev=; for a in "$@"; do [ "$prev" = -o ] && { : > "$a.ncu-rep" || exit 1; }; prev=$a; done\n'
+           'echo "Duration 1 us"\n',
+    "nvidia-smi": 'echo "${FAKE_GPU_NAME:-NVIDIA H100 80GB HBM3}, 570.00, 1980 MHz, 2619 MHz"\n',
+    "nvcc": "exit 0\n",  # compiles nothing: the binary it names is then missing, its output's tee still opens
+    "torchrun": "exit 0\n",
+    "pip": "exit 0\n",
+}
+JOBS = sorted(p.stem for p in (ROOT / "gpu" / "jobs").glob("*.sh"))
+MISSING_FOLDER = ("No such file or directory", "Cannot open", "cannot open")
+
+
+class DryRun:
+    def __init__(self, tmp_path: Path):
+        self.root = tmp_path
+        self.repo = tmp_path / "repo"
+        self.repo.mkdir()
+        for name in ("gpu", "tests"):
+            shutil.copytree(ROOT / name, self.repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("runtime", "benchmarks", "manifests", "cubins", "kernels"):
+            (self.repo / name).symlink_to(ROOT / name)
+        self.bin = tmp_path / "bin"
+        self.bin.mkdir()
+        for name, text in STUBS.items():
+            stub = self.bin / name
+            stub.write_text(text if text.startswith("#!") else "#!/usr/bin/env bash\n" + text)
+            stub.chmod(0o755)
+        self.out = tmp_path / "OUT"
+        self.out.mkdir()
+
+    def candidate(self, name: str = "cand") -> None:
+        """A candidate pack as gpu/tools/candidate_tree.sh leaves it: .whl/NAME.tgz, the tree and CANDIDATE.txt."""
+        tree = self.root / "cand_src"
+        shutil.copytree(self.repo / "gpu", tree / "gpu")
+        (tree / "CANDIDATE.txt").write_text("base 0123456789abcdef0123456789abcdef01234567\npatch cand.diff\n")
+        (self.repo / ".whl").mkdir(exist_ok=True)
+        subprocess.run(["tar", "czf", str(self.repo / ".whl" / f"{name}.tgz"), "-C", str(tree), "."], check=True)
+
+    def __call__(self, script: str, *args: str, job_out: str | None = "unmade", timeout: float = 60,
+                 **env: str) -> tuple[int, str]:
+        """(exit status, stdout + stderr) of `bash SCRIPT ARGS` from the scratch checkout; job_out: "unmade"
+        ($OUT/<job>, not made yet), "made" (made, as run_all.sh does) or None (unset)."""
+        full_env = {"PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", "HOME": os.environ.get("HOME", "/"),
+                    "OUT": str(self.out), "DRY_ROOT": str(self.root), "DRY_PYTHON": sys.executable,
+                    "COMPUTE_SANITIZER": str(self.bin / "compute-sanitizer"), **env}
+        if job_out is not None:
+            folder = self.out / Path(script).stem
+            if job_out == "made":
+                folder.mkdir()
+            full_env["JOB_OUT"] = str(folder)
+        proc = subprocess.run(["bash", script, *args], check=False, cwd=self.repo, env=full_env,
+                              capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def dry_run(tmp_path):
+    return DryRun(tmp_path)
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_job_called_as_a_session_calls_it_writes_its_reports(dry_run, job):
+    """`JOB_OUT=$OUT/<job> bash gpu/jobs/<job>.sh` from the checkout, no PYTHONPATH: indexer.sh's first step failed to
+    write into a JOB_OUT folder nothing had made (seventy-first session), and so did every other job's first write (a
+    report, tee's log, the archive of verify_all.sh, tree_ab.sh and the other long jobs: nothing came back)."""
+    dry_run.candidate()
+    rc, output = dry_run(f"gpu/jobs/{job}.sh", CAND="cand", OLD_RUNTIME=".whl/cand.tgz")
+    job_out = str(dry_run.out / job)
+    missing = [line for line in output.splitlines() if job_out in line and any(m in line for m in MISSING_FOLDER)]
+    assert not missing, output
+    if job == "all_gpu_tests":  # a log tee could not open made pipefail fail both steps that passed
+        assert rc == 0 and "runtime verify rc=0, pytest rc=0" in output, output
+
+
+# Jobs that run without JOB_OUT: all_gpu_tests.sh (its logs to /tmp), host_load_ab.sh ($OUT), mla_cand.sh (JOB_OUT only
+# with CAND_BENCH), indexer_tp.sh on a machine of one GPU (nothing run).
+JOB_OUT_OPTIONAL = {"all_gpu_tests", "host_load_ab", "mla_cand", "indexer_tp"}
+
+
+@pytest.mark.parametrize("job", [j for j in JOBS if "JOB_OUT" in (ROOT / "gpu" / "jobs" / f"{j}.sh").read_text()
+                                 and j not in JOB_OUT_OPTIONAL])
+def test_a_job_without_JOB_OUT_stops_before_it_runs_anything(dry_run, job):
+    """Without JOB_OUT, jobs whose only write into it sat in a pipeline (set -u ends that subshell alone) ran every step
+    and exited 0 with no report; those without set -u wrote /runtime.json."""
+    dry_run.candidate()
+    rc, output = dry_run(f"gpu/jobs/{job}.sh", job_out=None, CAND="cand", OLD_RUNTIME=".whl/cand.tgz")
+    assert rc != 0 and "JOB_OUT" in output.splitlines()[0], output

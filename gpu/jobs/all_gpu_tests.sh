@@ -3,6 +3,9 @@
 # Every GPU test of the repository on the committed tree (runtime, sparse MLA, decode_topk, indexer with DeepGEMM
 # from the carried .whl), after the loader's own verification of the cache against the device.
 set -uo pipefail
+# JOB_OUT=$OUT/<job> names a folder not made yet: tee could not write the logs into it, and with pipefail its failure
+# failed both steps, which had passed.
+mkdir -p "${JOB_OUT:-/tmp}"
 export SPARSE_DECODE_AOT_REQUIRE_GPU=1  # a GPU test that would skip fails here
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh

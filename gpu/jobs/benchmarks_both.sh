@@ -5,6 +5,7 @@
 # memcheck of one step) bounded by what is left of the call. The indexer's reports go back as one archive: a call
 # brings back at most 8 files.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 echo "=== sparse_mla_decode benchmark"
 bash gpu/jobs/mla_bench.sh

@@ -7,6 +7,7 @@
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 JOB_OUT=${JOB_OUT:?}
+mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 bash gpu/jobs/all_gpu_tests.sh > "$JOB_OUT/all_gpu_tests.log" 2>&1; tail -4 "$JOB_OUT/all_gpu_tests.log"
 source gpu/tools/deepgemm_env.sh
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

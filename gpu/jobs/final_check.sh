@@ -4,6 +4,7 @@
 # each family's small-case script (earlier rounds' memcheck counts included the loader's probing of
 # cuFuncGetParamInfo past the last parameter, a failing API call by design, since removed).
 set -x
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 python3 -m runtime verify
 python3 -m pytest -q -m gpu tests/test_runtime_gpu.py -rs 2>&1 | tail -5
 python3 benchmarks/bench_runtime.py "$JOB_OUT/runtime.json" --profile 2>&1 | tail -60

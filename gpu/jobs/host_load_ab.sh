@@ -10,6 +10,7 @@
 # Carry .whl (DeepGEMM wheel for the indexer step, the old runtime). Results: $JOB_OUT (or $OUT).
 set -uo pipefail
 OUTDIR=${JOB_OUT:-$OUT}
+mkdir -p "$OUTDIR"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONUNBUFFERED=1 SPARSE_DECODE_AOT_CACHE=$PWD PYTHONPATH=$PWD
 source gpu/tools/deepgemm_env.sh  # the carried DeepGEMM wheel into /tmp/site, its libraries, its JIT cache
 OLD=/tmp/ab_s46

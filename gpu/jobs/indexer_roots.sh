@@ -2,6 +2,7 @@
 # limit: 90
 # decode_topk cache roots (. and carried .gl/*) side by side on the indexer benchmark's DeepGEMM logits.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
 # INDEXER_ROOTS names the roots beside "." (default: every carried .gl/* but timeline builds, whose marks

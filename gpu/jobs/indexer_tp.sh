@@ -8,6 +8,7 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 n=$(python3 -c "import torch; print(torch.cuda.device_count())")
 if [ "$n" -lt 2 ]; then echo "indexer_tp: $n GPU(s) here, needs 2 or more: not run"; exit 0; fi
+mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 SITE=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 export LD_LIBRARY_PATH=$SITE/nvidia/cu13/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export DG_JIT_CACHE_DIR=/tmp/dg_jit_cache

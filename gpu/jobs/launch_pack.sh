@@ -8,6 +8,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD} SPARSE_DECODE_AOT_CACHE=$PWD
 OUTDIR=${JOB_OUT:?}
+mkdir -p "$OUTDIR"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 OLD=${OLD_RUNTIME:?name the carried old runtime archive, e.g. .whl/runtime_cc8569f.tgz}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$gpu"
 echo "=== 1. every GPU test"

@@ -6,6 +6,7 @@
 # sanitizers on its cache. Candidate caches need manifests for both archs (the loader tests read sm_100a's).
 # Output under $JOB_OUT: ab.log, and for a winner bench_sparse_mla.{json,md}, tests.log, san.log, sanitizer_*.txt.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 ROUNDS=${ROUNDS:-3} MLA_BENCH_ARGS=${MLA_BENCH_ARGS:---widths 640 --tokens 1 12 48} bash gpu/jobs/mla_bench_ab.sh \
   > "$JOB_OUT/ab.log" 2>&1

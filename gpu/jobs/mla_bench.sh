@@ -3,6 +3,7 @@
 # sparse_mla_decode benchmark alone (every cell of issue 3's grid, Triton peer swept), JSON + table to $JOB_OUT.
 # BENCH_ARGS narrows it (e.g. "--widths 640 --tokens 12").
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 timeout 310 python3 benchmarks/bench_sparse_mla.py --out "$JOB_OUT/bench_sparse_mla.json" ${BENCH_ARGS:-}
 echo "benchmark rc=$?"

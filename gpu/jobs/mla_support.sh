@@ -6,6 +6,7 @@
 # sinks (the three tools in parallel). Each step runs under its own timeout, cut to the time left
 # (this limit or ROUND_CAP, whichever is smaller), so a hang or a short round costs later steps only.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 limit=170
 [ -n "${ROUND_CAP:-}" ] && [ "$ROUND_CAP" -lt "$limit" ] && limit=$ROUND_CAP
 end=$((SECONDS + limit - 6))

@@ -2,6 +2,7 @@
 # limit: 240
 # Nsight Compute of decode_topk and sparse_mla_decode cases: details + per-SASS-instruction stall samples.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 prof() {  # tag regex args...

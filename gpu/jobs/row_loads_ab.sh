@@ -9,6 +9,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
 JOB_OUT=${JOB_OUT:?}
+mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 source gpu/tools/deepgemm_env.sh
 source gpu/tools/topk_checks.sh
 cand=$PWD/.gl/cand_spec  # absolute: SPARSE_DECODE_AOT_CACHE takes no relative path

@@ -5,6 +5,7 @@
 # SPARSE_DECODE_AOT_LOAD_PROFILE=1 for the phase breakdown; JSON written after each step), then the
 # runtime GPU tests (crafted caches refused by the driver checks included) and verify.
 set -x
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 t0=$(date +%s)
 python3 benchmarks/bench_runtime.py "$JOB_OUT/runtime.json" --runs 7 --profile-runs 2 2>&1 | tail -40
 echo "bench took $(( $(date +%s) - t0 ))s"

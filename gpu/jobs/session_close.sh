@@ -9,6 +9,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD} SPARSE_DECODE_AOT_CACHE=$PWD
 OUTDIR=${JOB_OUT:?}
+mkdir -p "$OUTDIR"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$gpu"
 python3 -c "from benchmarks.common import source_digest; print('host code digest', source_digest())" | tee "$OUTDIR/tree.txt"
 if [ -n "${OLD_RUNTIME:-}" ]; then

@@ -5,6 +5,7 @@
 # STAGE_AB_SETS (default: long row) on "." beside them, one process a set. A set given as "set:root,root" runs
 # against those roots only; with INDEXER_ROOTS set, indexer_roots.sh last (DeepGEMM logits).
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
 top=$JOB_OUT

@@ -4,6 +4,7 @@
 # every .gl/tl_*) on TOPK_TIMELINE_CASES (TOPK_TIMELINE_COLD=1: logits out of L2, as in the benchmark); a build whose
 # name holds "gather" or "refine" (DECODE_TOPK_EXPERIMENT=timeline_gather, timeline_refine) is parsed with those marks.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 # The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
 export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 export PYTHONPATH=${PYTHONPATH:-$PWD}

@@ -2,6 +2,7 @@
 # limit: 150
 # decode_topk (final mode): GPU tests, then the benchmark JSON, then compute-sanitizer on small cases.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 run() { echo "+ $*"; "$@"; echo "rc=$?"; }
 run timeout 30 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k "not every_variant" 2>&1 | tail -40

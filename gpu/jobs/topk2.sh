@@ -2,6 +2,7 @@
 # limit: 330
 # decode_topk after the gathered finish: GPU tests, sanitizers on small cases, benchmark + cluster sweep, one ncu.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
 topk_checks

@@ -2,6 +2,7 @@
 # limit: 120
 # decode_topk A/B: every carried candidate root (.gl/cand*) timed beside the committed cache.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 roots=(. $(ls -d .gl/cand* 2>/dev/null))
 echo "+ roots ${roots[*]}"

@@ -6,6 +6,7 @@
 # ROOTS_SETS names (gpu/jobs/topk_roots.py's TOPK_ROOTS_CASES; "default" is its default set), and, where the
 # DeepGEMM wheel is carried (.whl), on the indexer benchmark's DeepGEMM logits.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
 roots=$(ls -d .gl/cand* 2>/dev/null)

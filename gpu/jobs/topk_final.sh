@@ -3,6 +3,7 @@
 # decode_topk on the committed tree: GPU tests (every variant too) and compute-sanitizer, then the benchmark
 # without the cluster sweep (JSON + table to $JOB_OUT; each cell also in stream order, without PDL).
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
 topk_checks

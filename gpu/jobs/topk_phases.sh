@@ -4,6 +4,7 @@
 # gpu/jobs/make_stop_builds.py, carried) timed beside the committed cache (gpu/jobs/topk_roots.py),
 # and one ncu of a long-row case (of .gl/cand where there is one).
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 roots=(.); for r in .gl/cand .gl/stop9 .gl/stop1 .gl/stop2 .gl/stop3; do [ -d "$r" ] && roots+=("$r"); done
 echo "+ roots ${roots[*]}"

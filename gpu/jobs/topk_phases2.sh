@@ -3,6 +3,7 @@
 # decode_topk: phase-stop builds (.gl/stopN from gpu/jobs/make_stop_builds.py, carried) timed beside the
 # committed cache, then stall sampling of three cases of the committed cache (gpu/jobs/profile3.sh).
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 roots=(.); for r in .gl/stop9 .gl/stop1 .gl/stop2 .gl/stop3; do [ -d "$r" ] && roots+=("$r"); done
 echo "+ roots ${roots[*]}"

@@ -8,6 +8,7 @@
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 archive_dir=${JOB_OUT:?}
+mkdir -p "$archive_dir"  # JOB_OUT=$OUT/<job>, a folder not made yet: every pack failed and nothing came back
 work=$(mktemp -d /tmp/racecheck_crowded.XXXXXX)
 JOB_OUT=$work TOOL=racecheck SHARDS=4 CROWDED=only SECONDS_EACH=$((${LIMIT:-560} - 20 - SECONDS)) \
   bash gpu/jobs/topk_sanitize_full.sh | tee "$work/summary.txt"

@@ -10,6 +10,7 @@
 #   BENCH_TOPK=1: the benchmark;
 #   with the DeepGEMM wheel carried (.whl): the indexer's GPU tests and benchmark (gpu/jobs/indexer.sh).
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/topk_checks.sh
 [ -z "${SKIP_CHECKS:-}" ] && topk_checks

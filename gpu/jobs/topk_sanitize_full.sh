@@ -4,6 +4,7 @@
 # cluster size, the twins, the short-row kernel; randn, equal and tied rows), as SHARDS interleaved processes side
 # by side (racecheck in one process took over 230 s on the H200). Reports: $JOB_OUT/topk_<tool>_<shard>.txt.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 if [ "${TOOL:-}" = all ]; then
   # The three tools side by side (racecheck in SHARDS processes, default 8; memcheck and synccheck in three each), as

@@ -5,6 +5,7 @@
 # timing probe of atomic contention whose selections are wrong; built from a local one-line patch of step 1's
 # atomic address that is not in the tree), and ncu stall sampling of the committed cache.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 # The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
 export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 export PYTHONPATH=${PYTHONPATH:-$PWD}

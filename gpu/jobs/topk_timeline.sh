@@ -3,6 +3,7 @@
 # decode_topk per-phase clocks from carried timeline builds (.gl/tl_*: DECODE_TOPK_EXPERIMENT=timeline), one
 # process each.
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 # The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
 export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 for root in .gl/tl_*; do

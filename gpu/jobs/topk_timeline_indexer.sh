@@ -3,6 +3,7 @@
 # decode_topk per-phase clocks (timeline build carried in .gl/tl, or TL_ROOT) on the indexer benchmark's shapes: its
 # DeepGEMM logits beside random ones (gpu/jobs/topk_timeline.py, TOPK_TIMELINE_INPUT=indexer).
 set -u
+mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
 root=${TL_ROOT:-.gl/tl}

@@ -8,6 +8,7 @@ set -u
 export PYTHONUNBUFFERED=1
 LIMIT=${LIMIT:-560}  # the whole job's seconds, inside the device call's (a shorter call passes its own)
 JOB_OUT=${JOB_OUT:?}
+mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 source gpu/tools/candidate_env.sh
 work=$(mktemp -d /tmp/tree_checks.XXXXXX)
 in_tree "$cand" "$cand_rev" python3 -m runtime verify 2>&1 | tail -3

@@ -10,6 +10,7 @@ set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 LIMIT=${LIMIT:-560}  # the whole job's seconds, inside the device call's 600
 archive_dir=${JOB_OUT:?}
+mkdir -p "$archive_dir"  # JOB_OUT=$OUT/<job>, a folder not made yet: every pack failed and nothing came back
 # The reports gather in a folder of their own and go back as one archive (a call brings back at most 8 files, two
 # folders deep), packed again after every phase: a call cut short still brings back the phases that ran.
 work=$(mktemp -d /tmp/verify_all.XXXXXX)

@@ -5,6 +5,7 @@
 # mla_final.sh.
 set -u
 t=${1:-50}
+mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 echo "== compute-sanitizer memcheck, racecheck, synccheck (in parallel)"
 # --report-api-errors no: cuda.bindings probes driver entry points at import (cuGetProcAddress_v2 answers
 # CUDA_ERROR_INVALID_VALUE for the ones this driver lacks: 34 host-side "errors", in every run since the

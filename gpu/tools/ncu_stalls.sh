@@ -6,6 +6,7 @@
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 stall_profile() {
   local tag=$1 regex=$2; shift 2
+  mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
   echo "+ $tag"
   timeout 50 "$NCU" --clock-control none --cache-control "${NCU_CACHE_CONTROL:-all}" \
     --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 \

@@ -4,6 +4,7 @@
 # $JOB_OUT/racecheck.log; its first hazards are printed.
 run() { echo "+ $*"; "$@"; echo "rc=$?"; }
 topk_checks() {
+  mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
   run timeout 60 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k "not every_variant" 2>&1 | tail -30
   run timeout 40 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_topk_gpu.py -k every_variant 2>&1 | tail -20
   local san
