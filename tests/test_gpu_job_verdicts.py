@@ -248,12 +248,14 @@ def dry_run(tmp_path):
 def test_a_job_called_as_a_session_calls_it_writes_its_reports(dry_run, job):
     """`JOB_OUT=$OUT/<job> bash gpu/jobs/<job>.sh` from the checkout, no PYTHONPATH: indexer.sh's first step failed to
     write into a JOB_OUT folder nothing had made (seventy-first session), and so did every other job's first write (a
-    report, tee's log, the archive of verify_all.sh, tree_ab.sh and the other long jobs: nothing came back)."""
+    report, tee's log, the archive of verify_all.sh, tree_ab.sh and the other long jobs: nothing came back); jobs that
+    did not export PYTHONPATH (run_all.sh does) ran their scripts without the checkout's packages."""
     dry_run.candidate()
     rc, output = dry_run(f"gpu/jobs/{job}.sh", CAND="cand", OLD_RUNTIME=".whl/cand.tgz")
     job_out = str(dry_run.out / job)
     missing = [line for line in output.splitlines() if job_out in line and any(m in line for m in MISSING_FOLDER)]
     assert not missing, output
+    assert "ModuleNotFoundError" not in output, output
     if job == "all_gpu_tests":  # a log tee could not open made pipefail fail both steps that passed
         assert rc == 0 and "runtime verify rc=0, pytest rc=0" in output, output
 

@@ -5,6 +5,9 @@
 # cuFuncGetParamInfo past the last parameter, a failing API call by design, since removed).
 set -x
 mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
+# The checkout's packages on the path: outside run_all.sh, which exports it, the scripts failed to import benchmarks
+# and tests.
+export PYTHONPATH=${PYTHONPATH:-$PWD}
 python3 -m runtime verify
 python3 -m pytest -q -m gpu tests/test_runtime_gpu.py -rs 2>&1 | tail -5
 python3 benchmarks/bench_runtime.py "$JOB_OUT/runtime.json" --profile 2>&1 | tail -60

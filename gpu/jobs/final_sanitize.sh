@@ -3,6 +3,9 @@
 # Lead's last sanitizer pass for what R3 left open: memcheck (device faults only) of one indexer
 # decode step (DeepGEMM logits + AOT top-k), and a decode_topk racecheck given time to finish.
 set -u
+# The checkout's packages on the path: outside run_all.sh, which exports it, the scripts failed to import benchmarks
+# and tests.
+export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
 S=/usr/local/cuda/bin/compute-sanitizer
 echo "=== indexer step, memcheck (device faults only)"

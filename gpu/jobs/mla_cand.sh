@@ -5,6 +5,9 @@
 # cache, two rounds, alternating order); .gl/mlacand*_tl caches are timeline builds
 # (SPARSE_MLA_EXPERIMENT=timeline) whose per-step clocks are printed instead.
 set -u
+# The checkout's packages on the path: outside run_all.sh, which exports it, the scripts failed to import benchmarks
+# and tests.
+export PYTHONPATH=${PYTHONPATH:-$PWD}
 # The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
 export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 S=gpu/jobs/mla_kernel_smoke.py

@@ -6,6 +6,9 @@
 # of the same source (.gl/mla_tl: SPARSE_MLA_EXPERIMENT=timeline, clocks written over q).
 # The GPU tests, benchmark and compute-sanitizer runs are in gpu/jobs/mla_support.sh.
 set -u
+# The checkout's packages on the path: outside run_all.sh, which exports it, the scripts failed to import benchmarks
+# and tests.
+export PYTHONPATH=${PYTHONPATH:-$PWD}
 # The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
 export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 S=gpu/jobs/mla_kernel_smoke.py

@@ -7,6 +7,9 @@
 # (this limit or ROUND_CAP, whichever is smaller), so a hang or a short round costs later steps only.
 set -u
 mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
+# The checkout's packages on the path: outside run_all.sh, which exports it, the scripts failed to import benchmarks
+# and tests.
+export PYTHONPATH=${PYTHONPATH:-$PWD}
 limit=170
 [ -n "${ROUND_CAP:-}" ] && [ "$ROUND_CAP" -lt "$limit" ] && limit=$ROUND_CAP
 end=$((SECONDS + limit - 6))

@@ -6,6 +6,9 @@
 # runtime GPU tests (crafted caches refused by the driver checks included) and verify.
 set -x
 mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
+# The checkout's packages on the path: outside run_all.sh, which exports it, the scripts failed to import benchmarks
+# and tests.
+export PYTHONPATH=${PYTHONPATH:-$PWD}
 t0=$(date +%s)
 python3 benchmarks/bench_runtime.py "$JOB_OUT/runtime.json" --runs 7 --profile-runs 2 2>&1 | tail -40
 echo "bench took $(( $(date +%s) - t0 ))s"

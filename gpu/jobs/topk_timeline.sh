@@ -4,6 +4,9 @@
 # process each.
 set -u
 mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
+# The checkout's packages on the path: outside run_all.sh, which exports it, the scripts failed to import benchmarks
+# and tests.
+export PYTHONPATH=${PYTHONPATH:-$PWD}
 # The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
 export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
 for root in .gl/tl_*; do
