@@ -273,3 +273,21 @@ def test_a_job_without_JOB_OUT_stops_before_it_runs_anything(dry_run, job):
     dry_run.candidate()
     rc, output = dry_run(f"gpu/jobs/{job}.sh", job_out=None, CAND="cand", OLD_RUNTIME=".whl/cand.tgz")
     assert rc != 0 and "JOB_OUT" in output.splitlines()[0], output
+
+
+def test_benchmarks_both_sends_back_this_calls_reports_and_fails_where_a_part_did(dry_run):
+    """On a warm machine the fixed /tmp/indexer_job kept the previous call's reports: an indexer benchmark that wrote
+    nothing sent the previous bench_indexer.json back as this call's. The job exited 0 whatever its parts did (the
+    indexer job's status was tail's, the sparse-MLA benchmark's the echo's)."""
+    rc, output = dry_run("gpu/jobs/benchmarks_both.sh")
+    job_out = dry_run.out / "benchmarks_both"
+    assert rc == 0 and (job_out / "bench_indexer.json").exists(), output
+    shutil.rmtree(job_out)
+    rc, output = dry_run("gpu/jobs/benchmarks_both.sh", FAKE_NO_WRITE="bench_indexer")
+    assert rc != 0 and "indexer job rc=1" in output, output
+    assert not (job_out / "bench_indexer.json").exists(), output
+    archived = subprocess.run(["tar", "tzf", str(job_out / "indexer_job.tgz")], capture_output=True, text=True).stdout
+    assert "bench_indexer.json" not in archived and "indexer.log" in archived, archived
+    shutil.rmtree(job_out)
+    rc, output = dry_run("gpu/jobs/benchmarks_both.sh", FAKE_NO_WRITE="bench_sparse_mla")
+    assert rc != 0 and "sparse_mla_decode benchmark rc=1, indexer job rc=0" in output, output

@@ -9,10 +9,16 @@ mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the f
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 echo "=== sparse_mla_decode benchmark"
 bash gpu/jobs/mla_bench.sh
+mla_rc=$?
 echo "=== indexer job (took ${SECONDS}s so far)"
-mkdir -p /tmp/indexer_job
-ROUND_CAP=$((575 - SECONDS)) JOB_OUT=/tmp/indexer_job bash gpu/jobs/indexer.sh 2>&1 | tee /tmp/indexer_job/indexer.log \
-  | tail -40
-cp /tmp/indexer_job/bench_indexer.json "$JOB_OUT/" 2>/dev/null
-tar czf "$JOB_OUT/indexer_job.tgz" -C /tmp/indexer_job .
-echo "=== took ${SECONDS}s"
+# A folder of this call's own: the fixed /tmp/indexer_job kept an earlier call's reports on a warm machine, so an
+# indexer benchmark that wrote nothing this time sent the earlier call's bench_indexer.json back as this one's.
+work=$(mktemp -d /tmp/indexer_job.XXXXXX)
+ROUND_CAP=$((575 - SECONDS)) JOB_OUT=$work bash gpu/jobs/indexer.sh 2>&1 | tee "$work/indexer.log" | tail -40
+indexer_rc=${PIPESTATUS[0]}  # the indexer job's own (the pipeline's was tail's 0)
+cp "$work/bench_indexer.json" "$JOB_OUT/" 2>/dev/null
+tar czf "$JOB_OUT/indexer_job.tgz" -C "$work" .
+rm -rf "$work"
+# The job's exit status (it was the echo's 0 whatever ran): both parts exited 0.
+echo "=== took ${SECONDS}s: sparse_mla_decode benchmark rc=$mla_rc, indexer job rc=$indexer_rc"
+[ "$mla_rc" -eq 0 ] && [ "$indexer_rc" -eq 0 ]

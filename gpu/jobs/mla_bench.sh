@@ -6,4 +6,6 @@ set -u
 mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 timeout 310 python3 benchmarks/bench_sparse_mla.py --out "$JOB_OUT/bench_sparse_mla.json" ${BENCH_ARGS:-}
-echo "benchmark rc=$?"
+rc=$?
+echo "benchmark rc=$rc"
+exit "$rc"  # (it was the echo's 0: a benchmark that crashed or ran out of time passed benchmarks_both.sh)
