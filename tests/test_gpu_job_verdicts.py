@@ -241,7 +241,12 @@ class DryRun:
 
 @pytest.fixture
 def dry_run(tmp_path):
-    return DryRun(tmp_path)
+    # gpu/tools/candidate_env.sh unpacks a candidate into /tmp/cand_tree, as on the GPU machine: removed after the test
+    # where the test made it
+    made_here = not os.path.exists("/tmp/cand_tree")
+    yield DryRun(tmp_path)
+    if made_here:
+        shutil.rmtree("/tmp/cand_tree", ignore_errors=True)
 
 
 @pytest.mark.parametrize("job", JOBS)
@@ -291,3 +296,24 @@ def test_benchmarks_both_sends_back_this_calls_reports_and_fails_where_a_part_di
     shutil.rmtree(job_out)
     rc, output = dry_run("gpu/jobs/benchmarks_both.sh", FAKE_NO_WRITE="bench_sparse_mla")
     assert rc != 0 and "sparse_mla_decode benchmark rc=1, indexer job rc=0" in output, output
+
+
+@pytest.mark.parametrize("failing, env", [
+    ("runtime verify", {"FAKE_VERIFY_RC": "1"}),
+    ("GPU tests", {"FAKE_PYTEST_RC": "1"}),
+    ("decode_topk sanitizers", {"FAKE_1": "crash"}),
+    (None, {}),
+])
+def test_tree_checks_names_what_failed_and_exits_1(dry_run, failing, env):
+    """tree_checks.sh exited with its last tar's 0 and printed no verdict: a failed runtime verify, GPU test or
+    sanitizer shard read as a pass."""
+    dry_run.candidate()
+    rc, output = dry_run("gpu/jobs/tree_checks.sh", CAND="cand", **env)
+    verdict = output.splitlines()[-1]
+    if failing is None:
+        assert rc == 0 and verdict == "tree_checks: every check passed", output
+    else:
+        assert rc == 1 and verdict == f"tree_checks: FAILED: {failing}", output
+    archived = subprocess.run(["tar", "tzf", str(dry_run.out / "tree_checks" / "tree_checks.tgz")],
+                              capture_output=True, text=True).stdout
+    assert "./verdict.txt" in archived.splitlines(), archived

@@ -11,13 +11,23 @@ JOB_OUT=${JOB_OUT:?}
 mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 source gpu/tools/candidate_env.sh
 work=$(mktemp -d /tmp/tree_checks.XXXXXX)
+# The checks that failed, named in the last line and in the exit status, as verify_all.sh's (it was the last tar's 0
+# whatever ran: a failed runtime verify, GPU test or sanitizer shard read as a pass).
+failed=()
 in_tree "$cand" "$cand_rev" python3 -m runtime verify 2>&1 | tail -3
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("runtime verify")
 in_tree "$cand" "$cand_rev" env SPARSE_DECODE_AOT_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider \
-  -m gpu tests/test_topk_gpu.py tests/test_indexer_gpu.py -rfEs > "$work/gpu_tests.log" 2>&1
+  -m gpu tests/test_topk_gpu.py tests/test_indexer_gpu.py -rfEs > "$work/gpu_tests.log" 2>&1 || failed+=("GPU tests")
 tail -5 "$work/gpu_tests.log"
 tar czf "$JOB_OUT/tree_checks.tgz" -C "$work" .  # again at the end: a call cut short still brings the tests back
 echo "=== sanitizers (${SECONDS}s)"
 in_tree "$cand" "$cand_rev" env TOOL=all SECONDS_EACH=$((LIMIT - 20 - SECONDS)) JOB_OUT="$work" \
-  bash gpu/jobs/topk_sanitize_full.sh
+  bash gpu/jobs/topk_sanitize_full.sh | tee "$work/topk_sanitizers.txt"
+# Each of the three tools with every shard clean (their rc cannot say: racecheck exits 3 on its warnings).
+awk '/^verdict: /{n++; if ($2 != $4 || $4 < 1) bad++} END{exit !(n == 3 && !bad)}' "$work/topk_sanitizers.txt" \
+  || failed+=("decode_topk sanitizers")
 echo "=== tree_checks took ${SECONDS}s"
+verdict="tree_checks: every check passed"; [ ${#failed[@]} -eq 0 ] || verdict="tree_checks: FAILED: ${failed[*]}"
+echo "$verdict" | tee "$work/verdict.txt"
 tar czf "$JOB_OUT/tree_checks.tgz" -C "$work" .
+[ ${#failed[@]} -eq 0 ]
