@@ -14,17 +14,25 @@ stage=/tmp/gpu_out; rm -rf "$stage"; mkdir -p "$stage"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$stage/gpu.txt" 2>&1
 git rev-parse HEAD > "$stage/commit.txt" 2>/dev/null; git status --short >> "$stage/commit.txt" 2>/dev/null
 jobs=("$@"); [ ${#jobs[@]} -eq 0 ] && jobs=($(ls gpu/jobs/*.sh | xargs -n1 basename | sed 's/\.sh$//'))
-summary="$stage/summary.txt"
+summary="$stage/summary.txt"; : > "$summary"
+# Packed after every job, and every job's limit cut to what is left of the call (CALL_LIMIT seconds, default 590 of
+# its 600; less 15: --kill-after's 10 and the packing): the jobs were packed once, at the end, so jobs whose limits
+# summed past the call's 600 s were cut off by the call and brought nothing back, not even the ones that had finished.
+call_limit=${CALL_LIMIT:-590}
+pack() { tar czf "$OUT/results.tar.gz" -C "$stage" .; cp "$summary" "$OUT/summary.txt"; }
 for j in "${jobs[@]}"; do
   limit=$(grep -m1 '^# limit:' "gpu/jobs/$j.sh" | awk '{print $3}'); limit=${limit:-120}
   # ROUND_CAP (seconds) caps every job of a round, to keep the round inside the device budget.
   if [ -n "${ROUND_CAP:-}" ] && [ "$limit" -gt "$ROUND_CAP" ]; then limit=$ROUND_CAP; fi
+  left=$((call_limit - 15 - SECONDS))
+  if [ "$left" -lt 10 ]; then echo "$j skipped: ${left}s left of the call" | tee -a "$summary"; continue; fi
+  [ "$limit" -gt "$left" ] && limit=$left
   export JOB_OUT="$stage/$j"; mkdir -p "$JOB_OUT"
   t0=$(date +%s)
   timeout --kill-after=10 "$limit" bash "gpu/jobs/$j.sh" > "$JOB_OUT/log.txt" 2>&1
   rc=$?
   echo "$j rc=$rc ${limit}s-limit took=$(( $(date +%s) - t0 ))s" | tee -a "$summary"
   tail -n 8 "$JOB_OUT/log.txt" | sed "s/^/  [$j] /"
+  pack
 done
-tar czf "$OUT/results.tar.gz" -C "$stage" .
-cp "$summary" "$OUT/summary.txt"
+pack

@@ -317,3 +317,44 @@ def test_tree_checks_names_what_failed_and_exits_1(dry_run, failing, env):
     archived = subprocess.run(["tar", "tzf", str(dry_run.out / "tree_checks" / "tree_checks.tgz")],
                               capture_output=True, text=True).stdout
     assert "./verdict.txt" in archived.splitlines(), archived
+
+
+def _run_all(dry_run, jobs: dict[str, str], cut_at: float, **env: str) -> tuple[str, str]:
+    """gpu/run_all.sh on fake jobs (name: body, its first lines a `# limit:`), its whole process group killed at
+    cut_at seconds as a device call's end kills it; (summary.txt, the names results.tar.gz holds), "" where absent."""
+    for name, body in jobs.items():
+        (dry_run.repo / "gpu" / "jobs" / f"{name}.sh").write_text(f"#!/usr/bin/env bash\n{body}\n")
+    full_env = {"PATH": f"{dry_run.bin}{os.pathsep}{os.environ['PATH']}", "HOME": os.environ.get("HOME", "/"),
+                "OUT": str(dry_run.out), "DRY_ROOT": str(dry_run.root), "DRY_PYTHON": sys.executable, **env}
+    with open(dry_run.root / "run_all.log", "w") as log:
+        proc = subprocess.Popen(["bash", "gpu/run_all.sh", *jobs], cwd=dry_run.repo, env=full_env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=cut_at)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    summary = dry_run.out / "summary.txt"
+    archive = dry_run.out / "results.tar.gz"
+    names = ""
+    if archive.exists():
+        names = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True).stdout
+    return (summary.read_text() if summary.exists() else ""), names
+
+
+def test_run_all_packs_each_job_as_it_ends(dry_run):
+    """The jobs were packed once, after the last: a call cut off in a later job brought back none of them."""
+    summary, names = _run_all(dry_run, {"fake_a": "# limit: 5\necho done > \"$JOB_OUT/a.txt\"",
+                                        "fake_b": "# limit: 500\nsleep 30"}, cut_at=4)
+    assert summary.startswith("fake_a rc=0 5s-limit") and "./fake_a/a.txt" in names.splitlines(), (summary, names)
+
+
+def test_run_all_holds_every_job_inside_the_call(dry_run):
+    """Each job ran under its own limit whatever was left of the call: limits that summed past it were cut off by the
+    call's end (and, packed at the end, brought nothing back)."""
+    jobs = {"fake_a": "# limit: 5\ntrue", "fake_b": "# limit: 500\ntrue"}
+    summary, _ = _run_all(dry_run, jobs, cut_at=20, CALL_LIMIT="40")
+    a, b = summary.splitlines()
+    assert a.startswith("fake_a rc=0 5s-limit") and int(b.split()[2].removesuffix("s-limit")) <= 25, summary
+    summary, _ = _run_all(dry_run, jobs, cut_at=20, CALL_LIMIT="20")
+    assert [line.split(":")[0] for line in summary.splitlines()] == ["fake_a skipped", "fake_b skipped"], summary
