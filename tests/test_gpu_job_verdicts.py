@@ -10,6 +10,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -358,3 +359,40 @@ def test_run_all_holds_every_job_inside_the_call(dry_run):
     assert a.startswith("fake_a rc=0 5s-limit") and int(b.split()[2].removesuffix("s-limit")) <= 25, summary
     summary, _ = _run_all(dry_run, jobs, cut_at=20, CALL_LIMIT="20")
     assert [line.split(":")[0] for line in summary.splitlines()] == ["fake_a skipped", "fake_b skipped"], summary
+
+
+def _old_runtime(dry_run) -> None:
+    """.whl/runtime_s46.tgz as host_load_ab.sh expects it (`git archive REV runtime | gzip -n`)."""
+    tree = dry_run.root / "old_runtime"
+    (tree / "runtime").mkdir(parents=True)
+    (tree / "runtime" / "__init__.py").write_text("")
+    (dry_run.repo / ".whl").mkdir(exist_ok=True)
+    subprocess.run(["tar", "czf", str(dry_run.repo / ".whl" / "runtime_s46.tgz"), "-C", str(tree), "runtime"],
+                   check=True)
+
+
+def test_host_load_ab_keeps_inside_its_limit_where_its_steps_hang(dry_run):
+    """Its steps' own timeouts summed to 1070 s against a limit of 560 (a call of 600): a hanging benchmark ran the
+    call out before the rounds' archive and step 3. Each step now gets what is left of LIMIT."""
+    _old_runtime(dry_run)
+    start = time.monotonic()
+    rc, output = dry_run("gpu/jobs/host_load_ab.sh", LIMIT="16", FAKE_HANG="bench_runtime.py")
+    took = time.monotonic() - start
+    assert took < 16 + 5 and (dry_run.out / "host_load_ab" / "load_ab.tgz").exists(), (took, output)
+    assert "old round 1 rc=124" in output and "=== took" in output, output
+    assert not (dry_run.repo / "ab").exists(), "host_ab.py's trees are left in the checkout"
+
+
+def test_host_load_ab_packs_this_calls_rounds_only(dry_run):
+    """The fixed /tmp/load_ab kept an earlier call's rounds on a warm machine: a round that wrote nothing this time was
+    packed (and summarised) from the earlier call's JSON."""
+    _old_runtime(dry_run)
+    rc, output = dry_run("gpu/jobs/host_load_ab.sh")
+    assert "new round 3 rc=0" in output, output
+    archive = dry_run.out / "host_load_ab" / "load_ab.tgz"
+    first = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True).stdout.split()
+    assert "./load_ab_new_3.json" in first, first
+    archive.unlink()
+    rc, output = dry_run("gpu/jobs/host_load_ab.sh", FAKE_NO_WRITE="bench_runtime")
+    second = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True).stdout.split()
+    assert not [name for name in second if name.endswith(".json")], second

@@ -13,8 +13,16 @@ OUTDIR=${JOB_OUT:-$OUT}
 mkdir -p "$OUTDIR"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONUNBUFFERED=1 SPARSE_DECODE_AOT_CACHE=$PWD PYTHONPATH=$PWD
 source gpu/tools/deepgemm_env.sh  # the carried DeepGEMM wheel into /tmp/site, its libraries, its JIT cache
-OLD=/tmp/ab_s46
-rm -rf "$OLD" ab && mkdir -p "$OLD/benchmarks" ab/old ab/new
+LIMIT=${LIMIT:-560}  # the whole job's seconds, inside the device call's 600
+# A step's timeout: its own, or what is left of LIMIT less 10 s to pack (at least 1). The steps' own timeouts sum to
+# 1070 s (200, six rounds of 120, 150): a hang ran past the call's 600 s and lost the rounds' archive and step 3.
+cap() { local left=$((LIMIT - 10 - SECONDS)); [ "$left" -lt 1 ] && left=1; echo $((left < $1 ? left : $1)); }
+# Folders of this call's own, removed at the end with the checkout's ab/ (host_ab.py's two trees): the fixed
+# /tmp/load_ab kept an earlier call's rounds on a warm machine, so a round that wrote nothing this time was read and
+# packed from the earlier call's JSON.
+OLD=$(mktemp -d /tmp/ab_s46.XXXXXX) load=$(mktemp -d /tmp/load_ab.XXXXXX)
+trap 'rm -rf "$OLD" "$load" ab' EXIT
+rm -rf ab && mkdir -p "$OLD/benchmarks" ab/old ab/new
 tar -xzf .whl/runtime_s46.tgz -C "$OLD" || { echo "no .whl/runtime_s46.tgz (carry .whl)"; exit 1; }
 cp benchmarks/*.py "$OLD/benchmarks/"  # the same benchmark code for both trees; only runtime/ differs
 cp -r "$OLD/runtime" ab/old/ && cp -r runtime ab/new/
@@ -25,21 +33,20 @@ print('tree', subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, 
 sha256sum manifests/*.json | tee -a "$OUTDIR/tree.txt"
 
 echo "=== 1. eager host time, old and new runtime in one process (${SECONDS}s)"
-timeout 200 python3 gpu/jobs/host_ab.py "$OUTDIR/host_ab.json" --blocks 61 2>&1 | tail -8
+timeout "$(cap 200)" python3 gpu/jobs/host_ab.py "$OUTDIR/host_ab.json" --blocks 61 2>&1 | tail -8
 
 echo "=== 2. load and eager launch, three alternating rounds (${SECONDS}s)"
-mkdir -p /tmp/load_ab
 for round in 1 2 3; do
-  (cd "$OLD" && PYTHONPATH=$OLD:/tmp/site timeout 120 python3 benchmarks/bench_runtime.py \
-     "/tmp/load_ab/load_ab_old_$round.json" --runs 7 --profile-runs 0 > "/tmp/load_ab/old_$round.log" 2>&1)
+  (cd "$OLD" && PYTHONPATH=$OLD:/tmp/site timeout "$(cap 120)" python3 benchmarks/bench_runtime.py \
+     "$load/load_ab_old_$round.json" --runs 7 --profile-runs 0 > "$load/old_$round.log" 2>&1)
   echo "old round $round rc=$? (${SECONDS}s)"
-  timeout 120 python3 benchmarks/bench_runtime.py "/tmp/load_ab/load_ab_new_$round.json" --runs 7 --profile-runs 0 \
-    > "/tmp/load_ab/new_$round.log" 2>&1
+  timeout "$(cap 120)" python3 benchmarks/bench_runtime.py "$load/load_ab_new_$round.json" --runs 7 --profile-runs 0 \
+    > "$load/new_$round.log" 2>&1
   echo "new round $round rc=$? (${SECONDS}s)"
 done
-python3 - <<'EOF'
-import json, glob
-for path in sorted(glob.glob("/tmp/load_ab/load_ab_*.json")):
+python3 - "$load" <<'EOF'
+import json, glob, sys
+for path in sorted(glob.glob(sys.argv[1] + "/load_ab_*.json")):
     d = json.load(open(path))
     c, launch = d.get("cold_start", {}), d.get("launch_overhead", {})
     fresh, pre = c.get("load_including_cuda_python_import", {}), c.get("load_cuda_python_preimported", {})
@@ -47,8 +54,8 @@ for path in sorted(glob.glob("/tmp/load_ab/load_ab_*.json")):
         fresh.get("load_ms_median", -1), pre.get("load_ms_median", -1), pre.get("import_runtime_ms_median", -1)),
         "launch %.2f vs bare %.2f us" % (launch.get("runtime_launch_us", -1), launch.get("bare_cuLaunchKernelEx_us", -1)))
 EOF
-tar czf "$OUTDIR/load_ab.tgz" -C /tmp/load_ab .
+tar czf "$OUTDIR/load_ab.tgz" -C "$load" .
 
 echo "=== 3. plain eager host time on this tree (${SECONDS}s)"
-timeout 150 python3 benchmarks/bench_host.py --out "$OUTDIR/host.json" 2>&1 | tail -12
+timeout "$(cap 150)" python3 benchmarks/bench_host.py --out "$OUTDIR/host.json" 2>&1 | tail -12
 echo "=== took ${SECONDS}s"
