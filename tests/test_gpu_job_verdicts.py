@@ -396,3 +396,12 @@ def test_host_load_ab_packs_this_calls_rounds_only(dry_run):
     rc, output = dry_run("gpu/jobs/host_load_ab.sh", FAKE_NO_WRITE="bench_runtime")
     second = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True).stdout.split()
     assert not [name for name in second if name.endswith(".json")], second
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_job_says_its_limit_within_one_call(job):
+    """A job's first lines say its time limit (gpu/README.md), which run_all.sh runs it under: indexer_pdl.sh (its own
+    timeouts 120 + 300 s) and s41_probe.sh (330 + 150 s) said none and got run_all.sh's default 120 s."""
+    lines = (ROOT / "gpu" / "jobs" / f"{job}.sh").read_text().splitlines()
+    limits = [line.split()[2] for line in lines[:3] if line.startswith("# limit:")]
+    assert limits and 0 < int(limits[0]) <= 590, lines[:3]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
+# limit: 440
 # Issue 5 experiment: PDL inside the indexer step (gpu/jobs/indexer_pdl.py), after DeepGEMM's cache is warmed
-# for the serving shapes (restored from .whl/dg_jit_cache.tgz where carried). Output under $JOB_OUT.
+# for the serving shapes (restored from .whl/dg_jit_cache.tgz where carried). Output under $JOB_OUT. (The limit: the
+# warm-up's 120 s and PDL_LIMIT's default 300; without the line run_all.sh gave the job its default 120 s.)
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh

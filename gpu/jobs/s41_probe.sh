@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
+# limit: 560
 # The forty-first session's third device call, as it ran (carry .whl and .gl): the gather microbenchmark's L2-hint
 # routes, the sparse-MLA A/B of a candidate cache in .gl/mlacand1 against the committed one, and the cold-logits job.
 # The candidate was built from gpu/candidates/mla_l2_prefetch_s41.diff applied to the tree: copy cubins/ and
 # manifests/ into .gl/mlacand1, then SPARSE_MLA_EXPERIMENT=l2_256 python build_kernels.py --only sparse_mla_decode
 # --arch sm_90a --out .gl/mlacand1. A call brings back at most 8 files: this job writes more (tar them to keep all).
+# (The limit: the A/B's 330 s and the cold logits' 150 s after the microbenchmark; without the line run_all.sh gave
+# the job its default 120 s.)
 set -u
 # The carried timeline builds record their measurement switches, which the runtime refuses unless asked.
 export SPARSE_DECODE_AOT_ALLOW_MEASUREMENT_BUILD=1
