@@ -194,6 +194,8 @@ STUBS = {
     "pip": "exit 0\n",
 }
 JOBS = sorted(p.stem for p in (ROOT / "gpu" / "jobs").glob("*.sh"))
+JOB_TEMP = ("verify_all.", "tree_ab.", "tree_checks.", "racecheck_crowded.", "indexer_steps.", "indexer_job",
+            "load_ab", "ab_s46", "cand_tree")  # the jobs' temporary folders and files in /tmp
 MISSING_FOLDER = ("No such file or directory", "Cannot open", "cannot open")
 
 
@@ -257,7 +259,10 @@ def test_a_job_called_as_a_session_calls_it_writes_its_reports(dry_run, job):
     report, tee's log, the archive of verify_all.sh, tree_ab.sh and the other long jobs: nothing came back); jobs that
     did not export PYTHONPATH (run_all.sh does) ran their scripts without the checkout's packages."""
     dry_run.candidate()
+    before = set(os.listdir("/tmp"))
     rc, output = dry_run(f"gpu/jobs/{job}.sh", CAND="cand", OLD_RUNTIME=".whl/cand.tgz")
+    left_behind = [name for name in set(os.listdir("/tmp")) - before if name.startswith(JOB_TEMP)]
+    assert not left_behind, left_behind  # the jobs' own folders in /tmp, one more each call on a warm machine
     job_out = str(dry_run.out / job)
     missing = [line for line in output.splitlines() if job_out in line and any(m in line for m in MISSING_FOLDER)]
     assert not missing, output

@@ -20,6 +20,7 @@ limit=$(grep -m1 '^# limit:' "$0" | awk '{print $3}')
 budget=$(( ${ROUND_CAP:-$limit} < limit ? ${ROUND_CAP:-$limit} : limit ))
 left() { echo $(( budget - SECONDS - 4 )); }
 steps=$(mktemp /tmp/indexer_steps.XXXXXX)  # each step's rc, a line each (a step in a pipeline runs in a subshell)
+trap 'rm -f "$steps"' EXIT  # (removed at the end only: a job cut short by its limit left it)
 step() {  # step MAX_SECONDS MIN_SECONDS command...: run with min(MAX, what is left), skip below MIN
   local max=$1 min=$2; shift 2; local t; t=$(left); [ "$t" -gt "$max" ] && t=$max
   if [ "$t" -lt "$min" ]; then echo "SKIPPED (only ${t}s left): $*"; echo 99 >> "$steps"; return 99; fi
@@ -56,6 +57,6 @@ fi
 echo "=== job took ${SECONDS}s; cache $(find $DG_JIT_CACHE_DIR -type f 2>/dev/null | wc -l) files"
 # The job's exit status (it was the echo's 0): every step ran and exited 0. A benchmark target missed is no failure
 # (bench_indexer.py records it and exits 0).
-failed=$(grep -cvx 0 "$steps"); ran=$(wc -l < "$steps"); rm -f "$steps"
+failed=$(grep -cvx 0 "$steps"); ran=$(wc -l < "$steps")
 echo "indexer: $ran steps, $failed failed or skipped"
 [ "$failed" -eq 0 ]

@@ -10,6 +10,7 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 archive_dir=${JOB_OUT:?}
 mkdir -p "$archive_dir"  # JOB_OUT=$OUT/<job>, a folder not made yet: every pack failed and nothing came back
 work=$(mktemp -d /tmp/racecheck_crowded.XXXXXX)
+trap 'rm -rf "$work"' EXIT  # the archive holds it all: the folder was left in /tmp, one more each call
 JOB_OUT=$work TOOL=racecheck SHARDS=4 CROWDED=only SECONDS_EACH=$((${LIMIT:-560} - 20 - SECONDS)) \
   bash gpu/jobs/topk_sanitize_full.sh | tee "$work/summary.txt"
 tar czf "$archive_dir/topk_racecheck_crowded.tgz" -C "$work" .

@@ -11,6 +11,7 @@ JOB_OUT=${JOB_OUT:?}
 mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 source gpu/tools/candidate_env.sh
 work=$(mktemp -d /tmp/tree_ab.XXXXXX)
+trap 'rm -rf "$work" "$cand"' EXIT  # with the unpacked candidate: as verify_all.sh's, left in /tmp each call
 LIMIT=${LIMIT:-560}  # the whole job's seconds, inside the device call's 600
 side_tree() { if [ "$1" = base ]; then echo "$base $base_rev"; else echo "$cand $cand_rev"; fi; }
 # Packed after every step, so that a call cut short still brings back what ran.

@@ -11,6 +11,7 @@ JOB_OUT=${JOB_OUT:?}
 mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 source gpu/tools/candidate_env.sh
 work=$(mktemp -d /tmp/tree_checks.XXXXXX)
+trap 'rm -rf "$work" "$cand"' EXIT  # with the unpacked candidate: as verify_all.sh's, left in /tmp each call
 # The checks that failed, named in the last line and in the exit status, as verify_all.sh's (it was the last tar's 0
 # whatever ran: a failed runtime verify, GPU test or sanitizer shard read as a pass).
 failed=()

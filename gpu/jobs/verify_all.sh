@@ -14,6 +14,7 @@ mkdir -p "$archive_dir"  # JOB_OUT=$OUT/<job>, a folder not made yet: every pack
 # The reports gather in a folder of their own and go back as one archive (a call brings back at most 8 files, two
 # folders deep), packed again after every phase: a call cut short still brings back the phases that ran.
 work=$(mktemp -d /tmp/verify_all.XXXXXX)
+trap 'rm -rf "$work"' EXIT  # the archive holds it all: the folder was left in /tmp, one more each call
 export JOB_OUT=$work
 pack() { tar czf "$archive_dir/verify_all.tgz" -C "$work" .; }
 # The phases that failed, named in the last line and in the exit status (which was the last pack's 0 whatever ran).
