@@ -242,6 +242,11 @@ class DryRun:
         return proc.returncode, proc.stdout + proc.stderr
 
 
+def _archived(archive: Path) -> list[str]:
+    """The names a .tgz holds."""
+    return subprocess.run(["tar", "tzf", str(archive)], check=True, capture_output=True, text=True).stdout.split()
+
+
 @pytest.fixture
 def dry_run(tmp_path):
     # gpu/tools/candidate_env.sh unpacks a candidate into /tmp/cand_tree, as on the GPU machine: removed after the test
@@ -297,8 +302,8 @@ def test_benchmarks_both_sends_back_this_calls_reports_and_fails_where_a_part_di
     rc, output = dry_run("gpu/jobs/benchmarks_both.sh", FAKE_NO_WRITE="bench_indexer")
     assert rc != 0 and "indexer job rc=1" in output, output
     assert not (job_out / "bench_indexer.json").exists(), output
-    archived = subprocess.run(["tar", "tzf", str(job_out / "indexer_job.tgz")], capture_output=True, text=True).stdout
-    assert "bench_indexer.json" not in archived and "indexer.log" in archived, archived
+    archived = _archived(job_out / "indexer_job.tgz")
+    assert "./bench_indexer.json" not in archived and "./indexer.log" in archived, archived
     shutil.rmtree(job_out)
     rc, output = dry_run("gpu/jobs/benchmarks_both.sh", FAKE_NO_WRITE="bench_sparse_mla")
     assert rc != 0 and "sparse_mla_decode benchmark rc=1, indexer job rc=0" in output, output
@@ -320,14 +325,13 @@ def test_tree_checks_names_what_failed_and_exits_1(dry_run, failing, env):
         assert rc == 0 and verdict == "tree_checks: every check passed", output
     else:
         assert rc == 1 and verdict == f"tree_checks: FAILED: {failing}", output
-    archived = subprocess.run(["tar", "tzf", str(dry_run.out / "tree_checks" / "tree_checks.tgz")],
-                              capture_output=True, text=True).stdout
-    assert "./verdict.txt" in archived.splitlines(), archived
+    archived = _archived(dry_run.out / "tree_checks" / "tree_checks.tgz")
+    assert "./verdict.txt" in archived, archived
 
 
-def _run_all(dry_run, jobs: dict[str, str], cut_at: float, **env: str) -> tuple[str, str]:
+def _run_all(dry_run, jobs: dict[str, str], cut_at: float, **env: str) -> tuple[str, list[str]]:
     """gpu/run_all.sh on fake jobs (name: body, its first lines a `# limit:`), its whole process group killed at
-    cut_at seconds as a device call's end kills it; (summary.txt, the names results.tar.gz holds), "" where absent."""
+    cut_at seconds as a device call's end kills it; (summary.txt, the names results.tar.gz holds), empty where absent."""
     for name, body in jobs.items():
         (dry_run.repo / "gpu" / "jobs" / f"{name}.sh").write_text(f"#!/usr/bin/env bash\n{body}\n")
     full_env = {"PATH": f"{dry_run.bin}{os.pathsep}{os.environ['PATH']}", "HOME": os.environ.get("HOME", "/"),
@@ -342,17 +346,14 @@ def _run_all(dry_run, jobs: dict[str, str], cut_at: float, **env: str) -> tuple[
             proc.wait()
     summary = dry_run.out / "summary.txt"
     archive = dry_run.out / "results.tar.gz"
-    names = ""
-    if archive.exists():
-        names = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True).stdout
-    return (summary.read_text() if summary.exists() else ""), names
+    return (summary.read_text() if summary.exists() else ""), (_archived(archive) if archive.exists() else [])
 
 
 def test_run_all_packs_each_job_as_it_ends(dry_run):
     """The jobs were packed once, after the last: a call cut off in a later job brought back none of them."""
     summary, names = _run_all(dry_run, {"fake_a": "# limit: 5\necho done > \"$JOB_OUT/a.txt\"",
                                         "fake_b": "# limit: 500\nsleep 30"}, cut_at=4)
-    assert summary.startswith("fake_a rc=0 5s-limit") and "./fake_a/a.txt" in names.splitlines(), (summary, names)
+    assert summary.startswith("fake_a rc=0 5s-limit") and "./fake_a/a.txt" in names, (summary, names)
 
 
 def test_run_all_holds_every_job_inside_the_call(dry_run):
@@ -381,9 +382,9 @@ def test_host_load_ab_keeps_inside_its_limit_where_its_steps_hang(dry_run):
     call out before the rounds' archive and step 3. Each step now gets what is left of LIMIT."""
     _old_runtime(dry_run)
     start = time.monotonic()
-    rc, output = dry_run("gpu/jobs/host_load_ab.sh", LIMIT="16", FAKE_HANG="bench_runtime.py")
+    _, output = dry_run("gpu/jobs/host_load_ab.sh", LIMIT="12", FAKE_HANG="bench_runtime.py")
     took = time.monotonic() - start
-    assert took < 16 + 5 and (dry_run.out / "host_load_ab" / "load_ab.tgz").exists(), (took, output)
+    assert took < 12 + 5 and (dry_run.out / "host_load_ab" / "load_ab.tgz").exists(), (took, output)
     assert "old round 1 rc=124" in output and "=== took" in output, output
     assert not (dry_run.repo / "ab").exists(), "host_ab.py's trees are left in the checkout"
 
@@ -393,13 +394,13 @@ def test_host_load_ab_packs_this_calls_rounds_only(dry_run):
     packed (and summarised) from the earlier call's JSON."""
     _old_runtime(dry_run)
     rc, output = dry_run("gpu/jobs/host_load_ab.sh")
-    assert "new round 3 rc=0" in output, output
+    assert rc == 0 and "new round 3 rc=0" in output, output
     archive = dry_run.out / "host_load_ab" / "load_ab.tgz"
-    first = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True).stdout.split()
+    first = _archived(archive)
     assert "./load_ab_new_3.json" in first, first
     archive.unlink()
-    rc, output = dry_run("gpu/jobs/host_load_ab.sh", FAKE_NO_WRITE="bench_runtime")
-    second = subprocess.run(["tar", "tzf", str(archive)], capture_output=True, text=True).stdout.split()
+    dry_run("gpu/jobs/host_load_ab.sh", FAKE_NO_WRITE="bench_runtime")
+    second = _archived(archive)
     assert not [name for name in second if name.endswith(".json")], second
 
 
