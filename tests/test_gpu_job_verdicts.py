@@ -249,12 +249,13 @@ def _archived(archive: Path) -> list[str]:
 
 @pytest.fixture
 def dry_run(tmp_path):
-    # gpu/tools/candidate_env.sh unpacks a candidate into /tmp/cand_tree, as on the GPU machine: removed after the test
-    # where the test made it
-    made_here = not os.path.exists("/tmp/cand_tree")
+    # The fixed folders the scripts use on the GPU machine (gpu/tools/candidate_env.sh's unpacked candidate, run_all.sh's
+    # stage): removed after the test where the test made them
+    fixed = [Path("/tmp/cand_tree"), Path("/tmp/gpu_out")]
+    made_here = [folder for folder in fixed if not folder.exists()]
     yield DryRun(tmp_path)
-    if made_here:
-        shutil.rmtree("/tmp/cand_tree", ignore_errors=True)
+    for folder in made_here:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.parametrize("job", JOBS)
