@@ -1294,6 +1294,32 @@ def _stop_at_compile(monkeypatch, asked):
     monkeypatch.setattr(build_kernels, "compile_all", stop)
 
 
+def _deny_writes(monkeypatch, denied) -> None:
+    """os.open as another account's files and folders meet it: PermissionError where ``denied(path, flags)``."""
+    import errno
+    import os
+
+    real_open = os.open
+
+    def open_as_another_account(path, flags, *args):
+        if denied(path, flags):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_as_another_account)
+
+
+def _refused_before_compiling(monkeypatch, argv) -> None:
+    """build_kernels.main(argv) stops with the parser's status 2 before it asks for any compile."""
+    import build_kernels
+
+    asked = []
+    _stop_at_compile(monkeypatch, asked)
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(argv)
+    assert stop.value.code == 2 and asked == []
+
+
 def test_a_build_without_only_takes_every_family_of_every_arch(tmp_path, monkeypatch):
     """Without --only the contract's families are built for each arch that has them: the refusal of an --only family
     with no variant for an arch (sparse_mla_decode has none for sm_100a) does not apply to a whole build."""
@@ -1447,26 +1473,12 @@ def test_a_build_lock_it_can_only_read_is_refused_before_compiling(tmp_path, mon
     """_require_writable opens the build lock for writing, as FileLock will: a lock file another account created
     that this one may read but not write passed a check that opened it for reading, and the build failed after its
     minutes of compiling. (Simulated: this suite may run as root, which any file's mode lets write.)"""
-    import errno
     import os
-
-    import build_kernels
 
     lock = tmp_path / ".build.lock"
     lock.write_text("")
-    real_open = os.open
-
-    def open_as_another_account(path, flags, *args):
-        if Path(path) == lock and flags & (os.O_WRONLY | os.O_RDWR):
-            raise PermissionError(errno.EACCES, "Permission denied")
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", open_as_another_account)
-    asked = []
-    _stop_at_compile(monkeypatch, asked)
-    with pytest.raises(SystemExit) as stop:
-        build_kernels.main(["--only", "probe", "--out", str(tmp_path)])
-    assert stop.value.code == 2 and asked == []
+    _deny_writes(monkeypatch, lambda path, flags: Path(path) == lock and flags & (os.O_WRONLY | os.O_RDWR))
+    _refused_before_compiling(monkeypatch, ["--only", "probe", "--out", str(tmp_path)])
 
 
 @pytest.mark.parametrize("target", ["a file", "nothing"])
@@ -1664,29 +1676,17 @@ def test_a_cache_folder_it_cannot_write_is_refused_before_compiling(tmp_path, mo
     """A cache root this account can write, holding cubins/<arch>/ or manifests/ it cannot (a cache another account
     built), passed _require_writable's check of the root, and the build failed after its compiles with a bare
     PermissionError at the first staged file. (Simulated: this suite may run as root, which any mode lets write.)"""
-    import errno
     import os
 
     from crafted_cache import copy_probe_cache
 
-    import build_kernels
-
     cache = copy_probe_cache(tmp_path, archs=("sm_90a",) if folder != "cubins" else ())
     locked = cache / folder
     locked.mkdir(parents=True, exist_ok=True)
-    real_open = os.open
-
-    def open_as_another_account(path, flags, *args):  # no file made in ``locked`` (O_TMPFILE opens the folder)
-        if locked in (Path(path), Path(path).parent) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
-            raise PermissionError(errno.EACCES, "Permission denied")
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", open_as_another_account)
-    asked = []
-    _stop_at_compile(monkeypatch, asked)
-    with pytest.raises(SystemExit) as stop:
-        build_kernels.main(["--only", "probe", "--arch", "sm_90a", "--out", str(cache)])
-    assert stop.value.code == 2 and asked == []
+    # no file made in ``locked`` (O_TMPFILE opens the folder itself)
+    _deny_writes(monkeypatch, lambda path, flags: locked in (Path(path), Path(path).parent)
+                 and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+    _refused_before_compiling(monkeypatch, ["--only", "probe", "--arch", "sm_90a", "--out", str(cache)])
     written = "manifests" if folder == "manifests" else "cubins/sm_90a"
     assert (f"--out {cache}: cannot write in {locked} (Permission denied), where the build writes {written}/; let "
             f"this account write it, or build with another --out") in capsys.readouterr().err
@@ -1704,16 +1704,7 @@ def test_check_with_only_names_a_build_that_mends_a_runtime_refusal(tmp_path, mo
     from outside the root) keeps --only in the fix."""
     import shutil
 
-    from crafted_cache import copy_probe_cache
-
-    import build_kernels
-
-    committed = copy_probe_cache(tmp_path / "committed", archs=("sm_90a",))
-    fresh = copy_probe_cache(tmp_path / "fresh", archs=("sm_90a",))
-    data = json.loads(manifest_path(committed, "sm_90a").read_text())
-    empty = next(k for k in json.loads(manifest_path(REPO, "sm_90a").read_text())["kernels"]
-                 if k["name"] == "empty_cluster1")
-    shutil.copy(REPO / empty["cubin"], committed / empty["cubin"])
+    committed, fresh, data, empty = _probe_caches_and_an_empty_entry(tmp_path)
     data["kernels"].append({**empty, "smem_bytes": empty["smem_bytes"] + 16} if refused == "empty_cluster1" else empty)
     manifest_path(committed, "sm_90a").write_text(json.dumps(data))
     if refused == "probe_cluster2":
@@ -1721,14 +1712,42 @@ def test_check_with_only_names_a_build_that_mends_a_runtime_refusal(tmp_path, mo
         shutil.copy(committed / "cubins/sm_90a/probe_cluster2.cubin", outside)
         (committed / "cubins/sm_90a/probe_cluster2.cubin").unlink()
         (committed / "cubins/sm_90a/probe_cluster2.cubin").symlink_to(outside)
+    out = _check_only_probe_refused(monkeypatch, capsys, committed, fresh)
+    assert f"kernel {refused}:" in out[0]
+    assert out[-1] == f"check failed: 1 difference(s); {fix.format(out=committed)}"
+
+
+def _probe_caches_and_an_empty_entry(tmp_path) -> tuple:
+    """Two crafted sm_90a probe caches, (committed, fresh), the committed one's manifest as JSON, and the committed
+    repository's empty_cluster1 entry, its cubin copied into the committed cache (an entry of another family, for
+    the manifest to add)."""
+    import shutil
+
+    from crafted_cache import copy_probe_cache
+
+    committed = copy_probe_cache(tmp_path / "committed", archs=("sm_90a",))
+    fresh = copy_probe_cache(tmp_path / "fresh", archs=("sm_90a",))
+    data = json.loads(manifest_path(committed, "sm_90a").read_text())
+    empty = next(k for k in json.loads(manifest_path(REPO, "sm_90a").read_text())["kernels"]
+                 if k["name"] == "empty_cluster1")
+    shutil.copy(REPO / empty["cubin"], committed / empty["cubin"])
+    return committed, fresh, data, empty
+
+
+def _check_only_probe_refused(monkeypatch, capsys, committed, fresh) -> list:
+    """``--check --only probe --arch sm_90a`` of ``committed`` against ``fresh`` (a crafted cache standing in for the
+    fresh build, no CuTe DSL compile), asserted to fail on the runtime's refusal first; its output lines."""
+    import shutil
+
+    import build_kernels
+
     monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: {})
-    monkeypatch.setattr(build_kernels, "write_cache",  # the fresh build: the crafted copy, no CuTe DSL compile
+    monkeypatch.setattr(build_kernels, "write_cache",
                         lambda out, *args, **kwargs: shutil.copytree(fresh, out, dirs_exist_ok=True))
     assert build_kernels.main(["--check", "--only", "probe", "--arch", "sm_90a", "--out", str(committed)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("CHECK FAILED: sm_90a: the runtime refuses the committed manifest (")
-    assert f"kernel {refused}:" in out[0]
-    assert out[-1] == f"check failed: 1 difference(s); {fix.format(out=committed)}"
+    return out
 
 
 @pytest.mark.parametrize("edit", [lambda e: e.update(size=float(e["size"])), None],
@@ -1739,30 +1758,16 @@ def test_check_with_only_names_a_whole_build_where_an_entry_it_checked_fails_the
     check's == takes; the entry given twice, which its by-name dict keeps once) kept --only in the fix, and that
     build refuses: it reads the whole manifest before it keeps the other families' entries. Only a build of every
     family (which reads no previous manifest) mends it."""
-    import shutil
-
-    from crafted_cache import copy_probe_cache
-
     import build_kernels
 
-    committed = copy_probe_cache(tmp_path / "committed", archs=("sm_90a",))
-    fresh = copy_probe_cache(tmp_path / "fresh", archs=("sm_90a",))
-    data = json.loads(manifest_path(committed, "sm_90a").read_text())
-    empty = next(k for k in json.loads(manifest_path(REPO, "sm_90a").read_text())["kernels"]
-                 if k["name"] == "empty_cluster1")
-    shutil.copy(REPO / empty["cubin"], committed / empty["cubin"])
+    committed, fresh, data, empty = _probe_caches_and_an_empty_entry(tmp_path)
     data["kernels"].append(empty)  # an entry of another family, which --only probe keeps
     if edit is None:
         data["kernels"].append(dict(data["kernels"][0]))
     else:
         edit(data["kernels"][0])
     manifest_path(committed, "sm_90a").write_text(json.dumps(data))
-    monkeypatch.setattr(build_kernels, "compile_all", lambda variants_by_arch, jobs: {})
-    monkeypatch.setattr(build_kernels, "write_cache",  # the fresh build: the crafted copy, no CuTe DSL compile
-                        lambda out, *args, **kwargs: shutil.copytree(fresh, out, dirs_exist_ok=True))
-    assert build_kernels.main(["--check", "--only", "probe", "--arch", "sm_90a", "--out", str(committed)]) == 1
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("CHECK FAILED: sm_90a: the runtime refuses the committed manifest (")
+    out = _check_only_probe_refused(monkeypatch, capsys, committed, fresh)
     assert f"kernel {data['kernels'][0]['name']}:" in out[0]
     assert out[-1] == ("check failed: 1 difference(s); --only cannot mend a manifest's source stamp, toolchain or "
                        f"form, or an entry it keeps; run: python build_kernels.py --arch sm_90a --out {committed}")
