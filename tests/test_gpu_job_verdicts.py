@@ -378,6 +378,16 @@ def _old_runtime(dry_run) -> None:
                    check=True)
 
 
+def test_all_gpu_tests_bounds_a_hung_runtime_verify_and_fails(dry_run):
+    """`runtime verify` had no bound of its own: a hung probe launch took the job's whole limit (300 s; with pytest's
+    280 past it). It is cut at VERIFY_LIMIT (30 s unless set), reported as 124, and the GPU tests still run."""
+    start = time.monotonic()
+    rc, output = dry_run("gpu/jobs/all_gpu_tests.sh", VERIFY_LIMIT="2", FAKE_HANG="runtime verify")
+    assert time.monotonic() - start < 2 + 8, output
+    assert rc != 0 and "all_gpu_tests: runtime verify rc=124, pytest rc=0" in output, output
+    assert "212 passed" in output, output
+
+
 def test_host_load_ab_keeps_inside_its_limit_where_its_steps_hang(dry_run):
     """Its steps' own timeouts summed to 1070 s against a limit of 560 (a call of 600): a hanging benchmark ran the
     call out before the rounds' archive and step 3. Each step now gets what is left of LIMIT."""

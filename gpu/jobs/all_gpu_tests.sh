@@ -15,11 +15,12 @@ source gpu/tools/deepgemm_env.sh
 echo "tests digest $(find tests -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)" \
   | tee "${JOB_OUT:-/tmp}/tests_digest.txt"
 # Its whole report beside the job's (the tail shows its verdict; a failed check's line may sit above it).
-python3 -m runtime verify 2>&1 | tee "${JOB_OUT:-/tmp}/runtime_verify.log" | tail -3
-verify_rc=$?  # (pipefail: verify's own)
+# Bounded (it takes seconds; a hung probe launch would take the job's whole limit), with pytest's 260 s inside the 300.
+timeout "${VERIFY_LIMIT:-30}" python3 -m runtime verify 2>&1 | tee "${JOB_OUT:-/tmp}/runtime_verify.log" | tail -3
+verify_rc=$?  # (pipefail: verify's own, 124 where it timed out)
 # -rfEs: the failures' and errors' names in the summary too (-rs alone names the skips only); the whole output
 # goes to a file beside the job's reports, since the tail below keeps one traceback's end at most.
-timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rfEs 2>&1 \
+timeout 260 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ -rfEs 2>&1 \
   | tee "${JOB_OUT:-/tmp}/all_gpu_tests_pytest.log" | tail -15
 pytest_rc=$?
 # The job's exit status fails where either did (it followed pytest alone: a failed `runtime verify` exited 0), and
