@@ -818,8 +818,12 @@ def _require_writable_folders(parser: argparse.ArgumentParser, out: Path, archs)
     nearest one that exists where they do not yet: a cache root this account can write holding folders it cannot
     (a cache another account built, an image's) passed _require_writable and failed the build after its compiles,
     with a bare PermissionError at the first staged cubin."""
+    probed = {out}  # _require_writable wrote in it; each folder once (cubins/ stands in for every missing arch)
     for folder in (*(out / "cubins" / arch for arch in archs), out / "manifests"):
         existing = next(f for f in (folder, *folder.parents) if f.is_dir())  # out at the latest: it was made
+        if existing in probed:
+            continue
+        probed.add(existing)
         try:
             tempfile.TemporaryFile(dir=existing).close()
         except OSError as e:
