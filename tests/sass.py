@@ -29,8 +29,8 @@ def cuobjdump() -> str | None:
     return os.path.join(d, "cuobjdump") if d else None
 
 
-@cache
-def sass(cubin: str) -> str:
+def _cuobjdump(flag: str, cubin: str, expected: str) -> str:
+    """``cuobjdump <flag> <cubin>``'s output, or a RuntimeError where it fails or lacks ``expected``."""
     tool = cuobjdump()
     if tool is None:
         raise RuntimeError("cuobjdump is not installed: pip install -e '.[test]'")
@@ -38,10 +38,15 @@ def sass(cubin: str) -> str:
     d = _tool_dir()
     if d:
         env["PATH"] = d + os.pathsep + env.get("PATH", "")  # cuobjdump calls nvdisasm
-    out = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, env=env, timeout=120, check=False)
-    if out.returncode or "Function" not in out.stdout:
-        raise RuntimeError(f"cuobjdump -sass {cubin} failed: {out.stderr}")
+    out = subprocess.run([tool, flag, cubin], capture_output=True, text=True, env=env, timeout=120, check=False)
+    if out.returncode or expected not in out.stdout:
+        raise RuntimeError(f"cuobjdump {flag} {cubin} failed: {out.stderr}")
     return out.stdout
+
+
+@cache
+def sass(cubin: str) -> str:
+    return _cuobjdump("-sass", cubin, "Function")
 
 
 def opcode_sequence(cubin: str) -> list[str]:
@@ -58,11 +63,5 @@ def opcodes(cubin: str) -> set[str]:
 def resource_usage(cubin: str) -> dict:
     """``cuobjdump -res-usage`` of a one-kernel cubin: {"REG": registers a thread, "SHARED": static shared bytes,
     "STACK", "LOCAL"}."""
-    tool = cuobjdump()
-    if tool is None:
-        raise RuntimeError("cuobjdump is not installed: pip install -e '.[test]'")
-    out = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True, timeout=120, check=False)
-    found = re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out.stdout)
-    if out.returncode or not found:
-        raise RuntimeError(f"cuobjdump -res-usage {cubin} failed: {out.stderr}")
+    found = re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", _cuobjdump("-res-usage", cubin, "REG:"))
     return {name: int(value) for name, value in found}
