@@ -74,6 +74,13 @@ def _compile_task(task: tuple):
     return _compile_one(*task)
 
 
+def _worker_ignores_ctrl_c() -> None:
+    """A pool worker's initializer: a terminal's Ctrl-C reaches the whole process group, and every worker printed
+    its own KeyboardInterrupt traceback over the build's output. The build ends them itself (the pool's exit
+    terminates them), so they leave SIGINT to it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _compile_one(family: str, name: str, arch: str):
     """Worker: compile one variant for one arch; returns (name, arch, cubin, seconds)."""
     from kernels import compile_variant
@@ -275,7 +282,7 @@ def compile_all(variants_by_arch: dict, jobs: int):
         # the workers (a failure, Ctrl-C, or a SIGTERM to this process alone: an executor's pool compiled every
         # queued variant first, and a SIGTERM left its workers waiting forever).
         before = set(multiprocessing.active_children())
-        with _sigterm_as_exit(), get_context("spawn").Pool(min(jobs, len(tasks))) as pool:
+        with _sigterm_as_exit(), get_context("spawn").Pool(min(jobs, len(tasks)), _worker_ignores_ctrl_c) as pool:
             workers = [p for p in multiprocessing.active_children() if p not in before]
             results_of = _results_while_workers_live(pool.imap_unordered(_compile_task, tasks), workers)
             for i, (name, arch, cubin, secs) in enumerate(results_of, 1):
@@ -831,5 +838,18 @@ def _require_writable_folders(parser: argparse.ArgumentParser, out: Path, archs)
                          f"{folder.relative_to(out)}/; let this account write it, or build with another --out")
 
 
+def _command_line(argv=None) -> int:
+    """``main`` for the command line: a Ctrl-C ends it with one line and the shell's status 130, as a SIGTERM ends it
+    with 143, not with a traceback. The cleanup ran on the way out (staged copies and --check's temporary build
+    removed), and a signal during an arch's renames waits for its manifest, so each arch's manifest still names
+    the cubins beside it."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("build_kernels.py: interrupted; every arch's manifest still matches its cubins (each arch is written "
+              "whole or not at all): run the build again to finish it", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_command_line())

@@ -1645,6 +1645,48 @@ def test_sigterm_during_a_check_removes_its_temporary_build(tmp_path):
     assert [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("aot_check_")] == []
 
 
+def test_ctrl_c_ends_the_command_line_with_one_line_and_status_130(tmp_path):
+    """A Ctrl-C during the compiles printed a KeyboardInterrupt traceback (and, with --jobs, one from each pool
+    worker). The command line now prints one line saying the cache is consistent and exits 130, as shells report
+    SIGINT; the check's temporary build is removed on the way out, as under SIGTERM."""
+    import os
+
+    from crafted_cache import copy_probe_cache
+
+    cache = copy_probe_cache(tmp_path / "cache")
+    (tmp_path / "tmp").mkdir()
+    script = ("import os, signal, sys\nimport build_kernels\n"
+              "def compile_all(variants_by_arch, jobs):\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    signal.sigtimedwait([], 5)  # the handler runs here\n"
+              "build_kernels.compile_all = compile_all\n"
+              "sys.exit(build_kernels._command_line(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, "--check", "--only", "probe", "--arch", "sm_90a", "--out",
+                           str(cache)], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "interrupted" in proc.stderr and "run the build again" in proc.stderr
+    assert [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("aot_check_")] == []
+
+
+def test_compile_workers_leave_ctrl_c_to_the_build():
+    """A terminal's Ctrl-C reaches every process of the group: each spawn worker printed its own traceback. The pool's
+    initializer makes a worker ignore SIGINT (the build terminates its pool on the way out)."""
+    import multiprocessing
+    import os
+    import signal
+
+    import build_kernels
+
+    with multiprocessing.get_context("spawn").Pool(1, build_kernels._worker_ignores_ctrl_c) as pool:
+        assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN
+        pid = pool.apply(os.getpid)
+        os.kill(pid, signal.SIGINT)
+        assert pool.apply(os.getpid) == pid  # the same worker answers: it outlived the signal
+
+
 def test_sigterm_during_a_write_removes_its_staged_copies(tmp_path):
     """A SIGTERM while write_cache staged an arch's files ended the build by the signal's default action, and its
     staged copies (cubins/<arch>/.<name>.cubin.*) stayed in the cache until the next build, named by no manifest
