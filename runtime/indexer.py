@@ -37,6 +37,7 @@ from .arguments import (
     require_dense,
     require_element_aligned,
     whole_count,
+    write_result,
 )
 from .errors import warn_at_caller
 from .loader import capturing_on, env_flag
@@ -1086,6 +1087,78 @@ def _torch_topk_select(logits, row_ends, out, block_mode) -> None:
 
 
 # ---------------------------------------------------------------------------
+# Top-k positions to pool rows
+# ---------------------------------------------------------------------------
+
+_INT32_MAX = 2 ** 31 - 1
+
+
+def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, page_size: int = reference.INDEX_BLOCK_KV,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """Map the indexer's top-k rows (compressed-token positions of each row's request) to rows of a paged pool.
+
+    Position ``p`` of row ``r`` is row ``block_table[r, p // page_size] * page_size + p % page_size`` of a pool
+    paged as ``block_table`` says (the index-key cache's 64-token pages, as
+    ``reference.indexer_logits_reference`` reads them, or a compressed KV pool paged alike). -1 stays -1, and so
+    does a position that cannot be mapped: negative, at or past the table's ``pages * page_size``, on a page whose
+    id is negative (unallocated), or whose row does not fit int32. ``sparse_mla_decode`` masks -1, so the result can
+    fill its ``indices``' compressed columns (past the first 128, which index the sliding-window pool).
+
+    ``topk_indices``: int32 ``[rows, width]`` (any strides: ``state.topk_indices[:rows, :k]`` is taken as is; its
+    columns past ``k`` hold -1); ``block_table``: int32 ``[>= rows, pages]`` on the same device, of which the first
+    ``rows`` rows are read (``metadata.block_table``); ``page_size``: tokens a page. Returns int32 ``[rows, width]``,
+    written into ``out`` where given (int32, the same shape and device, contiguous; ``out=topk_indices`` maps in
+    place). Torch ops only, on any device, with no device sync and no branch on values, as capture in a CUDA graph
+    needs. Every argument is checked before anything runs (TypeError/ValueError naming it)."""
+    _check_int32_rows("topk_indices", topk_indices, written=False)
+    _check_int32_rows("block_table", block_table, written=False)
+    page_size = whole_count("page_size", page_size, 1)
+    if page_size > _INT32_MAX:
+        raise ValueError(f"page_size: {page_size} exceeds 2^31 - 1; the positions and pool rows are int32, so a "
+                         f"page holds fewer tokens")
+    rows, width = topk_indices.shape
+    device = topk_indices.device
+    if block_table.device != device:
+        raise ValueError(f"block_table: on {block_table.device}, topk_indices on {device}; pass both on one device")
+    if block_table.shape[0] < rows:
+        raise ValueError(f"block_table: {block_table.shape[0]} rows, topk_indices has {rows}; pass the step's table "
+                         f"(a row of it for every top-k row, the first rows read)")
+    if out is not None:
+        _check_int32_rows("out", out)
+        if out.device != device:
+            raise ValueError(f"out: on {out.device}, topk_indices on {device}; pass an out on topk_indices' device")
+        if out.shape != topk_indices.shape:
+            raise ValueError(f"out: shape {tuple(out.shape)}, expected topk_indices' {tuple(topk_indices.shape)}; "
+                             f"allocate it as torch.empty_like(topk_indices) (or pass out=None)")
+        # The result is computed whole before out is written, so out may share topk_indices' memory (in place). The
+        # block table is the step's metadata, which every layer reads: pool rows written over it are a mistake.
+        if first_overlap(out, (("block_table", block_table),)) is not None:
+            raise ValueError("out overlaps block_table's memory: pool rows would overwrite the page ids every layer "
+                             "reads; pass an out of its own (or out=topk_indices, to map in place)")
+    table = block_table[:rows]
+    pages = table.shape[1]
+    if pages == 0 or not topk_indices.numel():  # shapes only: nothing to gather from, or nothing to map
+        result = torch.full((rows, width), -1, dtype=torch.int32, device=device)
+    else:
+        pos = topk_indices.long()
+        # Past the table: never gathered (a CUDA gather of an index out of bounds is a device-side assert, which
+        # ends the process). min(): the positions are int32, so no bound past 2^31 is tighter.
+        valid = (pos >= 0) & (pos < min(pages * page_size, 2 ** 31))
+        ids = table.gather(1, torch.where(valid, pos, 0) // page_size).long()
+        mapped = ids * page_size + pos % page_size  # < 2^62 + 2^31: no int64 overflow (page_size < 2^31)
+        # A row past int32 would wrap to another row, or to a negative one, in sparse_mla_decode's int32 indices.
+        # Refusing it needs its value on the host (a device sync, impossible in a CUDA graph), so it becomes -1,
+        # as no pool that sparse_mla_decode takes has that row: it refuses pools of 2^31 rows or more, and masks an
+        # index past its pool's rows anyway.
+        keep = valid & (ids >= 0) & (mapped <= _INT32_MAX)
+        result = torch.where(keep, mapped, -1)
+    if out is None:
+        return result.to(torch.int32)
+    write_result(out, result)  # casts to int32; takes an out made under inference_mode too
+    return out
+
+
+# ---------------------------------------------------------------------------
 # Input checks
 # ---------------------------------------------------------------------------
 
@@ -1099,22 +1172,25 @@ def _takes_keyword(fn, name: str, *, unreadable: bool = True) -> bool:
     return any(p.kind == p.VAR_KEYWORD or (p.name == name and p.kind != p.POSITIONAL_ONLY) for p in params)
 
 
-def _check_int32_rows(name: str, t: torch.Tensor) -> None:
+def _check_int32_rows(name: str, t: torch.Tensor, *, written: bool = True) -> None:
+    """A TypeError/ValueError naming ``name`` unless ``t`` is an int32 ``[rows, columns]`` tensor inside its storage
+    and 4-byte aligned; one the caller writes (``written``) must also be contiguous, while one only read (by torch
+    ops: topk_pool_rows' inputs) may be any strided view, such as a buffer's first ``k`` columns."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     require_dense(name, t)
     if t.dtype != torch.int32:
-        raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}; allocate it with "
-                        f"dtype=torch.int32")
+        fix = "allocate it with dtype=torch.int32" if written else f"pass {name}.int()"
+        raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}; {fix}")
     if t.dim() != 2:  # a shape is a ValueError, as the host ops' (decode_topk's out)
         raise ValueError(f"{name}: expected int32 [rows, columns], got shape {tuple(t.shape)}; allocate it 2-D, one "
                          f"row a decode token")
-    if not t.is_contiguous():
+    if written and not t.is_contiguous():
         # Not .contiguous(): the step writes the buffer in place, and a copy would take the rows instead
         raise ValueError(f"{name}: must be contiguous, got strides {t.stride()}; allocate it contiguous (a slice of "
                          f"a buffer's first rows is)")
     check_in_storage(name, t)
-    require_element_aligned(name, t)  # decode_topk's out: written by 4-byte stores
+    require_element_aligned(name, t)  # decode_topk's out: written by 4-byte stores (and read so on the device)
 
 
 @_on_state_device  # the scorer's schedule, rebuilt to compare, is built on the current device (DeepGemmScorer's)

@@ -145,3 +145,50 @@ def gathers_taken(dist):
         yield used
     finally:
         dist.all_gather, dist.all_gather_into_tensor = real_list, real_into
+
+
+def pool_rows_loop(topk: torch.Tensor, table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """runtime.indexer.topk_pool_rows by its definition, one element at a time in Python: position ``p`` of row
+    ``r`` is pool row ``table[r, p // page_size] * page_size + p % page_size``, and -1 where there is none (``p``
+    negative or at or past the table's pages, a negative page id, or a row past int32)."""
+    rows, width = topk.shape
+    positions, ids = topk.cpu().tolist(), table[:rows].cpu().tolist()
+    pages = table.shape[1]
+    out = [[-1] * width for _ in range(rows)]
+    for r in range(rows):
+        for c in range(width):
+            p = positions[r][c]
+            if p < 0 or p >= pages * page_size:
+                continue
+            page = ids[r][p // page_size]
+            if page < 0:
+                continue
+            row = page * page_size + p % page_size
+            if row <= 2 ** 31 - 1:
+                out[r][c] = row
+    return torch.tensor(out, dtype=torch.int32).reshape(rows, width)
+
+
+def pool_rows_case(seed: int, rows: int, pages: int, width: int, page_size: int, *, table_rows: int | None = None,
+                   k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-k rows int32 [rows, width], block table int32 [table_rows, pages]) on the CPU, of every kind of entry
+    topk_pool_rows maps: positions on the table's pages (most), -1 and other negatives, positions at and past the
+    table's end; page ids shuffled over a pool, some -1 (unallocated), some whose rows pass int32. Columns from
+    ``k`` on hold -1, as an indexer buffer wider than k does."""
+    g = torch.Generator().manual_seed(seed)
+    table_rows = rows if table_rows is None else table_rows
+    span = pages * page_size
+    pos = torch.randint(0, max(span, 1), (rows, width), generator=g, dtype=torch.int64)
+    kind = torch.randint(0, 10, (rows, width), generator=g)
+    pos = torch.where(kind == 0, -1, pos)
+    pos = torch.where(kind == 1, -torch.randint(2, 1000, (rows, width), generator=g), pos)
+    pos = torch.where(kind == 2, span + torch.randint(0, 3 * page_size, (rows, width), generator=g), pos)
+    pos[:, 0:1] = span  # the first position past the table
+    if k is not None:
+        pos[:, k:] = -1
+    ids = torch.randint(0, 4 * max(pages, 1) * max(table_rows, 1), (table_rows, pages), generator=g)
+    draw = torch.rand(table_rows, pages, generator=g)
+    ids = torch.where(draw < 0.1, -1, ids)
+    ids = torch.where((draw >= 0.1) & (draw < 0.15), -torch.randint(2, 1 << 30, ids.shape, generator=g), ids)
+    ids = torch.where(draw > 0.95, (2 ** 31 - 1) // page_size - torch.randint(0, 2, ids.shape, generator=g), ids)
+    return pos.to(torch.int32), ids.to(torch.int32)
