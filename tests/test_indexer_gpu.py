@@ -15,7 +15,13 @@ import pytest
 import torch
 
 from conftest import REQUIRE_GPU
-from indexer_cases import Loopback, make_state, make_step
+from indexer_cases import (
+    Loopback,
+    make_state,
+    make_step,
+    pool_rows_case,
+    pool_rows_loop,
+)
 from runtime import reference
 from runtime.indexer import (
     DecodeMetadata,
@@ -23,6 +29,7 @@ from runtime.indexer import (
     check_decode_metadata_values,
     decode_rows,
     row_shard_bounds,
+    topk_pool_rows,
 )
 from runtime.scoring import TorchScorer, deepgemm_status
 
@@ -570,3 +577,48 @@ def test_a_refused_cache_is_said_by_every_rank_when_its_state_is_built(monkeypat
             if rnd == 1:
                 torch.cuda.synchronize()
                 assert torch.equal(_sets(state.topk_indices[:16]), _sets(peer.topk_indices[:16])), rank
+
+
+# (rows, pages, width, page_size, table_rows, k), as test_pool_rows.py's SHAPES
+POOL_ROWS_SHAPES = [(0, 4, 8, 64, None, None), (3, 4, 0, 64, None, None), (2, 0, 7, 64, None, None),
+                    (7, 16, 640, 64, 11, 512), (6, 9, 33, 3, 8, None), (64, 64, 2048, 64, 80, 512),
+                    (4, 6, 40, 2 ** 20, None, None)]
+
+
+@pytest.mark.parametrize("rows, pages, width, page_size, table_rows, k", POOL_ROWS_SHAPES)
+def test_topk_pool_rows_on_cuda_equals_the_cpu_result(rows, pages, width, page_size, table_rows, k):
+    topk, table = pool_rows_case(7, rows, pages, width, page_size, table_rows=table_rows, k=k)
+    want = topk_pool_rows(topk, table, page_size=page_size)
+    assert torch.equal(want, pool_rows_loop(topk, table, page_size))
+    got = topk_pool_rows(topk.cuda(), table.cuda(), page_size=page_size)
+    assert got.is_cuda and got.dtype == torch.int32
+    assert torch.equal(got.cpu(), want)
+    in_place = topk.cuda()
+    assert topk_pool_rows(in_place, table.cuda(), page_size=page_size, out=in_place) is in_place
+    assert torch.equal(in_place.cpu(), want)
+
+
+def test_topk_pool_rows_syncs_nothing_and_replays_in_a_cuda_graph():
+    """No device sync (torch's sync debug mode raises at one), and a captured map that replays over new values of
+    the same buffers writes their rows."""
+    rows, pages, width = 16, 32, 640
+    topk, table = (t.cuda() for t in pool_rows_case(8, rows, pages, width, 64, k=512))
+    out = torch.empty_like(topk)
+    topk_pool_rows(topk, table, out=out)  # warm-up outside capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        topk_pool_rows(topk, table, out=out)
+        topk_pool_rows(topk, table)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk_pool_rows(topk, table, out=out)
+    new_topk, new_table = pool_rows_case(9, rows, pages, width, 64, k=512)
+    topk.copy_(new_topk)
+    table.copy_(new_table)
+    out.fill_(77)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), pool_rows_loop(new_topk, new_table, 64))

@@ -469,6 +469,54 @@ def test_kernel_under_cuda_graph():
     assert_kernel_matches(out, args, sinks)
 
 
+def test_kernel_reads_the_pool_rows_topk_pool_rows_maps():
+    """The indexer's top-k positions (a random subset of each token's request, fewer than k for one, then -1) mapped
+    by runtime.indexer.topk_pool_rows on the GPU into a compressed pool of 64-row pages (shuffled, those past each
+    request's length unallocated), behind 128 sliding-window columns: the kernel matches the reference on those
+    indices, and the reference on them equals, bit for bit, the reference on a dense copy of each token's keys
+    indexed by position: the mapped rows hold the positions' keys."""
+    from runtime.indexer import topk_pool_rows
+    from runtime.sparse_mla import sparse_mla_decode
+
+    T, k, page, pages = 6, 512, 64, 12
+    g = torch.Generator(device="cpu").manual_seed(5)
+    pool_pages = T * pages + 5
+    perm = torch.randperm(pool_pages, generator=g)[:T * pages].view(T, pages).to(torch.int32)
+    seq_lens = torch.randint(k, pages * page + 1, (T,), generator=g)
+    seq_lens[0], seq_lens[1] = pages * page, 100  # a full table; fewer positions than k
+    table = perm.clone()
+    for t in range(T):
+        table[t, -(-int(seq_lens[t]) // page):] = -1  # pages past the request's length: unallocated
+    topk = torch.full((T, k), -1, dtype=torch.int32)
+    for t in range(T):
+        n = min(k, int(seq_lens[t]))
+        topk[t, :n] = torch.randperm(int(seq_lens[t]), generator=g)[:n].to(torch.int32)
+    q = torch.randn(T, H, D, generator=g).clamp(-448, 448).to(FP8)
+    swa = torch.randn(300, D, generator=g).to(FP8)
+    comp = torch.randn(pool_pages * page, D, generator=g).to(FP8)
+    swa_idx = torch.randint(0, 300, (T, 128), generator=g, dtype=torch.int32)
+    lens = torch.full((T,), 128 + k, dtype=torch.int32)
+    sinks = torch.randn(H, generator=g)
+
+    mapped = topk_pool_rows(topk.cuda(), table.cuda())
+    indices = torch.cat([swa_idx.cuda(), mapped], dim=1)
+    args = (q.cuda(), swa.cuda(), comp.cuda(), indices, lens.cuda())
+    kw = {"sinks": sinks.cuda(), "bmm1_scale": BMM1_SCALE, "bmm2_scale": BMM2_SCALE}
+    out = sparse_mla_decode(*args, out=poisoned(T), **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(mapped.cpu() < 0, topk < 0), "every position on an allocated page is mapped"
+    assert_kernel_matches(out, args, kw["sinks"])
+
+    rows_of = comp.view(torch.uint8).view(pool_pages, page, D)
+    dense = [rows_of[perm[t].long()].reshape(-1, D)[:int(seq_lens[t])] for t in range(T)]
+    starts = torch.tensor([0] + [int(n) for n in seq_lens.cumsum(0)[:-1]], dtype=torch.int32)
+    dense_idx = torch.where(topk >= 0, topk + starts[:, None], -1).to(torch.int32)
+    dense_args = (args[0], args[1], torch.cat(dense).view(FP8).cuda(),
+                  torch.cat([swa_idx, dense_idx], dim=1).cuda(), args[4])
+    paged_ref = sparse_mla_decode_reference(*args, **kw)
+    assert torch.equal(paged_ref, sparse_mla_decode_reference(*dense_args, **kw))
+
+
 def test_pdl_chain_under_cuda_graph_reads_the_selection_before_it(monkeypatch, kernel_launches):
     """decode_topk writing the compressed columns of the indices straight into their buffer, then sparse_mla_decode
     reading them, both with programmatic dependent launch: the second kernel's read of what the first wrote is
