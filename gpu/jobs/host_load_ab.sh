@@ -13,10 +13,10 @@ OUTDIR=${JOB_OUT:-$OUT}
 mkdir -p "$OUTDIR"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONUNBUFFERED=1 SPARSE_DECODE_AOT_CACHE=$PWD PYTHONPATH=$PWD
 source gpu/tools/deepgemm_env.sh  # the carried DeepGEMM wheel into /tmp/site, its libraries, its JIT cache
-LIMIT=${LIMIT:-560}  # the whole job's seconds, inside the device call's 600
-# A step's timeout: its own, or what is left of LIMIT less 10 s to pack (at least 1). The steps' own timeouts sum to
+# A step's timeout: its own, or what is left of LIMIT (the whole job's seconds, inside the device call's 600: its limit
+# line unless set) less 10 s to pack, at least 1 (gpu/tools/job_limit.sh's cap). The steps' own timeouts sum to
 # 1070 s (200, six rounds of 120, 150): a hang ran past the call's 600 s and lost the rounds' archive and step 3.
-cap() { local left=$((LIMIT - 10 - SECONDS)); [ "$left" -lt 1 ] && left=1; echo $((left < $1 ? left : $1)); }
+source gpu/tools/job_limit.sh
 # Folders of this call's own, removed at the end with the checkout's ab/ (host_ab.py's two trees): the fixed
 # /tmp/load_ab kept an earlier call's rounds on a warm machine, so a round that wrote nothing this time was read and
 # packed from the earlier call's JSON.

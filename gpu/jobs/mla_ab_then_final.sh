@@ -8,8 +8,11 @@
 set -u
 mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-ROUNDS=${ROUNDS:-3} MLA_BENCH_ARGS=${MLA_BENCH_ARGS:---widths 640 --tokens 1 12 48} bash gpu/jobs/mla_bench_ab.sh \
-  > "$JOB_OUT/ab.log" 2>&1
+# Each part given what is left of the limit as its own (gpu/tools/job_limit.sh): the A/B alone (420 s, its limit) was
+# more than the job's 330, and a winner's benchmark, GPU tests and sanitizers (320 + 300 + 90) came after it.
+source gpu/tools/job_limit.sh
+LIMIT=$(cap 420) ROUNDS=${ROUNDS:-3} MLA_BENCH_ARGS=${MLA_BENCH_ARGS:---widths 640 --tokens 1 12 48} \
+  bash gpu/jobs/mla_bench_ab.sh > "$JOB_OUT/ab.log" 2>&1
 grep -E "passed|failed|== bench|^w= 640 T= 12" "$JOB_OUT/ab.log"
 best=$(python3 - "$JOB_OUT/ab.log" "${MARGIN:-0.03}" <<'PY'
 import re, statistics, sys
@@ -34,10 +37,10 @@ PY
 )
 echo "winner: ${best:-none}"
 [ -n "$best" ] || exit 0
-SPARSE_DECODE_AOT_CACHE=$best JOB_OUT=$JOB_OUT bash gpu/jobs/mla_bench.sh > "$JOB_OUT/bench.log" 2>&1
+SPARSE_DECODE_AOT_CACHE=$best JOB_OUT=$JOB_OUT LIMIT=$(cap 320) bash gpu/jobs/mla_bench.sh > "$JOB_OUT/bench.log" 2>&1
 grep -E "^w=|Target" "$JOB_OUT/bench.log"
-SPARSE_DECODE_AOT_CACHE=$best bash gpu/jobs/all_gpu_tests.sh > "$JOB_OUT/tests.log" 2>&1
+SPARSE_DECODE_AOT_CACHE=$best LIMIT=$(cap 300) bash gpu/jobs/all_gpu_tests.sh > "$JOB_OUT/tests.log" 2>&1
 tail -3 "$JOB_OUT/tests.log"
-SPARSE_DECODE_AOT_CACHE=$best JOB_OUT=$JOB_OUT bash gpu/tools/mla_sanitize.sh 90 > "$JOB_OUT/san.log" 2>&1
+SPARSE_DECODE_AOT_CACHE=$best JOB_OUT=$JOB_OUT bash gpu/tools/mla_sanitize.sh "$(cap 90)" > "$JOB_OUT/san.log" 2>&1
 grep SUMMARY "$JOB_OUT/san.log"
 rm -f "$JOB_OUT/sanitizer_memcheck.txt"

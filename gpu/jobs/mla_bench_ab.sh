@@ -5,11 +5,14 @@
 # candidate's GPU tests (tests/test_sparse_mla_gpu.py against the reference).
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
+# Each step cut to what is left of the limit (gpu/tools/job_limit.sh), the rounds given what is left as their own: a
+# candidate's tests (120 s) and the rounds (3 x 2 x 60 s with one candidate) came to 480 s against its 420.
+source gpu/tools/job_limit.sh
 caches=("$PWD")
 for d in "$PWD"/.gl/mlacand[0-9]; do [ -f "$d/manifests/sm_90a.json" ] && caches+=("$d"); done
 for c in "${caches[@]:1}"; do
   echo "== tests: $c"
-  SPARSE_DECODE_AOT_CACHE=$c timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_sparse_mla_gpu.py \
-    -k "not triton" 2>&1 | tail -2
+  SPARSE_DECODE_AOT_CACHE=$c timeout "$(cap 120)" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_sparse_mla_gpu.py -k "not triton" 2>&1 | tail -2
 done
-bash gpu/jobs/mla_bench_rounds.sh "${caches[@]}"
+LIMIT=$(cap 360) bash gpu/jobs/mla_bench_rounds.sh "${caches[@]}"

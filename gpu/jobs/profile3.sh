@@ -5,7 +5,7 @@
 # 1 x 1M): per-SASS-instruction samples and shared-memory wavefronts.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-source gpu/tools/ncu_stalls.sh
+source gpu/tools/ncu_stalls.sh  # (its five profiles' 50 s each, cut to what is left of the limit: 250 s against 150)
 stall_profile c2_1x8k decode_topk topk decode_topk_f32_token_c2 1 8192 2048
 stall_profile c16_1x64k decode_topk topk decode_topk_f32_token_c16 1 65536 2048
 stall_profile c16_1x256k decode_topk topk decode_topk_f32_token_c16 1 262144 2048

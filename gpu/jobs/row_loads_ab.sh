@@ -11,6 +11,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD}
 JOB_OUT=${JOB_OUT:?}
 mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 source gpu/tools/deepgemm_env.sh
+# Each step cut to what is left of the limit (gpu/tools/job_limit.sh, which topk_checks.sh sources): the row kernels'
+# 4 x 100 s, the indexer logits' 120 and the checks' 205 came to 725 s against the job's 560.
 source gpu/tools/topk_checks.sh
 cand=$PWD/.gl/cand_spec  # absolute: SPARSE_DECODE_AOT_CACHE takes no relative path
 for ends in full short random; do
@@ -18,14 +20,14 @@ for ends in full short random; do
   for order in ". $cand" "$cand ."; do
     i=$((i + 1))
     echo "=== row kernels, ends $ends, roots $order (${SECONDS}s)"
-    TOPK_ROOTS_CASES=row_only TOPK_ROOTS_ENDS=$ends timeout 100 python3 gpu/jobs/topk_roots.py \
+    TOPK_ROOTS_CASES=row_only TOPK_ROOTS_ENDS=$ends timeout "$(cap 100)" python3 gpu/jobs/topk_roots.py \
       "$JOB_OUT/row_${ends}_$i.json" $order | tail -4
     [ "$ends" = full ] || break  # one order for the others: the time goes to the checks
   done
 done
 echo "=== indexer logits (${SECONDS}s)"
-INDEXER_ROOTS_CONTEXTS=8192 timeout 120 python3 gpu/jobs/indexer_roots.py "$JOB_OUT/indexer_roots.json" . "$cand" \
-  | tail -4
+INDEXER_ROOTS_CONTEXTS=8192 timeout "$(cap 120)" python3 gpu/jobs/indexer_roots.py "$JOB_OUT/indexer_roots.json" \
+  . "$cand" | tail -4
 echo "=== checks against $cand (${SECONDS}s)"
 SPARSE_DECODE_AOT_CACHE=$cand topk_checks
 echo "=== row_loads_ab took ${SECONDS}s"

@@ -10,6 +10,9 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD} SPARSE_DECODE_AOT_CACHE=$PWD
 OUTDIR=${JOB_OUT:?}
 mkdir -p "$OUTDIR"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
+# Each step cut to what is left of the limit (gpu/tools/job_limit.sh): the GPU tests' 300 s and the two load rounds'
+# 150 each came to 600 s against the job's 560.
+source gpu/tools/job_limit.sh
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "$gpu"
 python3 -c "from benchmarks.common import source_digest; print('host code digest', source_digest())" | tee "$OUTDIR/tree.txt"
 if [ -n "${OLD_RUNTIME:-}" ]; then
@@ -20,16 +23,17 @@ if [ -n "${OLD_RUNTIME:-}" ]; then
   done | tee "$OUTDIR/launch_micro.jsonl"
 fi
 echo "=== every GPU test (${SECONDS}s)"
-JOB_OUT=$OUTDIR bash gpu/jobs/all_gpu_tests.sh 2>&1 | tail -6
+JOB_OUT=$OUTDIR LIMIT=$(cap 300) bash gpu/jobs/all_gpu_tests.sh 2>&1 | tail -6
 if echo "$gpu" | grep -q H200; then
-  bash gpu/tools/h200_grids.sh "$OUTDIR" "$SECONDS"
+  bash gpu/tools/h200_grids.sh "$OUTDIR" "$SECONDS" "$(time_left)"
 fi
 if ! echo "$gpu" | grep -q H200 && [ -n "${LOAD_AB_TREE:-}" ]; then
   echo "=== runtime.load() in fresh processes, $LOAD_AB_TREE then this tree (${SECONDS}s)"
   rm -rf /tmp/load_old && mkdir -p /tmp/load_old && tar -xzf "$LOAD_AB_TREE" -C /tmp/load_old
-  (cd /tmp/load_old && SPARSE_DECODE_AOT_CACHE=/tmp/load_old PYTHONPATH=/tmp/load_old timeout 150 python3 \
+  (cd /tmp/load_old && SPARSE_DECODE_AOT_CACHE=/tmp/load_old PYTHONPATH=/tmp/load_old timeout "$(cap 150)" python3 \
      benchmarks/bench_runtime.py "$OUTDIR/load_old.json" --runs 7 --profile-runs 0 --cold-only 2>&1 | tail -2)
-  timeout 150 python3 benchmarks/bench_runtime.py "$OUTDIR/load_new.json" --runs 7 --profile-runs 0 --cold-only 2>&1 | tail -2
+  timeout "$(cap 150)" python3 benchmarks/bench_runtime.py "$OUTDIR/load_new.json" --runs 7 --profile-runs 0 \
+    --cold-only 2>&1 | tail -2
   for f in "$OUTDIR"/load_old.json "$OUTDIR"/load_new.json; do
     python3 -c "
 import json, sys; c = json.load(open(sys.argv[1]))['cold_start']

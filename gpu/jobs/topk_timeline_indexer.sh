@@ -6,6 +6,8 @@ set -u
 mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh
+# Alone, 100 s of its 120; run by another job, what that job has left (gpu/tools/job_limit.sh).
+source gpu/tools/job_limit.sh
 root=${TL_ROOT:-.gl/tl}
-TOPK_TIMELINE_INPUT=indexer timeout 100 python3 gpu/jobs/topk_timeline.py "$root" \
+TOPK_TIMELINE_INPUT=indexer timeout "$(cap 100)" python3 gpu/jobs/topk_timeline.py "$root" \
   "$JOB_OUT/timeline_indexer${TL_ROOT:+_$(basename "$root")}.json"
