@@ -6,6 +6,7 @@ with its summary at 0 errors and its own count of what ran."""
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import shutil
 import subprocess
@@ -422,3 +423,178 @@ def test_a_job_says_its_limit_within_one_call(job):
     lines = (ROOT / "gpu" / "jobs" / f"{job}.sh").read_text().splitlines()
     limits = [line.split()[2] for line in lines[:3] if line.startswith("# limit:")]
     assert limits and 0 < int(limits[0]) <= 590, lines[:3]
+
+
+# The time bounds of the jobs, read from their text. A job's `# limit:` line is what run_all.sh runs it under (and a
+# session plans a call by); steps whose own timeouts add up past it were cut off there, with whatever they had not
+# written yet: cache_ab.sh's came to 840 s against its 560, verify_all.sh gave its indexer job LIMIT + 15 - SECONDS.
+# A job either cuts every step to what is left of its limit with gpu/tools/job_limit.sh's cap (sourced directly or by
+# topk_checks.sh and ncu_stalls.sh), or bounds its steps by LIMIT (or its budget) in arithmetic of its own
+# (SELF_BOUNDED), or has fixed timeouts whose worst case, summed as below, is within its limit.
+JOBS_DIR = ROOT / "gpu" / "jobs"
+CAP_TOOLS = ("job_limit", "topk_checks", "ncu_stalls")
+SELF_BOUNDED = {"verify_all", "tree_ab", "tree_checks", "indexer", "mla_support", "topk_sanitize_full"}
+_TIMEOUT = re.compile(r"(?<![\w-])timeout\s+(?:--[\w-]+(?:=\S+)?\s+)*(\S+)")
+_CALL = re.compile(r"\bbash\s+(\"\$0\"|gpu/(?:jobs|tools)/\w+\.sh)")
+
+
+def _limit(job: str) -> int:
+    return int((JOBS_DIR / f"{job}.sh").read_text().splitlines()[1].split()[2])
+
+
+def _logical_lines(text: str) -> list[str]:
+    """The script's commands: comments dropped, heredoc bodies skipped, continued lines and multi-line quoted strings
+    (python -c) joined into one."""
+    out, cur, heredoc = [], "", None
+    for line in text.splitlines():
+        if heredoc is not None:
+            heredoc = None if line.strip() == heredoc else heredoc
+            continue
+        if not cur and line.lstrip().startswith("#"):
+            continue
+        if not cur or cur.count('"') % 2 == 0:
+            line = re.sub(r"\s+#\s.*$", "", line)  # a trailing comment (# after a blank, outside a string)
+        cur = f"{cur}\n{line}" if cur else line
+        if cur.endswith("\\"):
+            cur = cur[:-1]
+            continue
+        if len(re.findall(r'(?<!\\)"', cur)) % 2:
+            continue  # a quoted string that goes on past this line
+        tag = re.search(r"(?<!<)<<-?\s*(['\"]?)([A-Za-z_]\w*)\1", cur)
+        if tag:
+            heredoc = tag.group(2)
+        out.append(cur)
+        cur = ""
+    return out
+
+
+def _uses_cap(text: str) -> bool:
+    """The script sources gpu/tools/job_limit.sh, directly or by one of the tools that do."""
+    code = _logical_lines(text)
+    return any(re.match(rf"\s*source\s+gpu/tools/{tool}\.sh\b", line) for tool in CAP_TOOLS for line in code)
+
+
+def _static_worst_case(job: str) -> tuple[int, list[str]]:
+    """(seconds, what could not be bounded) of a job without cap: every literal timeout (a number, or a ${VAR:-N}
+    default) once, times the words of the literal lists of the for loops around it; a job it runs, its limit line
+    (unless a timeout on the same line bounds it); gpu/tools/mla_sanitize.sh, its seconds. Branches are all taken."""
+    total, unbounded, loops, function = 0, [], [], False
+    for line in _logical_lines((JOBS_DIR / f"{job}.sh").read_text()):
+        stripped = line.strip()
+        times = 1
+        header = re.match(r"\w+\(\)\s*\{", stripped)
+        if function or header:  # a function's body: it would count once a call, which this does not follow
+            function = not stripped.endswith("}") if header else stripped != "}"
+            if _TIMEOUT.search(line) or _CALL.search(line):
+                unbounded.append(f"in a function: {stripped}")
+            continue
+        if re.match(r"done\b", stripped):
+            if not loops:
+                unbounded.append(f"a loop it could not follow: {stripped}")
+            loops = loops[:-1]
+            continue
+        loop = re.match(r"(?:for\s+\w+\s+in\s+(.*?)|while\s.*?)\s*;\s*do\b\s*(.*)$", stripped, re.DOTALL)
+        if loop:
+            words = (loop.group(1) or "$").split()
+            count = None if any(set(w) & set("$*`()[]") for w in words) else len(words)
+            if not re.search(r"\bdone\b", loop.group(2)):
+                loops.append(count)
+                continue
+            stripped, times = loop.group(2), count  # a loop on one line
+        for count in loops:
+            times = None if times is None or count is None else times * count
+        seconds = 0
+        timeouts = _TIMEOUT.findall(stripped)
+        for arg in timeouts:
+            literal = re.fullmatch(r'"?(?:(\d+)|\$\{\w+:-(\d+)\})"?', arg)
+            if literal:
+                seconds += int(literal.group(1) or literal.group(2))
+            else:
+                unbounded.append(f"timeout {arg}: {stripped}")
+        for callee in _CALL.findall(stripped):
+            sanitize = re.search(r"gpu/tools/mla_sanitize\.sh\s+(\d+)", stripped)
+            if timeouts:
+                continue  # bounded by the timeout on its line
+            if callee.startswith("gpu/jobs/"):
+                seconds += _limit(Path(callee).stem)
+            elif sanitize:
+                seconds += int(sanitize.group(1))
+            else:
+                unbounded.append(f"runs {callee}: {stripped}")
+        for tool in re.findall(r"^source\s+gpu/tools/(\w+)\.sh", stripped):
+            if _TIMEOUT.search((ROOT / "gpu" / "tools" / f"{tool}.sh").read_text()):
+                unbounded.append(f"sources {tool}.sh, whose steps have timeouts")
+        if seconds and times is None:
+            unbounded.append(f"in a loop over what is carried: {stripped}")
+        elif seconds and re.search(r"(?<!&)&\s*$", stripped):
+            unbounded.append(f"in the background: {stripped}")
+        else:
+            total += seconds * times
+    return total, unbounded
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_jobs_own_bounds_keep_inside_its_limit_line(job):
+    """cache_ab.sh's steps had 840 s of timeouts against its limit of 560, row_loads_ab.sh's 725, indexer_tp.sh's 220
+    against 120, session_close.sh's 600 against 560, and verify_all.sh gave its last phase LIMIT + 15 - SECONDS: a
+    step that hung (or a slow one) ran the job past the line run_all.sh cuts it at, and what came after was lost."""
+    text = (JOBS_DIR / f"{job}.sh").read_text()
+    code = "\n".join(_logical_lines(text))
+    limit = _limit(job)
+    for default in re.findall(r"\$\{LIMIT:-(\d+)\}|^limit=(\d+)$", code, re.MULTILINE):
+        assert int(default[0] or default[1]) == limit, f"{job}: its own LIMIT default {default} is not its limit line"
+    assert not re.search(r"LIMIT\s*\+", code), f"{job}: a bound past its LIMIT"
+    if job in SELF_BOUNDED:
+        return
+    if _uses_cap(text):
+        for line in _logical_lines(text):
+            for arg in _TIMEOUT.findall(line):
+                assert arg.startswith('"$(cap'), f"{job}: a timeout not cut to what is left: {line.strip()}"
+            for callee in _CALL.findall(line):
+                assert "$(cap " in line or "$(time_left)" in line, f"{job}: runs {callee} whatever is left: {line}"
+                if re.search(r"\bLIMIT=\$\(cap ", line):
+                    assert _uses_cap((ROOT / callee).read_text()), f"{job}: {callee} does not read the LIMIT given"
+                if re.search(r"\bROUND_CAP=\$\(cap ", line):
+                    assert "ROUND_CAP" in (ROOT / callee).read_text(), f"{job}: {callee} does not read ROUND_CAP"
+        return
+    worst, unbounded = _static_worst_case(job)
+    assert not unbounded, f"{job}: bound its steps with gpu/tools/job_limit.sh's cap: {unbounded}"
+    assert worst <= limit, f"{job}: its timeouts add up to {worst} s against its limit of {limit}"
+
+
+def test_the_shared_step_tools_cut_every_step_to_what_is_left():
+    """topk_checks.sh's five steps (205 s) and ncu_stalls.sh's profiles (50 s each) ran whole whatever was left of the
+    job that sourced them; gpu/tools/h200_grids.sh's decode_topk grid took its 120 s past the job's limit."""
+    for tool in ("topk_checks", "ncu_stalls"):
+        text = (ROOT / "gpu" / "tools" / f"{tool}.sh").read_text()
+        assert "source gpu/tools/job_limit.sh" in text, tool
+        args = [arg for line in _logical_lines(text) for arg in _TIMEOUT.findall(line)]
+        assert args and all(arg.startswith('"$(cap') for arg in args), (tool, args)
+    grids = _logical_lines((ROOT / "gpu" / "tools" / "h200_grids.sh").read_text())
+    assert [arg for line in grids for arg in _TIMEOUT.findall(line)] == ["$((left", '"$left"'], grids
+
+
+def test_verify_alls_indexer_job_ends_inside_its_limit():
+    """verify_all.sh said 560 s while it gave the indexer job LIMIT + 15 - SECONDS after the sanitizers' LIMIT - 100:
+    up to 575 s, past its line (and run_all.sh's cut). The indexer job's share now leaves the last pack its seconds
+    inside LIMIT, and the sanitizers leave the indexer job its own limit."""
+    text = (JOBS_DIR / "verify_all.sh").read_text()
+    limit = _limit("verify_all")
+    (indexer_reserve,) = re.findall(r"^left=\$\(\(LIMIT - (\d+) - SECONDS\)\)$", text, re.MULTILINE)
+    (sanitizers_reserve,) = re.findall(r"^each=\$\(\(LIMIT - (\d+) - SECONDS\)\)", text, re.MULTILINE)
+    assert int(indexer_reserve) >= 5 and int(sanitizers_reserve) >= int(indexer_reserve) + _limit("indexer")
+    assert limit <= 580 and "ROUND_CAP=$left " in text
+
+
+@pytest.mark.parametrize("job, env", [
+    ("cache_ab", {}),
+    ("session_close", {"FAKE_GPU_NAME": "NVIDIA H200"}),
+])
+def test_a_job_whose_every_step_hangs_ends_inside_its_limit(dry_run, job, env):
+    """Every step hangs (the stub python3 on a path, each compute-sanitizer tool): cut to what is left of LIMIT, the
+    job ends inside it; cache_ab.sh's steps took their own 840 s (here 30 s each, the stub's sleep)."""
+    limit = 12
+    start = time.monotonic()
+    dry_run(f"gpu/jobs/{job}.sh", timeout=120, LIMIT=str(limit), FAKE_HANG="/", FAKE_memcheck="hang",
+            FAKE_synccheck="hang", FAKE_racecheck="hang", **env)
+    assert time.monotonic() - start < limit + 4
