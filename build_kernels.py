@@ -282,7 +282,8 @@ def compile_all(variants_by_arch: dict, jobs: int):
         # the workers (a failure, Ctrl-C, or a SIGTERM to this process alone: an executor's pool compiled every
         # queued variant first, and a SIGTERM left its workers waiting forever).
         before = set(multiprocessing.active_children())
-        with _sigterm_as_exit(), get_context("spawn").Pool(min(jobs, len(tasks)), _worker_ignores_ctrl_c) as pool:
+        spawn = get_context("spawn")
+        with _sigterm_as_exit(), spawn.Pool(min(jobs, len(tasks)), initializer=_worker_ignores_ctrl_c) as pool:
             workers = [p for p in multiprocessing.active_children() if p not in before]
             results_of = _results_while_workers_live(pool.imap_unordered(_compile_task, tasks), workers)
             for i, (name, arch, cubin, secs) in enumerate(results_of, 1):

@@ -1064,7 +1064,7 @@ def test_a_parallel_compile_that_returns_too_few_results_stops_the_build(monkeyp
     import build_kernels
 
     class FewerResults:
-        def __init__(self, processes):
+        def __init__(self, processes, initializer=None):
             pass
 
         def __enter__(self):
