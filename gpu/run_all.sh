@@ -29,7 +29,9 @@ for j in "${jobs[@]}"; do
   [ "$limit" -gt "$left" ] && limit=$left
   export JOB_OUT="$stage/$j"; mkdir -p "$JOB_OUT"
   t0=$(date +%s)
-  timeout --kill-after=10 "$limit" bash "gpu/jobs/$j.sh" > "$JOB_OUT/log.txt" 2>&1
+  # LIMIT: the job's seconds as cut here, which jobs that bound their steps read (gpu/tools/job_limit.sh,
+  # verify_all.sh): without it they kept to their own line and the timeout below cut their last step, reports and all
+  LIMIT=$limit timeout --kill-after=10 "$limit" bash "gpu/jobs/$j.sh" > "$JOB_OUT/log.txt" 2>&1
   rc=$?
   echo "$j rc=$rc ${limit}s-limit took=$(( $(date +%s) - t0 ))s" | tee -a "$summary"
   tail -n 8 "$JOB_OUT/log.txt" | sed "s/^/  [$j] /"

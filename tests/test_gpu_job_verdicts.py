@@ -369,6 +369,20 @@ def test_run_all_holds_every_job_inside_the_call(dry_run):
     assert [line.split(":")[0] for line in summary.splitlines()] == ["fake_a skipped", "fake_b skipped"], summary
 
 
+def test_run_all_gives_each_job_its_cut_limit_as_limit(dry_run):
+    """A job that bounds its steps by LIMIT (gpu/tools/job_limit.sh) read its own limit line, not the cut that run_all
+    ran it under: its last step ran past that cut and was killed before it reported."""
+    import tarfile
+
+    body = "echo \"$LIMIT\" > \"$JOB_OUT/limit.txt\""
+    summary, _ = _run_all(dry_run, {"fake_a": f"# limit: 5\n{body}", "fake_b": f"# limit: 500\n{body}"}, cut_at=20,
+                          CALL_LIMIT="40")
+    cut = [line.split()[2].removesuffix("s-limit") for line in summary.splitlines()]
+    with tarfile.open(dry_run.out / "results.tar.gz") as archive:
+        given = [archive.extractfile(f"./{job}/limit.txt").read().decode().strip() for job in ("fake_a", "fake_b")]
+    assert cut[0] == "5" and int(cut[1]) <= 25 and given == cut, (summary, given)
+
+
 def _old_runtime(dry_run) -> None:
     """.whl/runtime_s46.tgz as host_load_ab.sh expects it (`git archive REV runtime | gzip -n`)."""
     tree = dry_run.root / "old_runtime"
