@@ -602,11 +602,13 @@ def test_verify_alls_indexer_job_ends_inside_its_limit():
 
 @pytest.mark.parametrize("job, env", [
     ("cache_ab", {}),
-    ("session_close", {"FAKE_GPU_NAME": "NVIDIA H200"}),
+    ("session_close", {"FAKE_GPU_NAME": "NVIDIA H200", "OLD_RUNTIME": ".whl/cand.tgz"}),
 ])
 def test_a_job_whose_every_step_hangs_ends_inside_its_limit(dry_run, job, env):
     """Every step hangs (the stub python3 on a path, each compute-sanitizer tool): cut to what is left of LIMIT, the
-    job ends inside it; cache_ab.sh's steps took their own 840 s (here 30 s each, the stub's sleep)."""
+    job ends inside it; cache_ab.sh's steps took their own 840 s (here 30 s each, the stub's sleep), and
+    session_close.sh's launch_micro.py rounds had no bound at all (six of them: 180 s here)."""
+    dry_run.candidate()  # the archive OLD_RUNTIME names
     limit = 12
     start = time.monotonic()
     dry_run(f"gpu/jobs/{job}.sh", timeout=120, LIMIT=str(limit), FAKE_HANG="/", FAKE_memcheck="hang",

@@ -19,7 +19,8 @@ if [ -n "${OLD_RUNTIME:-}" ]; then
   echo "=== launch host time, no-op driver (${SECONDS}s)"
   rm -rf /tmp/old_tree && mkdir -p /tmp/old_tree && tar -xzf "$OLD_RUNTIME" -C /tmp/old_tree
   for round in 1 2 3; do
-    python3 gpu/jobs/launch_micro.py /tmp/old_tree; python3 gpu/jobs/launch_micro.py "$PWD"
+    timeout "$(cap 30)" python3 gpu/jobs/launch_micro.py /tmp/old_tree
+    timeout "$(cap 30)" python3 gpu/jobs/launch_micro.py "$PWD"
   done | tee "$OUTDIR/launch_micro.jsonl"
 fi
 echo "=== every GPU test (${SECONDS}s)"

@@ -15,7 +15,8 @@ trap 'rm -rf "$work" "$cand"' EXIT  # with the unpacked candidate: as verify_all
 # The checks that failed, named in the last line and in the exit status, as verify_all.sh's (it was the last tar's 0
 # whatever ran: a failed runtime verify, GPU test or sanitizer shard read as a pass).
 failed=()
-in_tree "$cand" "$cand_rev" python3 -m runtime verify 2>&1 | tail -3
+# (Bounded: a verify that hung took the job's whole limit, and the tests and sanitizers never ran.)
+in_tree "$cand" "$cand_rev" timeout 60 python3 -m runtime verify 2>&1 | tail -3
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("runtime verify")
 in_tree "$cand" "$cand_rev" env SPARSE_DECODE_AOT_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider \
   -m gpu tests/test_topk_gpu.py tests/test_indexer_gpu.py -rfEs > "$work/gpu_tests.log" 2>&1 || failed+=("GPU tests")
