@@ -1,6 +1,6 @@
 """What ``runtime.indexer.topk_pool_rows`` costs a layer: GPU time and host time of one call.
 
-The mapping of the indexer's top-k positions to pool rows is a chain of torch elementwise ops (about seventeen
+The mapping of the indexer's top-k positions to pool rows is a chain of torch elementwise ops (thirteen
 kernels), not one kernel: this measures what that chain costs beside the op it feeds. For rows in {1, 12, 64}
 (decode tokens) and widths {512, 2048} (k), over a block table of 4096 pages of 64 (256K positions), each row's
 positions a random subset of its request with a -1 tail:

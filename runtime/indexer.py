@@ -1140,18 +1140,24 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
     if pages == 0 or not topk_indices.numel():  # shapes only: nothing to gather from, or nothing to map
         result = torch.full((rows, width), -1, dtype=torch.int32, device=device)
     else:
+        # Thirteen kernels on a GPU with the casts (seventeen before; test_pool_rows counts them): this runs between
+        # the indexer and sparse_mla_decode in every layer, where each small elementwise kernel costs about a launch.
         pos = topk_indices.long()
-        # Past the table: never gathered (a CUDA gather of an index out of bounds is a device-side assert, which
-        # ends the process). min(): the positions are int32, so no bound past 2^31 is tighter.
-        valid = (pos >= 0) & (pos < min(pages * page_size, 2 ** 31))
-        ids = table.gather(1, torch.where(valid, pos, 0) // page_size).long()
-        mapped = ids * page_size + pos % page_size  # < 2^62 + 2^31: no int64 overflow (page_size < 2^31)
+        page = pos.div(page_size, rounding_mode="floor")  # negative positions land on negative pages
+        # On the table (0 <= page < pages, i.e. 0 <= pos < pages * page_size): a page clamped onto it is unchanged.
+        # Only clamped pages are gathered: a CUDA gather out of bounds is a device-side assert, ending the process.
+        clamped = page.clamp(0, pages - 1)
+        on_table = clamped == page
+        ids = table.gather(1, clamped)
+        # ids * page_size + pos % page_size in one kernel, in int64 (< 2^62 + 2^31: page_size < 2^31). It is
+        # negative exactly where the page id is (an unallocated page): the offset is below page_size.
+        mapped = torch.add(pos.remainder(page_size), ids, alpha=page_size)
+        result = torch.where(on_table, mapped, -1).clamp_(min=-1)
         # A row past int32 would wrap to another row, or to a negative one, in sparse_mla_decode's int32 indices.
         # Refusing it needs its value on the host (a device sync, impossible in a CUDA graph), so it becomes -1,
         # as no pool that sparse_mla_decode takes has that row: it refuses pools of 2^31 rows or more, and masks an
         # index past its pool's rows anyway.
-        keep = valid & (ids >= 0) & (mapped <= _INT32_MAX)
-        result = torch.where(keep, mapped, -1)
+        result.masked_fill_(result > _INT32_MAX, -1)
     if out is None:
         return result.to(torch.int32)
     write_result(out, result)  # casts to int32; takes an out made under inference_mode too

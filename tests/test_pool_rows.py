@@ -149,6 +149,37 @@ def test_no_value_is_read_on_the_host():
     assert topk_pool_rows(topk, table, out=out) is out
 
 
+# Profiler events that launch no kernel of their own on a GPU: views, allocations, wrappers that dispatch to the op
+# doing the work (a cast's copy_, the & operator's bitwise_and).
+NO_KERNEL = {"aten::slice", "aten::as_strided", "aten::view", "aten::to", "aten::_to_copy", "aten::empty",
+             "aten::empty_strided", "aten::empty_like", "aten::scalar_tensor", "aten::lift_fresh", "aten::detach",
+             "aten::alias", "aten::__and__", "aten::__or__"}
+
+
+def _elementwise_kernels(fn) -> list[str]:
+    """The ops ``fn`` runs that would each be a kernel on a GPU, from the CPU profiler: every aten op but views,
+    allocations and wrappers (what they dispatch to counts), an op that dispatches to one of its own name (where
+    with a scalar) counted once."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("aten::") and e.name not in NO_KERNEL
+            and not any(child.name == e.name for child in e.cpu_children)]
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+def test_the_map_is_thirteen_kernels_at_most(with_out):
+    """The map runs between the indexer and sparse_mla_decode in every layer, where each small elementwise kernel
+    costs about a launch: it was seventeen (three compares and three ands for its masks, a multiply and an add for
+    the row); it is thirteen (the mask of positions on the table is one clamp and one compare, the row one add with
+    alpha, past-int32 one compare and fill). The CPU profiler counts what a GPU would launch."""
+    topk, table = pool_rows_case(0, 12, 64, 512, 64)
+    out = torch.empty_like(topk) if with_out else None
+    kernels = _elementwise_kernels(lambda: topk_pool_rows(topk, table, out=out))
+    assert "aten::gather" in kernels and len(kernels) <= 13, kernels
+
+
 def test_page_size_takes_any_integer_type():
     topk, table = pool_rows_case(4, 3, 4, 30, 32)
     want = pool_rows_loop(topk, table, 32)
