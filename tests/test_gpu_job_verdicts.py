@@ -195,8 +195,8 @@ STUBS = {
     "pip": "exit 0\n",
 }
 JOBS = sorted(p.stem for p in (ROOT / "gpu" / "jobs").glob("*.sh"))
-JOB_TEMP = ("verify_all.", "tree_ab.", "tree_checks.", "racecheck_crowded.", "indexer_steps.", "indexer_job",
-            "load_ab", "ab_s46", "cand_tree")  # the jobs' temporary folders and files in /tmp
+JOB_TEMP = ("verify_all.", "host_changes.", "tree_ab.", "tree_checks.", "racecheck_crowded.", "indexer_steps.",
+            "indexer_job", "load_ab", "ab_s46", "cand_tree")  # the jobs' temporary folders and files in /tmp
 MISSING_FOLDER = ("No such file or directory", "Cannot open", "cannot open")
 
 
@@ -329,6 +329,28 @@ def test_tree_checks_names_what_failed_and_exits_1(dry_run, failing, env):
         assert rc == 1 and verdict == f"tree_checks: FAILED: {failing}", output
     archived = _archived(dry_run.out / "tree_checks" / "tree_checks.tgz")
     assert "./verdict.txt" in archived, archived
+
+
+@pytest.mark.parametrize("failing, env", [
+    ("GPU tests", {"FAKE_PYTEST_RC": "1"}),
+    ("bench_pool_rows", {"FAKE_NO_WRITE": "bench_pool_rows"}),
+    (None, {}),
+])
+def test_host_changes_names_what_failed_and_packs_every_step(dry_run, failing, env):
+    """host_changes.sh (every GPU test, the indexer job, topk_pool_rows' cost): its verdict names the steps that
+    failed, and its one archive holds each step's reports (a call brings back 8 files, the steps write more)."""
+    rc, output = dry_run("gpu/jobs/host_changes.sh", **env)
+    verdict = output.splitlines()[-1]
+    if failing is None:
+        assert rc == 0 and verdict.startswith("host_changes: every step passed"), output
+    else:
+        assert rc == 1 and verdict.startswith(f"host_changes: FAILED: {failing}"), output
+    archived = _archived(dry_run.out / "host_changes" / "host_changes.tgz")
+    for name in ("gpu.txt", "all_gpu_tests.log", "tests/tests_digest.txt", "indexer.log", "bench_pool_rows.log",
+                 "verdict.txt"):
+        assert f"./{name}" in archived, (name, archived)
+    assert ("./bench_pool_rows.json" in archived) == (failing != "bench_pool_rows"), archived
+    assert os.listdir(dry_run.out / "host_changes") == ["host_changes.tgz"]
 
 
 def _run_all(dry_run, jobs: dict[str, str], cut_at: float, **env: str) -> tuple[str, list[str]]:
