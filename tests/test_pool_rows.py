@@ -151,9 +151,8 @@ def test_no_value_is_read_on_the_host():
 
 # Profiler events that launch no kernel of their own on a GPU: views, allocations, wrappers that dispatch to the op
 # doing the work (a cast's copy_, the & operator's bitwise_and).
-NO_KERNEL = {"aten::slice", "aten::as_strided", "aten::view", "aten::to", "aten::_to_copy", "aten::empty",
-             "aten::empty_strided", "aten::empty_like", "aten::scalar_tensor", "aten::lift_fresh", "aten::detach",
-             "aten::alias", "aten::__and__", "aten::__or__"}
+NO_KERNEL = {"aten::slice", "aten::as_strided", "aten::to", "aten::_to_copy", "aten::empty", "aten::empty_strided",
+             "aten::scalar_tensor", "aten::__and__"}
 
 
 def _elementwise_kernels(fn) -> list[str]:
