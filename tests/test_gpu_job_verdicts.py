@@ -452,13 +452,18 @@ def test_host_load_ab_packs_this_calls_rounds_only(dry_run):
     assert not [name for name in second if name.endswith(".json")], second
 
 
+def _limit(job: str) -> int | None:
+    """The seconds of a job's `# limit:` line (among its first three), None where it has none."""
+    lines = (ROOT / "gpu" / "jobs" / f"{job}.sh").read_text().splitlines()[:3]
+    return next((int(line.split()[2]) for line in lines if line.startswith("# limit:")), None)
+
+
 @pytest.mark.parametrize("job", JOBS)
 def test_a_job_says_its_limit_within_one_call(job):
     """A job's first lines say its time limit (gpu/README.md), which run_all.sh runs it under: indexer_pdl.sh (its own
     timeouts 120 + 300 s) and s41_probe.sh (330 + 150 s) said none and got run_all.sh's default 120 s."""
-    lines = (ROOT / "gpu" / "jobs" / f"{job}.sh").read_text().splitlines()
-    limits = [line.split()[2] for line in lines[:3] if line.startswith("# limit:")]
-    assert limits and 0 < int(limits[0]) <= 590, lines[:3]
+    limit = _limit(job)
+    assert limit is not None and 0 < limit <= 590, (ROOT / "gpu" / "jobs" / f"{job}.sh").read_text().splitlines()[:3]
 
 
 # The time bounds of the jobs, read from their text. A job's `# limit:` line is what run_all.sh runs it under (and a
@@ -472,10 +477,6 @@ CAP_TOOLS = ("job_limit", "topk_checks", "ncu_stalls")
 SELF_BOUNDED = {"verify_all", "tree_ab", "tree_checks", "indexer", "mla_support", "topk_sanitize_full"}
 _TIMEOUT = re.compile(r"(?<![\w-])timeout\s+(?:--[\w-]+(?:=\S+)?\s+)*(\S+)")
 _CALL = re.compile(r"\bbash\s+(\"\$0\"|gpu/(?:jobs|tools)/\w+\.sh)")
-
-
-def _limit(job: str) -> int:
-    return int((JOBS_DIR / f"{job}.sh").read_text().splitlines()[1].split()[2])
 
 
 def _logical_lines(text: str) -> list[str]:
