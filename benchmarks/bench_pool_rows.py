@@ -1,14 +1,18 @@
-"""What ``runtime.indexer.topk_pool_rows`` costs a layer: GPU time and host time of one call.
+"""What ``runtime.indexer.topk_pool_rows`` costs a layer: its AOT kernel beside the torch chain it replaced, the
+floor, and the op it feeds.
 
-The mapping of the indexer's top-k positions to pool rows is a chain of torch elementwise ops (thirteen
-kernels), not one kernel: this measures what that chain costs beside the op it feeds. For rows in {1, 12, 64}
-(decode tokens) and widths {512, 2048} (k), over a block table of 4096 pages of 64 (256K positions), each row's
-positions a random subset of its request with a -1 tail:
+For rows in {1, 12, 64} (decode tokens) and widths {512, 2048} (k), over a block table of 4096 pages of 64 (256K
+positions), each row's positions a random subset of its request with a -1 tail, in one run:
 
-- ``gpu_us``: GPU time a call, by CUDA-graph replay (benchmarks.common.time_graph, ``out`` given);
-- ``host_us``: host time of an eager call (benchmarks.bench_host.host_us: blocks of calls inside the launch queue);
-- yardsticks in the same run: ``sparse_mla_decode`` at T = 12, width 640, sinks on (the op the rows feed) and an
-  empty one-CTA kernel (a launch's floor in a graph).
+- ``kernel_us``: GPU time a call of ``topk_pool_rows`` (the cache's kernel, one launch, ``out`` given) by CUDA-graph
+  replay (benchmarks.common.time_graph); ``torch_chain_us``: the same map by the exact torch fallback
+  (``_pool_rows_torch``, thirteen kernels, and the copy into ``out``), the path every GPU took before the kernel;
+- ``floor``: an empty kernel of the same grid plus the bytes a call moves at most (its positions read, a page id
+  gathered and a row written: 12 bytes a column) over the measured copy bandwidth (DESIGN.md, "Measuring speed");
+- ``host_us``: host time of an eager call (benchmarks.bench_host.host_us: blocks of calls inside the launch queue).
+
+And the layer's pair at T = 12, width 640, sinks on: ``sparse_mla_decode`` alone, and after the map of its 512
+compressed columns written straight into its ``indices[:, 128:]`` (both PDL launches, one graph).
 
 Usage: ``python3 benchmarks/bench_pool_rows.py [--out FILE.json]``.
 """
@@ -25,26 +29,70 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_host import host_us, sparse_mla_inputs
 from benchmarks.common import (
-    empty_kernel_us,
+    floor,
     gpu_info,
     source_digest,
     time_graph,
     write_json,
 )
-from runtime.indexer import topk_pool_rows
+from runtime.contract import topk_pool_rows as contract
+from runtime.indexer import _pool_rows_kernel, _pool_rows_torch, topk_pool_rows
 from runtime.sparse_mla import sparse_mla_decode
 
 PAGES, PAGE = 4096, 64
+BYTES_PER_COLUMN = 12  # position read, page id gathered, row written (int32 each)
 
 
-def mapping_inputs(gen: torch.Generator, rows: int, width: int) -> tuple:
+def mapping_inputs(gen: torch.Generator, rows: int, width: int, pages: int = PAGES, pool_pages: int | None = None):
     """(topk_indices, block_table, out): each row's first ``width - 7`` columns random positions below its
-    request's length, the rest -1; the table a shuffle of the pool's pages."""
-    table = torch.randperm(rows * PAGES, device="cuda", generator=gen).view(rows, PAGES).to(torch.int32)
-    lens = torch.randint(width, PAGES * PAGE, (rows,), device="cuda", generator=gen)
+    request's length, the rest -1; the table a shuffle of the pool's pages (``pool_pages``: the pool's page count,
+    at least the table's, ids drawn from it)."""
+    pool_pages = pool_pages or rows * pages
+    table = torch.randperm(pool_pages, device="cuda", generator=gen)[:rows * pages].view(rows, pages).to(torch.int32)
+    lens = torch.randint(width, pages * PAGE, (rows,), device="cuda", generator=gen)
     topk = (torch.rand(rows, width, device="cuda", generator=gen) * lens[:, None]).to(torch.int32)
     topk[:, width - 7:] = -1
     return topk, table, torch.empty_like(topk)
+
+
+def cell(gen: torch.Generator, rows: int, width: int) -> dict:
+    topk, table, out = mapping_inputs(gen, rows, width)
+    want = _pool_rows_torch(topk, table, PAGE).to(torch.int32)
+    kernel = lambda: topk_pool_rows(topk, table, out=out)
+    chain = lambda: out.copy_(_pool_rows_torch(topk, table, PAGE))
+    kernel()
+    torch.cuda.synchronize()
+    equal = bool(torch.equal(out, want))
+    blocks = -(-width // contract.THREADS)
+    result = {"rows": rows, "width": width, "kernel_equals_torch_chain": equal,
+              "kernel_us": time_graph([kernel], launches=50)["median_us"],
+              "torch_chain_us": time_graph([chain], launches=50)["median_us"],
+              "floor": floor(rows * blocks, 1, rows * width * BYTES_PER_COLUMN),
+              "host_us": host_us(kernel, 100, 21)["median_us"]}
+    result["kernel_over_floor"] = result["kernel_us"] / result["floor"]["floor_us"]
+    result["torch_chain_over_kernel"] = result["torch_chain_us"] / result["kernel_us"]
+    return result
+
+
+def layer_pair(gen: torch.Generator) -> dict:
+    """sparse_mla_decode at T = 12, width 640 alone and after the map into its indices' compressed columns."""
+    T, width = 12, 640
+    q, swa, comp, indices, lens, out, kw = sparse_mla_inputs(gen, T, width)
+    topk, table, _ = mapping_inputs(gen, T, 512, pages=64, pool_pages=comp.shape[0] // PAGE)
+    compressed = indices[:, 128:]
+    mla = lambda: sparse_mla_decode(q, swa, comp, indices, lens, out=out, **kw)
+
+    def pair() -> None:
+        topk_pool_rows(topk, table, out=compressed)
+        mla()
+
+    pair()
+    torch.cuda.synchronize()
+    mapped = bool(torch.equal(compressed, _pool_rows_torch(topk, table, PAGE).to(torch.int32)))
+    alone = time_graph([mla])["median_us"]
+    both = time_graph([pair])["median_us"]
+    return {"T": T, "width": width, "map_written_into_indices": mapped, "sparse_mla_decode_us": alone,
+            "map_then_sparse_mla_decode_us": both, "map_adds_us": both - alone}
 
 
 def main() -> int:
@@ -52,22 +100,23 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_pool_rows.json"))
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
+    probe = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    if _pool_rows_kernel(probe, None) is None:
+        print("the cache has no topk_pool_rows kernel for this GPU: nothing to measure", file=sys.stderr)
+        return 1
     cells = []
     for rows in (1, 12, 64):
         for width in (512, 2048):
-            topk, table, out = mapping_inputs(gen, rows, width)
-            call = lambda t=topk, b=table, o=out: topk_pool_rows(t, b, out=o)
-            cell = {"rows": rows, "width": width, "gpu_us": time_graph([call], launches=50)["median_us"],
-                    "host_us": host_us(call, 100, 21)["median_us"]}
-            cells.append(cell)
-            print(cell, flush=True)
-    q, swa, comp, indices, lens, out, kw = sparse_mla_inputs(gen, 12, 640)
-    mla_us = time_graph([lambda: sparse_mla_decode(q, swa, comp, indices, lens, out=out, **kw)])["median_us"]
+            cells.append(cell(gen, rows, width))
+            print({k: v for k, v in cells[-1].items() if k != "floor"}, flush=True)
+    pair = layer_pair(gen)
+    print(pair)
     record = {"gpu": gpu_info(), "host_code_digest": source_digest(), "pages": PAGES, "page_size": PAGE,
-              "cells": cells, "sparse_mla_decode_T12_w640_gpu_us": mla_us, "empty_kernel_us": empty_kernel_us(1)}
-    print({k: v for k, v in record.items() if k.endswith("_us")})
+              "cells": cells, "layer_pair": pair,
+              "every_cell_equal": all(c["kernel_equals_torch_chain"] for c in cells)
+              and pair["map_written_into_indices"]}
     write_json(args.out, record)
-    return 0
+    return 0 if record["every_cell_equal"] else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ BUILDERS = {
     "empty": "kernels.empty",
     "sparse_mla_decode": "kernels.sparse_mla_decode",
     "decode_topk": "kernels.decode_topk",
+    "topk_pool_rows": "kernels.topk_pool_rows",
 }
 
 

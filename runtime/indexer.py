@@ -34,13 +34,22 @@ import torch
 from . import reference, topk
 from .arguments import (
     dtype_or_type,
+    mark_written,
     require_dense,
     require_element_aligned,
+    require_flag,
     whole_count,
     write_result,
 )
+from .contract import topk_pool_rows as topk_contract
 from .errors import warn_at_caller
-from .loader import capturing_on, env_flag
+from .loader import (
+    cache_or_fallback,
+    capturing_on,
+    env_flag,
+    launch_on,
+    warn_missing_kernels,
+)
 from .overlap import check_in_storage, first_overlap
 from .scoring import Scorer, check_index_k_cache, default_scorer, no_heads
 
@@ -1094,7 +1103,7 @@ _INT32_MAX = 2 ** 31 - 1
 
 
 def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, page_size: int = reference.INDEX_BLOCK_KV,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, pdl: bool = True) -> torch.Tensor:
     """Map the indexer's top-k rows (compressed-token positions of each row's request) to rows of a paged pool.
 
     Position ``p`` of row ``r`` is row ``block_table[r, p // page_size] * page_size + p % page_size`` of a pool
@@ -1107,15 +1116,23 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
     ``topk_indices``: int32 ``[rows, width]`` (any strides: ``state.topk_indices[:rows, :k]`` is taken as is; its
     columns past ``k`` hold -1); ``block_table``: int32 ``[>= rows, pages]`` on the same device, of which the first
     ``rows`` rows are read (``metadata.block_table``); ``page_size``: tokens a page. Returns int32 ``[rows, width]``,
-    written into ``out`` where given (int32, the same shape and device, contiguous; ``out=topk_indices`` maps in
-    place). Torch ops only, on any device, with no device sync and no branch on values, as capture in a CUDA graph
-    needs. Every argument is checked before anything runs (TypeError/ValueError naming it)."""
+    written into ``out`` where given (int32, the same shape and device, each row's columns consecutive and the rows
+    apart: a contiguous tensor, or ``indices[:, 128:]`` of ``sparse_mla_decode``'s indices, written there directly;
+    ``out=topk_indices`` maps in place). Every argument is checked before anything runs (TypeError/ValueError naming it).
+
+    On a GPU the AOT cache serves, one kernel maps every column (``topk_pool_rows`` in the manifest), launched with
+    programmatic dependent launch unless ``pdl=False``: it waits for the previous grid before reading anything and
+    lets the next one (``sparse_mla_decode``) start its prologue. Elsewhere, and for an ``out`` that overlaps
+    ``topk_indices`` other than as the same tensor, the same result comes from torch ops (the exact fallback).
+    Either way there is no device sync and no branch on values, as capture in a CUDA graph needs (the first call on
+    a device loads the cache: make it before capturing)."""
     _check_int32_rows("topk_indices", topk_indices, written=False)
     _check_int32_rows("block_table", block_table, written=False)
     page_size = whole_count("page_size", page_size, 1)
     if page_size > _INT32_MAX:
         raise ValueError(f"page_size: {page_size} exceeds 2^31 - 1; the positions and pool rows are int32, so a "
                          f"page holds fewer tokens")
+    require_flag("pdl", pdl)
     rows, width = topk_indices.shape
     device = topk_indices.device
     if block_table.device != device:
@@ -1124,44 +1141,93 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
         raise ValueError(f"block_table: {block_table.shape[0]} rows, topk_indices has {rows}; pass the step's table "
                          f"(a row of it for every top-k row, the first rows read)")
     if out is not None:
-        _check_int32_rows("out", out)
+        _check_int32_rows("out", out, contiguous=False)
         if out.device != device:
             raise ValueError(f"out: on {out.device}, topk_indices on {device}; pass an out on topk_indices' device")
         if out.shape != topk_indices.shape:
             raise ValueError(f"out: shape {tuple(out.shape)}, expected topk_indices' {tuple(topk_indices.shape)}; "
                              f"allocate it as torch.empty_like(topk_indices) (or pass out=None)")
-        # The result is computed whole before out is written, so out may share topk_indices' memory (in place). The
-        # block table is the step's metadata, which every layer reads: pool rows written over it are a mistake.
+        if (width > 1 and out.stride(1) != 1) or (rows > 1 and out.stride(0) < width):
+            raise ValueError(f"out: strides {out.stride()}; pass rows of consecutive columns that do not overlap "
+                             f"(a contiguous tensor, or a column slice of one such as indices[:, 128:])")
+        # The block table is the step's metadata, which every layer reads: pool rows written over it are a mistake.
         if first_overlap(out, (("block_table", block_table),)) is not None:
             raise ValueError("out overlaps block_table's memory: pool rows would overwrite the page ids every layer "
                              "reads; pass an out of its own (or out=topk_indices, to map in place)")
     table = block_table[:rows]
-    pages = table.shape[1]
-    if pages == 0 or not topk_indices.numel():  # shapes only: nothing to gather from, or nothing to map
-        result = torch.full((rows, width), -1, dtype=torch.int32, device=device)
-    else:
-        # Thirteen kernels on a GPU with the casts (seventeen before; test_pool_rows counts them): this runs between
-        # the indexer and sparse_mla_decode in every layer, where each small elementwise kernel costs about a launch.
-        pos = topk_indices.long()
-        page = pos.div(page_size, rounding_mode="floor")  # negative positions land on negative pages
-        # On the table (0 <= page < pages, i.e. 0 <= pos < pages * page_size): a page clamped onto it is unchanged.
-        # Only clamped pages are gathered: a CUDA gather out of bounds is a device-side assert, ending the process.
-        clamped = page.clamp(0, pages - 1)
-        on_table = clamped == page
-        ids = table.gather(1, clamped)
-        # ids * page_size + pos % page_size in one kernel, in int64 (< 2^62 + 2^31: page_size < 2^31). It is
-        # negative exactly where the page id is (an unallocated page): the offset is below page_size.
-        mapped = torch.add(pos.remainder(page_size), ids, alpha=page_size)
-        result = torch.where(on_table, mapped, -1).clamp_(min=-1)
-        # A row past int32 would wrap to another row, or to a negative one, in sparse_mla_decode's int32 indices.
-        # Refusing it needs its value on the host (a device sync, impossible in a CUDA graph), so it becomes -1,
-        # as no pool that sparse_mla_decode takes has that row: it refuses pools of 2^31 rows or more, and masks an
-        # index past its pool's rows anyway.
-        result.masked_fill_(result > _INT32_MAX, -1)
+    kernel = _pool_rows_kernel(topk_indices, out) if topk_indices.numel() else None
+    if kernel is not None:
+        if out is None:
+            out = torch.empty((rows, width), dtype=torch.int32, device=device)
+        _launch_pool_rows(kernel if pdl else kernel.in_stream_order(), topk_indices, table, page_size, out)
+        return out
+    result = _pool_rows_torch(topk_indices, table, page_size)
     if out is None:
         return result.to(torch.int32)
     write_result(out, result)  # casts to int32; takes an out made under inference_mode too
     return out
+
+
+_POOL_ROWS_COLUMNS_MAX = 65535 * topk_contract.THREADS  # grid y (column blocks) is at most 65535
+
+
+def _pool_rows_kernel(topk_indices: torch.Tensor, out: torch.Tensor | None):
+    """The cached topk_pool_rows kernel where it takes this call, else None (the torch chain runs): a CUDA device
+    the cache serves, columns within the grid, and an ``out`` that is ``topk_indices`` itself or apart from it (each
+    thread reads its column before writing it; a shifted overlap would read what another thread wrote)."""
+    if not topk_indices.is_cuda or topk_indices.shape[1] > _POOL_ROWS_COLUMNS_MAX:
+        return None
+    if out is not None and not (out.data_ptr() == topk_indices.data_ptr() and out.stride() == topk_indices.stride()) \
+            and first_overlap(out, (("topk_indices", topk_indices),)) is not None:
+        return None
+    index = topk_indices.device.index if topk_indices.device.index is not None else torch.cuda.current_device()
+    if index not in _pool_rows_kernels:  # (concurrent first calls may both fill it, with the same kernel)
+        cache = cache_or_fallback("topk_pool_rows", index)
+        kernel = cache.kernel(topk_contract.NAME) if cache is not None and topk_contract.NAME in cache else None
+        _pool_rows_kernels[index] = kernel
+        if cache is not None and kernel is None:  # said once: memoized first (where warnings are errors too)
+            warn_missing_kernels("topk_pool_rows", f"cuda:{index}", [topk_contract.NAME], arch=cache.arch)
+    return _pool_rows_kernels[index]
+
+
+_pool_rows_kernels: dict = {}
+
+
+def _launch_pool_rows(kernel, topk_indices, table, page_size: int, out) -> None:
+    """One launch over ``(rows, column blocks)``; the table's page count goes as int32 capped at 2^31 - 1, which
+    changes nothing: an int32 position's page is below it."""
+    rows, width = topk_indices.shape
+    blocks = -(-width // topk_contract.THREADS)
+    launch_on(topk_indices.device, kernel, (rows, blocks, 1), topk_indices.data_ptr(), table.data_ptr(),
+              out.data_ptr(), *topk_indices.stride(), *table.stride(), out.stride(0), width,
+              min(table.shape[1], _INT32_MAX),
+              page_size)
+    mark_written(out)
+
+
+def _pool_rows_torch(topk_indices: torch.Tensor, table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """topk_pool_rows' exact torch fallback: the mapping as int64 ``[rows, width]`` (thirteen kernels on a GPU with
+    the casts, which test_pool_rows counts)."""
+    rows, width = topk_indices.shape
+    pages = table.shape[1]
+    if pages == 0 or not topk_indices.numel():  # shapes only: nothing to gather from, or nothing to map
+        return torch.full((rows, width), -1, dtype=torch.int32, device=topk_indices.device)
+    pos = topk_indices.long()
+    page = pos.div(page_size, rounding_mode="floor")  # negative positions land on negative pages
+    # On the table (0 <= page < pages, i.e. 0 <= pos < pages * page_size): a page clamped onto it is unchanged.
+    # Only clamped pages are gathered: a CUDA gather out of bounds is a device-side assert, ending the process.
+    clamped = page.clamp(0, pages - 1)
+    on_table = clamped == page
+    ids = table.gather(1, clamped)
+    # ids * page_size + pos % page_size in one kernel, in int64 (< 2^62 + 2^31: page_size < 2^31). It is
+    # negative exactly where the page id is (an unallocated page): the offset is below page_size.
+    mapped = torch.add(pos.remainder(page_size), ids, alpha=page_size)
+    result = torch.where(on_table, mapped, -1).clamp_(min=-1)
+    # A row past int32 would wrap to another row, or to a negative one, in sparse_mla_decode's int32 indices.
+    # Refusing it needs its value on the host (a device sync, impossible in a CUDA graph), so it becomes -1,
+    # as no pool that sparse_mla_decode takes has that row: it refuses pools of 2^31 rows or more, and masks an
+    # index past its pool's rows anyway.
+    return result.masked_fill_(result > _INT32_MAX, -1)
 
 
 # ---------------------------------------------------------------------------
@@ -1178,10 +1244,11 @@ def _takes_keyword(fn, name: str, *, unreadable: bool = True) -> bool:
     return any(p.kind == p.VAR_KEYWORD or (p.name == name and p.kind != p.POSITIONAL_ONLY) for p in params)
 
 
-def _check_int32_rows(name: str, t: torch.Tensor, *, written: bool = True) -> None:
+def _check_int32_rows(name: str, t: torch.Tensor, *, written: bool = True, contiguous: bool | None = None) -> None:
     """A TypeError/ValueError naming ``name`` unless ``t`` is an int32 ``[rows, columns]`` tensor inside its storage
-    and 4-byte aligned; one the caller writes (``written``) must also be contiguous, while one only read (by torch
-    ops: topk_pool_rows' inputs) may be any strided view, such as a buffer's first ``k`` columns."""
+    and 4-byte aligned; one the caller writes (``written``) must also be contiguous unless ``contiguous`` is False
+    (topk_pool_rows' out, whose strides it checks itself), while one only read (topk_pool_rows' inputs) may be any
+    strided view, such as a buffer's first ``k`` columns."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     require_dense(name, t)
@@ -1191,7 +1258,7 @@ def _check_int32_rows(name: str, t: torch.Tensor, *, written: bool = True) -> No
     if t.dim() != 2:  # a shape is a ValueError, as the host ops' (decode_topk's out)
         raise ValueError(f"{name}: expected int32 [rows, columns], got shape {tuple(t.shape)}; allocate it 2-D, one "
                          f"row a decode token")
-    if written and not t.is_contiguous():
+    if (written if contiguous is None else contiguous) and not t.is_contiguous():
         # Not .contiguous(): the step writes the buffer in place, and a copy would take the rows instead
         raise ValueError(f"{name}: must be contiguous, got strides {t.stride()}; allocate it contiguous (a slice of "
                          f"a buffer's first rows is)")

@@ -332,13 +332,15 @@ def test_tree_checks_names_what_failed_and_exits_1(dry_run, failing, env):
 
 
 @pytest.mark.parametrize("failing, env", [
-    ("GPU tests", {"FAKE_PYTEST_RC": "1"}),
+    ("GPU tests indexer", {"FAKE_PYTEST_RC": "1"}),  # the indexer job runs its GPU tests too
+    ("pool_rows memcheck", {"FAKE_memcheck": "crash"}),
     ("bench_pool_rows", {"FAKE_NO_WRITE": "bench_pool_rows"}),
     (None, {}),
 ])
 def test_host_changes_names_what_failed_and_packs_every_step(dry_run, failing, env):
-    """host_changes.sh (every GPU test, the indexer job, topk_pool_rows' cost): its verdict names the steps that
-    failed, and its one archive holds each step's reports (a call brings back 8 files, the steps write more)."""
+    """host_changes.sh (every GPU test, topk_pool_rows' memcheck, the indexer job, its cost): its verdict names the
+    steps that failed, and its one archive holds each step's reports (a call brings back 8 files, the steps write
+    more)."""
     rc, output = dry_run("gpu/jobs/host_changes.sh", **env)
     verdict = output.splitlines()[-1]
     if failing is None:
@@ -346,8 +348,8 @@ def test_host_changes_names_what_failed_and_packs_every_step(dry_run, failing, e
     else:
         assert rc == 1 and verdict.startswith(f"host_changes: FAILED: {failing}"), output
     archived = _archived(dry_run.out / "host_changes" / "host_changes.tgz")
-    for name in ("gpu.txt", "all_gpu_tests.log", "tests/tests_digest.txt", "indexer.log", "bench_pool_rows.log",
-                 "verdict.txt"):
+    for name in ("gpu.txt", "all_gpu_tests.log", "tests/tests_digest.txt", "pool_rows_memcheck.log", "indexer.log",
+                 "bench_pool_rows.log", "verdict.txt"):
         assert f"./{name}" in archived, (name, archived)
     assert ("./bench_pool_rows.json" in archived) == (failing != "bench_pool_rows"), archived
     assert os.listdir(dry_run.out / "host_changes") == ["host_changes.tgz"]

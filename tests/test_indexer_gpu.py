@@ -622,3 +622,99 @@ def test_topk_pool_rows_syncs_nothing_and_replays_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.cpu(), pool_rows_loop(new_topk, new_table, 64))
+
+
+def _kernel_nodes(call) -> int:
+    """Kernel nodes of ``call()`` captured in a CUDA graph (after one call outside capture, which loads the cache)."""
+    from runtime.driver import check, driver
+
+    drv = driver()
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        call()
+    cu_graph = drv.CUgraph(graph.raw_cuda_graph())
+    _, count = check(drv.cuGraphGetNodes(cu_graph, 0), "cuGraphGetNodes")
+    nodes, _ = check(drv.cuGraphGetNodes(cu_graph, count), "cuGraphGetNodes")
+    kernel = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+    return sum(check(drv.cuGraphNodeGetType(n), "cuGraphNodeGetType") == kernel for n in nodes)
+
+
+def test_topk_pool_rows_is_one_aot_kernel():
+    """On a GPU the cache serves, the map is the cache's kernel, one launch (the torch chain was thirteen), with or
+    without out and PDL; an out that overlaps topk_indices shifted by a row takes the torch chain, which computes
+    the whole result before writing, and gets the same values."""
+    from runtime.indexer import _pool_rows_kernel
+
+    topk, table = (t.cuda() for t in pool_rows_case(10, 12, 64, 512, 64))
+    want = pool_rows_loop(topk.cpu(), table.cpu(), 64)
+    assert _pool_rows_kernel(topk, None) is not None, "the cache has no topk_pool_rows kernel for this GPU"
+    out = torch.empty_like(topk)
+    assert _kernel_nodes(lambda: topk_pool_rows(topk, table, out=out)) == 1
+    assert _kernel_nodes(lambda: topk_pool_rows(topk, table, out=out, pdl=False)) == 1
+    assert torch.equal(out.cpu(), want)
+    buf = torch.empty(13, 512, dtype=torch.int32, device="cuda")
+    buf[1:].copy_(topk)
+    assert _pool_rows_kernel(buf[1:], buf[:12]) is None
+    topk_pool_rows(buf[1:], table, out=buf[:12])
+    assert torch.equal(buf[:12].cpu(), want)
+
+
+def test_topk_pool_rows_kernel_reads_strided_views_and_writes_row_strided_out():
+    """topk_indices as a buffer's first k columns, as a transposed view and with a zero row stride; the table
+    as a column slice; out as sparse_mla_decode's indices[:, 128:], whose other columns stay."""
+    topk, table = pool_rows_case(11, 9, 40, 600, 16, table_rows=14)
+    wide = torch.full((9, 700), -5, dtype=torch.int32)
+    wide[:, :600] = topk
+    big_table = torch.full((14, 50), -7, dtype=torch.int32)
+    big_table[:, 5:45] = table
+    want = pool_rows_loop(topk, table, 16)
+    got = topk_pool_rows(wide.cuda()[:, :600], big_table.cuda()[:, 5:45], page_size=16)
+    assert torch.equal(got.cpu(), want)
+    transposed = topk.t().contiguous().cuda().t()
+    assert torch.equal(topk_pool_rows(transposed, table.cuda(), page_size=16).cpu(), want)
+    one_row = topk[:1].cuda().expand(9, 600)
+    assert torch.equal(topk_pool_rows(one_row, table.cuda(), page_size=16).cpu(),
+                       pool_rows_loop(topk[:1].expand(9, 600).contiguous(), table, 16))
+    indices = torch.full((9, 728), 77, dtype=torch.int32, device="cuda")
+    topk_pool_rows(topk.cuda(), table.cuda(), page_size=16, out=indices[:, 128:])
+    assert torch.equal(indices[:, 128:].cpu(), want) and (indices[:, :128] == 77).all()
+
+
+@pytest.mark.parametrize("page_size", [1, 64, 1000, 2 ** 20, 2 ** 31 - 1])
+def test_topk_pool_rows_kernel_at_the_int32_edges(page_size):
+    """Positions near 2^31 - 1, pages at the table's end, page ids 0, -1, -2^31 and near the last that fits:
+    every mapped row within int32, every other -1, as the CPU result says."""
+    pages = 3
+    span = pages * page_size
+    edge_pos = [0, page_size - 1, page_size, span - 1, span, 2 ** 31 - 1, -1, -(2 ** 31), 2 * page_size + 1]
+    topk = torch.tensor([[min(p, 2 ** 31 - 1) for p in edge_pos]] * 4, dtype=torch.int32)
+    last = (2 ** 31 - 1) // page_size
+    table = torch.tensor([[0, -1, last], [last - 1, -(2 ** 31), 5], [last + 1 if last < 2 ** 31 - 1 else 7, 1, 0],
+                          [2 ** 31 - 1, 0, -2]], dtype=torch.int32)
+    want = topk_pool_rows(topk, table, page_size=page_size)
+    assert torch.equal(want, pool_rows_loop(topk, table, page_size))
+    got = topk_pool_rows(topk.cuda(), table.cuda(), page_size=page_size)
+    assert torch.equal(got.cpu(), want)
+
+
+def test_topk_pool_rows_kernel_on_many_rows_and_a_table_of_one_page():
+    """4096 rows (the grid's x), 2049 columns (a ninth, one-column block), one page a row."""
+    topk, table = pool_rows_case(12, 4096, 1, 2049, 64)
+    assert torch.equal(topk_pool_rows(topk.cuda(), table.cuda()).cpu(), topk_pool_rows(topk, table))  # CPU: torch
+
+
+def test_topk_pool_rows_past_the_kernels_columns_takes_the_torch_chain():
+    """A row of more columns than the grid's 65535 blocks of 256 cover: the exact torch chain, same values."""
+    from runtime.indexer import _POOL_ROWS_COLUMNS_MAX, _pool_rows_kernel
+
+    width = _POOL_ROWS_COLUMNS_MAX + 1
+    g = torch.Generator(device="cuda").manual_seed(13)
+    topk = torch.randint(-2, 4 * 64, (1, width), device="cuda", generator=g, dtype=torch.int32)
+    table = torch.tensor([[3, -1, 9, 2]], dtype=torch.int32, device="cuda")
+    assert _pool_rows_kernel(topk, None) is None
+    got = topk_pool_rows(topk, table)
+    head = slice(0, 4096)
+    assert torch.equal(got[:, head].cpu(), pool_rows_loop(topk[:, head].cpu(), table.cpu(), 64))
+    assert torch.equal(got[:, -4096:].cpu(), pool_rows_loop(topk[:, -4096:].cpu(), table.cpu(), 64))

@@ -116,6 +116,21 @@ def test_out_is_written_and_returned():
     assert torch.equal(rows[1:5], want) and (rows[0] == 77).all() and (rows[5] == 77).all()
 
 
+def test_out_may_be_the_compressed_columns_of_sparse_mla_indices():
+    """Rows of consecutive columns, apart: sparse_mla_decode's indices[:, 128:] takes the map directly (no copy);
+    the sliding-window columns stay as they were."""
+    topk, table = pool_rows_case(5, 4, 6, 512, 64)
+    indices = torch.full((4, 640), 77, dtype=I32)
+    assert topk_pool_rows(topk, table, out=indices[:, 128:]) is not None
+    assert torch.equal(indices[:, 128:], pool_rows_loop(topk, table, 64)) and (indices[:, :128] == 77).all()
+
+
+def test_pdl_takes_a_bool_only():
+    _refused(TypeError, ["pdl"], *_args(), pdl="False")
+    topk, table = _args()
+    assert torch.equal(topk_pool_rows(topk, table, pdl=False), pool_rows_loop(topk, table, 64))
+
+
 def test_out_may_be_topk_indices_in_place():
     """The result is computed whole before out is written: out=topk_indices maps in place, and an out that shares
     part of topk_indices' memory (shifted by a row) gets the same values as one of its own."""
@@ -263,8 +278,9 @@ def test_refuses_page_size_on_the_device_before_reading_it():
     (lambda t, b: t.clone().view(-1), ValueError, ["out", "2-D"]),
     (lambda t, b: torch.zeros(3, 9, dtype=I32), ValueError, ["out", "(3, 9)", "(3, 8)"]),
     (lambda t, b: torch.zeros(4, 8, dtype=I32), ValueError, ["out", "empty_like"]),
-    (lambda t, b: torch.zeros(8, 3, dtype=I32).t(), ValueError, ["out", "contiguous"]),
-    (lambda t, b: torch.zeros(3, 16, dtype=I32)[:, :8], ValueError, ["out", "contiguous"]),
+    (lambda t, b: torch.zeros(8, 3, dtype=I32).t(), ValueError, ["out", "strides (1, 3)", "consecutive"]),
+    (lambda t, b: torch.zeros(3, 16, dtype=I32)[:, ::2], ValueError, ["out", "strides (16, 2)", "consecutive"]),
+    (lambda t, b: torch.zeros(40, dtype=I32).as_strided((3, 8), (4, 1)), ValueError, ["out", "(4, 1)", "overlap"]),
     (lambda t, b: torch.zeros(3, 8, dtype=I32, device="meta"), ValueError, ["out", "meta", "device"]),
     (lambda t, b: b.view(-1)[:24].view(3, 8), ValueError, ["out", "block_table", "out=topk_indices"]),
 ])

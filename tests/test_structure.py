@@ -90,6 +90,20 @@ def test_decode_topk_waits_before_any_global_access(arch):
         assert not touched, (arch, k["name"], touched)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_topk_pool_rows_waits_then_loads_two_words_and_stores_one(arch):
+    """topk_pool_rows is launched with programmatic dependent launch after the top-k kernel that writes its
+    positions: no global access before griddepcontrol.wait (ACQBULK), the dependents released (PREEXIT), and then
+    a thread's whole map: its position, its page id (the gather), its row, as single 32-bit accesses, with no shared
+    memory or barrier (one kernel where the torch chain was thirteen)."""
+    for k in every_variant(arch, "topk_pool_rows"):
+        assert k["pdl"] and k["smem_bytes"] == 0, k["name"]
+        assert not global_accesses_before_wait(k), (arch, k["name"])
+        lines = opcode_sequence(str(REPO / k["cubin"]))
+        assert [op for op in lines if op.startswith(GLOBAL_ACCESS)] == ["LDG.E", "LDG.E", "STG.E"], (arch, lines)
+        assert not {op for op in lines if op.startswith(("LDS", "STS", "BAR", "ATOM", "RED"))}, (arch, lines)
+
+
 def test_sparse_mla_reads_only_constant_weights_before_the_dependency_wait():
     """sparse_mla_decode is launched with programmatic dependent launch: before griddepcontrol.wait (ACQBULK)
     it may read the sinks (weights of the model, LDG.E.CONSTANT) and nothing the previous grid writes. The

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# limit: 420
-# The checks a tree whose kernels, cubins and manifests are unchanged needs after host-side changes (the seventy-second
-# and seventy-third sessions': topk_pool_rows, the build's Ctrl-C, the jobs' bounds), most important first: every GPU
-# test (all_gpu_tests.sh: runtime verify, then pytest -m gpu), the indexer's flow job (indexer.sh: DeepGEMM warmed,
-# its GPU tests, the benchmark, zero JIT, memcheck), then topk_pool_rows' cost beside sparse_mla_decode
-# (benchmarks/bench_pool_rows.py). Carry .whl (DeepGEMM's wheel). Results: $JOB_OUT/host_changes.tgz (each job's
-# folder and log, bench_pool_rows.json, the verdict), packed after each step: a call brings back 8 files at most.
+# limit: 480
+# The checks a tree needs after host-side changes and a kernel added beside unchanged ones (the seventy-fourth
+# session's topk_pool_rows kernel; the other cubins byte for byte the same), most important first: every GPU test
+# (all_gpu_tests.sh: runtime verify, then pytest -m gpu), topk_pool_rows' GPU tests under compute-sanitizer memcheck,
+# the indexer's flow job (indexer.sh: DeepGEMM warmed, its GPU tests, the benchmark, zero JIT, memcheck), then
+# topk_pool_rows' cost beside the torch chain, the floor and sparse_mla_decode (benchmarks/bench_pool_rows.py). Carry
+# .whl (DeepGEMM's wheel). Results: $JOB_OUT/host_changes.tgz (each job's folder and log, bench_pool_rows.json, the
+# verdict), packed after each step: a call brings back 8 files at most.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-$PWD} SPARSE_DECODE_AOT_CACHE=${SPARSE_DECODE_AOT_CACHE:-$PWD}
 OUTDIR=${JOB_OUT:?}
@@ -22,6 +23,17 @@ echo "=== every GPU test (${SECONDS}s)"
 JOB_OUT=$work/tests LIMIT=$(cap 250) bash gpu/jobs/all_gpu_tests.sh > "$work/all_gpu_tests.log" 2>&1 \
   || failed+=("GPU tests")
 tail -4 "$work/all_gpu_tests.log"; pack
+echo "=== topk_pool_rows' kernel under memcheck (${SECONDS}s)"
+# Device faults only: the loader's validation makes CUDA API errors on purpose. The test past the kernel's columns
+# runs the torch chain on 16M columns, which memcheck would take minutes over, and no kernel of the cache.
+if command -v compute-sanitizer >/dev/null; then
+  timeout "$(cap 90)" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_indexer_gpu.py -k "pool_rows and not past_the_kernels" \
+    > "$work/pool_rows_memcheck.log" 2>&1 || failed+=("pool_rows memcheck")
+else
+  echo "no compute-sanitizer on PATH" > "$work/pool_rows_memcheck.log"; failed+=("pool_rows memcheck (not run)")
+fi
+tail -3 "$work/pool_rows_memcheck.log"; pack
 echo "=== indexer flow (${SECONDS}s)"
 JOB_OUT=$work/indexer ROUND_CAP=$(cap 110) bash gpu/jobs/indexer.sh > "$work/indexer.log" 2>&1 || failed+=("indexer")
 tail -4 "$work/indexer.log"; pack

@@ -26,7 +26,7 @@ ARCHS = tuple(ARCH_CAPABILITY)
 C_TYPE_SIZES = {"void*": 8, "int32_t": 4, "uint32_t": 4, "float": 4, "int64_t": 8}
 
 # Families in build order; each is a module of this package defining VARIANTS.
-FAMILIES = ("probe", "empty", "sparse_mla_decode", "decode_topk")
+FAMILIES = ("probe", "empty", "sparse_mla_decode", "decode_topk", "topk_pool_rows")
 
 
 @dataclass(frozen=True)
