@@ -1125,7 +1125,10 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
     lets the next one (``sparse_mla_decode``) start its prologue. Elsewhere, and for an ``out`` that overlaps
     ``topk_indices`` other than as the same tensor, the same result comes from torch ops (the exact fallback).
     Either way there is no device sync and no branch on values, as capture in a CUDA graph needs (the first call on
-    a device loads the cache: make it before capturing)."""
+    a device loads the cache: make it before capturing). Inside a function torch.compile traces it runs eagerly, a
+    graph break, as the indexer's steps do."""
+    if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
+        return _topk_pool_rows_eagerly(topk_indices, block_table, page_size=page_size, out=out, pdl=pdl)
     _check_int32_rows("topk_indices", topk_indices, written=False)
     _check_int32_rows("block_table", block_table, written=False)
     page_size = whole_count("page_size", page_size, 1)
@@ -1168,6 +1171,7 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
     return out
 
 
+_topk_pool_rows_eagerly = _disable(topk_pool_rows)
 _POOL_ROWS_COLUMNS_MAX = 65535 * topk_contract.THREADS  # grid y (column blocks) is at most 65535
 
 

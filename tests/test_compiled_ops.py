@@ -347,3 +347,28 @@ def test_an_out_view_the_kernel_cannot_write_is_refused_inside_torch_compile_as_
     with pytest.raises(Exception, match=re.escape(re.split(r",| \(", said[1])[0])):
         _compile(step, dynamic, compiler)[0](logits, row_ends, out)
     assert (words == -9).all(), "out untouched"
+
+
+def test_topk_pool_rows_runs_eagerly_inside_a_compiled_function():
+    """topk_pool_rows inside torch.compile is a graph break that runs the eager call (as the indexer's steps): the
+    same rows, out written (a row-strided one too), and a bad argument refused with the eager message."""
+    from indexer_cases import pool_rows_case, pool_rows_loop
+
+    from runtime.indexer import topk_pool_rows
+
+    topk, table = pool_rows_case(14, 5, 6, 64, 64)
+    want = pool_rows_loop(topk, table, 64)
+    indices = torch.full((5, 192), 77, dtype=torch.int32)
+
+    def step(topk, table, out):
+        return topk_pool_rows(topk, table) + 1, topk_pool_rows(topk, table, out=out)
+
+    torch._dynamo.reset()
+    got, written = torch.compile(step, backend="aot_eager")(topk, table, indices[:, 128:])
+    assert torch.equal(got - 1, want) and torch.equal(written, want)
+    assert torch.equal(indices[:, 128:], want) and (indices[:, :128] == 77).all()
+    kind, message = _eager_refusal(lambda t, b: topk_pool_rows(t, b, page_size=0), topk, table)
+    torch._dynamo.reset()
+    with pytest.raises(kind) as refused:
+        torch.compile(lambda t, b: topk_pool_rows(t, b, page_size=0), backend="aot_eager")(topk, table)
+    assert str(refused.value) == message
