@@ -4,11 +4,13 @@ floor, and the op it feeds.
 For rows in {1, 12, 64} (decode tokens) and widths {512, 2048} (k), over a block table of 4096 pages of 64 (256K
 positions), each row's positions a random subset of its request with a -1 tail, in one run:
 
-- ``kernel_us``: GPU time a call of ``topk_pool_rows`` (the cache's kernel, one launch, ``out`` given) by CUDA-graph
-  replay (benchmarks.common.time_graph); ``torch_chain_us``: the same map by the exact torch fallback
-  (``_pool_rows_torch``, thirteen kernels, and the copy into ``out``), the path every GPU took before the kernel;
-- ``floor``: an empty kernel of the same grid plus the bytes a call moves at most (its positions read, a page id
-  gathered and a row written: 12 bytes a column) over the measured copy bandwidth (DESIGN.md, "Measuring speed");
+- ``kernel_us`` / ``kernel_stream_order_us``: GPU time a call of ``topk_pool_rows`` (the cache's kernel, one launch,
+  ``out`` given) by CUDA-graph replay (benchmarks.common.time_graph), as launched (PDL) and with ``pdl=False``;
+  ``torch_chain_us``: the same map by the exact torch fallback (``_pool_rows_torch``, thirteen kernels, and the
+  copy into ``out``), the path every GPU took before the kernel; each over input sets rotated past the L2;
+- ``floor``: an empty kernel of the same grid (in stream order: ``stream_order_over_floor`` is the like-for-like
+  ratio) plus the bytes a call moves at most (its positions read, a page id gathered and a row written: 12 bytes a
+  column) over the measured copy bandwidth (DESIGN.md, "Measuring speed");
 - ``host_us``: host time of an eager call (benchmarks.bench_host.host_us: blocks of calls inside the launch queue).
 
 And the layer's pair at T = 12, width 640, sinks on: ``sparse_mla_decode`` alone, and after the map of its 512
@@ -31,6 +33,7 @@ from benchmarks.bench_host import host_us, sparse_mla_inputs
 from benchmarks.common import (
     floor,
     gpu_info,
+    rotation_count,
     source_digest,
     time_graph,
     write_json,
@@ -56,20 +59,27 @@ def mapping_inputs(gen: torch.Generator, rows: int, width: int, pages: int = PAG
 
 
 def cell(gen: torch.Generator, rows: int, width: int) -> dict:
-    topk, table, out = mapping_inputs(gen, rows, width)
-    want = _pool_rows_torch(topk, table, PAGE).to(torch.int32)
-    kernel = lambda: topk_pool_rows(topk, table, out=out)
-    chain = lambda: out.copy_(_pool_rows_torch(topk, table, PAGE))
-    kernel()
+    """One (rows, width): the kernel as launched (PDL: back to back, each launch's start overlaps the previous
+    kernel) and in stream order (like the floor's empty kernel), the torch chain, over input sets rotated past the
+    L2 (benchmarks.common.rotation_count), so that the floor's bytes come from memory as the kernel's do."""
+    bytes_per_set = rows * width * 4 * 2 + rows * PAGES * 4
+    sets = [mapping_inputs(gen, rows, width) for _ in range(rotation_count(bytes_per_set))]
+    kernel = [lambda t=t, b=b, o=o: topk_pool_rows(t, b, out=o) for t, b, o in sets]
+    ordered = [lambda t=t, b=b, o=o: topk_pool_rows(t, b, out=o, pdl=False) for t, b, o in sets]
+    chain = [lambda t=t, b=b, o=o: o.copy_(_pool_rows_torch(t, b, PAGE)) for t, b, o in sets]
+    for call in kernel:
+        call()
     torch.cuda.synchronize()
-    equal = bool(torch.equal(out, want))
+    equal = all(bool(torch.equal(o, _pool_rows_torch(t, b, PAGE).to(torch.int32))) for t, b, o in sets)
     blocks = -(-width // contract.THREADS)
-    result = {"rows": rows, "width": width, "kernel_equals_torch_chain": equal,
-              "kernel_us": time_graph([kernel], launches=50)["median_us"],
-              "torch_chain_us": time_graph([chain], launches=50)["median_us"],
+    result = {"rows": rows, "width": width, "input_sets": len(sets), "kernel_equals_torch_chain": equal,
+              "kernel_us": time_graph(kernel, launches=max(50, len(sets)))["median_us"],
+              "kernel_stream_order_us": time_graph(ordered, launches=max(50, len(sets)))["median_us"],
+              "torch_chain_us": time_graph(chain, launches=max(50, len(sets)))["median_us"],
               "floor": floor(rows * blocks, 1, rows * width * BYTES_PER_COLUMN),
-              "host_us": host_us(kernel, 100, 21)["median_us"]}
-    result["kernel_over_floor"] = result["kernel_us"] / result["floor"]["floor_us"]
+              "host_us": host_us(kernel[0], 100, 21)["median_us"]}
+    result["stream_order_over_floor"] = result["kernel_stream_order_us"] / result["floor"]["floor_us"]
+    result["as_launched_over_floor"] = result["kernel_us"] / result["floor"]["floor_us"]
     result["torch_chain_over_kernel"] = result["torch_chain_us"] / result["kernel_us"]
     return result
 
@@ -108,7 +118,8 @@ def main() -> int:
     for rows in (1, 12, 64):
         for width in (512, 2048):
             cells.append(cell(gen, rows, width))
-            print({k: v for k, v in cells[-1].items() if k != "floor"}, flush=True)
+            print({k: round(v, 3) if isinstance(v, float) else v for k, v in cells[-1].items() if k != "floor"},
+                  flush=True)
     pair = layer_pair(gen)
     print(pair)
     record = {"gpu": gpu_info(), "host_code_digest": source_digest(), "pages": PAGES, "page_size": PAGE,

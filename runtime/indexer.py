@@ -460,7 +460,12 @@ def plan_decode_rows(
     spans them all, so padded rows hold -1, not an earlier step's indices; the padded
     rows of ``candidate_blocks`` (those it has) are reset too."""
     if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
-        return _plan_decode_rows_eagerly(state, metadata, tp, padded_tokens=padded_tokens)
+        return _plan_decode_rows_eagerly(state, metadata, tp, padded_tokens)
+    return _plan_decode_rows_body(state, metadata, tp, padded_tokens)
+
+
+def _plan_decode_rows_body(state, metadata, tp, padded_tokens):
+    """plan_decode_rows' body (what its eager wrapper runs: see _disable)."""
     _check_metadata_type(metadata)
     return _plan(state, metadata, tp, padded_tokens, by_decode_rows=False)
 
@@ -695,6 +700,11 @@ def finish_decode_rows(
     capture that holds a schedule is refused (every replay would score under it)."""
     if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
         return _finish_decode_rows_eagerly(state, q, weights, plan, tp, all_gather)
+    return _finish_decode_rows_body(state, q, weights, plan, tp, all_gather)
+
+
+def _finish_decode_rows_body(state, q, weights, plan, tp, all_gather):
+    """finish_decode_rows' body (what its eager wrapper runs: see _disable)."""
     return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=False)
 
 
@@ -792,6 +802,11 @@ def decode_rows(
     only on one that shards (``finish_decode_rows`` looks at it only where it shards)."""
     if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
         return _decode_rows_eagerly(state, metadata, q, weights, tp, all_gather)
+    return _decode_rows_body(state, metadata, q, weights, tp, all_gather)
+
+
+def _decode_rows_body(state, metadata, q, weights, tp, all_gather):
+    """decode_rows' body (what its eager wrapper runs: see _disable)."""
     _check_state(state)
     _check_metadata_type(metadata)
     has_rows = metadata is not None and metadata.num_prefills == 0 and metadata.num_tokens > 0
@@ -813,11 +828,14 @@ def decode_rows(
 # follow host logic it cannot take (checks of tensors' storage sizes, which symbolic shapes refuse; the scorer's
 # and the all-gather's calls) and fail the compile. Selection inside them is decode_topk, a custom op.
 # torch._disable_dynamo is torch.compiler.disable made on first use: the latter imports the compiler at once
-# (1.4 s here), which a process that never compiles should not pay at import.
+# (1.4 s here), which a process that never compiles should not pay at import. The wrappers run the steps' bodies,
+# not the public functions: under a non-strict torch.export no Dynamo runs, is_compiling() stays True inside a
+# disabled function, and a public function's wrapper called itself until a RecursionError (the fake tensors are then
+# refused by the checks, naming the argument, as before the steps ran eagerly).
 _disable = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
-_plan_decode_rows_eagerly = _disable(plan_decode_rows)
-_finish_decode_rows_eagerly = _disable(finish_decode_rows)
-_decode_rows_eagerly = _disable(decode_rows)
+_plan_decode_rows_eagerly = _disable(_plan_decode_rows_body)
+_finish_decode_rows_eagerly = _disable(_finish_decode_rows_body)
+_decode_rows_eagerly = _disable(_decode_rows_body)
 
 
 def _padded_tokens(state: IndexerState, metadata: DecodeMetadata | None, q) -> int | None:
@@ -1128,7 +1146,13 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
     a device loads the cache: make it before capturing). Inside a function torch.compile traces it runs eagerly, a
     graph break, as the indexer's steps do."""
     if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
-        return _topk_pool_rows_eagerly(topk_indices, block_table, page_size=page_size, out=out, pdl=pdl)
+        return _topk_pool_rows_eagerly(topk_indices, block_table, page_size, out, pdl)
+    return _topk_pool_rows_body(topk_indices, block_table, page_size, out, pdl)
+
+
+def _topk_pool_rows_body(topk_indices, block_table, page_size, out, pdl) -> torch.Tensor:
+    """topk_pool_rows' body. Its eager wrapper calls this, not topk_pool_rows: under a non-strict torch.export no
+    Dynamo runs, is_compiling() stays True inside a disabled function, and the wrapper would call itself forever."""
     _check_int32_rows("topk_indices", topk_indices, written=False)
     _check_int32_rows("block_table", block_table, written=False)
     page_size = whole_count("page_size", page_size, 1)
@@ -1158,7 +1182,7 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
             raise ValueError("out overlaps block_table's memory: pool rows would overwrite the page ids every layer "
                              "reads; pass an out of its own (or out=topk_indices, to map in place)")
     table = block_table[:rows]
-    kernel = _pool_rows_kernel(topk_indices, out) if topk_indices.numel() else None
+    kernel = _pool_rows_kernel(topk_indices, out, table.shape[1]) if topk_indices.numel() else None
     if kernel is not None:
         if out is None:
             out = torch.empty((rows, width), dtype=torch.int32, device=device)
@@ -1171,15 +1195,17 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
     return out
 
 
-_topk_pool_rows_eagerly = _disable(topk_pool_rows)
+_topk_pool_rows_eagerly = _disable(_topk_pool_rows_body)
 _POOL_ROWS_COLUMNS_MAX = 65535 * topk_contract.THREADS  # grid y (column blocks) is at most 65535
 
 
-def _pool_rows_kernel(topk_indices: torch.Tensor, out: torch.Tensor | None):
+def _pool_rows_kernel(topk_indices: torch.Tensor, out: torch.Tensor | None, table_pages: int = 0):
     """The cached topk_pool_rows kernel where it takes this call, else None (the torch chain runs): a CUDA device
-    the cache serves, columns within the grid, and an ``out`` that is ``topk_indices`` itself or apart from it (each
-    thread reads its column before writing it; a shifted overlap would read what another thread wrote)."""
-    if not topk_indices.is_cuda or topk_indices.shape[1] > _POOL_ROWS_COLUMNS_MAX:
+    the cache serves, rows and columns within the grid, a table of fewer than 2^31 pages (the kernel takes the count
+    as int32), and an ``out`` that is ``topk_indices`` itself or apart from it (each thread reads its column before
+    writing it; a shifted overlap would read what another thread wrote)."""
+    rows, width = topk_indices.shape
+    if not topk_indices.is_cuda or rows > _INT32_MAX or width > _POOL_ROWS_COLUMNS_MAX or table_pages > _INT32_MAX:
         return None
     if out is not None and not (out.data_ptr() == topk_indices.data_ptr() and out.stride() == topk_indices.stride()) \
             and first_overlap(out, (("topk_indices", topk_indices),)) is not None:
@@ -1198,13 +1224,11 @@ _pool_rows_kernels: dict = {}
 
 
 def _launch_pool_rows(kernel, topk_indices, table, page_size: int, out) -> None:
-    """One launch over ``(rows, column blocks)``; the table's page count goes as int32 capped at 2^31 - 1, which
-    changes nothing: an int32 position's page is below it."""
+    """One launch over ``(rows, column blocks)`` (``_pool_rows_kernel`` took the shapes: every count fits int32)."""
     rows, width = topk_indices.shape
     blocks = -(-width // topk_contract.THREADS)
     launch_on(topk_indices.device, kernel, (rows, blocks, 1), topk_indices.data_ptr(), table.data_ptr(),
-              out.data_ptr(), *topk_indices.stride(), *table.stride(), out.stride(0), width,
-              min(table.shape[1], _INT32_MAX),
+              out.data_ptr(), *topk_indices.stride(), *table.stride(), out.stride(0), width, table.shape[1],
               page_size)
     mark_written(out)
 

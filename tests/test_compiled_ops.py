@@ -372,3 +372,30 @@ def test_topk_pool_rows_runs_eagerly_inside_a_compiled_function():
     with pytest.raises(kind) as refused:
         torch.compile(lambda t, b: topk_pool_rows(t, b, page_size=0), backend="aot_eager")(topk, table)
     assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("op", ("topk_pool_rows", "decode_rows"))
+def test_a_non_strict_export_names_the_fake_tensor_instead_of_recursing(op):
+    """A non-strict torch.export runs no Dynamo: is_compiling() is True inside the eager wrappers too, which called
+    the public function again until a RecursionError. They run the bodies, whose checks name the traced tensor."""
+    from indexer_cases import pool_rows_case
+
+    from runtime.indexer import topk_pool_rows
+
+    if op == "topk_pool_rows":
+        args, name = pool_rows_case(15, 4, 6, 64, 64), "topk_indices"
+
+        def forward(topk, table):
+            return topk_pool_rows(topk, table) + 1
+    else:
+        step = make_step(8, heads=32, head_dim=64, k=16)
+        state = make_state(step)
+        args, name = (step.q, step.weights), "q"
+
+        def forward(q, weights):
+            decode_rows(state, step.metadata, q, weights, SingleRank())
+            return weights + 1
+
+    module = type("Step", (torch.nn.Module,), {"forward": lambda self, *a: forward(*a)})()
+    with pytest.raises(TypeError, match=f"{name} is a FakeTensor"):
+        torch.export.export(module, args, strict=False)

@@ -718,3 +718,14 @@ def test_topk_pool_rows_past_the_kernels_columns_takes_the_torch_chain():
     head = slice(0, 4096)
     assert torch.equal(got[:, head].cpu(), pool_rows_loop(topk[:, head].cpu(), table.cpu(), 64))
     assert torch.equal(got[:, -4096:].cpu(), pool_rows_loop(topk[:, -4096:].cpu(), table.cpu(), 64))
+
+
+def test_topk_pool_rows_on_a_table_of_2_to_the_31_pages_takes_the_torch_chain():
+    """The kernel takes the page count as int32: a table of 2^31 pages (a stride-0 view, no memory) goes to the torch
+    chain, which maps position 2^31 - 1 on page 2^31 - 1 where a count capped at 2^31 - 1 would give -1."""
+    from runtime.indexer import _pool_rows_kernel
+
+    topk = torch.tensor([[2 ** 31 - 1, 5, -1]], dtype=torch.int32, device="cuda")
+    table = torch.full((1, 1), 3, dtype=torch.int32, device="cuda").expand(1, 2 ** 31)
+    assert _pool_rows_kernel(topk, None, table.shape[1]) is None
+    assert topk_pool_rows(topk, table, page_size=1).tolist() == [[3, 3, -1]]
