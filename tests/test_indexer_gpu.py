@@ -729,3 +729,19 @@ def test_topk_pool_rows_on_a_table_of_2_to_the_31_pages_takes_the_torch_chain():
     table = torch.full((1, 1), 3, dtype=torch.int32, device="cuda").expand(1, 2 ** 31)
     assert _pool_rows_kernel(topk, None, table.shape[1]) is None
     assert topk_pool_rows(topk, table, page_size=1).tolist() == [[3, 3, -1]]
+
+
+def test_topk_pool_rows_inside_torch_compile_launches_the_kernel_eagerly():
+    """Inside a compiled function the map is a graph break that runs the eager call: the kernel's rows, written
+    into a row-strided out as well."""
+    topk, table = pool_rows_case(16, 6, 8, 512, 64)
+    want = pool_rows_loop(topk, table, 64)
+    indices = torch.full((6, 640), 77, dtype=torch.int32, device="cuda")
+
+    def step(topk, table, out):
+        return topk_pool_rows(topk, table) + 1, topk_pool_rows(topk, table, out=out)
+
+    torch._dynamo.reset()
+    got, written = torch.compile(step, backend="aot_eager")(topk.cuda(), table.cuda(), indices[:, 128:])
+    assert torch.equal((got - 1).cpu(), want) and torch.equal(written.cpu(), want)
+    assert (indices[:, :128] == 77).all()
