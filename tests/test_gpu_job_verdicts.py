@@ -355,6 +355,19 @@ def test_host_changes_names_what_failed_and_packs_every_step(dry_run, failing, e
     assert os.listdir(dry_run.out / "host_changes") == ["host_changes.tgz"]
 
 
+@pytest.mark.parametrize("memcheck", ["clean", "crash"])
+def test_verify_all_runs_topk_pool_rows_memcheck_and_names_its_failure(dry_run, memcheck):
+    """The whole pass holds topk_pool_rows' GPU tests under memcheck (gpu/tools/pool_rows_memcheck.sh, beside the
+    other sanitizers); a crash there is named in the verdict, with sparse MLA's memcheck, which the fake fails too."""
+    rc, output = dry_run("gpu/jobs/verify_all.sh", FAKE_memcheck=memcheck)
+    verdict = output.splitlines()[-1]
+    if memcheck == "clean":
+        assert rc == 0 and verdict == "verify_all: every phase passed", output
+    else:
+        assert rc == 1 and "topk_pool_rows memcheck" in verdict and "sparse MLA sanitizers" in verdict, output
+    assert "./pool_rows_memcheck.txt" in _archived(dry_run.out / "verify_all" / "verify_all.tgz")
+
+
 def _run_all(dry_run, jobs: dict[str, str], cut_at: float, **env: str) -> tuple[str, list[str]]:
     """gpu/run_all.sh on fake jobs (name: body, its first lines a `# limit:`), its whole process group killed at
     cut_at seconds as a device call's end kills it; (summary.txt, the names results.tar.gz holds), empty where absent."""

@@ -24,15 +24,7 @@ JOB_OUT=$work/tests LIMIT=$(cap 250) bash gpu/jobs/all_gpu_tests.sh > "$work/all
   || failed+=("GPU tests")
 tail -4 "$work/all_gpu_tests.log"; pack
 echo "=== topk_pool_rows' kernel under memcheck (${SECONDS}s)"
-# Device faults only: the loader's validation makes CUDA API errors on purpose. The test past the kernel's columns
-# runs the torch chain on 16M columns, which memcheck would take minutes over, and no kernel of the cache.
-if command -v compute-sanitizer >/dev/null; then
-  timeout "$(cap 90)" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_indexer_gpu.py -k "pool_rows and not past_the_kernels" \
-    > "$work/pool_rows_memcheck.log" 2>&1 || failed+=("pool_rows memcheck")
-else
-  echo "no compute-sanitizer on PATH" > "$work/pool_rows_memcheck.log"; failed+=("pool_rows memcheck (not run)")
-fi
+bash gpu/tools/pool_rows_memcheck.sh "$(cap 90)" > "$work/pool_rows_memcheck.log" 2>&1 || failed+=("pool_rows memcheck")
 tail -3 "$work/pool_rows_memcheck.log"; pack
 echo "=== indexer flow (${SECONDS}s)"
 JOB_OUT=$work/indexer ROUND_CAP=$(cap 110) bash gpu/jobs/indexer.sh > "$work/indexer.log" 2>&1 || failed+=("indexer")

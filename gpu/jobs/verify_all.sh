@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # limit: 575
 # One whole verification pass on the committed tree (carry .whl): every GPU test (DeepGEMM installed from the
-# carried wheel), then the sanitizers of both kernel families (sparse MLA's small launches with the edge inputs;
-# decode_topk's full mode: every cluster size, the twins and the short-row kernel; its racecheck in shards), then the indexer
+# carried wheel), then the sanitizers of the kernel families (sparse MLA's small launches with the edge inputs;
+# decode_topk's full mode: every cluster size, the twins and the short-row kernel; its racecheck in shards;
+# topk_pool_rows' GPU tests under memcheck), then the indexer
 # job (tests, benchmark, zero-JIT probes, memcheck of one step). Reports in $JOB_OUT/verify_all.tgz (JOB_OUT=$OUT
 # is enough: it holds that one file). The last line (verdict.txt in the archive) names the phases that failed, if any,
 # and the exit status is 1 then.
@@ -27,15 +28,20 @@ echo "=== 1. all GPU tests"
 bash gpu/jobs/all_gpu_tests.sh 2>&1 | tee "$work/all_gpu_tests.log" | tail -25
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("GPU tests")
 pack
-echo "=== 2. sanitizers (sparse MLA 3 tools + decode_topk full mode: memcheck, synccheck in 3 shards, racecheck in 8 without the crowded cases; in parallel)"
+echo "=== 2. sanitizers (sparse MLA 3 tools + decode_topk full mode: memcheck, synccheck in 3 shards, racecheck in 8 without the crowded cases; topk_pool_rows memcheck; in parallel)"
 # decode_topk's three tools side by side with the sparse-MLA ones (racecheck in eight shards; in six, 223-271 s on the
 # H200), each bounded so that the indexer job keeps 110 s, its own limit (77-81 s in the fifty-third and fifty-fifth
 # sessions), and the last pack its 5
 each=$((LIMIT - 115 - SECONDS)); [ "$each" -gt 320 ] && each=320; [ "$each" -lt 30 ] && each=30
 TOOL=all SECONDS_EACH=$each bash gpu/jobs/topk_sanitize_full.sh > "$work/topk_sanitizers.txt" 2>&1 &
+# topk_pool_rows' GPU tests under memcheck beside them (about 15 s alone on an H100)
+bash gpu/tools/pool_rows_memcheck.sh $((each < 120 ? each : 120)) > "$work/pool_rows_memcheck.txt" 2>&1 &
+pool_rows=$!
 bash gpu/tools/mla_sanitize.sh $((each < 200 ? each : 200)) | tee "$work/mla_sanitizers.txt"
+wait "$pool_rows" || failed+=("topk_pool_rows memcheck")
 wait
 cat "$work/topk_sanitizers.txt"
+tail -3 "$work/pool_rows_memcheck.txt"
 # Their verdicts (the tools' rc cannot say: racecheck exits 3 on its warnings): each of decode_topk's three with
 # every shard clean, sparse MLA's 3 of 3.
 grep -qx "verdict: 3 of 3 tools clean.*" "$work/mla_sanitizers.txt" || failed+=("sparse MLA sanitizers")

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# topk_pool_rows' GPU tests under compute-sanitizer memcheck, device faults only (the loader's validation makes CUDA
+# API errors on purpose). The test past the kernel's columns is left out: it runs the torch chain on 16M columns,
+# which memcheck would take minutes over, and no kernel of the cache. Used by host_changes.sh and verify_all.sh.
+# Usage: bash gpu/tools/pool_rows_memcheck.sh [SECONDS]; exit status: the sanitizer's (3: errors found; the tests'
+# own failures too), 124 past SECONDS (default 90), 127 without compute-sanitizer on PATH.
+set -u
+if ! command -v compute-sanitizer >/dev/null; then
+  echo "no compute-sanitizer on PATH: topk_pool_rows' memcheck did not run"
+  exit 127
+fi
+timeout "${1:-90}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_indexer_gpu.py -k "pool_rows and not past_the_kernels"
