@@ -111,7 +111,7 @@ def main() -> int:
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     probe = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
-    if _pool_rows_kernel(probe, None) is None:
+    if _pool_rows_kernel(probe, None, 1) is None:
         print("the cache has no topk_pool_rows kernel for this GPU: nothing to measure", file=sys.stderr)
         return 1
     cells = []

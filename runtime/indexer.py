@@ -43,13 +43,7 @@ from .arguments import (
 )
 from .contract import topk_pool_rows as topk_contract
 from .errors import warn_at_caller
-from .loader import (
-    cache_or_fallback,
-    capturing_on,
-    env_flag,
-    launch_on,
-    warn_missing_kernels,
-)
+from .loader import capturing_on, env_flag, launch_on, memo_kernel
 from .overlap import check_in_storage, first_overlap
 from .scoring import Scorer, check_index_k_cache, default_scorer, no_heads
 
@@ -1136,7 +1130,8 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
     ``rows`` rows are read (``metadata.block_table``); ``page_size``: tokens a page. Returns int32 ``[rows, width]``,
     written into ``out`` where given (int32, the same shape and device, each row's columns consecutive and the rows
     apart: a contiguous tensor, or ``indices[:, 128:]`` of ``sparse_mla_decode``'s indices, written there directly;
-    ``out=topk_indices`` maps in place). Every argument is checked before anything runs (TypeError/ValueError naming it).
+    ``out=topk_indices`` maps in place). Every argument is checked before anything runs (TypeError/ValueError naming
+    it).
 
     On a GPU the AOT cache serves, one kernel maps every column (``topk_pool_rows`` in the manifest), launched with
     programmatic dependent launch unless ``pdl=False``: it waits for the previous grid before reading anything and
@@ -1181,14 +1176,14 @@ def _topk_pool_rows_body(topk_indices, block_table, page_size, out, pdl) -> torc
         if first_overlap(out, (("block_table", block_table),)) is not None:
             raise ValueError("out overlaps block_table's memory: pool rows would overwrite the page ids every layer "
                              "reads; pass an out of its own (or out=topk_indices, to map in place)")
-    table = block_table[:rows]
-    kernel = _pool_rows_kernel(topk_indices, out, table.shape[1]) if topk_indices.numel() else None
+    kernel = _pool_rows_kernel(topk_indices, out, block_table.shape[1]) if topk_indices.numel() else None
     if kernel is not None:
         if out is None:
             out = torch.empty((rows, width), dtype=torch.int32, device=device)
-        _launch_pool_rows(kernel if pdl else kernel.in_stream_order(), topk_indices, table, page_size, out)
+        # The kernel reads the table's first rows only (grid x = rows): no view of them needed
+        _launch_pool_rows(kernel if pdl else kernel.in_stream_order(), topk_indices, block_table, page_size, out)
         return out
-    result = _pool_rows_torch(topk_indices, table, page_size)
+    result = _pool_rows_torch(topk_indices, block_table[:rows], page_size)
     if out is None:
         return result.to(torch.int32)
     write_result(out, result)  # casts to int32; takes an out made under inference_mode too
@@ -1199,7 +1194,7 @@ _topk_pool_rows_eagerly = _disable(_topk_pool_rows_body)
 _POOL_ROWS_COLUMNS_MAX = 65535 * topk_contract.THREADS  # grid y (column blocks) is at most 65535
 
 
-def _pool_rows_kernel(topk_indices: torch.Tensor, out: torch.Tensor | None, table_pages: int = 0):
+def _pool_rows_kernel(topk_indices: torch.Tensor, out: torch.Tensor | None, table_pages: int):
     """The cached topk_pool_rows kernel where it takes this call, else None (the torch chain runs): a CUDA device
     the cache serves, rows and columns within the grid, a table of fewer than 2^31 pages (the kernel takes the count
     as int32), and an ``out`` that is ``topk_indices`` itself or apart from it (each thread reads its column before
@@ -1211,12 +1206,8 @@ def _pool_rows_kernel(topk_indices: torch.Tensor, out: torch.Tensor | None, tabl
             and first_overlap(out, (("topk_indices", topk_indices),)) is not None:
         return None
     index = topk_indices.device.index if topk_indices.device.index is not None else torch.cuda.current_device()
-    if index not in _pool_rows_kernels:  # (concurrent first calls may both fill it, with the same kernel)
-        cache = cache_or_fallback("topk_pool_rows", index)
-        kernel = cache.kernel(topk_contract.NAME) if cache is not None and topk_contract.NAME in cache else None
-        _pool_rows_kernels[index] = kernel
-        if cache is not None and kernel is None:  # said once: memoized first (where warnings are errors too)
-            warn_missing_kernels("topk_pool_rows", f"cuda:{index}", [topk_contract.NAME], arch=cache.arch)
+    if index not in _pool_rows_kernels:
+        return memo_kernel(_pool_rows_kernels, index, "topk_pool_rows", index, topk_contract.NAME)
     return _pool_rows_kernels[index]
 
 
@@ -1224,7 +1215,8 @@ _pool_rows_kernels: dict = {}
 
 
 def _launch_pool_rows(kernel, topk_indices, table, page_size: int, out) -> None:
-    """One launch over ``(rows, column blocks)`` (``_pool_rows_kernel`` took the shapes: every count fits int32)."""
+    """One launch over ``(rows, column blocks)`` (``_pool_rows_kernel`` took the shapes: every count fits int32);
+    ``table``: the block table, of which the first ``rows`` rows are read."""
     rows, width = topk_indices.shape
     blocks = -(-width // topk_contract.THREADS)
     launch_on(topk_indices.device, kernel, (rows, blocks, 1), topk_indices.data_ptr(), table.data_ptr(),
@@ -1272,7 +1264,7 @@ def _takes_keyword(fn, name: str, *, unreadable: bool = True) -> bool:
     return any(p.kind == p.VAR_KEYWORD or (p.name == name and p.kind != p.POSITIONAL_ONLY) for p in params)
 
 
-def _check_int32_rows(name: str, t: torch.Tensor, *, written: bool = True, contiguous: bool | None = None) -> None:
+def _check_int32_rows(name: str, t: torch.Tensor, *, written: bool = True, contiguous: bool = True) -> None:
     """A TypeError/ValueError naming ``name`` unless ``t`` is an int32 ``[rows, columns]`` tensor inside its storage
     and 4-byte aligned; one the caller writes (``written``) must also be contiguous unless ``contiguous`` is False
     (topk_pool_rows' out, whose strides it checks itself), while one only read (topk_pool_rows' inputs) may be any
@@ -1286,7 +1278,7 @@ def _check_int32_rows(name: str, t: torch.Tensor, *, written: bool = True, conti
     if t.dim() != 2:  # a shape is a ValueError, as the host ops' (decode_topk's out)
         raise ValueError(f"{name}: expected int32 [rows, columns], got shape {tuple(t.shape)}; allocate it 2-D, one "
                          f"row a decode token")
-    if (written if contiguous is None else contiguous) and not t.is_contiguous():
+    if written and contiguous and not t.is_contiguous():
         # Not .contiguous(): the step writes the buffer in place, and a copy would take the rows instead
         raise ValueError(f"{name}: must be contiguous, got strides {t.stride()}; allocate it contiguous (a slice of "
                          f"a buffer's first rows is)")

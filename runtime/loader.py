@@ -418,6 +418,19 @@ def warn_fallback(op: str, device: str, error: BaseException) -> None:
                    f"{type(error).__name__}: {error}")
 
 
+def memo_kernel(memo: dict, key, op: str, device: int, name: str):
+    """The kernel ``name`` of the cache bound to ``cuda:device`` (cache_or_fallback), or None where the cache refused
+    the device or lacks the kernel, stored in ``memo[key]`` and returned: a host op's first call on a device, whose
+    later calls read ``memo`` alone. A missing kernel is said once, after the memo is filled (where warnings are
+    errors, a warning raised before it would be raised again at every call). (Concurrent first calls may both fill
+    it, with the same kernel.)"""
+    cache = cache_or_fallback(op, device)
+    memo[key] = kernel = cache.kernel(name) if cache is not None and name in cache else None
+    if cache is not None and kernel is None:
+        warn_missing_kernels(op, f"cuda:{device}", [name], arch=cache.arch)
+    return kernel
+
+
 def warn_missing_kernels(op: str, device: str, names, arch: str) -> None:
     """Say that ``op`` runs its exact torch fallback on ``device`` because the cache loaded for it (of ``arch``) lacks
     the kernels ``names``: a manifest may hold part of the contract (a build with ``--only``, a trimmed cache), or the

@@ -25,7 +25,7 @@ from .arguments import (
     write_result,
 )
 from .contract import sparse_mla_decode as contract
-from .loader import cache_or_fallback, launch_on, warn_missing_kernels
+from .loader import launch_on, memo_kernel
 from .overlap import check_in_storage, check_out_apart
 from .reference import sparse_mla_decode_reference
 
@@ -179,12 +179,8 @@ def _kernel(width: int, has_sinks: bool, device):
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (index, width, has_sinks)
-    if key not in _kernels:  # (concurrent first calls may both fill it, with the same kernel)
-        cache = cache_or_fallback("sparse_mla_decode", index)
-        name = contract.variant_name(width, has_sinks)
-        _kernels[key] = cache.kernel(name) if cache is not None and name in cache else None
-        if cache is not None and _kernels[key] is None:  # said once: memoized first (where warnings are errors too)
-            warn_missing_kernels("sparse_mla_decode", f"cuda:{index}", [name], arch=cache.arch)
+    if key not in _kernels:
+        return memo_kernel(_kernels, key, "sparse_mla_decode", index, contract.variant_name(width, has_sinks))
     return _kernels[key]
 
 

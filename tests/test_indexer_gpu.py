@@ -649,14 +649,14 @@ def test_topk_pool_rows_is_one_aot_kernel():
 
     topk, table = (t.cuda() for t in pool_rows_case(10, 12, 64, 512, 64))
     want = pool_rows_loop(topk.cpu(), table.cpu(), 64)
-    assert _pool_rows_kernel(topk, None) is not None, "the cache has no topk_pool_rows kernel for this GPU"
+    assert _pool_rows_kernel(topk, None, table.shape[1]) is not None, "no topk_pool_rows kernel for this GPU"
     out = torch.empty_like(topk)
     assert _kernel_nodes(lambda: topk_pool_rows(topk, table, out=out)) == 1
     assert _kernel_nodes(lambda: topk_pool_rows(topk, table, out=out, pdl=False)) == 1
     assert torch.equal(out.cpu(), want)
     buf = torch.empty(13, 512, dtype=torch.int32, device="cuda")
     buf[1:].copy_(topk)
-    assert _pool_rows_kernel(buf[1:], buf[:12]) is None
+    assert _pool_rows_kernel(buf[1:], buf[:12], table.shape[1]) is None
     topk_pool_rows(buf[1:], table, out=buf[:12])
     assert torch.equal(buf[:12].cpu(), want)
 
@@ -713,7 +713,7 @@ def test_topk_pool_rows_past_the_kernels_columns_takes_the_torch_chain():
     g = torch.Generator(device="cuda").manual_seed(13)
     topk = torch.randint(-2, 4 * 64, (1, width), device="cuda", generator=g, dtype=torch.int32)
     table = torch.tensor([[3, -1, 9, 2]], dtype=torch.int32, device="cuda")
-    assert _pool_rows_kernel(topk, None) is None
+    assert _pool_rows_kernel(topk, None, table.shape[1]) is None
     got = topk_pool_rows(topk, table)
     head = slice(0, 4096)
     assert torch.equal(got[:, head].cpu(), pool_rows_loop(topk[:, head].cpu(), table.cpu(), 64))

@@ -1235,10 +1235,10 @@ class _KernelsOfAnotherFamily:
 @pytest.fixture
 def partial_cache(monkeypatch):
     """The host ops' cache answer replaced by _KernelsOfAnotherFamily, their memos fresh."""
-    from runtime import sparse_mla, topk
+    from runtime import loader, sparse_mla, topk
 
     partial = _KernelsOfAnotherFamily()
-    monkeypatch.setattr(sparse_mla, "cache_or_fallback", lambda op, index: partial)
+    monkeypatch.setattr(loader, "cache_or_fallback", lambda op, index: partial)  # memo_kernel's (sparse_mla_decode)
     monkeypatch.setattr(topk, "cache_or_fallback", lambda op, index: partial)
     monkeypatch.setattr(sparse_mla, "_kernels", {})
     monkeypatch.setattr(topk, "_plans", {})
