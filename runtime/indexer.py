@@ -1168,7 +1168,8 @@ def _topk_pool_rows_body(topk_indices, block_table, page_size, out, pdl) -> torc
             raise ValueError(f"out: on {out.device}, topk_indices on {device}; pass an out on topk_indices' device")
         if out.shape != topk_indices.shape:
             raise ValueError(f"out: shape {tuple(out.shape)}, expected topk_indices' {tuple(topk_indices.shape)}; "
-                             f"allocate it as torch.empty_like(topk_indices) (or pass out=None)")
+                             f"allocate it as torch.empty(topk_indices.shape, dtype=torch.int32, "
+                             f"device=topk_indices.device) (or pass out=None)")
         if (width > 1 and out.stride(1) != 1) or (rows > 1 and out.stride(0) < width):
             raise ValueError(f"out: strides {out.stride()}; pass rows of consecutive columns that do not overlap "
                              f"(a contiguous tensor, or a column slice of one such as indices[:, 128:])")
@@ -1184,8 +1185,8 @@ def _topk_pool_rows_body(topk_indices, block_table, page_size, out, pdl) -> torc
         _launch_pool_rows(kernel if pdl else kernel.in_stream_order(), topk_indices, block_table, page_size, out)
         return out
     result = _pool_rows_torch(topk_indices, block_table[:rows], page_size)
-    if out is None:
-        return result.to(torch.int32)
+    if out is None:  # contiguous, as the kernel's out: torch's ops keep a column-major topk_indices' layout
+        return result.to(torch.int32, memory_format=torch.contiguous_format)
     write_result(out, result)  # casts to int32; takes an out made under inference_mode too
     return out
 

@@ -173,8 +173,9 @@ def pool_rows_case(seed: int, rows: int, pages: int, width: int, page_size: int,
                    k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(top-k rows int32 [rows, width], block table int32 [table_rows, pages]) on the CPU, of every kind of entry
     topk_pool_rows maps: positions on the table's pages (most), -1 and other negatives, positions at and past the
-    table's end; page ids shuffled over a pool, some -1 (unallocated), some whose rows pass int32. Columns from
-    ``k`` on hold -1, as an indexer buffer wider than k does."""
+    table's end; page ids shuffled over a pool, some -1 (unallocated), some whose rows pass int32 (some by just over
+    2^32, where a row computed in int32 would wrap to a small one). Columns from ``k`` on hold -1, as an indexer
+    buffer wider than k does."""
     g = torch.Generator().manual_seed(seed)
     table_rows = rows if table_rows is None else table_rows
     span = pages * page_size
@@ -191,4 +192,8 @@ def pool_rows_case(seed: int, rows: int, pages: int, width: int, page_size: int,
     ids = torch.where(draw < 0.1, -1, ids)
     ids = torch.where((draw >= 0.1) & (draw < 0.15), -torch.randint(2, 1 << 30, ids.shape, generator=g), ids)
     ids = torch.where(draw > 0.95, (2 ** 31 - 1) // page_size - torch.randint(0, 2, ids.shape, generator=g), ids)
+    # Ids whose rows pass 2^32 by a little: a row computed in int32 would wrap to a small positive (valid-looking) row
+    wraps = -(-(2 ** 32) // page_size)
+    if wraps + 1 <= 2 ** 31 - 1:
+        ids = torch.where((draw > 0.9) & (draw <= 0.95), wraps + torch.randint(0, 2, ids.shape, generator=g), ids)
     return pos.to(torch.int32), ids.to(torch.int32)

@@ -590,12 +590,20 @@ def test_topk_pool_rows_on_cuda_equals_the_cpu_result(rows, pages, width, page_s
     topk, table = pool_rows_case(7, rows, pages, width, page_size, table_rows=table_rows, k=k)
     want = topk_pool_rows(topk, table, page_size=page_size)
     assert torch.equal(want, pool_rows_loop(topk, table, page_size))
+    assert rows * width == 0 or _kernel_serves(topk.cuda(), table), "the torch chain would be tested against itself"
     got = topk_pool_rows(topk.cuda(), table.cuda(), page_size=page_size)
     assert got.is_cuda and got.dtype == torch.int32
     assert torch.equal(got.cpu(), want)
     in_place = topk.cuda()
     assert topk_pool_rows(in_place, table.cuda(), page_size=page_size, out=in_place) is in_place
     assert torch.equal(in_place.cpu(), want)
+
+
+def _kernel_serves(topk: torch.Tensor, table: torch.Tensor) -> bool:
+    """Whether the cache's topk_pool_rows kernel takes this map (else the torch chain runs)."""
+    from runtime.indexer import _pool_rows_kernel
+
+    return _pool_rows_kernel(topk, None, table.shape[1]) is not None
 
 
 def test_topk_pool_rows_syncs_nothing_and_replays_in_a_cuda_graph():
@@ -670,6 +678,7 @@ def test_topk_pool_rows_kernel_reads_strided_views_and_writes_row_strided_out():
     big_table = torch.full((14, 50), -7, dtype=torch.int32)
     big_table[:, 5:45] = table
     want = pool_rows_loop(topk, table, 16)
+    assert _kernel_serves(wide.cuda()[:, :600], big_table[:, 5:45])
     got = topk_pool_rows(wide.cuda()[:, :600], big_table.cuda()[:, 5:45], page_size=16)
     assert torch.equal(got.cpu(), want)
     transposed = topk.t().contiguous().cuda().t()
@@ -684,17 +693,20 @@ def test_topk_pool_rows_kernel_reads_strided_views_and_writes_row_strided_out():
 
 @pytest.mark.parametrize("page_size", [1, 64, 1000, 2 ** 20, 2 ** 31 - 1])
 def test_topk_pool_rows_kernel_at_the_int32_edges(page_size):
-    """Positions near 2^31 - 1, pages at the table's end, page ids 0, -1, -2^31 and near the last that fits:
-    every mapped row within int32, every other -1, as the CPU result says."""
+    """Positions near 2^31 - 1, pages at the table's end, page ids 0, -1, -2^31, near the last that fits and just
+    past 2^32 rows (where an int32 row would wrap to a small valid-looking one): every mapped row within int32,
+    every other -1, as the CPU result says."""
     pages = 3
     span = pages * page_size
     edge_pos = [0, page_size - 1, page_size, span - 1, span, 2 ** 31 - 1, -1, -(2 ** 31), 2 * page_size + 1]
-    topk = torch.tensor([[min(p, 2 ** 31 - 1) for p in edge_pos]] * 4, dtype=torch.int32)
+    topk = torch.tensor([[min(p, 2 ** 31 - 1) for p in edge_pos]] * 5, dtype=torch.int32)
     last = (2 ** 31 - 1) // page_size
+    wraps = -(-(2 ** 32) // page_size) if page_size > 2 else 0
     table = torch.tensor([[0, -1, last], [last - 1, -(2 ** 31), 5], [last + 1 if last < 2 ** 31 - 1 else 7, 1, 0],
-                          [2 ** 31 - 1, 0, -2]], dtype=torch.int32)
+                          [2 ** 31 - 1, 0, -2], [wraps, wraps + 1, 4]], dtype=torch.int32)
     want = topk_pool_rows(topk, table, page_size=page_size)
     assert torch.equal(want, pool_rows_loop(topk, table, page_size))
+    assert _kernel_serves(topk.cuda(), table)
     got = topk_pool_rows(topk.cuda(), table.cuda(), page_size=page_size)
     assert torch.equal(got.cpu(), want)
 
@@ -702,6 +714,7 @@ def test_topk_pool_rows_kernel_at_the_int32_edges(page_size):
 def test_topk_pool_rows_kernel_on_many_rows_and_a_table_of_one_page():
     """4096 rows (the grid's x), 2049 columns (a ninth, one-column block), one page a row."""
     topk, table = pool_rows_case(12, 4096, 1, 2049, 64)
+    assert _kernel_serves(topk.cuda(), table)
     assert torch.equal(topk_pool_rows(topk.cuda(), table.cuda()).cpu(), topk_pool_rows(topk, table))  # CPU: torch
 
 

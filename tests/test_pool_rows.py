@@ -59,6 +59,9 @@ def test_the_example_of_each_rule():
                             [449, 0, 193, big * 64 + 63, big * 64 + 8, big * 64 + 1, -1, -1]]
     assert big * 64 + 63 == 2 ** 31 - 1  # the last int32 row is a row
     assert torch.equal(got, pool_rows_loop(topk, table, 64))
+    # Page 2^26 + 1's rows start at 2^32 + 64: -1, where a row computed in int32 would wrap to 64 and look valid
+    assert topk_pool_rows(torch.tensor([[5, 63]], dtype=I32), torch.tensor([[2 ** 26 + 1]], dtype=I32)).tolist() \
+        == [[-1, -1]]
 
 
 def test_all_minus_one_and_no_valid_page():
@@ -79,6 +82,9 @@ def test_strided_inputs_are_read_as_they_are():
     assert torch.equal(topk_pool_rows(view, cols), pool_rows_loop(view, table, 64))
     transposed = table.t().contiguous().t()  # column-major
     assert torch.equal(topk_pool_rows(topk, transposed), pool_rows_loop(topk, table, 64))
+    # A column-major topk_indices gives a contiguous result, as the kernel's (sparse_mla_decode takes no other)
+    got = topk_pool_rows(topk.t().contiguous().t(), table)
+    assert got.is_contiguous() and torch.equal(got, pool_rows_loop(topk, table, 64))
 
 
 def test_the_rows_gather_each_rows_own_keys():
@@ -277,7 +283,7 @@ def test_refuses_page_size_on_the_device_before_reading_it():
     (lambda t, b: t.long(), TypeError, ["out", "int32", "dtype=torch.int32"]),
     (lambda t, b: t.clone().view(-1), ValueError, ["out", "2-D"]),
     (lambda t, b: torch.zeros(3, 9, dtype=I32), ValueError, ["out", "(3, 9)", "(3, 8)"]),
-    (lambda t, b: torch.zeros(4, 8, dtype=I32), ValueError, ["out", "empty_like"]),
+    (lambda t, b: torch.zeros(4, 8, dtype=I32), ValueError, ["out", "torch.empty(topk_indices.shape"]),
     (lambda t, b: torch.zeros(8, 3, dtype=I32).t(), ValueError, ["out", "strides (1, 3)", "consecutive"]),
     (lambda t, b: torch.zeros(3, 16, dtype=I32)[:, ::2], ValueError, ["out", "strides (16, 2)", "consecutive"]),
     (lambda t, b: torch.zeros(40, dtype=I32).as_strided((3, 8), (4, 1)), ValueError, ["out", "(4, 1)", "overlap"]),
