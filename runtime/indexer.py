@@ -537,8 +537,11 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
         state.candidate_blocks[num_rows:reset_rows].fill_(-1)
     seq_lens_at_plan = metadata.seq_lens.clone() if CHECK_METADATA_VALUES and not by_decode_rows else None
     sms = getattr(state.scorer, "num_sms", None)
-    # Asked only where a separate finish will read a schedule (one query of the stream a plan, ~0.3 us).
-    outside = not by_decode_rows and schedule is not None and not _capturing(state.topk_indices.device)
+    # Asked only where a separate finish will read a schedule, or where the step is sharded (one query of the stream a
+    # plan, ~0.3 us): a rank whose slice is empty holds no schedule, and would go on into the all-gather while the
+    # ranks with rows refused the captured finish.
+    outside = (not by_decode_rows and (schedule is not None or shard is not None)
+               and not _capturing(state.topk_indices.device))
     return DecodeRowsPlan(metadata, metadata.max_seq_len, num_rows, shard, start, end, schedule, rank,
                           world_size, state.topk_indices.shape[0], buffers, state._plans, view, seq_lens_at_plan,
                           sms if isinstance(sms, int) else None, outside)
@@ -553,12 +556,14 @@ def _check_capture_of_finish(state: IndexerState, plan: DecodeRowsPlan) -> None:
     """Refuse a finish captured into a CUDA graph whose plan was made outside the capture and holds a schedule: the
     graph would score every replay under that tensor, built from seq_lens' values when the plan ran (and freed, its
     memory reused, once the plan is dropped), so a replay whose rows are longer never ends in DeepGEMM's scoring; and
-    the plan's reset of the rows would not be in the graph either."""
+    the plan's reset of the rows would not be in the graph either. A sharded step's is refused on every rank alike,
+    an empty slice's too (it holds no schedule, but the graph would lack its reset and its ranks' refusals)."""
     if plan.schedule_outside_capture and _capturing(state.topk_indices.device):
         raise ValueError("plan: made outside the CUDA graph capture that finish_decode_rows is captured in, with a "
-                         "schedule built from seq_lens' values at the plan: every replay would score under it (and "
-                         "without the plan's reset); call plan_decode_rows inside the same capture (or capture "
-                         "decode_rows), after the step's seq_lens are written")
+                         "schedule built from seq_lens' values at the plan (or for a sharded step, refused on every "
+                         "rank alike): every replay would score under it (and without the plan's reset); call "
+                         "plan_decode_rows inside the same capture (or capture decode_rows), after the step's "
+                         "seq_lens are written")
 
 
 def _slice_of(state: IndexerState, num_rows: int, num_requests: int, rank: int, world_size: int) -> tuple:

@@ -1271,6 +1271,38 @@ def test_finish_captured_with_a_plan_made_outside_the_capture_is_refused(monkeyp
         assert torch.equal(finish_decode_rows(state, step.q, step.weights, plan, SingleRank()), want.topk_indices)
 
 
+def test_captured_finish_of_a_sharded_plan_made_outside_is_refused_on_every_rank(monkeypatch):
+    """18 rows over 4 ranks: rank 3's slice is empty and holds no schedule. A plan made outside the capture with
+    its finish captured was refused on ranks 0-2 only, while rank 3 went on into the all-gather (a hang with a real
+    group). Every rank now refuses before its gather, and in one capture (or eager) every rank finishes."""
+    from runtime import indexer
+
+    capturing = {"now": False}
+    monkeypatch.setattr(indexer, "_capturing", lambda device: capturing["now"], raising=False)
+    step = make_step(18, heads=8, head_dim=32, max_model_len=192, k=16, max_rows=64)
+    scorer = _LengthScheduleScorer()
+    world = 4
+    assert len(range(*row_shard_bounds(18, step.metadata.num_requests, world, world - 1))) == 0
+    gathered = []
+
+    class _Counting(Loopback):
+        def all_gather(self, local):
+            gathered.append(self.rank)
+            return super().all_gather(local)
+
+    group = _Counting(world)
+    for rank in range(world):
+        state = make_state(step, scorer=scorer)
+        capturing["now"] = False
+        plan = plan_decode_rows(state, step.metadata, group.for_rank(rank))
+        capturing["now"] = True
+        with pytest.raises(ValueError, match=r"^plan: made outside the CUDA graph capture"):
+            finish_decode_rows(state, step.q, step.weights, plan, group.for_rank(rank))
+        plan = plan_decode_rows(state, step.metadata, group.for_rank(rank))  # in the same capture: runs
+        finish_decode_rows(state, step.q, step.weights, plan, group.for_rank(rank))
+    assert gathered == list(range(world)), "each rank gathered once, after its plan in the capture"
+
+
 def test_metadata_value_check_passes_empty_slices_with_the_callers_schedule(monkeypatch):
     """With the value check on, a rank whose slice is empty (18 rows over 8 ranks: ranks 6 and 7) compared the
     caller's schedule of the whole step, which its plan keeps and never scores with, against one rebuilt from its
