@@ -134,7 +134,7 @@ def default_root() -> Path:
     # whatever the running interpreter's prefix (--user, --prefix, a base install seen from a venv with
     # --system-site-packages), and in <dir>/share for `pip install --target <dir>`.
     own = [here.parents[2]] if len(here.parents) > 2 else []
-    bases = [*own, here, data, sys.prefix, site.USER_BASE or ""]
+    bases = [*own, here, data, sys.prefix, *([site.USER_BASE] if site.USER_BASE else [])]
     for base in bases:
         candidate = Path(base) / "share" / "sparse_decode_aot"
         if _holds_a_cache(candidate):
@@ -549,12 +549,18 @@ def _read_regular_file(path: str, limit: int, inside: str | None = None) -> byte
     lexical root check does not follow) naming a FIFO, a socket or a device would otherwise block the load
     or read an endless stream. O_NONBLOCK changes nothing for a regular file.
     """
+    if inside is not None and _O_PATH:  # where it leads, before a FIFO or device outside the root is opened
+        pfd = os.open(path, _O_PATH | getattr(os, "O_CLOEXEC", 0))
+        try:
+            _require_inside(pfd, path, inside)
+        finally:
+            os.close(pfd)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
+        if inside is not None:  # again, about the file actually opened (a link swapped since)
+            _require_inside(fd, path, inside)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        if inside is not None:
-            _require_inside(fd, path, inside)
         chunks = []
         while limit > 0:  # os.read without a buffered file object: a few us less a cubin on the load path
             chunk = os.read(fd, limit)
@@ -565,6 +571,9 @@ def _read_regular_file(path: str, limit: int, inside: str | None = None) -> byte
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     finally:
         os.close(fd)
+
+
+_O_PATH = getattr(os, "O_PATH", 0)  # Linux: opens no device, FIFO or file, only names it
 
 
 def _real_path(fd: int, path: str) -> str:

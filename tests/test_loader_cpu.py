@@ -1745,6 +1745,25 @@ def test_verify_files_only_names_a_looping_link_and_a_staged_manifest_as_unnamed
     assert out[-1].startswith("verify --files-only: all checks passed")
 
 
+@pytest.mark.parametrize("stand_in", ["dangling link", "folder", "fifo"])
+def test_verify_files_only_fails_a_manifest_that_is_not_a_file(cache, no_driver, capsys, stand_in):
+    """The arches were picked by is_file(): a dangling link, a folder or a FIFO at sm_100a's manifest path dropped the
+    arch from the check, and verify said "all checks passed" of a cache whose load on that arch is refused. Anything
+    standing at the path is now checked (and fails); only an absent manifest means the cache has no such arch."""
+    import os
+
+    from runtime import __main__ as cli
+
+    path = manifest_path(cache, "sm_100a")
+    path.unlink()
+    {"dangling link": lambda: path.symlink_to(path.parent / "gone.json"), "folder": path.mkdir,
+     "fifo": lambda: os.mkfifo(path)}[stand_in]()
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 1
+    out = capsys.readouterr().out
+    assert "ok sm_90a" in out and any(line.startswith("FAIL sm_100a: ") for line in out.splitlines())
+    assert out.rstrip().endswith("verify --files-only: FAILED")
+
+
 def test_verify_files_only_fails_a_root_without_manifests(tmp_path, no_driver, capsys):
     from runtime import __main__ as cli
 

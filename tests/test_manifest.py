@@ -215,6 +215,10 @@ def test_cubin_symlink_to_a_special_file(cache, target):
         os.mkfifo(target)
     cubin.unlink()
     cubin.symlink_to(target)
+    if target.startswith("/dev/"):  # outside the root: refused by where it leads, before the device is opened
+        with pytest.raises(errors.PathError, match="resolves to /dev/.*outside the cache root"):
+            check_cache(cache, "sm_90a")
+        return
     with pytest.raises(errors.CubinIntegrityError, match="not a readable file.*not a regular file"):
         check_cache(cache, "sm_90a")
 
@@ -289,6 +293,10 @@ def test_manifest_symlink_to_a_special_file(cache, target):
         os.mkfifo(path)
     else:
         path.symlink_to(target)
+    if target.startswith("/dev/"):  # outside the root: refused by where it leads, before the device is opened
+        with pytest.raises(errors.PathError, match="resolves to /dev/.*outside the cache root"):
+            check_cache(cache, "sm_90a")
+        return
     with pytest.raises(errors.SchemaError, match="not readable JSON.*not a regular file"):
         check_cache(cache, "sm_90a")
 
@@ -856,6 +864,24 @@ def _installed_layout(monkeypatch, package: Path, prefix: Path, data: Path, user
     real_get_path = sysconfig.get_path
     monkeypatch.setattr(sysconfig, "get_path",
                         lambda name, *a, **k: str(data) if name == "data" else real_get_path(name, *a, **k))
+
+
+def test_no_user_base_is_not_the_working_directory(tmp_path, monkeypatch):
+    """Under `python -S` (or an embedded interpreter) site.USER_BASE is None: its "" base made the working directory's
+    share/sparse_decode_aot a cache root, a relative path read against whatever the directory is at each call (what
+    a relative $SPARSE_DECODE_AOT_CACHE is refused for). A missing user base is now left out."""
+    import site
+
+    from runtime import manifest
+
+    usr = tmp_path / "usr"
+    _installed_layout(monkeypatch, usr / "lib/python3/site-packages", usr, usr, tmp_path / "home/.local")
+    monkeypatch.setattr(site, "USER_BASE", None)
+    work = tmp_path / "work"
+    copy_probe_cache(work / "share" / "sparse_decode_aot")
+    monkeypatch.chdir(work)
+    root = manifest.default_root()
+    assert root.is_absolute() and root == usr / "share" / "sparse_decode_aot"
 
 
 def test_installed_data_files_are_found_under_the_schemes_data_path(tmp_path, monkeypatch):
