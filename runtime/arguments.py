@@ -93,6 +93,12 @@ def dtype_or_type(value) -> str:
     return str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
+def _functorch_wrapped(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a torch.func transform's wrapper (vmap's batched tensor, grad's), where torch says."""
+    test = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+    return bool(test(t)) if test is not None else False
+
+
 def require_dense(name: str, t: torch.Tensor) -> None:
     """A TypeError naming ``name`` where the tensor ``t`` is not a plain strided one: sparse (COO, CSR, ...) or
     nested, which have no strides to check (CSR's ``stride()`` and a nested tensor's ``shape`` raise torch's own
@@ -117,6 +123,10 @@ def require_dense(name: str, t: torch.Tensor) -> None:
     try:
         ptr = t.data_ptr()
     except RuntimeError as e:
+        if _functorch_wrapped(t):  # its fix is not a DTensor's or a trace's
+            raise TypeError(f"{name} is a tensor of a torch.func transform (torch.vmap, torch.func.grad, ...), which "
+                            f"the op has no batching or autograd rule for; call it outside the transform (a vmapped "
+                            f"batch as rows of one call)") from None
         raise TypeError(f"{name} is a {type(t).__name__} whose data pointer torch does not give ({e}); "
                         + _NO_MEMORY_FIX.format(name=name)) from None
     if not ptr and t.numel() and not t.is_meta and t.untyped_storage().nbytes():

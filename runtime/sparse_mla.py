@@ -25,7 +25,7 @@ from .arguments import (
     write_result,
 )
 from .contract import sparse_mla_decode as contract
-from .loader import launch_on, memo_kernel
+from .loader import cache_or_fallback, launch_on, memo_kernel
 from .overlap import check_in_storage, check_out_apart
 from .reference import sparse_mla_decode_reference
 
@@ -215,12 +215,21 @@ def max_tokens(width: int, device=None) -> int:
     if index is None:
         return 0  # no kernel serves a device of another type
     # Either variant: sinks or not, they share the grid, the cluster and the occupancy, and a cache built with part
-    # of the contract (build_kernels.py --only) may hold one of them.
+    # of the contract (build_kernels.py --only) may hold one of them. Asked of the cache, not through the ops' memo:
+    # that would say a missing variant's fallback runs (no op call runs here) and keep the answer silently for the op.
     device = torch.device("cuda", index)
-    k = _kernel(width, True, device)
+    k = _held_kernel(width, True, device)
     if k is None:
-        k = _kernel(width, False, device)
+        k = _held_kernel(width, False, device)
     return 0 if k is None else int(k.max_active_clusters)
+
+
+def _held_kernel(width: int, has_sinks: bool, device: torch.device):
+    """The cache's kernel of this variant on ``device`` (a CUDA device with its index), or None, asked without the
+    ops' memo and its missing-kernel warning."""
+    cache = cache_or_fallback("sparse_mla_decode", device.index)
+    name = contract.variant_name(width, has_sinks)
+    return cache.kernel(name) if cache is not None and name in cache else None
 
 
 def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale, bmm2_scale,

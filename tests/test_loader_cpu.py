@@ -1294,6 +1294,39 @@ def test_an_op_without_a_kernel_for_the_arch_says_no_rebuild_adds_one(partial_ca
         assert topk._plan_for(cuda0, "bf16", True) is None
 
 
+def test_max_tokens_on_a_cache_of_one_sparse_mla_variant_says_nothing(monkeypatch):
+    """max_tokens asked for the sinks variant first through the ops' memo: on a cache holding only the _nosinks one
+    (a build with --only) it warned that the torch fallback runs, where no op ran, and the memo then kept the
+    answer, so the op's own call with sinks fell back without a word. It now asks the cache: no warning, the
+    variant's occupancy, and the op's first call with sinks is the one that says so."""
+    import warnings
+
+    from runtime import loader, sparse_mla
+    from runtime.contract import sparse_mla_decode as mla_contract
+
+    class _OneVariant(_KernelsOfAnotherFamily):
+        held = mla_contract.variant_name(640, False)
+
+        def __contains__(self, name):
+            return name == self.held
+
+        def kernel(self, name):
+            assert name == self.held
+            return type("K", (), {"max_active_clusters": 52})()
+
+    one = _OneVariant()
+    monkeypatch.setattr(loader, "cache_or_fallback", lambda op, index: one)
+    monkeypatch.setattr(sparse_mla, "cache_or_fallback", lambda op, index: one)
+    monkeypatch.setattr(sparse_mla, "_kernels", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sparse_mla.max_tokens(640, "cuda:0") == 52
+        assert sparse_mla.max_tokens(128, "cuda:0") == 0  # neither variant held
+    assert sparse_mla._kernels == {}
+    with pytest.warns(RuntimeWarning, match=f"has no kernel {mla_contract.variant_name(640, True)}"):
+        assert sparse_mla._kernel(640, True, torch.device("cuda", 0)) is None
+
+
 def test_a_missing_kernel_is_said_once_where_warnings_are_errors(partial_cache):
     """Where warnings are errors (pytest -W error, a strict service), the partial manifest's warning is raised by the
     first call only, as a refusal's is (cache_or_fallback marks it said before it warns): the answer is memoized

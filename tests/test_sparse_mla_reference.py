@@ -665,7 +665,7 @@ def test_max_tokens_takes_integer_widths_only(monkeypatch):
     from runtime import sparse_mla
 
     asked = []
-    monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: asked.append(width))
+    monkeypatch.setattr(sparse_mla, "_held_kernel", lambda width, sinks, device: asked.append(width))
     for width in (128.0, np.float64(640), True, "128"):
         with pytest.raises(TypeError, match="width: expected an integer"):
             sparse_mla.max_tokens(width, "cuda:0")
@@ -684,7 +684,7 @@ def test_max_tokens_of_a_cache_with_one_variant_of_the_width(monkeypatch):
 
     kernel = type("Kernel", (), {"max_active_clusters": 52})()
     for held, want in ((False, 52), (True, 52), (None, 0)):
-        monkeypatch.setattr(sparse_mla, "_kernel",
+        monkeypatch.setattr(sparse_mla, "_held_kernel",
                             lambda width, sinks, device, held=held: kernel if sinks is held else None)
         assert sparse_mla.max_tokens(640, "cuda:0") == want
 
@@ -936,7 +936,7 @@ def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
     from runtime import sparse_mla
 
     asked = []
-    monkeypatch.setattr(sparse_mla, "_kernel", lambda width, sinks, device: asked.append(device))
+    monkeypatch.setattr(sparse_mla, "_held_kernel", lambda width, sinks, device: asked.append(device))
     monkeypatch.setattr(sparse_mla.torch.cuda, "current_device", lambda: 5)
     monkeypatch.setattr(sparse_mla.torch.cuda, "is_available", lambda: True)
     # Each refusal's type and words, not any TypeError or ValueError that says "device: ": a negative index was not

@@ -79,3 +79,24 @@ def test_ops_name_a_tensor_without_memory(op, name, shown, kind):
         warnings.simplefilter("error")  # torch's warning about a FakeTensor's data_ptr() read fails the test
         with pytest.raises(TypeError, match=match):
             run(args)
+
+
+@pytest.mark.parametrize("transform", ("vmap", "grad"))
+@pytest.mark.parametrize("op", ("decode_topk", "sparse_mla_decode"))
+def test_ops_name_a_torch_func_transforms_tensor(op, transform):
+    """Inside torch.vmap or torch.func.grad the ops' tensors are functorch wrappers whose data pointer torch refuses:
+    refused naming the argument, with the fix for a transform (call outside it), not a DTensor's or a trace's."""
+    make_args, run = OPS[op]
+    first = "logits" if op == "decode_topk" else "q"
+    args = make_args()
+
+    def call(x):
+        run({**args, first: x})
+        return x.float().sum()
+
+    match = rf"^{first} is a tensor of a torch\.func transform .*call it outside the transform"
+    with pytest.raises(TypeError, match=match):
+        if transform == "vmap":
+            torch.vmap(call)(args[first].unsqueeze(0).expand(2, *args[first].shape).contiguous())
+        else:
+            torch.func.grad(call)(args[first].float() if op == "decode_topk" else args[first])
