@@ -255,7 +255,7 @@ def test_flow_under_cuda_graph_follows_new_inputs(monkeypatch, schedule_in_graph
     assert not fallback, f"decode_topk ran its torch fallback on logits of shapes {fallback}"
 
 
-def test_split_flow_under_cuda_graph_plans_inside_the_capture():
+def test_split_flow_under_cuda_graph_plans_inside_the_capture(topk_launches):
     """plan_decode_rows and finish_decode_rows captured together replay on each step's values, as decode_rows does;
     a finish captured with a plan made before the capture is refused (it baked the plan's DeepGEMM schedule, built
     from seq_lens at the plan and freed with it, into every replay: a longer row's scoring never ends there)."""
@@ -276,8 +276,11 @@ def test_split_flow_under_cuda_graph_plans_inside_the_capture():
     with refused, torch.cuda.graph(torch.cuda.CUDAGraph()):
         finish_decode_rows(state, q, weights, eager_plan, SingleRank())
     graph = torch.cuda.CUDAGraph()
+    before = len(topk_launches)
     with torch.cuda.graph(graph):
         finish_decode_rows(state, q, weights, plan_decode_rows(state, md, SingleRank()), SingleRank())
+    captured = topk_launches[before:]  # the AOT kernels, not an exact torch path (which also captures)
+    assert (_launched(captured, "token"), _launched(captured, "block")) == (1, 1), captured
     a = static.state_args
     for new in steps[1:]:
         for dst, src in ((q, new.q), (weights, new.weights), (seq_lens, new.metadata.seq_lens),
@@ -524,21 +527,23 @@ def test_unsupported_k_is_said_once_when_a_cuda_state_is_built():
     assert torch.equal(_sets(state.topk_indices), _sets(peer.topk_indices))
 
 
-def test_torch_scorer_logits_of_any_context_length_take_the_aot_topk():
+def test_torch_scorer_logits_of_any_context_length_take_the_aot_topk(topk_launches):
     """A CUDA state scored by the torch scorer with a max_model_len that is not a multiple of 4: its logits' rows sit
-    16 bytes apart, so the AOT kernel selects (no slow-path warning, which only ranks with rows would give) and the
-    picks equal torch.topk's."""
+    16 bytes apart, so the AOT kernels select, one launch a mode (no slow-path warning, which only ranks with rows
+    would give), and the picks equal torch.topk's. 8189 columns make 1024 blocks for 512 candidates: a selection in
+    block mode too, not every block taken."""
     from runtime.topk import decode_topk_plan
 
-    step = make_step(16, heads=HEADS, head_dim=HEAD_DIM, max_model_len=1021, k=512, candidates=512, device="cuda")
-    step.metadata.seq_lens[0] = 1021  # a row as long as the context: its last group ends at the padding
+    step = make_step(16, heads=HEADS, head_dim=HEAD_DIM, max_model_len=8189, k=512, candidates=512, device="cuda")
+    step.metadata.seq_lens[0] = 8189  # a row as long as the context: its last group ends at the padding
     state, peer = make_state(step, scorer=TorchScorer()), make_state(step, scorer=TorchScorer(), topk_backend="torch")
-    md, a = dataclasses.replace(step.metadata, max_seq_len=1021), step.state_args
-    logits = state.scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, None, 1021)
-    assert logits.stride(0) == 1024 and decode_topk_plan(logits, 16, 512, False) is not None
+    md, a = dataclasses.replace(step.metadata, max_seq_len=8189), step.state_args
+    logits = state.scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, None, 8189)
+    assert logits.stride(0) == 8192 and decode_topk_plan(logits, 16, 512, False) is not None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         decode_rows(state, md, step.q, step.weights, SingleRank())
+    assert (_launched(topk_launches, "token"), _launched(topk_launches, "block")) == (1, 1), topk_launches
     decode_rows(peer, md, step.q, step.weights, SingleRank())
     torch.cuda.synchronize()
     assert torch.equal(_sets(state.topk_indices), _sets(peer.topk_indices))
@@ -586,17 +591,29 @@ POOL_ROWS_SHAPES = [(0, 4, 8, 64, None, None), (3, 4, 0, 64, None, None), (2, 0,
 
 
 @pytest.mark.parametrize("rows, pages, width, page_size, table_rows, k", POOL_ROWS_SHAPES)
-def test_topk_pool_rows_on_cuda_equals_the_cpu_result(rows, pages, width, page_size, table_rows, k):
+def test_topk_pool_rows_on_cuda_equals_the_cpu_result(rows, pages, width, page_size, table_rows, k, monkeypatch):
     topk, table = pool_rows_case(7, rows, pages, width, page_size, table_rows=table_rows, k=k)
     want = topk_pool_rows(topk, table, page_size=page_size)
     assert torch.equal(want, pool_rows_loop(topk, table, page_size))
-    assert rows * width == 0 or _kernel_serves(topk.cuda(), table), "the torch chain would be tested against itself"
+    if rows * width:  # an empty map launches nothing
+        _torch_chain_fails(monkeypatch)
     got = topk_pool_rows(topk.cuda(), table.cuda(), page_size=page_size)
     assert got.is_cuda and got.dtype == torch.int32
     assert torch.equal(got.cpu(), want)
     in_place = topk.cuda()
     assert topk_pool_rows(in_place, table.cuda(), page_size=page_size, out=in_place) is in_place
     assert torch.equal(in_place.cpu(), want)
+
+
+def _torch_chain_fails(monkeypatch) -> None:
+    """From now on topk_pool_rows' torch chain fails the test: the values checked next are the kernel's (a CPU
+    result wanted is computed before)."""
+    from runtime import indexer
+
+    def chain(*args, **kwargs):
+        pytest.fail("topk_pool_rows took the torch chain")
+
+    monkeypatch.setattr(indexer, "_pool_rows_torch", chain)
 
 
 def _kernel_serves(topk: torch.Tensor, table: torch.Tensor) -> bool:
@@ -669,7 +686,7 @@ def test_topk_pool_rows_is_one_aot_kernel():
     assert torch.equal(buf[:12].cpu(), want)
 
 
-def test_topk_pool_rows_kernel_reads_strided_views_and_writes_row_strided_out():
+def test_topk_pool_rows_kernel_reads_strided_views_and_writes_row_strided_out(monkeypatch):
     """topk_indices as a buffer's first k columns, as a transposed view and with a zero row stride; the table
     as a column slice; out as sparse_mla_decode's indices[:, 128:], whose other columns stay."""
     topk, table = pool_rows_case(11, 9, 40, 600, 16, table_rows=14)
@@ -679,6 +696,7 @@ def test_topk_pool_rows_kernel_reads_strided_views_and_writes_row_strided_out():
     big_table[:, 5:45] = table
     want = pool_rows_loop(topk, table, 16)
     assert _kernel_serves(wide.cuda()[:, :600], big_table[:, 5:45])
+    _torch_chain_fails(monkeypatch)
     got = topk_pool_rows(wide.cuda()[:, :600], big_table.cuda()[:, 5:45], page_size=16)
     assert torch.equal(got.cpu(), want)
     transposed = topk.t().contiguous().cuda().t()
@@ -692,7 +710,7 @@ def test_topk_pool_rows_kernel_reads_strided_views_and_writes_row_strided_out():
 
 
 @pytest.mark.parametrize("page_size", [1, 64, 1000, 2 ** 20, 2 ** 31 - 1])
-def test_topk_pool_rows_kernel_at_the_int32_edges(page_size):
+def test_topk_pool_rows_kernel_at_the_int32_edges(page_size, monkeypatch):
     """Positions near 2^31 - 1, pages at the table's end, page ids 0, -1, -2^31, near the last that fits and just
     past 2^32 rows (where an int32 row would wrap to a small valid-looking one): every mapped row within int32,
     every other -1, as the CPU result says."""
@@ -707,15 +725,21 @@ def test_topk_pool_rows_kernel_at_the_int32_edges(page_size):
     want = topk_pool_rows(topk, table, page_size=page_size)
     assert torch.equal(want, pool_rows_loop(topk, table, page_size))
     assert _kernel_serves(topk.cuda(), table)
+    _torch_chain_fails(monkeypatch)
     got = topk_pool_rows(topk.cuda(), table.cuda(), page_size=page_size)
     assert torch.equal(got.cpu(), want)
 
 
-def test_topk_pool_rows_kernel_on_many_rows_and_a_table_of_one_page():
-    """4096 rows (the grid's x), 2049 columns (a ninth, one-column block), one page a row."""
+def test_topk_pool_rows_kernel_on_many_rows_and_a_table_of_one_page(monkeypatch):
+    """4096 rows (the grid's x), 2049 columns (a ninth, one-column block), one page a row; out poisoned, so that an
+    unwritten block shows."""
     topk, table = pool_rows_case(12, 4096, 1, 2049, 64)
+    want = topk_pool_rows(topk, table)  # CPU: the torch chain
     assert _kernel_serves(topk.cuda(), table)
-    assert torch.equal(topk_pool_rows(topk.cuda(), table.cuda()).cpu(), topk_pool_rows(topk, table))  # CPU: torch
+    _torch_chain_fails(monkeypatch)
+    out = torch.full(topk.shape, 77, dtype=torch.int32, device="cuda")
+    assert topk_pool_rows(topk.cuda(), table.cuda(), out=out) is out
+    assert torch.equal(out.cpu(), want)
 
 
 def test_topk_pool_rows_past_the_kernels_columns_takes_the_torch_chain():

@@ -747,6 +747,31 @@ def test_kernel_scores_at_the_bmm1_scale_bound(width, with_sinks, sign):
     assert torch.equal(got.float(), expected), "the kernel"
 
 
+@pytest.mark.parametrize("sink", [None, -1000.0])
+@pytest.mark.parametrize("masked, want", [(slice(0, 128), 1.5), (slice(256, 384), 0.75)])
+def test_kernel_skips_masked_chunks_in_the_merge(sink, masked, want):
+    """Width 640 with one 128-column chunk masked whole (the SWA chunk, or compressed chunk 2) and every other column
+    on one row: scores of -153.6 (swa_kv's row of ones) and -307.2 (compressed_kv's row of twos). Only the highest
+    active chunk counts, bmm2_scale times its row. A masked chunk's stats merged as a max of 0 (not its stand-in for
+    -inf) would scale every active chunk by exp(-153.6) or less, an output of 0: the random inputs of the other tests
+    differ from such a kernel by a BF16 unit at most (test_sparse_mla_reference.py's
+    test_emulation_skips_masked_chunks_in_the_merge guards the emulation the same way)."""
+    from runtime.sparse_mla import sparse_mla_decode
+
+    q = torch.ones(1, H, D, device="cuda").to(FP8)
+    swa, comp = torch.ones(4, D, device="cuda").to(FP8), torch.full((3, D), 2.0, device="cuda").to(FP8)
+    indices = torch.zeros(1, 640, dtype=torch.int32, device="cuda")
+    indices[0, masked] = -1
+    lens = torch.tensor([640], dtype=torch.int32, device="cuda")
+    sinks = None if sink is None else torch.full((H,), sink, device="cuda")
+    kw = {"sinks": sinks, "bmm1_scale": -0.3, "bmm2_scale": 0.75}
+    got = sparse_mla_decode(q, swa, comp, indices, lens, out=poisoned(1), **kw)
+    expected = torch.full((1, H, D), want, device="cuda")
+    assert torch.equal(sparse_mla_decode_reference(q, swa, comp, indices, lens, **kw).float(), expected)
+    torch.cuda.synchronize()
+    assert torch.equal(got.float(), expected), "the kernel"
+
+
 def make_edge_case(width: int, *, device="cuda", swa_rows=SWA_ROWS, comp_rows=COMP_ROWS, seed=0):
     """Tokens make_case never draws: lens past the width and negative (the kernel compares lens signed;
     the host op cannot check device values), one or two active columns (a sink, or a spurious one,
