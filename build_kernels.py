@@ -14,9 +14,11 @@ import contextlib
 import functools
 import hashlib
 import importlib
+import importlib.metadata
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -33,6 +35,21 @@ except ImportError:  # pragma: no cover - not on Linux: FileLock's own lock
     fcntl = None
 
 REPO = Path(__file__).resolve().parent
+SOURCE_DIRS = ("kernels", "runtime/contract")
+
+
+def _drop_source_bytecode() -> None:
+    """Remove the kernel sources' and the contract's cached bytecode before they are imported: Python reuses a .pyc
+    whose recorded mtime (whole seconds) and size match the source, so a same-length edit within a second (or a tool
+    that keeps mtimes) compiled the old kernel under the new source hash, and --check passed it. The rest of the
+    process's imports keep their caches (CuTe DSL's own would take seconds to rebuild)."""
+    for d in SOURCE_DIRS:
+        for cache in (REPO / d).rglob("__pycache__"):
+            shutil.rmtree(cache, ignore_errors=True)  # a read-only checkout: nothing written there, nothing stale
+
+
+if multiprocessing.parent_process() is None:  # the build itself, not a pool worker importing it
+    _drop_source_bytecode()
 sys.path.insert(0, str(REPO))
 
 from runtime.contract import (  # noqa: E402
@@ -57,14 +74,16 @@ from runtime.manifest import (  # noqa: E402
     unnamed_files,
 )
 
-SOURCE_DIRS = ("kernels", "runtime/contract")
-
 
 def source_hash() -> str:
-    """sha256 over the kernel sources and the contract (paths and contents, sorted)."""
+    """sha256 over the kernel sources and the contract (paths and contents, sorted). Hidden names are left out (an
+    editor's lock link such as ``.#ptx.py``, dangling while a file has unsaved edits, stopped every build with a bare
+    FileNotFoundError), and so is anything not a regular file."""
     h = hashlib.sha256()
     for d in SOURCE_DIRS:
         for f in sorted((REPO / d).rglob("*.py")):
+            if any(part.startswith(".") for part in f.relative_to(REPO / d).parts) or not f.is_file():
+                continue
             h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -170,14 +189,19 @@ def _atomic_write_all(files: list, last: tuple | None = None) -> None:
         raise
 
 
+# The signals that end the build (a supervisor's SIGTERM, a closed terminal's or SSH session's SIGHUP, Ctrl-\\'s
+# SIGQUIT), where the platform has them.
+_EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
+
+
 @contextlib.contextmanager
 def _interrupts_deferred():
-    """SIGINT and SIGTERM held back for the block and raised again after it: a Ctrl-C or a supervisor's SIGTERM
+    """SIGINT and _EXIT_SIGNALS held back for the block and raised again after it: a Ctrl-C or a supervisor's SIGTERM
     between an arch's cubins' renames and its manifest's left the new cubins under the old manifest, whose sha256s
     every load then refused. Only the renames and their folders' syncs are covered (milliseconds); SIGKILL cannot
     be held. Python handlers, not a signal mask: a mask is per thread, and any other thread (torch's) took the signal
     and tripped the main thread's handler at once. Outside the main thread no handler can be set."""
-    held = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not None]  # None: not Python's
+    held = [s for s in (signal.SIGINT, *_EXIT_SIGNALS) if signal.getsignal(s) is not None]  # None: not Python's
     if threading.current_thread() is not threading.main_thread():
         held = []
     caught = []
@@ -256,8 +280,9 @@ def _warn_of_build_switches() -> None:
 
 @contextlib.contextmanager
 def _sigterm_as_exit():
-    """SIGTERM (a supervisor, a timeout that signals this process alone) raises SystemExit in the main thread for
-    the block, so that the block's cleanup runs; its default action ends the process without any."""
+    """SIGTERM (a supervisor, a timeout that signals this process alone), and SIGHUP and SIGQUIT alike, raise
+    SystemExit(128 + signal) in the main thread for the block, so that the block's cleanup runs; their default
+    actions end the process without any (a hang-up left the staged copies of a write behind)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -265,11 +290,12 @@ def _sigterm_as_exit():
     def exit_now(signum, _frame):
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, exit_now)
+    previous = {s: signal.signal(s, exit_now) for s in _EXIT_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def compile_all(variants_by_arch: dict, jobs: int):
@@ -771,14 +797,30 @@ def _warm_deepgemm(parser: argparse.ArgumentParser, shape_options: dict, cache_d
     return 0
 
 
+# The CuTe DSL release the kernels are written for: setup.cfg's 'build' extra pins it (its API moves between
+# releases); tests/test_build.py keeps the two equal.
+CUTE_DSL_PIN = "4.8.1"
+ANY_CUTE_DSL_ENV = "SPARSE_DECODE_AOT_ANY_CUTE_DSL"  # "1": build with another release (trying one out)
+
+
 def _require_cute_dsl(parser: argparse.ArgumentParser) -> None:
     """The build and --check compile with CuTe DSL, the 'build' extra: without it (a plain ``pip install -e .``)
-    they stopped in a bare ModuleNotFoundError traceback."""
+    they stopped in a bare ModuleNotFoundError traceback. Another release than the pin built and stamped its version
+    in the manifest without a word (only a later --check said the toolchain differs, and its fix, a rebuild with
+    that release, stamped it again); it is refused, naming both versions."""
     try:
         importlib.import_module("cutlass")
     except ImportError as e:
         parser.error(f"the build compiles with CuTe DSL (nvidia-cutlass-dsl), which does not import here ({e}); "
                      f"install the 'build' extra: pip install -e \".[build]\"")
+    try:
+        installed = importlib.metadata.version("nvidia-cutlass-dsl")
+    except importlib.metadata.PackageNotFoundError:  # importable without its distribution's metadata (a source tree)
+        return
+    if installed != CUTE_DSL_PIN and os.environ.get(ANY_CUTE_DSL_ENV, "") in ("", "0"):
+        parser.error(f"nvidia-cutlass-dsl {installed} is installed, the kernels are written for {CUTE_DSL_PIN} (the "
+                     f"'build' extra's pin): pip install -e \".[build]\" (or set {ANY_CUTE_DSL_ENV}=1 to build with "
+                     f"{installed})")
 
 
 def _refuse_a_file(parser: argparse.ArgumentParser, out: Path) -> None:

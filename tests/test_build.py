@@ -282,6 +282,92 @@ def test_a_build_without_cute_dsl_says_which_extra_to_install(tmp_path, monkeypa
     assert not (tmp_path / "manifests").exists()
 
 
+def test_another_cute_dsl_release_is_refused_naming_the_pin(tmp_path, monkeypatch, capsys):
+    """A CuTe DSL release other than the pin built and stamped its version without a word (a later --check said the
+    toolchain differs; its fix, a rebuild with that release, stamped it again). Refused before compiling, naming both
+    versions and the install; the override builds. The pin is setup.cfg's."""
+    import configparser
+    import importlib.metadata
+
+    import build_kernels
+
+    extras = configparser.ConfigParser()
+    extras.read(REPO / "setup.cfg")
+    assert f"nvidia-cutlass-dsl=={build_kernels.CUTE_DSL_PIN}" in extras["options.extras_require"]["build"].split()
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "9.9.9" if name == "nvidia-cutlass-dsl" else real(name))
+    monkeypatch.delenv(build_kernels.ANY_CUTE_DSL_ENV, raising=False)
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.main(["--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"nvidia-cutlass-dsl 9.9.9 is installed, the kernels are written for {build_kernels.CUTE_DSL_PIN}" in err
+    assert 'pip install -e ".[build]"' in err and not (tmp_path / "manifests").exists()
+    parser = build_kernels.argparse.ArgumentParser()
+    monkeypatch.setenv(build_kernels.ANY_CUTE_DSL_ENV, "1")
+    build_kernels._require_cute_dsl(parser)  # the override: no refusal
+
+
+def test_hidden_and_dangling_source_files_are_not_hashed(tmp_path, monkeypatch):
+    """An editor's lock link (``.#ptx.py``, dangling while a file has unsaved edits) stopped every build in a bare
+    FileNotFoundError from the source hash; hidden names and anything not a regular file are left out of it."""
+    import os
+
+    import build_kernels
+
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "runtime" / "contract").mkdir(parents=True)
+    (tmp_path / "kernels" / "a.py").write_text("A = 1\n")
+    monkeypatch.setattr(build_kernels, "REPO", tmp_path)
+    before = build_kernels.source_hash()
+    os.symlink("user@host.1234:1700000000", tmp_path / "kernels" / ".#a.py")
+    (tmp_path / "kernels" / ".hidden").mkdir()
+    (tmp_path / "kernels" / ".hidden" / "b.py").write_text("B = 1\n")
+    assert build_kernels.source_hash() == before
+
+
+def test_stale_source_bytecode_is_dropped_before_the_build_imports_it(tmp_path, monkeypatch):
+    """Python reuses a .pyc whose recorded mtime and size match the source: a same-length edit within a second
+    compiled the old kernel under the new source hash, and --check passed it. The build removes the sources' and the
+    contract's bytecode caches before importing them, and nothing else's."""
+    import build_kernels
+
+    for d in ("kernels/sub/__pycache__", "runtime/contract/__pycache__", "runtime/__pycache__"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "x.cpython-311.pyc").write_bytes(b"stale")
+    monkeypatch.setattr(build_kernels, "REPO", tmp_path)
+    build_kernels._drop_source_bytecode()
+    assert not (tmp_path / "kernels/sub/__pycache__").exists()
+    assert not (tmp_path / "runtime/contract/__pycache__").exists()
+    assert (tmp_path / "runtime/__pycache__/x.cpython-311.pyc").exists()
+
+
+def test_sighup_and_sigquit_end_the_build_as_sigterm_does():
+    """A closed terminal's SIGHUP (or Ctrl-\\'s SIGQUIT) during an arch's renames killed the build there, its new
+    cubins under the old manifest and its staged copies left behind: both are held with SIGTERM through the renames
+    and raise SystemExit(128 + signal) in the blocks that clean up."""
+    import signal
+
+    import build_kernels
+
+    assert {signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT} <= set(build_kernels._EXIT_SIGNALS)
+    for signum in (signal.SIGHUP, signal.SIGQUIT):
+        before = signal.getsignal(signum)
+        renamed = []
+        with pytest.raises(SystemExit) as stop, build_kernels._sigterm_as_exit():
+            with build_kernels._interrupts_deferred():
+                signal.raise_signal(signum)
+                for _ in range(100):  # the handler would run between these bytecodes: held, it only records
+                    time.sleep(0.001)
+                renamed.append(True)
+            for _ in range(1000):
+                time.sleep(0.001)
+        assert renamed == [True], "the signal ended the block it was held for"
+        assert stop.value.code == 128 + signum
+        assert signal.getsignal(signum) is before
+
+
 def test_a_build_lock_it_cannot_write_is_refused_before_compiling(tmp_path):
     """A lock file the build cannot open for writing (one a load by another account created; here a directory in its
     place) failed the build after minutes of compiling, with a bare PermissionError: now refused first."""
