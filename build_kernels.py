@@ -797,10 +797,21 @@ def _warm_deepgemm(parser: argparse.ArgumentParser, shape_options: dict, cache_d
     return 0
 
 
-# The CuTe DSL release the kernels are written for: setup.cfg's 'build' extra pins it (its API moves between
-# releases); tests/test_build.py keeps the two equal.
-CUTE_DSL_PIN = "4.8.1"
 ANY_CUTE_DSL_ENV = "SPARSE_DECODE_AOT_ANY_CUTE_DSL"  # "1": build with another release (trying one out)
+
+
+def cute_dsl_pin() -> str | None:
+    """The CuTe DSL release the kernels are written for, as setup.cfg's 'build' extra pins it (its API moves between
+    releases), or None where the checkout has no such pin to read."""
+    import configparser
+
+    extras = configparser.ConfigParser()
+    extras.read(REPO / "setup.cfg")
+    for requirement in extras.get("options.extras_require", "build", fallback="").split():
+        name, _, version = requirement.partition("==")
+        if name == "nvidia-cutlass-dsl" and version:
+            return version
+    return None
 
 
 def _require_cute_dsl(parser: argparse.ArgumentParser) -> None:
@@ -817,9 +828,10 @@ def _require_cute_dsl(parser: argparse.ArgumentParser) -> None:
         installed = importlib.metadata.version("nvidia-cutlass-dsl")
     except importlib.metadata.PackageNotFoundError:  # importable without its distribution's metadata (a source tree)
         return
-    if installed != CUTE_DSL_PIN and os.environ.get(ANY_CUTE_DSL_ENV, "") in ("", "0"):
-        parser.error(f"nvidia-cutlass-dsl {installed} is installed, the kernels are written for {CUTE_DSL_PIN} (the "
-                     f"'build' extra's pin): pip install -e \".[build]\" (or set {ANY_CUTE_DSL_ENV}=1 to build with "
+    pin = cute_dsl_pin()
+    if pin is not None and installed != pin and os.environ.get(ANY_CUTE_DSL_ENV, "") in ("", "0"):
+        parser.error(f"nvidia-cutlass-dsl {installed} is installed, the kernels are written for {pin} (the 'build' "
+                     f"extra's pin): pip install -e \".[build]\" (or set {ANY_CUTE_DSL_ENV}=1 to build with "
                      f"{installed})")
 
 

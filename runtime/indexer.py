@@ -1145,7 +1145,7 @@ def topk_pool_rows(topk_indices: torch.Tensor, block_table: torch.Tensor, *, pag
     Either way there is no device sync and no branch on values, as capture in a CUDA graph needs (the first call on
     a device loads the cache: make it before capturing). Inside a function torch.compile traces it runs eagerly, a
     graph break, as the indexer's steps do."""
-    if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
+    if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_topk_pool_rows_eagerly)
         return _topk_pool_rows_eagerly(topk_indices, block_table, page_size, out, pdl)
     return _topk_pool_rows_body(topk_indices, block_table, page_size, out, pdl)
 

@@ -418,14 +418,21 @@ def warn_fallback(op: str, device: str, error: BaseException) -> None:
                    f"{type(error).__name__}: {error}")
 
 
+def held_kernel(op: str, device: int, name: str) -> tuple:
+    """(cache, kernel): the cache bound to ``cuda:device`` for ``op`` (cache_or_fallback: None where it refused the
+    device) and its kernel ``name``, None where the cache lacks it. Nothing memoized, nothing said of a missing one."""
+    cache = cache_or_fallback(op, device)
+    return cache, (cache.kernel(name) if cache is not None and name in cache else None)
+
+
 def memo_kernel(memo: dict, key, op: str, device: int, name: str):
-    """The kernel ``name`` of the cache bound to ``cuda:device`` (cache_or_fallback), or None where the cache refused
+    """The kernel ``name`` of the cache bound to ``cuda:device`` (held_kernel), or None where the cache refused
     the device or lacks the kernel, stored in ``memo[key]`` and returned: a host op's first call on a device, whose
     later calls read ``memo`` alone. A missing kernel is said once, after the memo is filled (where warnings are
     errors, a warning raised before it would be raised again at every call). (Concurrent first calls may both fill
     it, with the same kernel.)"""
-    cache = cache_or_fallback(op, device)
-    memo[key] = kernel = cache.kernel(name) if cache is not None and name in cache else None
+    cache, kernel = held_kernel(op, device, name)
+    memo[key] = kernel
     if cache is not None and kernel is None:
         warn_missing_kernels(op, f"cuda:{device}", [name], arch=cache.arch)
     return kernel

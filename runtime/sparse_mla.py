@@ -25,7 +25,7 @@ from .arguments import (
     write_result,
 )
 from .contract import sparse_mla_decode as contract
-from .loader import cache_or_fallback, launch_on, memo_kernel
+from .loader import held_kernel, launch_on, memo_kernel
 from .overlap import check_in_storage, check_out_apart
 from .reference import sparse_mla_decode_reference
 
@@ -227,9 +227,7 @@ def max_tokens(width: int, device=None) -> int:
 def _held_kernel(width: int, has_sinks: bool, device: torch.device):
     """The cache's kernel of this variant on ``device`` (a CUDA device with its index), or None, asked without the
     ops' memo and its missing-kernel warning."""
-    cache = cache_or_fallback("sparse_mla_decode", device.index)
-    name = contract.variant_name(width, has_sinks)
-    return cache.kernel(name) if cache is not None and name in cache else None
+    return held_kernel("sparse_mla_decode", device.index, contract.variant_name(width, has_sinks))[1]
 
 
 def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bmm1_scale, bmm2_scale,

@@ -285,7 +285,7 @@ def test_a_build_without_cute_dsl_says_which_extra_to_install(tmp_path, monkeypa
 def test_another_cute_dsl_release_is_refused_naming_the_pin(tmp_path, monkeypatch, capsys):
     """A CuTe DSL release other than the pin built and stamped its version without a word (a later --check said the
     toolchain differs; its fix, a rebuild with that release, stamped it again). Refused before compiling, naming both
-    versions and the install; the override builds. The pin is setup.cfg's."""
+    versions and the install; the override builds. The pin is read from setup.cfg."""
     import configparser
     import importlib.metadata
 
@@ -293,7 +293,7 @@ def test_another_cute_dsl_release_is_refused_naming_the_pin(tmp_path, monkeypatc
 
     extras = configparser.ConfigParser()
     extras.read(REPO / "setup.cfg")
-    assert f"nvidia-cutlass-dsl=={build_kernels.CUTE_DSL_PIN}" in extras["options.extras_require"]["build"].split()
+    assert f"nvidia-cutlass-dsl=={build_kernels.cute_dsl_pin()}" in extras["options.extras_require"]["build"].split()
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version",
                         lambda name: "9.9.9" if name == "nvidia-cutlass-dsl" else real(name))
@@ -302,7 +302,7 @@ def test_another_cute_dsl_release_is_refused_naming_the_pin(tmp_path, monkeypatc
         build_kernels.main(["--only", "probe", "--arch", "sm_90a", "--out", str(tmp_path)])
     assert stop.value.code == 2
     err = capsys.readouterr().err
-    assert f"nvidia-cutlass-dsl 9.9.9 is installed, the kernels are written for {build_kernels.CUTE_DSL_PIN}" in err
+    assert f"nvidia-cutlass-dsl 9.9.9 is installed, the kernels are written for {build_kernels.cute_dsl_pin()}" in err
     assert 'pip install -e ".[build]"' in err and not (tmp_path / "manifests").exists()
     parser = build_kernels.argparse.ArgumentParser()
     monkeypatch.setenv(build_kernels.ANY_CUTE_DSL_ENV, "1")

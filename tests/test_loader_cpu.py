@@ -1238,7 +1238,7 @@ def partial_cache(monkeypatch):
     from runtime import loader, sparse_mla, topk
 
     partial = _KernelsOfAnotherFamily()
-    monkeypatch.setattr(loader, "cache_or_fallback", lambda op, index: partial)  # memo_kernel's (sparse_mla_decode)
+    monkeypatch.setattr(loader, "cache_or_fallback", lambda op, index: partial)  # held_kernel's (sparse_mla_decode)
     monkeypatch.setattr(topk, "cache_or_fallback", lambda op, index: partial)
     monkeypatch.setattr(sparse_mla, "_kernels", {})
     monkeypatch.setattr(topk, "_plans", {})
@@ -1316,7 +1316,6 @@ def test_max_tokens_on_a_cache_of_one_sparse_mla_variant_says_nothing(monkeypatc
 
     one = _OneVariant()
     monkeypatch.setattr(loader, "cache_or_fallback", lambda op, index: one)
-    monkeypatch.setattr(sparse_mla, "cache_or_fallback", lambda op, index: one)
     monkeypatch.setattr(sparse_mla, "_kernels", {})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
