@@ -98,6 +98,8 @@ class IndexerState:
     _plans: int = field(default=0, init=False, repr=False, compare=False)
     # Whether the scorer's check_inputs takes layout_checked (the built-in ones do; the keyword is optional).
     _lean_scorer_checks: bool = field(default=False, init=False, repr=False, compare=False)
+    # The scorer's logits dtype (its optional logits_dtype), read once: the kernels loaded at build are that dtype's.
+    _logits_dtype: torch.dtype = field(default=torch.float32, init=False, repr=False, compare=False)
     _checked: bool = field(default=False, init=False, repr=False, compare=False)
     # Where the buffers are and how they are laid out when the state is checked: a plan refuses a buffer changed in
     # place since (set_, as_strided_), which no field assignment shows and which may no longer pass the checks.
@@ -163,6 +165,7 @@ class IndexerState:
                             f"runtime.scoring.Scorer (logits(..., *, checked=False))")
         # An optional keyword: a signature that cannot be read (a compiled method) is not given it.
         self._lean_scorer_checks = _takes_keyword(self.scorer.check_inputs, "layout_checked", unreadable=False)
+        self._logits_dtype = _declared_logits_dtype(self.scorer)
         if self.topk_backend == "auto" and self.topk_indices.is_cuda:  # last: a state refused above says nothing
             _warn_widths_the_aot_topk_does_not_take(self)
             _load_the_aot_topk(self)
@@ -908,9 +911,9 @@ def _check_logits(state: IndexerState, logits, rows: int) -> None:
         got = f"shape {shape}" if shape is not None else type(logits).__name__
         raise ValueError(f"{name} {got} for {rows} rows, expected [{rows}, {state.max_model_len}] (rows, "
                          f"max_model_len); implement runtime.scoring.Scorer")
-    if logits.dtype not in _LOGITS_DTYPES:
-        raise TypeError(f"{name} {logits.dtype} logits, expected float32 (or bfloat16); implement "
-                        f"runtime.scoring.Scorer")
+    if logits.dtype != state._logits_dtype:
+        raise TypeError(f"{name} {logits.dtype} logits, expected {state._logits_dtype} (its logits_dtype); "
+                        f"{_LOGITS_DTYPE_FIX}")
     if logits.device != state.topk_indices.device or (state.max_model_len > 1 and logits.stride(1) != 1):
         raise ValueError(f"{name} logits on {logits.device} with strides {logits.stride()}, expected them on "
                          f"{state.topk_indices.device} (the top-k buffer's device) with unit column stride; implement "
@@ -918,6 +921,20 @@ def _check_logits(state: IndexerState, logits, rows: int) -> None:
 
 
 _LOGITS_DTYPES = (torch.float32, torch.bfloat16)
+_LOGITS_DTYPE_FIX = ("return float32 logits, or bfloat16 ones with logits_dtype = torch.bfloat16 on the scorer "
+                     "(runtime.scoring.Scorer)")
+
+
+def _declared_logits_dtype(scorer) -> torch.dtype:
+    """The scorer's ``logits_dtype`` (float32 where it declares none), float32 or bfloat16, which decode_topk takes.
+    Asked when the state is built: the top-k kernels for it are loaded then on every rank, and a step's logits of
+    another dtype are refused. Left to the logits a step returns, BF16 kernels loaded at the first step on ranks with
+    rows only, whose partial-cache warning (an error where warnings are errors) left an empty-slice rank waiting in
+    the all-gather."""
+    dtype = getattr(scorer, "logits_dtype", torch.float32)
+    if not isinstance(dtype, torch.dtype) or dtype not in _LOGITS_DTYPES:
+        raise TypeError(f"scorer: {type(scorer).__name__}.logits_dtype is {dtype!r}; {_LOGITS_DTYPE_FIX}")
+    return dtype
 
 
 def _rows(t: torch.Tensor, start: int, end: int) -> torch.Tensor:
@@ -1049,14 +1066,14 @@ def _warn_widths_the_aot_topk_does_not_take(state: IndexerState) -> None:
 
 
 def _load_the_aot_topk(state: IndexerState) -> None:
-    """Load the AOT cache's top-k kernels for the state's selections (FP32 logits, token mode into the top-k buffer,
-    block mode into the candidate buffer) when the state is built, which every rank does. A refused or partial cache
-    is then said by every rank alike (a RuntimeWarning, raised where warnings are errors), and a first load cannot
-    fall inside a captured step. Left to the first selection, only ranks with rows would load, and they would warn
+    """Load the AOT cache's top-k kernels for the state's selections (the scorer's logits dtype, token mode into the
+    top-k buffer, block mode into the candidate buffer) when the state is built, which every rank does. A refused or
+    partial cache is then said by every rank alike (a RuntimeWarning, raised where warnings are errors), and a first
+    load cannot fall inside a captured step. Left to the first selection, only ranks with rows would load, and they would warn
     or raise while an empty-slice rank waited in the all-gather."""
     for _, width, block_mode in _selection_widths(state):
         if width in topk.SUPPORTED_K:  # another width selects by the reference: no kernel to load
-            topk.load_kernels(state.topk_indices.device, torch.float32, block_mode)
+            topk.load_kernels(state.topk_indices.device, state._logits_dtype, block_mode)
 
 
 def _aot_select(logits, row_ends, out, block_mode) -> None:

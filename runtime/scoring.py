@@ -61,6 +61,9 @@ class Scorer(Protocol):
     """What the indexer flow needs from a scorer."""
 
     name: str
+    # Optional (read with a default of torch.float32): the dtype ``logits`` returns, float32 or bfloat16. A state
+    # loads that dtype's AOT top-k kernels when it is built, on every rank; logits of another dtype are refused.
+    logits_dtype: torch.dtype
 
     def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor | None:
         """The work schedule of these rows (None where the scorer needs none).
@@ -78,15 +81,13 @@ class Scorer(Protocol):
 
     def logits(self, q, weights, cache, seq_lens, block_table, schedule: torch.Tensor | None,
                max_model_len: int, *, checked: bool = False) -> torch.Tensor:
-        """FP32 ``[rows, max_model_len]`` logits (row stride may be padded; the AOT top-k reads CUDA logits
-        whose start and row stride are multiples of 16 bytes and whose last row, rounded up to 16 bytes, lies
-        within their storage, as DeepGEMM's and the torch scorer's do; other layouts are selected by the exact
-        reference, with a warning);
-        columns at or past ``seq_lens[r]`` hold anything. ``checked=True``: the
-        caller already ran ``check_inputs`` on these rows or on rows they were
-        sliced from, and built ``schedule`` with this scorer's ``schedule`` or ran
-        its ``check_schedule`` on it, so neither is run again (the indexer checks
-        the whole step once, ~3.4 µs of host time, and its plan the schedule)."""
+        """``[rows, max_model_len]`` logits of ``logits_dtype`` (FP32 unless the scorer declares BF16; row stride
+        may be padded; the AOT top-k reads CUDA logits whose start and row stride are multiples of 16 bytes and
+        whose last row, rounded up to 16 bytes, lies within their storage, as DeepGEMM's and the torch scorer's do;
+        other layouts are selected by the exact reference, with a warning); columns at or past ``seq_lens[r]`` hold
+        anything. ``checked=True``: the caller already ran ``check_inputs`` on these rows or on rows they were sliced
+        from, and built ``schedule`` with this scorer's ``schedule`` or ran its ``check_schedule`` on it, so neither
+        is run again (the indexer checks the whole step once, ~3.4 µs of host time, and its plan the schedule)."""
 
 
 def check_index_k_cache(cache, name: str = "cache", head_dim: int | None = None) -> None:
@@ -200,6 +201,7 @@ class TorchScorer:
     """The reference logits behind the scorer interface (no schedule)."""
 
     name = "torch"
+    logits_dtype = torch.float32
 
     def schedule(self, seq_lens: torch.Tensor) -> torch.Tensor | None:
         return None
@@ -256,6 +258,7 @@ class DeepGemmScorer:
     device: call ``schedule`` and ``logits`` with the tensors' device current, as the indexer does."""
 
     name = "deepgemm"
+    logits_dtype = torch.float32
     # The most rows one schedule (one rank's slice) takes: the indexer's plan refuses a sharded step whose slices
     # exceed it on every rank, where schedule() would refuse only on the ranks whose slice is that long.
     max_schedule_rows = MAX_SCHEDULE_ROWS

@@ -2449,7 +2449,8 @@ def test_a_cuda_state_loads_the_aot_topk_when_built(monkeypatch):
     """The AOT top-k's kernels are loaded when a CUDA state is built, which every rank does: left to the first
     selection, only ranks with rows loaded, and a refused or partial cache's RuntimeWarning (an error where warnings
     are errors) or a load inside a captured step raised there while an empty-slice rank waited in the all-gather.
-    Token mode loads for k, block mode for the candidate buffer's width, each only where decode_topk takes it."""
+    Token mode loads for k, block mode for the candidate buffer's width, each only where decode_topk takes it, for
+    the dtype the scorer declares (a BF16 scorer's kernels were loaded at its first step, on ranks with rows only)."""
     from runtime import topk
 
     loads = []
@@ -2475,6 +2476,11 @@ def test_a_cuda_state_loads_the_aot_topk_when_built(monkeypatch):
     assert loads == [("f32", False)]
     make_state(step, scorer=TorchScorer())  # a CPU state selects by the reference
     assert loads == [("f32", False)]
+    loads.clear()
+    IndexerState(topk_indices=a["topk"].clone().as_subclass(_CudaLookingBuffer), k=512,
+                 index_k_cache=a["index_k_cache"], max_model_len=a["max_model_len"],
+                 candidate_blocks=a["candidates"].clone(), scorer=_Bf16Scorer())
+    assert loads == [("bf16", False), ("bf16", True)]  # the scorer's declared dtype, not the FP32 kernels
 
 
 def test_a_refused_cache_is_said_when_the_state_is_built(monkeypatch):
@@ -2611,15 +2617,26 @@ class _HalfScorer(TorchScorer):
         return super().logits(*args, **kwargs).half()
 
 
+class _UndeclaredBf16Scorer(TorchScorer):
+    def logits(self, *args, **kwargs):  # BF16 without saying so: the state loaded the FP32 kernels only
+        return super().logits(*args, **kwargs).bfloat16()
+
+
+class _Bf16Scorer(_UndeclaredBf16Scorer):
+    logits_dtype = torch.bfloat16
+
+
 class _ColumnStridedScorer(TorchScorer):
     def logits(self, *args, **kwargs):  # the right values, column-major
         return super().logits(*args, **kwargs).t().contiguous().t()
 
 
 @pytest.mark.parametrize("scorer, error, message", [
-    (_HalfScorer, TypeError, r"torch.float16 logits, expected float32 \(or bfloat16\)"),
+    (_HalfScorer, TypeError, (r"torch.float16 logits, expected torch.float32 \(its logits_dtype\); return float32 "
+                              r"logits, or bfloat16 ones with logits_dtype = torch.bfloat16 on the scorer")),
+    (_UndeclaredBf16Scorer, TypeError, r"torch.bfloat16 logits, expected torch.float32 \(its logits_dtype\)"),
     (_ColumnStridedScorer, ValueError, (r"logits on cpu with strides \(1, 8\), expected them on cpu .* with unit "
-                                        r"column stride")),
+                                        r"column stride; implement ")),
 ])
 def test_logits_of_another_dtype_or_layout_are_refused_before_any_row_is_written(scorer, error, message):
     """decode_topk refused such logits naming its own argument, after the candidate selection (the exact reference,
@@ -2630,9 +2647,38 @@ def test_logits_of_another_dtype_or_layout_are_refused_before_any_row_is_written
     plan = plan_decode_rows(state, step.metadata, SingleRank())
     state.topk_indices.fill_(7)
     state.candidate_blocks.fill_(5)
-    with pytest.raises(error, match=rf"^scorer: {scorer.__name__}\.logits returned {message}; implement "):
+    with pytest.raises(error, match=rf"^scorer: {scorer.__name__}\.logits returned {message}"):
         finish_decode_rows(state, step.q, step.weights, plan, SingleRank())
     assert (state.topk_indices == 7).all() and (state.candidate_blocks == 5).all()
+
+
+def test_a_scorer_declaring_bf16_logits_is_selected_on_them():
+    """A scorer that says ``logits_dtype = torch.bfloat16`` has its BF16 logits selected (the exact reference on the
+    CPU), each row the reference's top-k of the BF16 logits."""
+    from runtime import reference
+
+    step = make_step(8, heads=8, head_dim=32, max_model_len=192, k=16, candidates=12)
+    state = make_state(step, scorer=_Bf16Scorer())
+    decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    logits = _Bf16Scorer().logits(step.q, step.weights, state.index_k_cache, step.metadata.seq_lens,
+                                  step.metadata.block_table, None, state.max_model_len)
+    assert logits.dtype == torch.bfloat16
+    seq_lens = step.metadata.seq_lens
+    assert torch.equal(state.topk_indices[:8, :16], reference.decode_topk_reference(logits, seq_lens, 16))
+    assert torch.equal(state.candidate_blocks[:8],
+                       reference.decode_topk_reference(logits, seq_lens, 12, block_mode=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, "bfloat16", torch.tensor(1.0)])
+def test_a_scorer_declaring_another_logits_dtype_is_refused_when_the_state_is_built(dtype):
+    """decode_topk selects FP32 or BF16 logits: another declared dtype (or a name, or no dtype at all) is refused
+    while the state is built, on every rank, naming the scorer's attribute."""
+    scorer = TorchScorer()
+    scorer.logits_dtype = dtype
+    step = make_step(8, heads=8, head_dim=32, max_model_len=192, k=16, candidates=12)
+    with pytest.raises(TypeError, match=r"^scorer: TorchScorer\.logits_dtype is .*; return float32 logits, or "
+                                        r"bfloat16 ones with logits_dtype = torch\.bfloat16"):
+        make_state(step, scorer=scorer)
 
 
 @pytest.mark.parametrize("change", ["as_strided_ overlapping rows", "candidate rows"])

@@ -550,6 +550,36 @@ def test_torch_scorer_logits_of_any_context_length_take_the_aot_topk(topk_launch
     assert torch.equal(_sets(state.candidate_blocks), _sets(peer.candidate_blocks))
 
 
+class _Bf16TorchScorer(TorchScorer):
+    logits_dtype = torch.bfloat16
+
+    def logits(self, *args, **kwargs):
+        return super().logits(*args, **kwargs).bfloat16()
+
+
+def test_a_bf16_scorer_selects_by_the_bf16_kernels_loaded_when_the_state_is_built(monkeypatch, topk_launches):
+    """A scorer declaring BF16 logits: the state's build loads the BF16 top-k kernels (every rank builds it; the first
+    step loaded them on ranks with rows only), the step launches them, one a mode, and the picks equal the reference's
+    on the same BF16 logits."""
+    from runtime import reference, topk
+
+    step = make_step(16, heads=HEADS, head_dim=HEAD_DIM, max_model_len=8192, k=512, candidates=512, device="cuda")
+    monkeypatch.setattr(topk, "_plans", {})  # nothing loaded before the build
+    state = make_state(step, scorer=_Bf16TorchScorer())
+    index = state.topk_indices.device.index
+    assert topk._plans.get((index, "bf16", False)) is not None and topk._plans.get((index, "bf16", True)) is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decode_rows(state, step.metadata, step.q, step.weights, SingleRank())
+    assert len(topk_launches) == 2 and all("bf16" in name for name in topk_launches), topk_launches
+    md, a = step.metadata, step.state_args
+    logits = state.scorer.logits(step.q, step.weights, a["index_k_cache"], md.seq_lens, md.block_table, None, 8192)
+    torch.cuda.synchronize()
+    for out, width, block_mode in ((state.topk_indices, 512, False), (state.candidate_blocks, 512, True)):
+        want = reference.decode_topk_reference(logits, md.seq_lens, width, block_mode=block_mode)
+        assert torch.equal(_sets(out[:16, :width]), _sets(want))
+
+
 def test_a_refused_cache_is_said_by_every_rank_when_its_state_is_built(monkeypatch, tmp_path):
     """Where the AOT cache cannot serve the device (an empty cache root here), every rank says so when it builds its
     state, so where warnings are errors every rank raises there, alike. Left to the first selection, only the ranks
