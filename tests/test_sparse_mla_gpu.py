@@ -772,6 +772,34 @@ def test_kernel_skips_masked_chunks_in_the_merge(sink, masked, want):
     assert torch.equal(got.float(), expected), "the kernel"
 
 
+@pytest.mark.parametrize("with_sinks", [True, False])
+@pytest.mark.parametrize("width", [128, 640])
+def test_kernel_never_reads_the_row_at_each_pools_end(width, with_sinks):
+    """Each pool is the first rows of a larger allocation whose next row is FP8 NaN (0x7F bytes), and a quarter of
+    every token's columns index exactly that row (the pool's row count). A kernel masking ``index > rows`` instead of
+    ``index >= rows`` would read it and write NaN; make_case's indices past the end land anywhere up to 2^20 rows on,
+    where only the allocator's layout decides what an off-by-one reads."""
+    from runtime.sparse_mla import sparse_mla_decode
+
+    T = 12
+    (q, swa, comp, idx, lens), sinks = make_case(T, width, seed=7 * width + with_sinks)
+    sinks = sinks if with_sinks else None
+    pools = []
+    for pool in (swa, comp):
+        buffer = torch.empty(pool.shape[0] + 1, D, dtype=FP8, device="cuda")
+        buffer.view(torch.uint8)[-1] = 0x7F  # E4M3 NaN
+        buffer[:-1] = pool
+        pools.append(buffer[:-1])
+    g = torch.Generator(device="cpu").manual_seed(width)
+    at_end = (torch.rand(T, width, generator=g) < 0.25).cuda()
+    rows = torch.where(torch.arange(width, device="cuda") < 128, swa.shape[0], comp.shape[0]).to(torch.int32)
+    idx = torch.where(at_end, rows.expand(T, width), idx)
+    args = (q, pools[0], pools[1], idx, lens)
+    out = sparse_mla_decode(*args, sinks=sinks, bmm1_scale=BMM1_SCALE, bmm2_scale=BMM2_SCALE, out=poisoned(T))
+    torch.cuda.synchronize()
+    assert_kernel_matches(out, args, sinks)  # every element finite, within the reference's budget
+
+
 def make_edge_case(width: int, *, device="cuda", swa_rows=SWA_ROWS, comp_rows=COMP_ROWS, seed=0):
     """Tokens make_case never draws: lens past the width and negative (the kernel compares lens signed;
     the host op cannot check device values), one or two active columns (a sink, or a spurious one,
