@@ -67,6 +67,8 @@ from runtime.manifest import (  # noqa: E402
     build_settled,
     check_against_contract,
     check_cache,
+    check_cubin_against_entry,
+    manifest_from_text,
     manifest_path,
     read_checked_cubin,
     read_manifest,
@@ -373,6 +375,7 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
         for arch, kept in kept_by_arch.items():
             if kept:
                 _refuse_kept_entries_of_another_toolchain(out, arch, previous_by_arch[arch], tools)
+        manifests = {}
         for arch, variants in variants_by_arch.items():
             entries = entries_by_arch[arch]
             previous, kept = previous_by_arch[arch], kept_by_arch[arch]
@@ -387,13 +390,34 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
                 "source_hash": src if whole or previous is None or not kept else previous.get("source_hash", ""),
                 "kernels": [by_name[v.name] for v in all_variants(arch) if v.name in by_name],
             }
-            text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
+            text = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
+            _check_as_the_runtime_reads(out, arch, text, {v.name: cubins[(v.name, arch)] for v in variants})
+            manifests[arch] = manifest, text
+        for arch, variants in variants_by_arch.items():
+            (manifest, text), entries = manifests[arch], entries_by_arch[arch]
             # The manifest is staged with the cubins: a failed write of it (a full disk after the cubins) left the
             # new cubins under the old manifest, whose sha256s every load then refused.
             _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)]) for v, entry in zip(variants, entries)],
-                              last=(manifest_path(out, arch), text.encode()))
+                              last=(manifest_path(out, arch), text))
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
             _remove_unnamed_files(out, arch, manifest)
+
+
+def _check_as_the_runtime_reads(out: Path, arch: str, text: bytes, new_cubins: dict) -> None:
+    """Run the runtime's reader over a manifest before any file of the build is written: its structure and exact
+    field types (runtime.manifest.manifest_from_text), every entry against the contract, and each new cubin's ELF
+    against its entry (what a load checks past the sha256). A value the manifest's JSON turns into something the
+    reader refuses (a config tuple read back as a list, a float size) would otherwise build "successfully" and be
+    refused by every load."""
+    try:
+        manifest = manifest_from_text(text, manifest_path(out, arch), out, arch, measurement_build_ok=True)
+        check_against_contract(manifest)
+        for name, data in new_cubins.items():
+            entry = manifest.kernels[name]
+            check_cubin_against_entry(data, entry, out / entry.cubin, arch, out)
+    except CacheError as e:
+        raise SystemExit(f"the manifest this build would write for {arch} is refused by the runtime's reader, so no "
+                         f"file was written: {e}") from None
 
 
 # How the build opens its lock file, as FileLock does: for writing, created where missing, never through a symlink.

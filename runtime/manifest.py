@@ -213,9 +213,6 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     fix = rebuild(arch, root)
     try:
         text = _read_regular_file(str(path), MANIFEST_MAX_BYTES + 1, inside=str(root))
-        if len(text) > MANIFEST_MAX_BYTES:
-            raise ValueError(f"over {MANIFEST_MAX_BYTES} bytes")
-        data = _parse_manifest(text)
     except FileNotFoundError:
         raise SchemaError("manifest not found.", file=path, fix=fix) from None
     except _OutsideRoot as e:
@@ -226,9 +223,23 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     except PermissionError as e:
         raise SchemaError(f"manifest cannot be read by this process ({e}).", file=path,
                           fix=_read_access(root)) from None
-    except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
-        if isinstance(e, OSError):
-            _raise_if_process_state(e, "manifest", path)
+    except OSError as e:
+        _raise_if_process_state(e, "manifest", path)
+        raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
+    return manifest_from_text(text, path, root, arch)
+
+
+def manifest_from_text(text: bytes, path: Path, root: Path, arch: str, *, measurement_build_ok: bool = False
+                       ) -> Manifest:
+    """The checks of ``read_manifest`` on a manifest's bytes (``path``: where they are, or are about to be, written;
+    the build runs this over each manifest before it writes one). ``measurement_build_ok``: a manifest recording
+    measurement switches is taken (the build that writes one), as ``ALLOW_MEASUREMENT_BUILD_ENV`` lets a load."""
+    fix = rebuild(arch, root)
+    try:
+        if len(text) > MANIFEST_MAX_BYTES:
+            raise ValueError(f"over {MANIFEST_MAX_BYTES} bytes")
+        data = _parse_manifest(text)
+    except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
         raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
     # type() first: JSON's true and 1.0 equal 1 in Python, and every other field is held to its exact type.
     if not isinstance(data, dict) or type(data.get("schema")) is not int or data["schema"] != SCHEMA_VERSION:
@@ -251,7 +262,8 @@ def read_manifest(root: Path | None = None, arch: str = "sm_90a") -> Manifest:
     if bad:
         raise SchemaError(f"manifest fields {', '.join(bad)} have the wrong type (toolchain an object, source_hash "
                           f"a string).", file=path, fix=fix)
-    _refuse_a_measurement_build(toolchain, path, fix)
+    if not measurement_build_ok:
+        _refuse_a_measurement_build(toolchain, path, fix)
     kernels = {}
     for raw in data["kernels"]:
         entry = _entry(raw, path, fix)

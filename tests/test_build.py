@@ -13,7 +13,7 @@ import pytest
 
 from runtime import errors
 from runtime.contract import all_variants
-from runtime.manifest import check_cache, manifest_path
+from runtime.manifest import BUILD_LOCK, check_cache, manifest_path
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = [sys.executable, str(REPO / "build_kernels.py")]
@@ -597,6 +597,61 @@ def test_a_variant_refused_halfway_writes_nothing(tmp_path, monkeypatch):
         build_kernels.write_cache(cache, {"sm_90a": [first_variant, second_variant]}, cubins, ("probe",))
     assert first.read_bytes() == before
     check_cache(cache, "sm_90a")
+
+
+def _cache_files(cache) -> dict:
+    """Every file of the cache and its bytes, the build's lock file (which a write creates) left out."""
+    return {p: p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file() and p.name != BUILD_LOCK}
+
+
+def test_a_manifest_the_runtime_would_refuse_is_not_written(tmp_path, monkeypatch):
+    """The build wrote its manifest without reading it back as the runtime does: a contract config value that JSON
+    changes (a tuple, read back as a list) built "successfully", and every load then refused the entry as differing
+    from the contract. The runtime's reader now runs over each manifest before any file of the build is written."""
+    import dataclasses
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+    from runtime import manifest as runtime_manifest
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    before = _cache_files(cache)
+    variants, cubins = _probe_cubins(cache)
+    tupled = [dataclasses.replace(v, config=(*v.config, ("tile", (64, 2)))) for v in variants]
+    monkeypatch.setattr(runtime_manifest, "all_variants", lambda arch, families=None: tupled)
+    monkeypatch.setattr(build_kernels, "all_variants", lambda arch, families=None: tupled)
+    with pytest.raises(SystemExit, match=r"^the manifest this build would write for sm_90a is refused by the "
+                                         r"runtime's reader, so no file was written: .*differs from this runtime's "
+                                         r"contract in config"):
+        build_kernels.write_cache(cache, {"sm_90a": tupled}, cubins, ("probe",))
+    assert _cache_files(cache) == before
+
+
+def test_the_build_checks_each_new_cubin_as_a_load_does(tmp_path, monkeypatch):
+    """A new cubin whose ELF disagrees with its entry where a load looks past the sha256 (here its parameter list
+    cut from the manifest's entry by one) is refused before any file is written."""
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})
+    cache = copy_probe_cache(tmp_path)
+    before = _cache_files(cache)
+    variants, cubins = _probe_cubins(cache)
+    manifest_entry = build_kernels.manifest_entry
+
+    def shifted(variant, arch, cubin):
+        entry = manifest_entry(variant, arch, cubin)
+        entry["params"][0]["offset"] += 8
+        return entry
+
+    monkeypatch.setattr(build_kernels, "manifest_entry", shifted)
+    with pytest.raises(SystemExit, match=r"refused by the runtime's reader, so no file was written: .*parameters "
+                                         r"\(offset, size\)"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert _cache_files(cache) == before
 
 
 @pytest.mark.parametrize("edit, match", [
