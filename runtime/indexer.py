@@ -1228,7 +1228,7 @@ def _pool_rows_kernel(topk_indices: torch.Tensor, out: torch.Tensor | None, tabl
     if out is not None and not (out.data_ptr() == topk_indices.data_ptr() and out.stride() == topk_indices.stride()) \
             and first_overlap(out, (("topk_indices", topk_indices),)) is not None:
         return None
-    index = topk_indices.device.index if topk_indices.device.index is not None else torch.cuda.current_device()
+    index = topk_indices.device.index  # a CUDA tensor's device always names its index
     if index not in _pool_rows_kernels:
         return memo_kernel(_pool_rows_kernels, index, "topk_pool_rows", index, topk_contract.NAME)
     return _pool_rows_kernels[index]

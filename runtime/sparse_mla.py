@@ -177,7 +177,7 @@ def _kernel(width: int, has_sinks: bool, device):
     """The cached kernel for this call, or None where the cache cannot serve the device."""
     if device.type != "cuda":
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device.index  # a CUDA tensor's device always names its index (the callers pass q.device)
     key = (index, width, has_sinks)
     if key not in _kernels:
         return memo_kernel(_kernels, key, "sparse_mla_decode", index, contract.variant_name(width, has_sinks))
