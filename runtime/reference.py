@@ -164,10 +164,12 @@ def indexer_logits_reference(
 ) -> torch.Tensor:
     """FP32 paged MQA logits of each row over its own keys (what DeepGEMM computes).
 
-    ``logits[r, t] = sum_h weights[r, h] * relu(scale_t * (q[r, h] . k_t))`` for
+    ``logits[r, t] = scale_t * sum_h weights[r, h] * max(q[r, h] . k_t, 0)`` for
     ``t < seq_lens[r]``, where key ``t`` of row ``r`` sits in page
     ``block_table[r, t // 64]``; columns at or past ``seq_lens[r]`` are ``-inf``.
-    The dot products accumulate in FP64 (``_products``). Rows are processed a few
+    As DeepGEMM's kernels compute it (the key's scale outside the clamp, ``fmaxf``'s max, which takes a NaN product as
+    0); its own test's torch reference clamps the scaled product instead, which differs only for a negative scale or
+    a NaN. The dot products accumulate in FP64 (``_products``). Rows are processed a few
     at a time to bound the gathered keys' memory.
     """
     rows, _, dim = q.shape
@@ -181,8 +183,9 @@ def indexer_logits_reference(
         table = block_table[r0:r1, :pages].long().clamp(min=0, max=values.shape[0] - 1)
         keys = values[table].double().reshape(r1 - r0, pages * block_kv, dim)
         key_scales = scales[table].reshape(r1 - r0, pages * block_kv)
-        dots = _products(q[r0:r1], keys.transpose(1, 2)) * key_scales[:, None, :]
-        scores = (dots.relu() * weights[r0:r1].float()[:, :, None]).sum(dim=1)[:, :max_model_len]
+        dots = _products(q[r0:r1], keys.transpose(1, 2))
+        clamped = torch.where(dots > 0, dots, torch.zeros_like(dots))  # fmaxf(dot, 0): a NaN product is 0
+        scores = ((clamped * weights[r0:r1].float()[:, :, None]).sum(dim=1) * key_scales)[:, :max_model_len]
         width = scores.shape[1]
         valid = cols[None, :width] < seq_lens[r0:r1, None].long()
         out[r0:r1, :width] = torch.where(valid, scores, torch.full_like(scores, float("-inf")))

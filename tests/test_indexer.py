@@ -146,6 +146,24 @@ def test_logits_reference_matches_token_loop():
             torch.testing.assert_close(logits[r, t], want, rtol=1e-5, atol=1e-5)
 
 
+def test_logits_reference_computes_as_deepgemms_kernel_on_odd_keys_and_queries():
+    """DeepGEMM's kernel computes scale * sum_h w_h * fmaxf(q_h . k, 0): the key's scale outside the clamp, and a NaN
+    product taken as 0 (fmaxf). The reference clamped the scaled product and kept NaN: for a key of negative scale
+    it gave 0 where the kernel gives -8, and NaN for a query head of NaN where the kernel drops that head."""
+    values = torch.ones(1, 64, 16).to(torch.float8_e4m3fn)
+    scales = torch.full((1, 64), 0.5)
+    scales[0, 1] = -0.5
+    cache = reference.pack_index_k_cache(values, scales)
+    q = torch.ones(1, 2, 16)
+    q[0, 1, 3] = float("nan")
+    q = q.to(torch.float8_e4m3fn)
+    weights = torch.ones(1, 2)
+    logits = reference.indexer_logits_reference(q, weights, cache, torch.tensor([2], dtype=torch.int32),
+                                                torch.zeros(1, 1, dtype=torch.int32), 3)
+    # head 0: q . k = 16, head 1: NaN (dropped): 0.5 * 16 and -0.5 * 16; column 2 lies past the row's length
+    assert logits.tolist() == [[8.0, -8.0, float("-inf")]]
+
+
 def _brute_topk(row, end, k, block_mode):
     vals = [float("-inf") if v != v else v for v in row.tolist()[:end]]
     if block_mode:

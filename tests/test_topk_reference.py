@@ -905,9 +905,10 @@ def test_host_op_takes_no_rows_or_no_columns():
 
 
 # Review addition: the widest rows the op takes (MAX_WIDTH = 2^21 - 1 columns), against a stable sort by value. The
-# reference ranks (key << 21) | (2^21 - 1 - index): every other CPU test stays under 4200 columns, so an index packing
-# of 20 bits (wrong from column 2^20 on) passed them all. Ties cross column 2^20, the best value sits in the last
-# column, a row ends just past 2^20; and width 2^21 is refused by the op and the reference.
+# reference ranks (key << 31) | (2^31 - 1 - index), the kernels break ties over 21 index bits: every other CPU test
+# stays under 4200 columns, so an index packing of 20 bits (wrong from column 2^20 on) passed them all. Ties cross
+# column 2^20, the best value sits in the last column, a row ends just past 2^20; width 2^21 is refused by the op
+# (past the kernels' 21 bits) and taken by the reference.
 def _stable_sort_topk(logits, end, k, block_mode):
     """Larger value first, lower index among equals (a stable sort), NaN as -inf; -1 past the candidates."""
     v = logits[: max(0, min(end, logits.shape[0]))].double()
