@@ -8,6 +8,7 @@ of its ``.nv.info.<kernel>`` section (``EIATTR_KPARAM_INFO`` records).
 
 from __future__ import annotations
 
+import itertools
 import struct
 from typing import NamedTuple
 
@@ -121,14 +122,13 @@ def _section_heads(data: bytes) -> tuple[list, int]:
     _check_program_headers(data)
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    if shentsize < _SHDR.size:
+    # Exactly ELF64's size: read at a wider stride, the table's gaps could hold headers that a reader assuming 64
+    # bytes meets (cuobjdump refuses such a cubin).
+    if shentsize != _SHDR.size:
         raise CubinFormatError(f"section header size {shentsize} is not ELF64's {_SHDR.size}")
     if shoff + shnum * shentsize > len(data) or shstrndx >= shnum:
         raise CubinFormatError("section headers run past the end of the file (truncated?)")
-    if shentsize == _SHDR.size:
-        heads = list(_SHDR.iter_unpack(data[shoff : shoff + shnum * shentsize]))
-    else:
-        heads = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
+    heads = list(_SHDR.iter_unpack(data[shoff : shoff + shnum * shentsize]))
     # The names too: the driver finds the attribute lists by them, and a name offset past its string table (or a
     # table whose last name has no NUL in it) would have it read past the table, or the file, unchecked.
     end, names = len(data), heads[shstrndx]
@@ -140,7 +140,31 @@ def _section_heads(data: bytes) -> tuple[list, int]:
             raise CubinFormatError("a section's name lies past the section names' string table")
     if names[1] == 8 or data[names[4] + names[5] - 1] != 0:  # inside the file: checked above (a size > 0 here)
         raise CubinFormatError("the section names' string table does not end in a NUL (truncated?)")
+    _check_attribute_list_sections(data, heads, names[4])
     return heads, shstrndx
+
+
+# The section type of each image's attribute lists: SHT_CUDA_INFO, and the capmerc image's (every committed cubin's).
+_LIST_TYPES = {b"": 0x70000000, b".nv.merc": 0x70000083}
+
+
+def _check_attribute_list_sections(data: bytes, heads, strtab: int) -> None:
+    """Each attribute list (found by name, as the driver and cuobjdump find them) is a section of its image's list
+    type, and no two lists share bytes. Of another type it could be SHT_NOBITS, whose bounds are not checked (a list
+    declared to run past the file), and cuobjdump refuses any other; overlapping lists are walked once a header,
+    so a few MiB of headers on one list held a load's check for hours."""
+    spans = []
+    for h in heads:
+        image = next((i for i in _IMAGES if data.startswith(i + b".nv.info", strtab + h[0])), None)
+        if image is None:
+            continue
+        if h[1] != _LIST_TYPES[image]:
+            raise CubinFormatError(f"an attribute list's section is of type {h[1]:#x}, not {_LIST_TYPES[image]:#x}")
+        if h[5]:
+            spans.append((h[4], h[4] + h[5]))
+    spans.sort()
+    if any(start < end for (_, end), (start, _) in itertools.pairwise(spans)):
+        raise CubinFormatError("two attribute lists share bytes")
 
 
 def _sections(data: bytes):
@@ -176,24 +200,27 @@ def _sm_of(data: bytes) -> tuple[int, bool]:
 def _attributes(info: bytes):
     """(attribute, value) of each record of a ``.nv.info`` section, in order."""
     i = 0
-    while i + 2 <= len(info):
+    # Records lie on a 4-byte grid, as NVIDIA's tools read them (cuobjdump: a no-value record takes 4 bytes, and a
+    # value's size off the grid is "wrong size"). Read as 2 bytes, a no-value record shifted every later record by 2,
+    # so a crafted list hid a parameter record inside a longer one from the count the loader checks.
+    while i < len(info):
+        if i + 4 > len(info):
+            raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
         fmt, attr = info[i], info[i + 1]
         if fmt == _EIFMT_SVAL:
-            if i + 4 > len(info):
-                raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
             size = info[i + 2] | info[i + 3] << 8
+            if size % 4:
+                raise CubinFormatError(f"a .nv.info attribute of {size} bytes is off the 4-byte grid")
             if i + 4 + size > len(info):  # the value too: the slice would read it short and go on
                 raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
             value = info[i + 4 : i + 4 + size]
             i += 4 + size
         elif fmt in (_EIFMT_BVAL, _EIFMT_HVAL):
-            if i + 4 > len(info):
-                raise CubinFormatError("a .nv.info attribute runs past its section (truncated?)")
             value = info[i + 2 : i + 4]
             i += 4
-        elif fmt == _EIFMT_NVAL:
+        elif fmt == _EIFMT_NVAL:  # no value: two bytes of padding
             value = b""
-            i += 2
+            i += 4
         else:
             raise CubinFormatError(f"unknown .nv.info attribute format {fmt}")
         yield attr, value

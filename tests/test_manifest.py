@@ -507,7 +507,7 @@ def _string_table_index_past_the_table(data):
 
 
 def _wide_section_headers(data):
-    """e_shentsize 128: the table of e_shnum such headers runs past the end (64 bytes each would not)."""
+    """e_shentsize 128 (the table of e_shnum such headers would also run past the end)."""
     import struct
 
     struct.pack_into("<H", data, 0x3A, 128)
@@ -569,7 +569,7 @@ def _short_param_record(data):
     (_bad_section_name, "a section's name lies past the section names' string table"),
     (_header_cut_short, "not a little-endian ELF64"),
     (_string_table_index_past_the_table, "section headers run past"),
-    (_wide_section_headers, "section headers run past"),
+    (_wide_section_headers, "section header size 128 is not ELF64's 64"),
     (_section_past_the_end, "a section runs past"),
     (_attribute_list_cut(3, bytes([4, 0x36, 4, 0])), "attribute runs past its section"),  # in a record's header
     (_attribute_list_cut(2, bytes([3, 0x19])), "attribute runs past its section"),  # in a 2-byte value's record
@@ -1030,7 +1030,8 @@ def test_the_build_refuses_a_kernel_compiled_for_another_block_shape():
 
 def _decoy_kernel_info(data):
     """A second ``.nv.info.<kernel>`` section ahead of the kernel's own: the ``.nv.info`` section renamed and pointed
-    at the kernel's attribute list past its first parameter record (so it lists one parameter fewer)."""
+    at a copy of the kernel's attribute list without its first parameter record (so it lists one parameter fewer),
+    appended to the file (lists sharing bytes are refused as such)."""
     import struct
 
     from runtime import cubin
@@ -1044,11 +1045,12 @@ def _decoy_kernel_info(data):
     start, size = heads[own][4], heads[own][5]
     at = start
     while not (data[at] == 4 and data[at + 1] == 0x17):  # the first EIATTR_KPARAM_INFO record
-        at += 4 + (data[at + 2] | data[at + 3] << 8) if data[at] == 4 else 4 if data[at] in (2, 3) else 2
-    at += 4 + 12
+        at += 4 + (data[at + 2] | data[at + 3] << 8) if data[at] == 4 else 4
+    copy = bytes(data[start:at]) + bytes(data[at + 4 + 12: start + size])
     shoff, = struct.unpack_from("<Q", data, 0x28)
     struct.pack_into("<I", data, shoff + decoy * 64, heads[own][0])  # the kernel's section name
-    struct.pack_into("<QQ", data, shoff + decoy * 64 + 24, at, start + size - at)
+    struct.pack_into("<QQ", data, shoff + decoy * 64 + 24, len(data), len(copy))
+    data.extend(copy)
 
 
 def test_a_second_attribute_list_of_the_kernel_is_refused(cache, monkeypatch):
@@ -1182,9 +1184,9 @@ def test_a_capmerc_list_of_another_block_shape_is_refused(cache):
 
 
 def _first_record_past_the_end(body):
-    """The list's first record (EIATTR 0x37, a 4-byte SVAL in the committed probes) says it holds 65535 bytes."""
+    """The list's first record (EIATTR 0x37, a 4-byte SVAL in the committed probes) says it holds 65532 bytes."""
     assert bytes(body[:4]) == bytes([4, 0x37, 4, 0])
-    body[2:4] = b"\xff\xff"
+    body[2:4] = b"\xfc\xff"
 
 
 def test_a_kernels_own_capmerc_list_is_walked_for_a_symbol_it_only_begins_with(cache):
@@ -1238,3 +1240,86 @@ def test_a_capmerc_list_without_its_nv_info_list_is_refused_as_a_disagreement(ca
     rewrite_first_cubin(cache, "sm_100a", sass_list_renamed(symbol))
     with pytest.raises(CubinFormatError, match=r"says 2 parameters, block \(128, 1, 1\), its .nv.info list nothing"):
         check_section_table(first_cubin(cache, "sm_100a").read_bytes(), kernel=symbol)
+
+
+# --- seventy-sixth session's review: attribute lists read as NVIDIA's tools read them ---------------------------------
+
+def _move_kernel_list(data, new_list: bytes, *, section_type: int | None = None, size: int | None = None) -> None:
+    """Point the kernel's .nv.info.<kernel> header at ``new_list``, appended to the file on the 4-byte grid (its type
+    and declared size rewritten where given)."""
+    import struct
+
+    at = _section_header(data, b".nv.info.kernel")
+    data.extend(bytes(-len(data) % 4))
+    struct.pack_into("<QQ", data, at + 24, len(data), len(new_list) if size is None else size)
+    if section_type is not None:
+        struct.pack_into("<I", data, at + 4, section_type)
+    data.extend(new_list)
+
+
+def _kernel_list(data) -> bytes:
+    import struct
+
+    start, size = struct.unpack_from("<QQ", data, _section_header(data, b".nv.info.kernel") + 24)
+    return bytes(data[start:start + size])
+
+
+def _param_hidden_behind_a_no_value_record(data):
+    """A no-value record (EIFMT_NVAL, 4 bytes to NVIDIA's tools: 2 of padding) whose padding reads, 2 bytes on, as
+    the head of a 258-byte record that swallows a third parameter record (ordinal 2) and a padding record: NVIDIA's
+    reading finds three parameters, a 2-byte one found two (the manifest's count), and both end on the same byte."""
+    import struct
+
+    third = bytes([4, 0x17, 12, 0]) + struct.pack("<IHHI", 0, 2, 0x10, (4 << 18) | 0x1F0)
+    region = bytes([1, 0x04, 4, 0x01]) + bytes([2, 0x01, 0, 0]) + third + bytes([4, 0x01, 236, 0]) + bytes(236)
+    _move_kernel_list(data, _kernel_list(data) + region)
+
+
+def test_a_parameter_behind_a_no_value_record_is_counted(cache):
+    """A no-value record is 4 bytes, as cuobjdump reads it: read as 2, every later record shifted by 2, and a crafted
+    list hid a parameter from the count the load checks against the manifest (the driver is asked only for the
+    manifest's parameters), passing check_cache with the third parameter cuobjdump lists."""
+    from runtime.cubin import check_section_table
+    from runtime.manifest import read_checked_cubin, read_manifest
+
+    rewrite_first_cubin(cache, "sm_90a", _param_hidden_behind_a_no_value_record)
+    manifest = read_manifest(cache, "sm_90a")
+    entry = next(iter(manifest.kernels.values()))
+    assert check_section_table(first_cubin(cache).read_bytes(), kernel=entry.symbol).param_count == 3
+    with pytest.raises(errors.ParamLayoutError, match="the manifest lists 2 parameters, the cubin's ELF has 3"):
+        read_checked_cubin(manifest, entry, sections=False)  # the load's check
+    with pytest.raises(errors.ParamLayoutError, match=r"contradict the cubin's ELF: \[\(0, 8\), \(8, 4\), \(16, 4\)\]"):
+        check_cache(cache, "sm_90a")
+
+
+def _list_as_nobits_past_the_end(data):
+    """The kernel's list typed SHT_NOBITS (8), declared 1 MiB longer than the file: exempt from the bounds check."""
+    body = _kernel_list(data)
+    _move_kernel_list(data, body, section_type=8, size=len(body) + (1 << 20))
+
+
+def _record_off_the_grid(data):
+    """A 2-byte value record (EIFMT_SVAL) ahead of the kernel's list: cuobjdump's "wrong size"."""
+    _move_kernel_list(data, bytes([4, 0x01, 2, 0, 0xEE, 0xEE]) + _kernel_list(data))
+
+
+def _lists_sharing_bytes(data):
+    """The global .nv.info header pointed at the kernel's list: one list walked a header, 2 here, N in a file of N."""
+    import struct
+
+    start, size = struct.unpack_from("<QQ", data, _section_header(data, b".nv.info.kernel") + 24)
+    struct.pack_into("<QQ", data, _section_header(data, b".nv.info\0") + 24, start, size)
+
+
+@pytest.mark.parametrize("craft, said", [
+    (_list_as_nobits_past_the_end, "an attribute list's section is of type 0x8, not 0x70000000"),
+    (_record_off_the_grid, "a .nv.info attribute of 2 bytes is off the 4-byte grid"),
+    (_lists_sharing_bytes, "two attribute lists share bytes"),
+])
+def test_attribute_lists_nvidias_tools_refuse_are_refused(cache, craft, said):
+    """Attribute lists cuobjdump refuses (a list's section of another type, a record off the 4-byte grid) or that cost
+    a walk each for one set of bytes (lists sharing bytes: ~65,000 headers on a 1 MiB list held a load's check for
+    about two hours) are refused as an unreadable ELF."""
+    rewrite_first_cubin(cache, "sm_90a", craft)
+    with pytest.raises(errors.CubinIntegrityError, match=f"not a readable CUDA ELF \\(.*{re.escape(said)}"):
+        check_cache(cache, "sm_90a")
