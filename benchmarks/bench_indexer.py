@@ -290,7 +290,7 @@ def judge(res: dict) -> dict:
     return res
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="three sizes only")
     parser.add_argument("--out", default="benchmarks/results/indexer.json")
@@ -300,8 +300,9 @@ def main() -> None:
         sizes = [(1, 8192), (8, 65536), (64, 262144)]
     scorer = DeepGemmScorer()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    run_sizes(sizes, lambda rows, ctx: bench_one(rows, ctx, scorer, gen), args.out, "indexer_decode_step", _describe,
-              summarize=every_size, target_select_share=TARGET_SELECT_SHARE)
+    results = run_sizes(sizes, lambda rows, ctx: bench_one(rows, ctx, scorer, gen), args.out, "indexer_decode_step",
+                        _describe, summarize=every_size, target_select_share=TARGET_SELECT_SHARE)
+    return 1 if any("error" in r for r in results) else 0
 
 
 def _describe(r: dict) -> str:
@@ -318,4 +319,4 @@ def _describe(r: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

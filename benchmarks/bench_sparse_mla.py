@@ -373,6 +373,8 @@ def main():
             finish(result, args.out)  # partial results survive a timeout
 
     print(table(result), flush=True)
+    # A kernel that faulted, had no cache entry or gave a wrong output in any case fails the run (recorded above).
+    return 1 if "kernel_error" in result or any("error" in c.get("kernel", {}) for c in result["cases"]) else 0
 
 
 def _each_ok(values, ok) -> bool:
@@ -422,4 +424,4 @@ def table_path(out) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -652,3 +652,52 @@ def test_a_job_whose_every_step_hangs_ends_inside_its_limit(dry_run, job, env):
     dry_run(f"gpu/jobs/{job}.sh", timeout=120, LIMIT=str(limit), FAKE_HANG="/", FAKE_memcheck="hang",
             FAKE_synccheck="hang", FAKE_racecheck="hang", **env)
     assert time.monotonic() - start < limit + 4
+
+
+# --- seventy-sixth session's audit: failures that the verdicts reported as passes ------------------------------------
+
+PASSTHROUGH_SANITIZER = r"""#!/usr/bin/env bash
+# compute-sanitizer whose pytest target runs for real (DRY_PYTHON), as a sanitized process that sees no CUDA device
+while [ $# -gt 0 ]; do case "$1" in --tool|--report-api-errors|--error-exitcode|--print-limit) shift 2;; *) break;; esac
+done
+if [ "$1" = python3 ] && [ "$2" = -m ] && [ "$3" = pytest ]; then shift; "$DRY_PYTHON" "$@"; rc=$?; else "$@"; rc=$?; fi
+echo "========= ERROR SUMMARY: 0 errors"; exit $rc
+"""
+
+
+def test_pool_rows_memcheck_fails_where_its_tests_skip(dry_run):
+    """topk_pool_rows' memcheck passed on its exit status alone: where the sanitized process saw no device, every
+    test skipped, pytest exited 0, and host_changes said "every step passed". It now requires the GPU, as the other
+    test steps do, so a skip fails it."""
+    stub = dry_run.bin / "compute-sanitizer"
+    stub.write_text(PASSTHROUGH_SANITIZER)
+    rc, output = dry_run("gpu/jobs/host_changes.sh", PYTHONPATH=str(dry_run.repo))
+    assert rc == 1 and output.splitlines()[-1].startswith("host_changes: FAILED: pool_rows memcheck"), output
+
+
+def test_verify_all_runs_every_topk_sanitizer_shard_whatever_the_callers_environment(dry_run):
+    """ONLY_SHARDS or CROWDED in the caller's environment reached verify_all's decode_topk sanitizers (TOOL=all) and
+    shrank them to the shards named, whose verdict "1 of 1 shards clean" passed while shards 3 and 5 crash."""
+    rc, output = dry_run("gpu/jobs/verify_all.sh", ONLY_SHARDS="0", CROWDED="skip", FAKE_3="crash", FAKE_5="crash")
+    assert rc == 1 and "decode_topk sanitizers" in output.splitlines()[-1], output
+
+
+def test_bench_indexer_exits_1_where_a_size_raised(monkeypatch):
+    """bench_indexer.py recorded a size that raised (the AOT rows unlike the reference's, a fault) in its JSON and
+    exited 0, so the indexer job, host_changes and verify_all passed a wrong selection. A target missed still exits
+    0."""
+    import torch
+
+    import benchmarks.bench_indexer as bench
+
+    outcomes = {}
+    monkeypatch.setattr(bench, "DeepGemmScorer", lambda: None)
+    seeded = type("Generator", (), {"manual_seed": lambda self, seed: self})
+    monkeypatch.setattr(torch, "Generator", lambda device=None: seeded())
+    monkeypatch.setattr(bench, "run_sizes", lambda *args, **kwargs: outcomes["results"])
+    monkeypatch.setattr(sys, "argv", ["bench_indexer.py", "--quick", "--out", "unused.json"])
+    outcomes["results"] = [{"rows": 1, "context": 8192, "meets_target": False}]
+    assert bench.main() == 0
+    outcomes["results"] = [{"rows": 1, "context": 8192, "meets_target": True},
+                           {"rows": 8, "context": 65536, "error": "RuntimeError: the AOT step's rows differ"}]
+    assert bench.main() == 1

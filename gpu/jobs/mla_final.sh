@@ -5,5 +5,9 @@
 # sinks (gpu/tools/mla_sanitize.sh). The benchmark is gpu/jobs/mla_bench.sh (run it after this job).
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-bash gpu/jobs/mla_tests.sh
-bash gpu/tools/mla_sanitize.sh 50
+failed=()
+bash gpu/jobs/mla_tests.sh || failed+=("tests")
+bash gpu/tools/mla_sanitize.sh 50 || failed+=("sanitizers")
+verdict="mla_final: every step passed"; [ ${#failed[@]} -eq 0 ] || verdict="mla_final: FAILED: ${failed[*]}"
+echo "$verdict"
+[ ${#failed[@]} -eq 0 ]

@@ -5,11 +5,11 @@
 # compute-sanitizer memcheck/racecheck/synccheck on small launches of both widths with and without
 # sinks (the three tools in parallel). Each step runs under its own timeout, cut to the time left
 # (this limit or ROUND_CAP, whichever is smaller), so a hang or a short round costs later steps only.
-set -u
+set -uo pipefail  # a step's failure is its status, not its filter's
 mkdir -p "${JOB_OUT:?}"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 # The checkout's packages on the path: outside run_all.sh, which exports it, the scripts failed to import benchmarks
 # and tests.
-export PYTHONPATH=${PYTHONPATH:-$PWD}
+export PYTHONPATH=${PYTHONPATH:-$PWD} SPARSE_DECODE_AOT_REQUIRE_GPU=1
 limit=170
 [ -n "${ROUND_CAP:-}" ] && [ "$ROUND_CAP" -lt "$limit" ] && limit=$ROUND_CAP
 end=$((SECONDS + limit - 6))
@@ -19,15 +19,20 @@ FILTER='^    \|^E  *\[\|^E  *+  *where\|^[a-z_]* = tensor\|^  *\[\|device=.cuda'
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 
 echo "== AOT kernel vs reference"
+failed=()
+# (grep -v's own status, 1 where every line was filtered, is not the step's: the pytest status is taken alone)
 timeout "$(left 40)" $PYTEST tests/test_sparse_mla_gpu.py -k "not triton" --timeout 30 2>&1 \
-  | tee "$JOB_OUT/pytest_kernel.txt" | grep -v "$FILTER" | tail -n 30
+  | tee "$JOB_OUT/pytest_kernel.txt" | { grep -v "$FILTER" || true; } | tail -n 30 || failed+=("kernel tests")
 
 echo "== Triton peer vs reference (every swept config too; compiles them for the benchmark)"
 timeout "$(left 45)" $PYTEST tests/test_sparse_mla_gpu.py -k "triton" 2>&1 \
-  | tee "$JOB_OUT/pytest_triton.txt" | grep -v "$FILTER" | tail -n 20
+  | tee "$JOB_OUT/pytest_triton.txt" | { grep -v "$FILTER" || true; } | tail -n 20 || failed+=("Triton peer tests")
 
 echo "== benchmark"
 timeout "$(left 75)" python3 benchmarks/bench_sparse_mla.py --out "$JOB_OUT/bench_sparse_mla.json"
-echo "benchmark rc=$?"
+rc=$?; echo "benchmark rc=$rc"; [ $rc -eq 0 ] || failed+=("benchmark")
 
-bash gpu/tools/mla_sanitize.sh "$(left 45)"
+bash gpu/tools/mla_sanitize.sh "$(left 45)" || failed+=("sanitizers")
+verdict="mla_support: every step passed"; [ ${#failed[@]} -eq 0 ] || verdict="mla_support: FAILED: ${failed[*]}"
+echo "$verdict"
+[ ${#failed[@]} -eq 0 ]

@@ -24,7 +24,8 @@ if [ -n "${OLD_RUNTIME:-}" ]; then
   done | tee "$OUTDIR/launch_micro.jsonl"
 fi
 echo "=== every GPU test (${SECONDS}s)"
-JOB_OUT=$OUTDIR LIMIT=$(cap 300) bash gpu/jobs/all_gpu_tests.sh 2>&1 | tail -6
+failed=()
+JOB_OUT=$OUTDIR LIMIT=$(cap 300) bash gpu/jobs/all_gpu_tests.sh 2>&1 | tail -6 || failed+=("GPU tests")
 if echo "$gpu" | grep -q H200; then
   bash gpu/tools/h200_grids.sh "$OUTDIR" "$SECONDS" "$(time_left)"
 fi
@@ -42,3 +43,6 @@ print(sys.argv[1].rsplit('/', 1)[1], {m: round(c[m]['load_ms_median'], 1) for m 
   done
 fi
 echo "=== took ${SECONDS}s"
+# The exit status is the GPU tests' (the timings' steps are read from their logs; it was the echo's 0).
+[ ${#failed[@]} -eq 0 ] || echo "session_close: FAILED: ${failed[*]}"
+[ ${#failed[@]} -eq 0 ]

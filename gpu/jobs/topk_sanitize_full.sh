@@ -12,7 +12,7 @@ if [ "${TOOL:-}" = all ]; then
   for t in memcheck synccheck racecheck; do
     # (three: the crowded cases, first in the list, spread over them; the 4-CTA twin's two on two shards)
     shards=3; [ $t = racecheck ] && shards=${SHARDS:-8}
-    TOOL=$t SHARDS=$shards bash "$0" > "$JOB_OUT/topk_${t}_summary.txt" 2>&1 &
+    ONLY_SHARDS= CROWDED= TOOL=$t SHARDS=$shards bash "$0" > "$JOB_OUT/topk_${t}_summary.txt" 2>&1 &
   done
   wait
   for t in memcheck synccheck racecheck; do

@@ -5,6 +5,7 @@
 # Usage: bash gpu/tools/pool_rows_memcheck.sh [SECONDS]; exit status: the sanitizer's (3: errors found; the tests'
 # own failures too), 124 past SECONDS (default 90), 127 without compute-sanitizer on PATH.
 set -u
+export SPARSE_DECODE_AOT_REQUIRE_GPU=1  # a test that would skip (no device seen under the tool) fails
 if ! command -v compute-sanitizer >/dev/null; then
   echo "no compute-sanitizer on PATH: topk_pool_rows' memcheck did not run"
   exit 127
