@@ -701,3 +701,20 @@ def test_bench_indexer_exits_1_where_a_size_raised(monkeypatch):
     outcomes["results"] = [{"rows": 1, "context": 8192, "meets_target": True},
                            {"rows": 8, "context": 65536, "error": "RuntimeError: the AOT step's rows differ"}]
     assert bench.main() == 1
+
+
+@pytest.mark.parametrize("tool, summaries, clean", [
+    ("memcheck", ["========= ERROR SUMMARY: 0 errors"], True),
+    ("memcheck", ["========= ERROR SUMMARY: 0 errors", "========= ERROR SUMMARY: 2 errors"], False),
+    ("racecheck", ["========= RACECHECK SUMMARY: 4 hazards displayed (0 errors, 9 warnings)"], True),
+    ("racecheck", ["========= RACECHECK SUMMARY: 4 hazards displayed (0 errors, 9 warnings)",
+                   "========= RACECHECK SUMMARY: 1 hazard displayed (1 errors, 0 warnings)"], False),
+])
+def test_a_report_with_any_summary_counting_errors_is_not_clean(tmp_path, tool, summaries, clean):
+    """report_clean took a report whose summaries included one at 0 errors (a child process's report beside the
+    parent's), whatever the others counted."""
+    report = tmp_path / "report.txt"
+    report.write_text("\n".join(["6/6 cases match", *summaries, "rc=0"]) + "\n")
+    script = f'source gpu/tools/sanitizer_verdict.sh; report_clean "{report}" {tool} "cases match"'
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, check=False)
+    assert (proc.returncode == 0) == clean
