@@ -145,7 +145,7 @@ def _section_heads(data: bytes) -> tuple[list, int]:
 
 
 # The section type of each image's attribute lists: SHT_CUDA_INFO, and the capmerc image's (every committed cubin's).
-_LIST_TYPES = {b"": 0x70000000, b".nv.merc": 0x70000083}
+_LIST_TYPE, _MERC_LIST_TYPE = 0x70000000, 0x70000083
 
 
 def _check_attribute_list_sections(data: bytes, heads, strtab: int) -> None:
@@ -155,11 +155,12 @@ def _check_attribute_list_sections(data: bytes, heads, strtab: int) -> None:
     so a few MiB of headers on one list held a load's check for hours."""
     spans = []
     for h in heads:
-        image = next((i for i in _IMAGES if data.startswith(i + b".nv.info", strtab + h[0])), None)
-        if image is None:
+        at = strtab + h[0]
+        if not data.startswith(_LISTS, at):  # one test for both images' names (the load path runs this per cubin)
             continue
-        if h[1] != _LIST_TYPES[image]:
-            raise CubinFormatError(f"an attribute list's section is of type {h[1]:#x}, not {_LIST_TYPES[image]:#x}")
+        want = _MERC_LIST_TYPE if data.startswith(_IMAGES[1], at) else _LIST_TYPE
+        if h[1] != want:
+            raise CubinFormatError(f"an attribute list's section is of type {h[1]:#x}, not {want:#x}")
         if h[5]:
             spans.append((h[4], h[4] + h[5]))
     spans.sort()

@@ -927,10 +927,8 @@ _LOGITS_DTYPE_FIX = ("return float32 logits, or bfloat16 ones with logits_dtype 
 
 def _declared_logits_dtype(scorer) -> torch.dtype:
     """The scorer's ``logits_dtype`` (float32 where it declares none), float32 or bfloat16, which decode_topk takes.
-    Asked when the state is built: the top-k kernels for it are loaded then on every rank, and a step's logits of
-    another dtype are refused. Left to the logits a step returns, BF16 kernels loaded at the first step on ranks with
-    rows only, whose partial-cache warning (an error where warnings are errors) left an empty-slice rank waiting in
-    the all-gather."""
+    Asked when the state is built, so that the kernels for it load then (``_load_the_aot_topk``: on every rank) rather
+    than at the first step that returns such logits; a step's logits of another dtype are refused."""
     dtype = getattr(scorer, "logits_dtype", torch.float32)
     if not isinstance(dtype, torch.dtype) or dtype not in _LOGITS_DTYPES:
         raise TypeError(f"scorer: {type(scorer).__name__}.logits_dtype is {dtype!r}; {_LOGITS_DTYPE_FIX}")
@@ -1069,8 +1067,8 @@ def _load_the_aot_topk(state: IndexerState) -> None:
     """Load the AOT cache's top-k kernels for the state's selections (the scorer's logits dtype, token mode into the
     top-k buffer, block mode into the candidate buffer) when the state is built, which every rank does. A refused or
     partial cache is then said by every rank alike (a RuntimeWarning, raised where warnings are errors), and a first
-    load cannot fall inside a captured step. Left to the first selection, only ranks with rows would load, and they would warn
-    or raise while an empty-slice rank waited in the all-gather."""
+    load cannot fall inside a captured step. Left to the first selection, only ranks with rows would load, and they
+    would warn or raise while an empty-slice rank waited in the all-gather."""
     for _, width, block_mode in _selection_widths(state):
         if width in topk.SUPPORTED_K:  # another width selects by the reference: no kernel to load
             topk.load_kernels(state.topk_indices.device, state._logits_dtype, block_mode)

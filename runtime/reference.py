@@ -184,7 +184,7 @@ def indexer_logits_reference(
         keys = values[table].double().reshape(r1 - r0, pages * block_kv, dim)
         key_scales = scales[table].reshape(r1 - r0, pages * block_kv)
         dots = _products(q[r0:r1], keys.transpose(1, 2))
-        clamped = torch.where(dots > 0, dots, torch.zeros_like(dots))  # fmaxf(dot, 0): a NaN product is 0
+        clamped = torch.where(dots > 0, dots, 0.0)  # fmaxf(dot, 0): a NaN product is 0 (clamp would keep it)
         scores = ((clamped * weights[r0:r1].float()[:, :, None]).sum(dim=1) * key_scales)[:, :max_model_len]
         width = scores.shape[1]
         valid = cols[None, :width] < seq_lens[r0:r1, None].long()
