@@ -49,7 +49,9 @@ step 15 8 python3 gpu/jobs/indexer_probe.py --nojit "$JOB_OUT/no_jit_preloaded.j
 echo "=== 5. compute-sanitizer memcheck: one small decode step (DeepGEMM logits + AOT top-k)"
 if command -v compute-sanitizer >/dev/null; then
   # Device faults only: the AOT loader's validation alone hits CUDA API errors (R3: 86 counted with them)
-  step 30 12 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
+  # Every tensor its own allocation (gpu/tools/mla_sanitize.sh says why).
+  step 30 12 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
     python3 gpu/jobs/indexer_probe.py --step 2>&1 | tail -6
 else
   echo "SKIPPED (no compute-sanitizer on PATH): the step's memcheck did not run"; echo 99 >> "$steps"

@@ -26,14 +26,17 @@ n=${SHARDS:-8}
 # the ones an earlier run left incomplete.
 shards=${ONLY_SHARDS:-$(seq 0 $((n - 1)))}; [ "$tool" != racecheck ] && shards=$(seq 0 $((n - 1)))
 extra=; [ "$tool" = racecheck ] && extra="--racecheck-report all"
+# Memcheck sees each tensor as its own allocation (gpu/tools/mla_sanitize.sh says why); the other tools keep torch's
+# caching allocator (what they check does not depend on it, and their runs are long already).
+nocache=; [ "$tool" = memcheck ] && nocache=PYTORCH_NO_CUDA_MEMORY_CACHING=1
 # The crowded-warp cases take minutes a case under the tools (gpu/jobs/topk_sanitize.py says why): racecheck leaves
 # them to gpu/jobs/topk_racecheck_crowded.sh unless CROWDED (with, skip, only) says otherwise.
 crowded=${CROWDED:-with}; [ "$tool" = racecheck ] && crowded=${CROWDED:-skip}
 for i in $shards; do
   # (COMPUTE_SANITIZER: another binary, e.g. tests/test_gpu_job_verdicts.py's fake one on a CPU)
-  ( timeout ${SECONDS_EACH:-400} "${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}" --tool "$tool" $extra \
-      --report-api-errors no --error-exitcode 3 --print-limit 4 python3 gpu/jobs/topk_sanitize.py --shard=$i/$n \
-      --crowded=$crowded \
+  ( env $nocache timeout ${SECONDS_EACH:-400} "${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}" \
+      --tool "$tool" $extra --report-api-errors no --error-exitcode 3 --print-limit 4 \
+      python3 gpu/jobs/topk_sanitize.py --shard=$i/$n --crowded=$crowded \
       > "$JOB_OUT/topk_${tool}_$i.txt" 2>&1; echo "rc=$?" >> "$JOB_OUT/topk_${tool}_$i.txt" ) &
 done
 wait

@@ -6,6 +6,9 @@
 # own failures too), 124 past SECONDS (default 90), 127 without compute-sanitizer on PATH.
 set -u
 export SPARSE_DECODE_AOT_REQUIRE_GPU=1  # a test that would skip (no device seen under the tool) fails
+# Every tensor its own allocation: a read past a pool's end is then outside any allocation memcheck knows (inside
+# torch's cached block it would be a valid address; gpu/tools/mla_sanitize.sh).
+export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 if ! command -v compute-sanitizer >/dev/null; then
   echo "no compute-sanitizer on PATH: topk_pool_rows' memcheck did not run"
   exit 127

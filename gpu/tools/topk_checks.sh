@@ -13,7 +13,9 @@ topk_checks() {
     | tail -20
   local san
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  run timeout "$(cap 30)" "$san" --tool memcheck --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 \
+  # Every tensor its own allocation under memcheck (gpu/tools/mla_sanitize.sh says why).
+  run env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$(cap 30)" "$san" --tool memcheck --print-limit 10 \
+    python3 gpu/jobs/topk_sanitize.py --quick 2>&1 \
     | tail -6
   run timeout "$(cap 30)" "$san" --tool synccheck --print-limit 10 python3 gpu/jobs/topk_sanitize.py --quick 2>&1 \
     | tail -6
