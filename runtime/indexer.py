@@ -1462,8 +1462,10 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
         if t.device != dev:
             raise ValueError(f"metadata.{name}: on {t.device}, expected {dev}")
         if t.dim() != dims or t.stride(-1) != 1:
+            # A one-element last dimension with another stride is contiguous to torch (.contiguous() returns it)
             raise ValueError(f"metadata.{name}: expected {dims}-D with unit last stride, got shape {tuple(t.shape)} "
-                             f"with strides {t.stride()}; pass a {dims}-D tensor whose last dimension is contiguous")
+                             f"with strides {t.stride()}; pass a {dims}-D tensor whose last dimension is contiguous "
+                             f"({name}.clone(memory_format=torch.contiguous_format))")
         if t.shape[0] < rows:
             raise ValueError(f"metadata.{name}: {t.shape[0]} rows, the step has {rows}")
         check_in_storage(f"metadata.{name}", t)

@@ -137,7 +137,8 @@ def _check_scorer_layouts(q: torch.Tensor, weights: torch.Tensor, cache: torch.T
     but a tensor can be changed in place, and its storage shrunk, since). q and weights' shapes are checked."""
     if not q.is_contiguous():
         raise ValueError(f"q: must be contiguous, got strides {q.stride()}; pass q.contiguous()")
-    if weights.stride(1) != 1:  # its shape is checked: the strides are what is wrong
+    # Its shape is checked: the strides are what is wrong (one head's column has no stride to keep).
+    if weights.shape[1] > 1 and weights.stride(1) != 1:
         raise ValueError(f"weights: expected [{q.shape[0]}, {q.shape[1]}] with unit column stride, got strides "
                          f"{weights.stride()}; pass weights.contiguous()")
     check_index_k_cache(cache, "cache", q.shape[2])
@@ -158,8 +159,8 @@ def check_scoring_inputs(
     unit last stride and storage, the block table against max_model_len), so only q's contiguity, weights' unit
     column stride and the cache are checked, with the same messages."""
     if layout_checked:
+        _check_scorer_layouts(q, weights, cache)  # first: it names a cache that is no tensor (no device to read)
         _require_on_q_device("cache", cache, q)
-        _check_scorer_layouts(q, weights, cache)
         return
     for name, t in (("q", q), ("weights", weights), ("cache", cache), ("seq_lens", seq_lens),
                     ("block_table", block_table)):
@@ -187,8 +188,9 @@ def check_scoring_inputs(
     if block_table.dim() != 2 or block_table.shape[0] != rows:
         raise ValueError(f"block_table: expected int32 [{rows}, pages], got {tuple(block_table.shape)}")
     if block_table.stride(1) != 1:
-        raise ValueError(f"block_table: needs unit column stride, got strides {block_table.stride()}; pass "
-                         f"block_table.contiguous()")
+        # Not .contiguous(): one page a row with another stride is contiguous to torch, which returns it as it is.
+        raise ValueError(f"block_table: needs unit column stride (DeepGEMM asserts it), got strides "
+                         f"{block_table.stride()}; pass block_table.clone(memory_format=torch.contiguous_format)")
     for name, t in (("q", q), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table)):
         check_in_storage(name, t)
     max_model_len = whole_count("max_model_len", max_model_len, 1)
@@ -300,6 +302,7 @@ class DeepGemmScorer:
     def check_inputs(self, q, weights, cache, seq_lens, block_table, max_model_len, *, layout_checked=False) -> None:
         """``check_scoring_inputs`` plus DeepGEMM's own limits (no launch)."""
         check_scoring_inputs(q, weights, cache, seq_lens, block_table, max_model_len, layout_checked=layout_checked)
+        self._require_gpu(q)
         _check_current_device("q", q)  # every other input is on q's device (checked)
         _, heads, dim = q.shape
         takes = DEEPGEMM_HEADS.get(self.arch_major, ())
@@ -326,6 +329,14 @@ class DeepGemmScorer:
         for name, t in (("seq_lens", seq_lens), ("block_table", block_table)):
             require_element_aligned(name, t)
 
+    @staticmethod
+    def _require_gpu(q: torch.Tensor) -> None:
+        """DeepGEMM checks no tensor's device: given host tensors, its kernels would read the host's addresses. Every
+        other input is on q's device (checked)."""
+        if not q.is_cuda:
+            raise ValueError(f"q: on {q.device}, but DeepGEMM scores on the GPU; pass the step's tensors on the GPU, "
+                             f"or score them on the CPU with runtime.scoring.TorchScorer")
+
     def check_schedule(self, schedule, device: torch.device, name: str = "schedule") -> None:
         """Raise ValueError naming ``name`` unless ``schedule`` is what ``schedule`` returns for this device: a
         contiguous int32 ``[num_sms + 1, 2]`` tensor on ``device``, with DeepGEMM's SM count now (one built before
@@ -339,8 +350,10 @@ class DeepGemmScorer:
                 or not schedule.is_contiguous() or schedule.device != device):
             got = (f"{schedule.dtype} {tuple(schedule.shape)} on {schedule.device}"
                    if isinstance(schedule, torch.Tensor) else type(schedule).__name__)
+            # None is taken where the plan builds the schedule itself (metadata.schedule), not by logits
+            or_none = ", or pass None" if name != "schedule" else ""
             raise ValueError(f"{name}: expected [{want[0]}, 2] from DeepGemmScorer.schedule (contiguous int32 on "
-                             f"{device}), got {got}; build it with the scorer's schedule, or pass None")
+                             f"{device}), got {got}; build it with the scorer's schedule{or_none}")
         check_in_storage(name, schedule)
         if schedule.data_ptr() % SCHEDULE_ALIGN:
             raise ValueError(f"{name}: DeepGEMM reads it in {SCHEDULE_ALIGN}-byte pairs, so it must start at an "

@@ -994,10 +994,7 @@ def test_state_refuses_logits_wider_than_the_selection_takes():
 def test_deepgemm_scorer_refuses_weights_with_a_padded_row_stride():
     """DeepGEMM's host code asserts weights.is_contiguous(); its scorer's check says so first (built without
     __init__, which needs a GPU, as on an H200)."""
-    from runtime.scoring import DeepGemmScorer
-
-    scorer = object.__new__(DeepGemmScorer)
-    scorer.arch_major = 9
+    scorer = _cpu_deepgemm_scorer()
     rows, heads, dim = 4, 64, 128
     q = torch.zeros(rows, heads, dim).to(torch.float8_e4m3fn)
     cache = _tiny_cache(dim).expand(2, -1, -1, -1).contiguous()
@@ -1535,7 +1532,8 @@ def test_decode_rows_refuses_the_query_before_resetting(bad):
      r"^metadata\.seq_lens: expected an int32 tensor, got torch\.int64; build the metadata with int32 seq_lens$"),
     ("column-strided block table", ValueError,
      (r"^metadata\.block_table: expected 2-D with unit last stride, got shape \(6, 8\) with strides \(16, 2\); "
-      r"pass a 2-D tensor whose last dimension is contiguous$")),
+      r"pass a 2-D tensor whose last dimension is contiguous "
+      r"\(block_table\.clone\(memory_format=torch\.contiguous_format\)\)$")),
 ])
 def test_query_and_metadata_refusals_say_what_was_given_and_the_fix(bad, error, refusal):
     """The query's and the metadata's refusals said what was expected only ("q: expected float8_e4m3fn [rows, heads,
@@ -1750,16 +1748,116 @@ def _install_fake_deep_gemm(monkeypatch, num_sms=4, arch_major=9) -> _FakeDeepGe
     monkeypatch.setattr(scoring, "deepgemm_status", lambda device=None: (True, "ok"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (arch_major, 0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the scorer checks a CUDA tensor is on it
+    # The steps here are on the CPU, which the real scorer refuses (test_deepgemm_scorer_refuses_host_tensors)
+    monkeypatch.setattr(scoring.DeepGemmScorer, "_require_gpu", staticmethod(lambda q: None))
     return dg
 
 
 def _cpu_deepgemm_scorer(num_sms=4):
-    """A DeepGemmScorer built without __init__ (which needs a GPU), as on an H200 with num_sms SMs."""
+    """A DeepGemmScorer built without __init__ (which needs a GPU), as on an H200 with num_sms SMs, that takes CPU
+    steps: its DeepGEMM is the fake (the real scorer refuses host tensors:
+    test_deepgemm_scorer_refuses_host_tensors)."""
+    from runtime.scoring import DeepGemmScorer
+
+    class CpuDeepGemmScorer(DeepGemmScorer):
+        _require_gpu = staticmethod(lambda q: None)
+
+    scorer = object.__new__(CpuDeepGemmScorer)
+    scorer._dg, scorer.arch_major = _FakeDeepGemm(num_sms), 9
+    return scorer
+
+
+def _host_deepgemm_scorer(num_sms=4):
+    """A DeepGemmScorer as _cpu_deepgemm_scorer's, but with the real scorer's refusal of host tensors."""
     from runtime.scoring import DeepGemmScorer
 
     scorer = object.__new__(DeepGemmScorer)
     scorer._dg, scorer.arch_major = _FakeDeepGemm(num_sms), 9
     return scorer
+
+
+def test_deepgemm_scorer_refuses_host_tensors():
+    """DeepGEMM checks no tensor's device: host tensors (q, weights, cache, seq_lens, block_table and a [num_sms + 1,
+    2] int32 schedule) passed every check and reached fp8_paged_mqa_logits, whose kernels would read the host's
+    addresses; directly and through a CPU state's replicated step with the caller's schedule (only schedule()
+    refused host seq_lens, and that step does not call it). Now q is named, before any DeepGEMM call."""
+    step = make_step(8, heads=32, head_dim=64, k=16)
+    md = step.metadata
+    scorer = _host_deepgemm_scorer()
+    schedule = torch.zeros(scorer.num_sms + 1, 2, dtype=torch.int32)
+    refusal = r"^q: on cpu, but DeepGEMM scores on the GPU; .* or score them on the CPU with .*TorchScorer$"
+    with pytest.raises(ValueError, match=refusal):
+        scorer.logits(step.q, step.weights, step.state_args["index_k_cache"], md.seq_lens, md.block_table, schedule,
+                      step.state_args["max_model_len"])
+    state = make_state(step, scorer=scorer)
+    with_schedule = dataclasses.replace(md, schedule=schedule)
+    with pytest.raises(ValueError, match=refusal):
+        decode_rows(state, with_schedule, step.q, step.weights, SingleRank())
+    assert scorer._dg.logits_schedules == []
+
+
+def test_deepgemm_logits_without_a_schedule_are_not_told_to_pass_none():
+    """The schedule refusal ended "or pass None" wherever it was raised: right for the plan's metadata.schedule
+    (None builds one), wrong for logits(schedule=None), which was then told to pass what it had passed."""
+    step = make_step(4, heads=32, head_dim=64, k=16)
+    md = step.metadata
+    scorer = _cpu_deepgemm_scorer()
+    with pytest.raises(ValueError, match=r"^schedule: expected \[5, 2\] .*got NoneType; build it with the scorer's "
+                                         r"schedule$"):
+        scorer.logits(step.q, step.weights, step.state_args["index_k_cache"], md.seq_lens, md.block_table, None,
+                      step.state_args["max_model_len"])
+    with pytest.raises(ValueError, match=r"^metadata\.schedule: .*; build it with the scorer's schedule, or pass "
+                                         r"None$"):
+        scorer.check_schedule(torch.zeros(3, 2, dtype=torch.int32), torch.device("cpu"), "metadata.schedule")
+
+
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    """t [rows, 1] laid out as the transpose of a [1, rows] row: strides (1, rows), contiguous to torch."""
+    return torch.empty(1, t.shape[0], dtype=t.dtype).copy_(t.t()).t()
+
+
+def test_one_column_tensors_with_another_stride_are_taken_or_given_a_fix_that_works():
+    """A one-element last dimension with a non-unit stride is contiguous to torch, whose .contiguous() returns it as
+    it is: weights of one head were refused with "pass weights.contiguous()" (the torch scorer reads them at any
+    stride; DeepGEMM takes no single head), and a one-page block table and a one-row step's seq_lens with fixes
+    that changed nothing. The weights are taken; the others' fix is a copy in the default layout, which is taken."""
+    step = make_step(4, heads=1, head_dim=64, k=16)
+    md, cache, mml = step.metadata, step.state_args["index_k_cache"], step.state_args["max_model_len"]
+    one_head = _transposed(step.weights)
+    assert one_head.is_contiguous() and one_head.stride(1) != 1
+    want = TorchScorer().logits(step.q, step.weights, cache, md.seq_lens, md.block_table, None, mml)
+    assert torch.equal(TorchScorer().logits(step.q, one_head, cache, md.seq_lens, md.block_table, None, mml), want)
+
+    one_page = _transposed(md.block_table[:, :1])
+    from runtime.scoring import check_scoring_inputs
+
+    with pytest.raises(ValueError, match=r"^block_table: .*; pass block_table\.clone\(memory_format=torch\."
+                                         r"contiguous_format\)$"):
+        check_scoring_inputs(step.q, step.weights, cache, md.seq_lens, one_page, 64)
+    copied = one_page.clone(memory_format=torch.contiguous_format)
+    check_scoring_inputs(step.q, step.weights, cache, md.seq_lens, copied, 64)
+
+    one_row = make_step(1, heads=32, head_dim=64, k=16)
+    state = make_state(one_row, scorer=TorchScorer())
+    lens = torch.empty(1, 2, dtype=torch.int32)[:, 0].copy_(one_row.metadata.seq_lens)
+    assert lens.is_contiguous() and lens.stride() == (2,)
+    with pytest.raises(ValueError, match=r"\(seq_lens\.clone\(memory_format=torch\.contiguous_format\)\)$"):
+        decode_rows(state, dataclasses.replace(one_row.metadata, seq_lens=lens), one_row.q, one_row.weights,
+                    SingleRank())
+    fixed = dataclasses.replace(one_row.metadata, seq_lens=lens.clone(memory_format=torch.contiguous_format))
+    decode_rows(state, fixed, one_row.q, one_row.weights, SingleRank())
+    assert torch.equal(state.topk_indices[:1], _expected(one_row)[:1])
+
+
+def test_the_lean_scoring_check_names_a_cache_that_is_no_tensor():
+    """check_scoring_inputs(layout_checked=True) read cache.device before checking the cache: None raised an
+    AttributeError naming nothing."""
+    from runtime.scoring import check_scoring_inputs
+
+    step = make_step(4, heads=32, head_dim=64, k=16)
+    md = step.metadata
+    with pytest.raises(TypeError, match=r"^cache: expected uint8 \[blocks, 64, 1, 68\], got NoneType$"):
+        check_scoring_inputs(step.q, step.weights, None, md.seq_lens, md.block_table, 512, layout_checked=True)
 
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "device", "4 bytes off", "storageless"])

@@ -156,7 +156,7 @@ def test_layout_refusals_give_the_strides_and_the_fix(bad):
     else:  # every other column of a wider tensor
         a[bad] = torch.zeros(t.shape[0], 2 * t.shape[1], dtype=t.dtype)[:, ::2].copy_(t)
     fix = {"q": r"pass q\.contiguous\(\)", "weights": r"pass weights\.contiguous\(\)",
-           "block_table": r"pass block_table\.contiguous\(\)",
+           "block_table": r"pass block_table\.clone\(memory_format=torch\.contiguous_format\)",
            "cache": r"allocate the key cache as one contiguous tensor and pass it"}[bad]
     with pytest.raises(ValueError, match=rf"^{bad}: .*, got strides \({', '.join(map(str, a[bad].stride()))}\); {fix}"):
         scoring.check_scoring_inputs(**a)
