@@ -94,16 +94,41 @@ def _say_unnamed_files(manifest) -> None:
 
 def _manifest_stands(path) -> bool:
     """Whether anything stands at an arch's manifest path (a dangling link, a folder, a FIFO, one this process cannot
-    stat): check_cache then names what a load would refuse. Only an absent one means the cache has no such arch."""
+    stat), or a file stands where the root or its manifests/ folder should be: check_cache then names what a load
+    would refuse (a rebuild does not mend a file in the root's place: the build refuses that --out). Only an absent
+    one means the cache has no such arch."""
     import os
 
     try:
         os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return False
     except OSError:
         return True
     return True
+
+
+def _say_orphaned_cubins(root, archs) -> int:
+    """FAIL each arch of the runtime that ``archs`` (those with a manifest) leaves out but whose cubin folder, or a
+    killed build's staged manifest, holds files: a cache that lost a whole manifest, whose cubins no load reads (that
+    arch's GPUs would take the torch fallback on every call). Returns how many were failed."""
+    from .errors import rebuild
+    from .manifest import unnamed_files
+
+    failed = 0
+    for arch in ARCHS:
+        if arch in archs:
+            continue
+        try:
+            files = [str(p.relative_to(root)) for p in unnamed_files(root, arch, [])]
+        except OSError as e:  # a cubin folder that cannot be listed
+            files = [f"cubins/{arch} (unlistable: {e})"]
+        if files:
+            print(f"FAIL {arch}: {root} holds {len(files)} file(s) of {arch} ({', '.join(files[:3])}"
+                  f"{', ...' if len(files) > 3 else ''}) but no manifest of it: no load reads them, and an {arch} GPU "
+                  f"would take the torch fallback on every call. Fix: {rebuild(arch, root)}")
+            failed += 1
+    return failed
 
 
 def verify_files(root=None, archs=()) -> int:
@@ -119,7 +144,8 @@ def verify_files(root=None, archs=()) -> int:
     except CacheError as e:
         print(f"FAIL: {e}")
         return 1
-    if not archs:
+    named = bool(archs)
+    if not named:
         _say_unknown_manifests(root)
     archs = list(dict.fromkeys(archs)) or [arch for arch in ARCHS if _manifest_stands(manifest_path(root, arch))]
     if not archs:
@@ -140,6 +166,8 @@ def verify_files(root=None, archs=()) -> int:
             _say_unnamed_files(m)
         except OSError as e:  # a cubin folder that cannot be listed: the arch's files checked out, the note cannot say
             print(f"note {arch}: the files of {m.root} no manifest entry names cannot be listed ({e})")
+    if not named:
+        failed += _say_orphaned_cubins(root, archs)
     print("verify --files-only: " + ("FAILED" if failed else "all checks passed (no device checked: run `python -m "
                                       "runtime verify` on each GPU model before serving)"))
     return 1 if failed else 0
@@ -156,6 +184,10 @@ def main(argv=None) -> int:
     v.add_argument("--arch", action="append", default=[], choices=ARCHS, help="with --files-only: check this arch's "
                    "manifest, which must exist (repeatable; default: every arch the cache has a manifest for)")
     args = parser.parse_args(argv)
+    # A file name that is no UTF-8 (surrogate-escaped by Python) in a printed path: shown escaped, not a traceback
+    # under a strict UTF-8 stdout before the other arches were checked.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     if args.arch and not args.files_only:
         parser.error("--arch goes with --files-only (verify on a GPU checks the arch of that GPU)")
     return verify_files(args.root, args.arch) if args.files_only else verify(args.root)

@@ -1707,9 +1707,13 @@ def test_verify_files_only_fails_an_arch_whose_cubin_is_damaged(cache, no_driver
 
 
 def test_verify_files_only_checks_the_named_arch_which_must_exist(cache, no_driver, capsys):
-    """--arch A checks A only and requires its manifest; without --arch an arch with no manifest is not checked."""
+    """--arch A checks A only and requires its manifest; without --arch an arch with no manifest (nor cubins) is not
+    checked."""
+    import shutil
+
     from runtime import __main__ as cli
 
+    shutil.rmtree(first_cubin(cache, "sm_100a").parent)
     manifest_path(cache, "sm_100a").unlink()
     assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 0
     out = capsys.readouterr().out
@@ -1794,6 +1798,79 @@ def test_verify_files_only_fails_a_manifest_that_is_not_a_file(cache, no_driver,
     out = capsys.readouterr().out
     assert "ok sm_90a" in out and any(line.startswith("FAIL sm_100a: ") for line in out.splitlines())
     assert out.rstrip().endswith("verify --files-only: FAILED")
+
+
+@pytest.mark.parametrize("left", ["cubins", "a staged manifest"])
+def test_verify_files_only_fails_an_arch_whose_manifest_was_lost(cache, no_driver, capsys, left):
+    """A cache whose sm_100a manifest was deleted, its cubin folder (or a killed build's staged copy of the manifest)
+    left, passed as "all checks passed" without a word of sm_100a: a cache that lost a whole manifest, whose every
+    call on an sm_100a GPU takes the torch fallback. That arch now fails, naming what is left and the rebuild."""
+    import shutil
+
+    from runtime import __main__ as cli
+
+    manifest = manifest_path(cache, "sm_100a")
+    if left == "a staged manifest":
+        shutil.rmtree(first_cubin(cache, "sm_100a").parent)
+        manifest.rename(manifest.parent / ".sm_100a.json.abc123")
+    else:
+        manifest.unlink()
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("ok sm_90a: ")
+    failed = [line for line in out if line.startswith("FAIL sm_100a: ")]
+    what = "manifests/.sm_100a.json.abc123" if left == "a staged manifest" else "cubins/sm_100a/"
+    assert len(failed) == 1 and f"holds {1 if left != 'cubins' else 2} file(s) of sm_100a ({what}" in failed[0]
+    assert failed[0].endswith("but no manifest of it: no load reads them, and an sm_100a GPU would take the torch "
+                              "fallback on every call. Fix: python build_kernels.py --arch sm_100a --out "
+                              f"{cache}")
+    assert out[-1] == "verify --files-only: FAILED"
+    assert cli.main(["verify", "--files-only", "--arch", "sm_90a", "--root", str(cache)]) == 0  # sm_90a alone
+
+
+@pytest.mark.parametrize("stand_in", ["root", "manifests"])
+def test_verify_files_only_refuses_a_file_in_the_roots_place_with_a_fix_that_works(tmp_path, no_driver, capsys,
+                                                                                    stand_in):
+    """A root that is a file, or whose manifests/ is a file, was told to rebuild with --out <that root>, which
+    build_kernels.py refuses (--out names a file; manifests is not a directory); with --arch it got the load's
+    PathError. Both now say what the load says, for each arch."""
+    from runtime import __main__ as cli
+
+    root = tmp_path / "cache"
+    if stand_in == "root":
+        root.write_text("x")
+    else:
+        root.mkdir()
+        (root / "manifests").write_text("x")
+    for argv in ([], ["--arch", "sm_90a"]):
+        assert cli.main(["verify", "--files-only", "--root", str(root), *argv]) == 1
+        out = capsys.readouterr().out.splitlines()
+        failed = [line for line in out if line.startswith("FAIL")]
+        assert len(failed) == (len(argv) and 1 or 2), out
+        assert all("a file stands where the cache root's folder or its manifests/ folder should be" in line
+                   and "build_kernels.py" not in line for line in failed), failed
+
+
+def test_verify_files_only_shows_a_file_name_that_is_no_utf8(cache):
+    """A stray file whose name is no UTF-8 (Python keeps its bytes as surrogates) in a note or skip line raised
+    UnicodeEncodeError under a strict UTF-8 stdout (a UTF-8 locale other than C's), a traceback before the other
+    arch was checked. The name is shown escaped, and the check goes on."""
+    import subprocess
+    import sys
+
+    folder = first_cubin(cache, "sm_90a").parent
+    open(os.fsencode(str(folder / "stray\udcff.cubin")), "wb").close()
+    open(os.fsencode(str(manifest_path(cache, "sm_\udcff"))), "wb").close()
+    env = {k: v for k, v in os.environ.items() if k != "SPARSE_DECODE_AOT_CACHE"}
+    env.update(PYTHONIOENCODING="utf-8", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-m", "runtime", "verify", "--files-only", "--root", str(cache)],
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+                          capture_output=True, text=True, errors="replace", timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("skip sm_\\udcff: ") for line in lines), lines
+    assert any(line.startswith("note sm_90a: ") and "cubins/sm_90a/stray\\udcff.cubin" in line for line in lines)
+    assert lines[-1].startswith("verify --files-only: all checks passed")
 
 
 def test_verify_files_only_fails_a_root_without_manifests(tmp_path, no_driver, capsys):
