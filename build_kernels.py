@@ -198,11 +198,14 @@ _EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "S
 
 @contextlib.contextmanager
 def _interrupts_deferred():
-    """SIGINT and _EXIT_SIGNALS held back for the block and raised again after it: a Ctrl-C or a supervisor's SIGTERM
-    between an arch's cubins' renames and its manifest's left the new cubins under the old manifest, whose sha256s
-    every load then refused. Only the renames and their folders' syncs are covered (milliseconds); SIGKILL cannot
-    be held. Python handlers, not a signal mask: a mask is per thread, and any other thread (torch's) took the signal
-    and tripped the main thread's handler at once. Outside the main thread no handler can be set."""
+    """SIGINT and _EXIT_SIGNALS held back for the block and raised again after it. Two blocks take it: an arch's
+    renames and their folders' syncs (milliseconds: a Ctrl-C or a supervisor's SIGTERM between an arch's cubins'
+    renames and its manifest's left the new cubins under the old manifest, whose sha256s every load then refused),
+    and a compile in this process (seconds: the exception a handler raises inside CuTe DSL's compiler, which calls
+    back into Python, aborted the process through C++'s terminate, or came out as the compiler's RuntimeError, with
+    --check's temporary build left behind, in about 1 of 12 signals). SIGKILL cannot be held. Python handlers, not a
+    signal mask: a mask is per thread, and any other thread (torch's) took the signal and tripped the main thread's
+    handler at once. Outside the main thread no handler can be set."""
     held = [s for s in (signal.SIGINT, *_EXIT_SIGNALS) if signal.getsignal(s) is not None]  # None: not Python's
     if threading.current_thread() is not threading.main_thread():
         held = []
@@ -258,7 +261,8 @@ def toolchain_info() -> dict:
     from kernels.empty import EmptyKernel
 
     info = toolchain()
-    info.update(compiler_versions(EmptyKernel(1, 32), Int32(0), null_stream()))
+    with _interrupts_deferred():  # a compile in this process (_interrupts_deferred says why)
+        info.update(compiler_versions(EmptyKernel(1, 32), Int32(0), null_stream()))
     # major.minor only: a patch release changes no cubin, and the manifest should not differ by it
     info["python"] = f"{sys.version_info.major}.{sys.version_info.minor}"
     switches = build_switches()
@@ -321,7 +325,8 @@ def compile_all(variants_by_arch: dict, jobs: int):
             raise SystemExit(f"the build compiled {len(results)} of {len(tasks)} variants")
     else:
         for i, task in enumerate(tasks, 1):
-            name, arch, cubin, secs = _compile_one(*task)
+            with _interrupts_deferred():  # a signal ends the build once the variant is compiled (seconds)
+                name, arch, cubin, secs = _compile_one(*task)
             results[(name, arch)] = cubin
             print(f"[{i}/{len(tasks)}] {arch} {name}: {len(cubin)} bytes in {secs:.1f} s", flush=True)
     print(f"compiled {len(tasks)} variant(s) in {time.perf_counter() - start:.1f} s", flush=True)
@@ -393,14 +398,29 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
             text = (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
             _check_as_the_runtime_reads(out, arch, text, {v.name: cubins[(v.name, arch)] for v in variants})
             manifests[arch] = manifest, text
+        written = []
         for arch, variants in variants_by_arch.items():
             (manifest, text), entries = manifests[arch], entries_by_arch[arch]
             # The manifest is staged with the cubins: a failed write of it (a full disk after the cubins) left the
             # new cubins under the old manifest, whose sha256s every load then refused.
-            _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)]) for v, entry in zip(variants, entries)],
-                              last=(manifest_path(out, arch), text))
+            try:
+                _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)])
+                                   for v, entry in zip(variants, entries)], last=(manifest_path(out, arch), text))
+            except OSError as e:  # a full disk, a quota: said in one line, with what the cache now holds
+                raise SystemExit(_write_failure(out, arch, written, e)) from None
+            written.append(arch)
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
             _remove_unnamed_files(out, arch, manifest)
+
+
+def _write_failure(out: Path, arch: str, written: list, error: OSError) -> str:
+    """The one line a build ends with where writing an arch's files failed (a full disk, a quota; a traceback said
+    neither which arch nor what the cache was left holding): each arch is written whole or not at all."""
+    where = f" ({error.filename})" if error.filename else ""
+    done = f"{', '.join(written)} written new before it; " if written else ""
+    return (f"build_kernels.py: writing {arch}'s files in {out} failed: {error.strerror or error}{where}; {done}"
+            f"{arch} and the archs after it keep their previous files (each arch is written whole or not at all: "
+            f"every manifest still matches its cubins); free space or mend the folder, then build again")
 
 
 def _check_as_the_runtime_reads(out: Path, arch: str, text: bytes, new_cubins: dict) -> None:
@@ -652,6 +672,12 @@ def _check_fix(args: argparse.Namespace, families: tuple, problems: list) -> str
     """What a failed --check tells to run: a build of what it checked, its --arch, --out and --only, so that the
     command rebuilds the cache and the families checked; without --only where a problem is a WholeCacheProblem (a
     partial build would leave the check failing, or refuse)."""
+    from kernels.compile import build_switches
+
+    switches = build_switches()
+    if switches:  # the check's own build was a measurement build: a rebuild with them set would fail it again
+        return (f"this check's build ran with {', '.join(switches)} set, which its manifests record: unset "
+                f"{'it' if len(switches) == 1 else 'them'} and check again")
     fix = rebuild(" ".join(args.arch), args.out)
     if not args.only:
         return f"run: {fix}"
@@ -754,6 +780,7 @@ def main(argv=None) -> int:
     if args.check:
         _refuse_a_file(parser, args.out)  # its fix would name a build the build refuses, after minutes of compiling
         _refuse_no_cache_to_check(parser, args.out, args.arch)
+        _warn_of_build_switches()  # the check's build records them: every manifest then differs
         # SIGTERM (a CI job's timeout) as SystemExit, so that the temporary build is removed: its default action
         # left it behind, cubins and all, whenever the compiles ran in this process (--jobs 1) or it wrote
         with _sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="aot_check_") as tmp:
@@ -922,6 +949,11 @@ def _command_line(argv=None) -> int:
     with 143, not with a traceback. The cleanup ran on the way out (staged copies and --check's temporary build
     removed), and a signal during an arch's renames waits for its manifest, so each arch's manifest still names
     the cubins beside it."""
+    # A path that is no UTF-8 (an --out whose name Python keeps as surrogates) printed escaped: under a strict UTF-8
+    # locale it raised UnicodeEncodeError after an arch was written, the next arch and the cleanup not done.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         return main(argv)
     except KeyboardInterrupt:

@@ -409,7 +409,8 @@ def test_a_write_that_fails_halfway_replaces_nothing(tmp_path, monkeypatch, full
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(SystemExit, match=rf"^build_kernels\.py: writing sm_90a's files in {cache} failed: No space "
+                                         r"left on device; sm_90a and the archs after it keep their previous files"):
         build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing replaced, no temporary left
     assert not [p for p in (cache / "manifests").iterdir() if p.name.startswith(".")]
@@ -419,6 +420,101 @@ def test_a_write_that_fails_halfway_replaces_nothing(tmp_path, monkeypatch, full
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == {f"{v.name}.cubin": cubins[(v.name, "sm_90a")]
                                                                   for v in variants}
     check_cache(cache, "sm_90a")
+
+
+def test_a_full_disk_at_the_second_arch_says_which_arch_was_written(tmp_path, monkeypatch):
+    """A full disk ended the build in an OSError traceback, saying neither which arch failed nor that an arch before
+    it had been replaced. It ends in one line naming both, the cache as it says."""
+    import errno
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    variants = {arch: all_variants(arch, ("probe",)) for arch in ("sm_90a", "sm_100a")}
+    before = {arch: {p.name: p.read_bytes() for p in (cache / "cubins" / arch).iterdir()} for arch in variants}
+    cubins = {(v.name, arch): before[arch][f"{v.name}.cubin"] + b"\0" * 16 for arch, vs in variants.items() for v in vs}
+    real_staged_copy = build_kernels._staged_copy
+
+    def staged_copy(path, data):
+        if "sm_100a" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_staged_copy(path, data)
+
+    monkeypatch.setattr(build_kernels, "_staged_copy", staged_copy)
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.write_cache(cache, variants, cubins, ("probe",))
+    said = str(stop.value.code)
+    assert said.startswith(f"build_kernels.py: writing sm_100a's files in {cache} failed: No space left on device "
+                           f"({cache}/cubins/sm_100a/"), said
+    assert "; sm_90a written new before it; sm_100a and the archs after it keep their previous files" in said
+    assert {p.name: p.read_bytes() for p in (cache / "cubins" / "sm_100a").iterdir()} == before["sm_100a"]
+    assert check_cache(cache, "sm_90a").kernels and check_cache(cache, "sm_100a").kernels
+
+
+def test_a_signal_during_a_compile_in_this_process_ends_the_build_after_it(monkeypatch):
+    """With --jobs 1 the variants compile in this process, and a SIGTERM's handler (or Ctrl-C's) raised its exception
+    inside CuTe DSL's compiler, which calls back into Python: the exception crossed C++ frames, aborting the process
+    through terminate or coming out as the compiler's RuntimeError, with --check's temporary build left behind. The
+    signal is now held through each compile and ends the build after it (the compile here stands in for CuTe DSL's:
+    it turns any exception raised inside it into a RuntimeError, as the compiler's callback boundary does)."""
+    import signal
+    import types
+
+    import build_kernels
+
+    compiled = []
+
+    def compile_one(family, name, arch):
+        try:
+            signal.raise_signal(signal.SIGTERM)
+            for _ in range(100):  # the handler would run between these bytecodes
+                time.sleep(0.001)
+        except BaseException as e:
+            raise RuntimeError(f"Exception raised in callback: {e!r}") from e
+        compiled.append(name)
+        return name, arch, b"cubin", 0.1
+
+    monkeypatch.setattr(build_kernels, "_compile_one", compile_one)
+    variants = {"sm_90a": [types.SimpleNamespace(family="probe", name=n) for n in ("a", "b")]}
+    with pytest.raises(SystemExit) as stop, build_kernels._sigterm_as_exit():
+        build_kernels.compile_all(variants, jobs=1)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert compiled == ["a"]  # the first compile finished; the build ended before the second
+
+
+def test_check_with_a_compile_setting_set_warns_and_says_to_unset_it():
+    """--check with a CuTe DSL compile setting exported said nothing of it, failed the current cache on the toolchain
+    and every cubin's sha256, and told to rebuild: a rebuild with the setting still set writes a measurement cache,
+    which the runtime refuses and the next check fails again. It now warns first and says to unset it."""
+    import os
+
+    env = {**os.environ, "CUTE_DSL_LINEINFO": "1"}
+    proc = subprocess.run(BUILD + ["--check", "--arch", "sm_90a", "--only", "empty"], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("warning: CUTE_DSL_LINEINFO=1 set: this is a measurement build")
+    assert proc.stdout.rstrip().splitlines()[-1].endswith(
+        "this check's build ran with CUTE_DSL_LINEINFO set, which its manifests record: unset it and check again")
+    assert "python build_kernels.py" not in proc.stdout
+
+
+def test_an_out_whose_name_is_no_utf8_is_built_whole(tmp_path):
+    """An --out whose name is no UTF-8 (Python keeps its bytes as surrogates), printed in the "wrote" line under a
+    strict UTF-8 stdout (a UTF-8 locale other than C's), raised UnicodeEncodeError after the first arch was written:
+    exit 1, the second arch not built, the stale-file cleanup skipped. The name is printed escaped."""
+    import os
+
+    out = os.fsencode(str(tmp_path)) + b"/cache\xff"
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    proc = subprocess.run([*map(os.fsencode, BUILD), b"--only", b"empty", b"--out", out], capture_output=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr).decode(errors="replace")
+    assert b"wrote " + os.fsencode(str(tmp_path)) + b"/cache\\udcff/manifests/sm_100a.json" in proc.stdout
+    for arch in ("sm_90a", "sm_100a"):
+        assert check_cache(Path(os.fsdecode(out)), arch).kernels
 
 
 def test_check_runs_the_loads_cubin_checks(tmp_path):
