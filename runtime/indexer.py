@@ -26,7 +26,7 @@ import functools
 import inspect
 import itertools
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Protocol
 
 import torch
@@ -109,8 +109,10 @@ class IndexerState:
         # The fields are checked once, here, and every step trusts them: one reassigned afterwards would bypass the
         # checks (a top-k buffer laid over the key cache, a k past the buffer's width or below 1).
         if self._checked and name != "_plans":
-            raise AttributeError(f"{name}: an IndexerState's fields are fixed once checked; build another state, "
-                                 f"e.g. dataclasses.replace(state, {name}=...), which checks it")
+            # dataclasses.replace takes the fields the state is built with, no other name
+            built_with = name in {f.name for f in fields(self) if f.init}
+            fix = f", e.g. dataclasses.replace(state, {name}=...), which checks it" if built_with else ""
+            raise AttributeError(f"{name}: an IndexerState's fields are fixed once checked; build another state{fix}")
         object.__setattr__(self, name, value)
 
     def __setstate__(self, state: dict) -> None:
@@ -278,6 +280,13 @@ class SingleRank:
 
     rank: int = 0
     world_size: int = 1
+
+    def __post_init__(self) -> None:
+        # Filled with a caller's own rank and world size, it sharded the step, reset the buffers and scored its
+        # slice, then failed in the gather, whose fix (return every rank's slice) it cannot follow.
+        if (self.rank, self.world_size) != (0, 1):
+            raise ValueError(f"world_size: SingleRank is the group of one rank (rank 0 of 1), got rank {self.rank} of "
+                             f"{self.world_size}; pass runtime.indexer.DistGroup(group) for a group of several ranks")
 
     def all_gather(self, local: torch.Tensor) -> torch.Tensor:
         return local
@@ -505,9 +514,10 @@ def _plan(state: IndexerState, metadata: DecodeMetadata | None, tp: TPGroup, pad
     if shard is not None and isinstance(most, int) and shard > most:
         # The ranks' slices differ in length (the last may be short or empty): left to the scorer's schedule, the
         # ranks with a full slice would refuse while the others planned and waited in the all-gather.
+        # Slices span an even count of rows (row_shard_rows): an odd cap takes one row less a rank.
         raise ValueError(f"metadata.num_tokens: {num_rows} rows make slices of {shard} rows over {world_size} ranks; "
                          f"one {type(state.scorer).__name__} schedule takes at most {most} rows: score the rows in "
-                         f"steps of at most {most * world_size}, or shard them over more ranks")
+                         f"steps of at most {max(most - most % 2, 2) * world_size}, or shard them over more ranks")
     if shard is not None:
         _check_tp_gather(tp, state.topk_indices.device)  # the finish gathers through it: refused before the reset
     # A rank with an empty slice scores nothing: it keeps no schedule, which the finish would check (against the
@@ -710,9 +720,10 @@ def _finish_decode_rows_body(state, q, weights, plan, tp, all_gather):
     return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=False)
 
 
-def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
+def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool, accepted: tuple | None = None):
     """finish_decode_rows; ``by_decode_rows``: decode_rows made ``plan`` a moment ago from these arguments, having
-    checked q, weights and all_gather before it, so none of the finish's checks could fail: not run again."""
+    checked q, weights and all_gather before it, so none of the finish's checks could fail: not run again.
+    ``accepted``: all_gather's answers for the two buffers, asked by decode_rows before the plan (else asked here)."""
     if plan is None:
         return None
     if not by_decode_rows:
@@ -723,9 +734,10 @@ def _finish(state, q, weights, plan, tp, all_gather, *, by_decode_rows: bool):
     if plan.end > plan.start:
         _decode_rows(state, q, weights, plan)
     if plan.shard is not None:
-        _all_gather_rows(_topk_columns(state), plan.shard, plan.num_rows, tp, all_gather)
+        taken_topk, taken_candidates = accepted or (None, None)
+        _all_gather_rows(_topk_columns(state), plan.shard, plan.num_rows, tp, all_gather, taken_topk)
         if state.candidate_blocks is not None:
-            _all_gather_rows(state.candidate_blocks, plan.shard, plan.num_rows, tp, all_gather)
+            _all_gather_rows(state.candidate_blocks, plan.shard, plan.num_rows, tp, all_gather, taken_candidates)
     return state.topk_indices
 
 
@@ -801,7 +813,8 @@ def decode_rows(
     ``metadata.num_tokens`` are a CUDA graph's padding: their top-k and candidate rows are reset too.
     Everything the finish would refuse is refused before the plan's reset, so an
     ``all_gather`` that is not a RowGather is refused on every step with rows, not
-    only on one that shards (``finish_decode_rows`` looks at it only where it shards)."""
+    only on one that shards (``finish_decode_rows`` looks at it only where it shards), and
+    one whose ``accepts`` answers no bool before the reset."""
     if torch.compiler.is_compiling():  # traced by torch.compile: run eagerly, a graph break (_decode_rows_eagerly)
         return _decode_rows_eagerly(state, metadata, q, weights, tp, all_gather)
     return _decode_rows_body(state, metadata, q, weights, tp, all_gather)
@@ -821,9 +834,10 @@ def _decode_rows_body(state, metadata, q, weights, tp, all_gather):
             _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
             # Its checks of q, weights and the metadata just now leave the scorer its own limits to check.
             _check_scoring(state, metadata, q, weights)
+        accepted = _ask_accepts_before_the_reset(state, metadata, tp, all_gather) if has_rows else None
         # A plan is made only for a step with rows, whose arguments were all checked above.
         plan = _plan(state, metadata, tp, _padded_tokens(state, metadata, q), by_decode_rows=has_rows)
-        return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=has_rows)
+        return _finish(state, q, weights, plan, tp, all_gather, by_decode_rows=has_rows, accepted=accepted)
 
 
 # Traced by torch.compile, the indexer's steps run eagerly: each is a graph break, where the tracer would otherwise
@@ -948,14 +962,15 @@ def _topk_columns(state: IndexerState) -> torch.Tensor:
 
 
 def _all_gather_rows(
-    buffer: torch.Tensor, rows: int, num_rows: int, tp: TPGroup, all_gather: RowGather | None
+    buffer: torch.Tensor, rows: int, num_rows: int, tp: TPGroup, all_gather: RowGather | None,
+    taken: bool | None = None,
 ) -> None:
     """Gather every rank's ``rows``-row slice of ``buffer`` into its first ``num_rows``
-    rows; rows past ``num_rows`` (a short or empty last slice) are dropped."""
+    rows; rows past ``num_rows`` (a short or empty last slice) are dropped. ``taken``: all_gather's answer for
+    this slice's layout where already asked, else None (asked here)."""
     local = _same_layout_on_every_rank(buffer[tp.rank * rows: (tp.rank + 1) * rows])
-    taken = all_gather is not None and all_gather.accepts(local)
-    if taken is not True and taken is not False:  # two comparisons where it answers a bool
-        taken = _accepts_answer(all_gather, taken)
+    if taken is None:
+        taken = _accepts(all_gather, local)
     if taken:
         gathered, source = all_gather(local), "all_gather"
     else:
@@ -966,6 +981,31 @@ def _all_gather_rows(
         raise ValueError(f"{source}: returned rows that share memory with the buffer rows they are copied into, at "
                          f"other positions; return them in memory of their own (or exactly in those rows)")
     rows_now.copy_(gathered_rows)
+
+
+def _ask_accepts_before_the_reset(state: IndexerState, metadata: DecodeMetadata, tp, all_gather) -> None:
+    """decode_rows asks a custom gather's ``accepts`` about the slices the finish will gather (their layout, all
+    that the answer may rest on), so that an answer that is no bool is refused before the plan's reset, not after
+    the scoring (the split flow's finish refuses it there: its plan is made without ``all_gather``). Returns the
+    answers for the top-k rows and the candidate rows, which the finish takes instead of asking again (None where
+    nothing was asked: no custom gather, or a step that does not shard)."""
+    if all_gather is None:
+        return None
+    rank, world_size = _rank_and_world(tp)
+    shard, _, _ = _slice_of(state, metadata.num_tokens, metadata.num_requests, rank, world_size)
+    if shard is None:
+        return None
+    slices = (None if buffer is None else buffer[rank * shard: (rank + 1) * shard]
+              for buffer in (_topk_columns(state), state.candidate_blocks))
+    return tuple(None if local is None else _accepts(all_gather, _gather_layout(local)) for local in slices)
+
+
+def _accepts(all_gather: RowGather | None, local: torch.Tensor) -> bool:
+    """Whether ``all_gather`` takes ``local`` (False where there is none), its answer checked."""
+    taken = all_gather is not None and all_gather.accepts(local)
+    if taken is not True and taken is not False:  # two comparisons where it answers a bool
+        taken = _accepts_answer(all_gather, taken)
+    return taken
 
 
 def _accepts_answer(all_gather: RowGather, answer) -> bool:
@@ -1004,6 +1044,14 @@ def _check_gathered(source: str, gathered, local: torch.Tensor, world_size: int)
     require_dense(f"{source}'s result", gathered)
     if gathered.shape != want or gathered.device != local.device:
         raise ValueError(f"{source}: returned {list(gathered.shape)} on {gathered.device}; {fix}")
+
+
+def _gather_layout(local: torch.Tensor) -> torch.Tensor:
+    """A tensor laid out as ``_same_layout_on_every_rank(local)`` will be (``local`` itself, or an uninitialised
+    aligned one of its shape), without copying its values: what ``accepts`` is asked about before the rows exist."""
+    if local.is_contiguous() and local.data_ptr() % GATHER_ALIGN_BYTES == 0:
+        return local
+    return _aligned_empty(local.shape, local.dtype, local.device)
 
 
 def _same_layout_on_every_rank(local: torch.Tensor) -> torch.Tensor:
@@ -1385,7 +1433,8 @@ def _rank_and_world(tp) -> tuple[int, int]:
     """``tp``'s (rank, world size) as ints, checked: 0 <= rank < world size."""
     if not hasattr(tp, "rank") or not hasattr(tp, "world_size"):
         raise TypeError(f"tp: expected a TPGroup (rank, world_size, all_gather), got {type(tp).__name__}; pass "
-                        f"runtime.indexer.SingleRank() for one rank")
+                        f"runtime.indexer.SingleRank() for one rank, runtime.indexer.DistGroup(group) for a "
+                        f"torch.distributed group")
     rank = whole_count("tp.rank", tp.rank, 0)
     world_size = whole_count("tp.world_size", tp.world_size, 1)
     if rank >= world_size:
@@ -1461,7 +1510,10 @@ def _check_metadata(state: IndexerState, md: DecodeMetadata) -> None:
         require_dense(f"metadata.{name}", t)
         if t.device != dev:
             raise ValueError(f"metadata.{name}: on {t.device}, expected {dev}")
-        if t.dim() != dims or t.stride(-1) != 1:
+        if t.dim() != dims:
+            raise ValueError(f"metadata.{name}: expected {dims}-D, got shape {tuple(t.shape)}; pass "
+                             + (f"{name}.reshape(-1), one length a row" if dims == 1 else "[rows, pages]"))
+        if t.stride(-1) != 1:
             # A one-element last dimension with another stride is contiguous to torch (.contiguous() returns it)
             raise ValueError(f"metadata.{name}: expected {dims}-D with unit last stride, got shape {tuple(t.shape)} "
                              f"with strides {t.stride()}; pass a {dims}-D tensor whose last dimension is contiguous "

@@ -2276,13 +2276,22 @@ def test_a_gather_whose_accepts_answers_no_bool_is_refused_naming_it(answer, sho
     """World 2, 18 rows: accepts answered "False" and the custom gather took the rows (a string's truth), a tensor of
     two elements raised torch's 'Boolean value of Tensor with more than one value is ambiguous', naming nothing, and
     a tensor of one was read back (a device sync on a GPU, refused inside a CUDA graph capture). A TypeError naming
-    all_gather's accepts, before any gather; a numpy bool is taken as the bool it is."""
+    all_gather's accepts, before any gather; a numpy bool is taken as the bool it is. decode_rows asks before the
+    plan's reset (it refused after the reset and the scoring, its docstring saying everything was refused before):
+    the buffer is left as it was. The split flow's finish, given all_gather after the plan, refuses it there."""
     step = make_step(18, heads=8, head_dim=32, max_model_len=256, k=16, max_rows=64)
     state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(7)
     gather = _AnsweringGather(answer)
-    with pytest.raises(TypeError, match=rf"^all_gather: _AnsweringGather.accepts returned {shown}, not a bool"):
+    refusal = rf"^all_gather: _AnsweringGather.accepts returned {shown}, not a bool"
+    with pytest.raises(TypeError, match=refusal):
         decode_rows(state, step.metadata, step.q, step.weights, Loopback(2), gather)
-    assert gather.used == 0 and (state.topk_indices[10:18] == -1).all()
+    assert gather.used == 0 and (state.topk_indices == 7).all()
+    rank = Loopback(2)
+    plan = plan_decode_rows(state, step.metadata, rank)
+    with pytest.raises(TypeError, match=refusal):
+        finish_decode_rows(state, step.q, step.weights, plan, rank, gather)
+    assert gather.used == 0
 
 
 def test_a_gather_whose_accepts_answers_a_numpy_bool_is_taken():
@@ -2905,6 +2914,61 @@ def test_slices_exactly_one_schedule_long_are_planned(cap):
         return
     for rank, state in enumerate(_run_ranks(step, 2, lambda rank: _CappedScorer(cap), gathers=1)):
         assert torch.equal(state.topk_indices[:20], _expected(step)), rank
+
+
+def test_the_schedule_cap_refusal_names_a_step_that_is_taken():
+    """A cap of 9 over 2 ranks was told "steps of at most 18", whose slices of 9 round up to an even 10 and are
+    refused too. It says 16, which is planned."""
+    import re
+
+    step = make_step(20, heads=8, head_dim=32, max_model_len=192, k=16, max_rows=64)
+    with pytest.raises(ValueError, match=r"steps of at most 16, or shard") as refused:
+        plan_decode_rows(make_state(step, scorer=_CappedScorer(9)), step.metadata, _Fixed(0, 2))
+    most = int(re.search(r"steps of at most (\d+)", str(refused.value)).group(1))
+    small = make_step(most, heads=8, head_dim=32, max_model_len=192, k=16, max_rows=64)
+    assert plan_decode_rows(make_state(small, scorer=_CappedScorer(9)), small.metadata, _Fixed(0, 2)).shard == 8
+
+
+def test_metadata_of_other_dimensions_is_told_a_fix_that_works():
+    """seq_lens [rows, 1] (DeepGEMM's context_lens layout) was told to clone(memory_format=...), which keeps its two
+    dimensions: refused again. A wrong dimension count is told to reshape, which is taken."""
+    step = make_step(8, heads=4, head_dim=32, max_model_len=128, k=16)
+    md = step.metadata
+    state = make_state(step, scorer=TorchScorer())
+    two_d = dataclasses.replace(md, seq_lens=md.seq_lens.view(-1, 1))
+    with pytest.raises(ValueError, match=r"^metadata\.seq_lens: expected 1-D, got shape \(8, 1\); pass "
+                                         r"seq_lens\.reshape\(-1\), one length a row$"):
+        decode_rows(state, two_d, step.q, step.weights, SingleRank())
+    decode_rows(state, dataclasses.replace(two_d, seq_lens=two_d.seq_lens.reshape(-1)), step.q, step.weights,
+                SingleRank())
+    assert torch.equal(state.topk_indices[:8], _expected(step))
+    with pytest.raises(ValueError, match=r"^metadata\.block_table: expected 2-D, got shape \(8, 1, 2\); pass "
+                                         r"\[rows, pages\]$"):
+        decode_rows(state, dataclasses.replace(md, block_table=md.block_table.view(8, 1, -1)), step.q, step.weights,
+                    SingleRank())
+
+
+def test_setting_a_checked_states_attribute_names_replace_only_for_its_fields():
+    """state.max_rows = 2 (max_rows is a property, no field) was told dataclasses.replace(state, max_rows=...), which
+    raises TypeError; only a field the state is built with is told so."""
+    state = make_state(make_step(4, heads=4, head_dim=32, max_model_len=128, k=16), scorer=TorchScorer())
+    with pytest.raises(AttributeError, match=r"^max_rows: an IndexerState's fields are fixed once checked; build "
+                                             r"another state$"):
+        state.max_rows = 2
+    with pytest.raises(AttributeError, match=r"^k: .*e\.g\. dataclasses\.replace\(state, k=\.\.\.\), which checks it$"):
+        state.k = 8
+    assert dataclasses.replace(state, k=8).k == 8
+
+
+@pytest.mark.parametrize("rank, world_size", [(0, 2), (1, 2), (1, 1)])
+def test_single_rank_is_one_rank(rank, world_size):
+    """SingleRank(world_size=2), filled with a caller's own rank and world size, sharded the step, reset the buffer,
+    scored its half and then failed in the gather, told to return every rank's slice, which it cannot. It is
+    refused when made, naming the group to pass."""
+    with pytest.raises(ValueError, match=rf"^world_size: SingleRank is the group of one rank \(rank 0 of 1\), got "
+                                         rf"rank {rank} of {world_size}; pass runtime\.indexer\.DistGroup"):
+        SingleRank(rank=rank, world_size=world_size)
+    assert SingleRank() == SingleRank(0, 1)
 
 
 class _ScheduledScorer(_ScorerOfSms):
