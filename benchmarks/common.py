@@ -160,6 +160,13 @@ def rotation_count(bytes_per_set: int, most: int = 64) -> int:
     return int(max(2, min(most, need)))
 
 
+def launches_for(sets: int, least: int = 20) -> int:
+    """Launches of a timed graph that cycles through ``sets`` input sets: at least ``least``, and a whole number of
+    rounds, so that each replay ends on the last set and the next begins on the first, the set read longest ago (20
+    launches over 18 sets ended on sets 0 and 1, which the next replay read again from the L2)."""
+    return sets * -(-least // sets)
+
+
 LEAD_CYCLES = 2_000_000  # about 1 ms of GPU clock ahead of each timed replay (time_graph)
 
 
@@ -179,11 +186,11 @@ def capture_graph(run, configure=None) -> torch.cuda.CUDAGraph:
 def time_graph(calls, *, launches: int | None = None, repeats: int = 20, warmup: int = 3, configure=None) -> dict:
     """Median GPU microseconds per call of ``calls`` (zero-argument callables, one per input set).
 
-    One CUDA graph runs ``launches`` calls cycling through the sets; it is replayed
+    One CUDA graph runs ``launches`` calls (default ``launches_for``) cycling through the sets; it is replayed
     ``repeats`` times, each timed with events. ``configure``: as ``capture_graph``'s.
     """
     calls = list(calls)
-    launches = launches or max(len(calls), 20)
+    launches = launches or launches_for(len(calls))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
