@@ -99,21 +99,38 @@ def _functorch_wrapped(t: torch.Tensor) -> bool:
     return bool(test(t)) if test is not None else False
 
 
-def require_dense(name: str, t: torch.Tensor) -> None:
+_PROXY_MODE = torch._C._TorchDispatchModeKey.PROXY
+
+
+def traced() -> bool:
+    """Whether torch traces this call: torch.compile (Dynamo), or make_fx's and torch.export's proxy tracing, whose
+    real mode hands the op real tensors: launched through the driver there, the kernel ran once at trace time and
+    the graph kept no node that writes ``out`` (replayed, it returned ``out`` unwritten). The host ops then call
+    their custom op, which the tracer records whole."""
+    return torch.compiler.is_compiling() or torch._C._get_dispatch_mode(_PROXY_MODE) is not None
+
+
+def _allocate_plain(name: str) -> str:
+    return f"allocate {name} as a plain dense tensor and pass it (a converted copy would take the result)"
+
+
+def require_dense(name: str, t: torch.Tensor, *, written: bool = False) -> None:
     """A TypeError naming ``name`` where the tensor ``t`` is not a plain strided one: sparse (COO, CSR, ...) or
     nested, which have no strides to check (CSR's ``stride()`` and a nested tensor's ``shape`` raise torch's own
     errors, which name no argument); or a view with torch's lazy negation bit (``torch._neg_view``, the imaginary
     part of a conjugate view), whose memory holds the values un-negated: the kernels read the memory; or one without
     memory to read (a wrapper subclass such as DTensor, a FakeTensor of a FakeTensorMode or make_fx's tracing, a
-    tensor whose data pointer torch refuses)."""
+    tensor whose data pointer torch refuses). ``written``: the op writes ``t`` (an ``out``), so a converted copy is
+    no fix (the copy would take the result, not the caller's tensor): the fix is to allocate it plain."""
     if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; pass {name}.to_dense()")
+        fix = _allocate_plain(name) if written else f"pass {name}.to_dense()"
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; {fix}")
     if t.is_nested:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor; pass one padded tensor "
-                        f"({name}.to_padded_tensor(0))")
+        fix = _allocate_plain(name) if written else f"pass one padded tensor ({name}.to_padded_tensor(0))"
+        raise TypeError(f"{name} must be a dense (strided) tensor, got a nested tensor; {fix}")
     if t.is_neg():
-        raise TypeError(f"{name} is a lazily negated view (its memory holds the values un-negated); pass "
-                        f"{name}.resolve_neg()")
+        fix = _allocate_plain(name) if written else f"pass {name}.resolve_neg()"
+        raise TypeError(f"{name} is a lazily negated view (its memory holds the values un-negated); {fix}")
     # A FakeTensor (a FakeTensorMode, make_fx's tracing) is named before its data_ptr() read, which torch
     # warns about or refuses (versions differ) with a message naming no argument; a plain tensor pays one type
     # comparison here (inline: the checks run on every eager call).

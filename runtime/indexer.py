@@ -1340,7 +1340,7 @@ def _check_int32_rows(name: str, t: torch.Tensor, *, written: bool = True, conti
     strided view, such as a buffer's first ``k`` columns."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    require_dense(name, t)
+    require_dense(name, t, written=written)
     if t.dtype != torch.int32:
         fix = "allocate it with dtype=torch.int32" if written else f"pass {name}.int()"
         raise TypeError(f"{name}: expected int32 [rows, columns], got {t.dtype} {tuple(t.shape)}; {fix}")

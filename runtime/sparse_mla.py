@@ -21,6 +21,7 @@ from .arguments import (
     mark_written,
     require_dense,
     require_flag,
+    traced,
     whole_number,
     write_result,
 )
@@ -91,7 +92,7 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     Each property is read once: an eager call's checks are host time on every layer of a step."""
     if not isinstance(t, torch.Tensor):
         raise _not_a_tensor(name, t, dtype)
-    require_dense(name, t)
+    require_dense(name, t, written=name == "out")
     if t.dtype != dtype:
         # out receives the result: a converted copy of it would not
         if name == "out":
@@ -256,13 +257,13 @@ def sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, *, sinks=None, bm
     load it first (``runtime.load(device=i)`` at start-up, or one call before capturing); a first call
     during capture raises ``runtime.CacheLoadInterrupted``.
 
-    Inside a function that torch.compile traces, the call is one custom op (``sparse_decode_aot::sparse_mla_decode``,
+    Traced by torch.compile or make_fx, the call is one custom op (``sparse_decode_aot::sparse_mla_decode``,
     mutating ``out``, which is allocated first where None): the graph keeps it whole, and it runs this function on the
     real tensors.
     """
-    if torch.compiler.is_compiling():
-        # Traced by torch.compile: the Python scalars checked here (the tracer specializes on them), the tensors by
-        # the real call.
+    if traced():
+        # Traced by torch.compile (or make_fx, torch.export): the Python scalars checked here (the tracer specializes
+        # on them), the tensors by the real call.
         _check_traced_args(q, swa_kv, compressed_kv, indices, lens, sinks, out)
         _check_scales(bmm1_scale, bmm2_scale)
         require_flag("pdl", pdl)

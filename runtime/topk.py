@@ -31,6 +31,7 @@ from .arguments import (
     require_dense,
     require_element_aligned,
     require_flag,
+    traced,
     whole_count,
     whole_number,
     write_result,
@@ -96,7 +97,7 @@ def _require_int32_tensor(name: str, t) -> torch.Size:
     """``t``'s shape where it is a dense int32 tensor, else a TypeError naming ``name``."""
     if not isinstance(t, torch.Tensor):
         raise _not_an_int32_tensor(name, t)
-    require_dense(name, t)
+    require_dense(name, t, written=name == "out")
     if t.dtype != torch.int32:
         fix = "allocate it with dtype=torch.int32" if name == "out" else f"pass {name}.int()"
         raise TypeError(f"{name} must be int32, got {t.dtype}; {fix}")
@@ -258,8 +259,13 @@ def load_kernels(device: torch.device, dtype: torch.dtype, block_mode: bool) -> 
 
 def _shape_supported(logits, k: int) -> bool:
     """What ``_check_args`` requires of the logits and k, as a yes/no (for the queries, which take any call)."""
-    if (not isinstance(logits, torch.Tensor) or logits.layout != torch.strided or logits.dim() != 2
-            or logits.dtype not in _DTYPES):
+    if not isinstance(logits, torch.Tensor):
+        return False
+    try:  # a tensor without memory to read (a FakeTensor, one whose data pointer torch refuses) is no kernel's
+        require_dense("logits", logits)
+    except TypeError:
+        return False
+    if logits.dim() != 2 or logits.dtype not in _DTYPES:
         return False
     width = logits.shape[1]
     return k in SUPPORTED_K and width <= MAX_WIDTH and (width <= 1 or logits.stride(1) == 1)
@@ -351,11 +357,12 @@ def decode_topk(logits: torch.Tensor, row_ends: torch.Tensor, out: torch.Tensor,
     load it first (``runtime.load(device=i)`` at start-up, or one call before capturing); a first call
     during capture raises ``runtime.CacheLoadInterrupted``.
 
-    Inside a function that torch.compile traces, the call is one custom op (``sparse_decode_aot::decode_topk``,
+    Inside a function torch.compile or make_fx traces, the call is one custom op (``sparse_decode_aot::decode_topk``,
     mutating ``out``): the graph keeps it whole, and it runs this function on the real tensors.
     """
-    if torch.compiler.is_compiling():
-        # Traced by torch.compile: one opaque node (_decode_topk_op), which runs this function on real tensors.
+    if traced():
+        # Traced by torch.compile (or make_fx, torch.export): one opaque node (_decode_topk_op), which runs this
+        # function on real tensors.
         _require_tensors(logits, row_ends, out)
         require_flag("block_mode", block_mode)
         require_flag("pdl", pdl)

@@ -399,3 +399,40 @@ def test_a_non_strict_export_names_the_fake_tensor_instead_of_recursing(op):
     module = type("Step", (torch.nn.Module,), {"forward": lambda self, *a: forward(*a)})()
     with pytest.raises(TypeError, match=f"{name} is a FakeTensor"):
         torch.export.export(module, args, strict=False)
+
+
+@pytest.mark.parametrize("tracing_mode", ("real", "fake", "symbolic"))
+def test_make_fx_records_each_op_as_its_custom_op(tracing_mode):
+    """make_fx hands the ops tensors under a proxy mode, where is_compiling() is False. In its real mode the ops ran
+    eagerly: on a GPU the kernel launched through the driver once, at trace time, and the graph kept no node that
+    writes out (replayed, it returned out unwritten); in its fake and symbolic modes they refused the FakeTensor.
+    Each op is now one custom op node there too, and the replayed graph writes out."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(logits, row_ends, topk_out, q, swa_kv, compressed_kv, indices, lens, sinks, mla_out):
+        decode_topk(logits, row_ends, topk_out)
+        sparse_mla_decode(q, swa_kv, compressed_kv, indices, lens, sinks=sinks, bmm1_scale=0.05, bmm2_scale=1.5,
+                          out=mla_out)
+        return topk_out.clone(), mla_out.clone()
+
+    g = torch.Generator().manual_seed(9)
+    logits, row_ends = torch.randn(2, 1024, generator=g), torch.tensor([1024, 600], dtype=torch.int32)
+    q = (torch.randn(2, 16, 512, generator=g) * 2).to(FP8)
+    swa, comp = ((torch.randn(rows, 512, generator=g) * 2).to(FP8) for rows in (40, 70))
+    indices = torch.randint(-1, 80, (2, 640), dtype=torch.int32, generator=g)
+    lens, sinks = torch.tensor([640, 100], dtype=torch.int32), torch.randn(16, generator=g)
+
+    def outs():
+        return torch.full((2, 512), -7, dtype=torch.int32), torch.zeros(2, 16, 512, dtype=torch.bfloat16)
+
+    graph = make_fx(step, tracing_mode=tracing_mode)(logits, row_ends, outs()[0], q, swa, comp, indices, lens, sinks,
+                                                     outs()[1])
+    ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert ops == ["sparse_decode_aot.decode_topk.default", "sparse_decode_aot.sparse_mla_decode.default",
+                   "aten.clone.default", "aten.clone.default"], ops
+    topk_out, mla_out = outs()
+    graph(logits, row_ends, topk_out, q, swa, comp, indices, lens, sinks, mla_out)
+    want = decode_topk_reference(logits, row_ends, 512)
+    assert torch.equal(torch.sort(topk_out, 1).values, torch.sort(want, 1).values), "out written by the replay"
+    assert torch.equal(mla_out, sparse_mla_decode_reference(q, swa, comp, indices, lens, sinks=sinks,
+                                                            bmm1_scale=0.05, bmm2_scale=1.5))

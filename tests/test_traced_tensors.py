@@ -100,3 +100,45 @@ def test_ops_name_a_torch_func_transforms_tensor(op, transform):
             torch.vmap(call)(args[first].unsqueeze(0).expand(2, *args[first].shape).contiguous())
         else:
             torch.func.grad(call)(args[first].float() if op == "decode_topk" else args[first])
+
+
+WRITTEN = [("decode_topk", "out"), ("sparse_mla_decode", "out")]
+
+
+@pytest.mark.parametrize("op, name", WRITTEN, ids=[op for op, _ in WRITTEN])
+@pytest.mark.parametrize("kind", ("negated", "sparse"))
+def test_an_out_refused_as_no_plain_tensor_is_told_to_allocate_one(op, name, kind):
+    """An out that is a lazily negated view or a sparse tensor was told to pass out.resolve_neg() or out.to_dense(),
+    copies: following the fix, the op wrote the copy and the caller's out stayed unwritten, said by nothing. The fix
+    is to allocate a plain out."""
+    make_args, run = OPS[op]
+    args = make_args()
+    args[name] = torch._neg_view(args[name]) if kind == "negated" else args[name].to_sparse()
+    with pytest.raises(TypeError, match=rf"^{name} .*; allocate {name} as a plain dense tensor and pass it \(a "
+                                        r"converted copy would take the result\)$"):
+        run(args)
+
+
+@pytest.mark.parametrize("kind", ("fake", "pointer_refused"))
+def test_decode_topks_queries_answer_no_for_a_tensor_without_memory(kind):
+    """supports_decode_topk and decode_topk_plan take any call, answering False or None where the op would not launch
+    the kernel; a CUDA tensor whose data pointer torch refuses raised torch's RuntimeError naming nothing, and a CUDA
+    FakeTensor had torch warn of the read and answer from address 0."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runtime.topk import decode_topk_plan, supports_decode_topk
+
+    class CudaPointerRefused(PointerRefused):
+        @property
+        def is_cuda(self):
+            return True
+
+    if kind == "fake":
+        with FakeTensorMode():
+            logits = torch.empty(2, 1024, device="cuda")
+    else:
+        logits = torch.zeros(2, 1024).as_subclass(CudaPointerRefused)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert supports_decode_topk(logits, 2, 512, False) is False
+        assert decode_topk_plan(logits, 2, 512, False) is None
