@@ -1418,6 +1418,33 @@ def test_a_tensor_passed_for_an_argument_is_named_as_a_tensor_without_reading_it
     assert not launched
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_a_one_element_tensor_is_refused_as_an_argument_without_reading_it(cache, stand_in, dtype):
+    """A tensor of one element packed as its value (its __index__): for a pointer the kernel launched at address 5
+    (an illegal address, the context unusable), for a number its value was read (a device tensor's waits for the
+    GPU; inside a capture torch's RuntimeError escaped). Refused as any tensor is, its value unread."""
+    stand_in()
+    kernel = loader.load(cache).kernel("probe_cluster2")
+    launched = _recording_launches(kernel)
+
+    class Unreadable(torch.Tensor):  # a capturing device tensor's values cannot be read
+        def __index__(self):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+        __int__ = __float__ = __repr__ = __index__
+
+    for cls in (torch.Tensor, Unreadable):
+        value = torch.tensor([5], dtype=dtype).as_subclass(cls)
+        shown = type(value).__name__
+        with pytest.raises(TypeError, match=rf"^probe_cluster2: argument out \(void\*\) got a {shown} of shape \(1,\) "
+                                            r"on cpu; pass out\.data_ptr\(\)$"):
+            kernel.launch(2, value, 7, stream=5)
+        with pytest.raises(TypeError, match=rf"^probe_cluster2: argument seed \(int32_t\) got a {shown} of shape "
+                                            r"\(1,\) on cpu; pass a Python int$"):
+            kernel.launch(2, 0, value, stream=5)
+    assert not launched
+
+
 def test_float_arguments_pack_as_c_converts_them():
     """A float past float32's range packs as inf (as ctypes and C's conversion do); an int too large for a double and a
     value that is no number are refused, naming the argument."""
