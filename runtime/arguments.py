@@ -99,15 +99,17 @@ def _functorch_wrapped(t: torch.Tensor) -> bool:
     return bool(test(t)) if test is not None else False
 
 
-_PROXY_MODE = torch._C._TorchDispatchModeKey.PROXY
+_PROXY_MODE, _FAKE_MODE = torch._C._TorchDispatchModeKey.PROXY, torch._C._TorchDispatchModeKey.FAKE
 
 
 def traced() -> bool:
-    """Whether torch traces this call: torch.compile (Dynamo), or make_fx's and torch.export's proxy tracing, whose
-    real mode hands the op real tensors: launched through the driver there, the kernel ran once at trace time and
-    the graph kept no node that writes ``out`` (replayed, it returned ``out`` unwritten). The host ops then call
-    their custom op, which the tracer records whole."""
-    return torch.compiler.is_compiling() or torch._C._get_dispatch_mode(_PROXY_MODE) is not None
+    """Whether torch traces this call: torch.compile (Dynamo), make_fx's and torch.export's proxy tracing, or a
+    FakeTensorMode. The host ops then call their custom op, which the tracer records whole and a FakeTensorMode
+    runs as its fake. Eager there, make_fx's real mode launched the kernel once at trace time and the graph kept no
+    node that writes ``out`` (replayed, it returned ``out`` unwritten), and under a FakeTensorMode real arguments
+    passed the checks while the ``out`` allocated for them was a FakeTensor, launched at address 0."""
+    return (torch.compiler.is_compiling() or torch._C._get_dispatch_mode(_PROXY_MODE) is not None
+            or torch._C._get_dispatch_mode(_FAKE_MODE) is not None)
 
 
 def _allocate_plain(name: str) -> str:

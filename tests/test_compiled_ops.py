@@ -436,3 +436,27 @@ def test_make_fx_records_each_op_as_its_custom_op(tracing_mode):
     assert torch.equal(torch.sort(topk_out, 1).values, torch.sort(want, 1).values), "out written by the replay"
     assert torch.equal(mla_out, sparse_mla_decode_reference(q, swa, comp, indices, lens, sinks=sinks,
                                                             bmm1_scale=0.05, bmm2_scale=1.5))
+
+
+def test_a_call_inside_a_fake_tensor_mode_runs_the_custom_ops_fake(monkeypatch):
+    """Real tensors under an active FakeTensorMode (allow_non_fake_inputs) passed every check, then the out allocated
+    for out=None was a FakeTensor, launched at address 0 (an illegal address on a GPU). The call is now the custom
+    op, whose fake gives the out's shape; nothing is launched."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from runtime import sparse_mla, topk
+
+    launched = []
+    for module in (sparse_mla, topk):
+        monkeypatch.setattr(module, "launch_on", lambda *args: launched.append(args))
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 16, 512, generator=g).to(FP8)
+    swa, comp = (torch.randn(rows, 512, generator=g).to(FP8) for rows in (40, 70))
+    idx, lens = torch.randint(-1, 80, (2, 640), dtype=torch.int32, generator=g), torch.tensor([640, 100],
+                                                                                             dtype=torch.int32)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out = sparse_mla_decode(q, swa, comp, idx, lens, bmm1_scale=0.05, bmm2_scale=1.0)
+        decode_topk(torch.randn(2, 1024), torch.full((2,), 1024, dtype=torch.int32),
+                    topk_out := torch.empty(2, 512, dtype=torch.int32))
+    assert isinstance(out, FakeTensor) and out.shape == (2, 16, 512) and isinstance(topk_out, FakeTensor)
+    assert not launched
