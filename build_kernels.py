@@ -177,18 +177,30 @@ def _atomic_write_all(files: list, last: tuple | None = None) -> None:
         for path, data in [*files, *([last] if last is not None else [])]:
             staged.append((_staged_copy(path, data), path))
         with _interrupts_deferred():
-            for group in (staged[:len(files)], staged[len(files):]):
-                for tmp, path in group:
-                    os.replace(tmp, path)
-                # The renames on disk before whatever is written next: after a crash or power loss the manifest
-                # (renamed last) never names cubins that did not land.
-                for directory in dict.fromkeys(path.parent for _, path in group):
-                    _fsync_directory(directory)
+            try:
+                for group in (staged[:len(files)], staged[len(files):]):
+                    for tmp, path in group:
+                        os.replace(tmp, path)
+                    # The renames on disk before whatever is written next: after a crash or power loss the manifest
+                    # (renamed last) never names cubins that did not land.
+                    for directory in dict.fromkeys(path.parent for _, path in group):
+                        _fsync_directory(directory)
+            except OSError as e:  # some files may be in place already: not the staging's failure, said apart
+                raise _PlacingFailed(e) from e
     except BaseException:
         for tmp, _ in staged:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         raise
+
+
+class _PlacingFailed(Exception):
+    """An OSError while an arch's staged files were renamed into place or their folders synced (``error``): unlike a
+    failed staging, which replaces nothing, some of the arch's files may already be the new ones."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
 
 
 # The signals that end the build (a supervisor's SIGTERM, a closed terminal's or SSH session's SIGHUP, Ctrl-\\'s
@@ -408,16 +420,24 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
                                    for v, entry in zip(variants, entries)], last=(manifest_path(out, arch), text))
             except OSError as e:  # a full disk, a quota: said in one line, with what the cache now holds
                 raise SystemExit(_write_failure(out, arch, written, e)) from None
+            except _PlacingFailed as e:
+                raise SystemExit(_write_failure(out, arch, written, e.error, placing=True)) from None
             written.append(arch)
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
             _remove_unnamed_files(out, arch, manifest)
 
 
-def _write_failure(out: Path, arch: str, written: list, error: OSError) -> str:
+def _write_failure(out: Path, arch: str, written: list, error: OSError, placing: bool = False) -> str:
     """The one line a build ends with where writing an arch's files failed (a full disk, a quota; a traceback said
-    neither which arch nor what the cache was left holding): each arch is written whole or not at all."""
+    neither which arch nor what the cache was left holding). A failed staging replaces nothing of the arch;
+    ``placing``: the failure came while its files were renamed into place, some of which may be new."""
     where = f" ({error.filename})" if error.filename else ""
     done = f"{', '.join(written)} written new before it; " if written else ""
+    if placing:
+        return (f"build_kernels.py: placing {arch}'s files in {out} failed: {error.strerror or error}{where}; "
+                f"{done}some of {arch}'s cubins may be new under its old manifest, which a load refuses by their "
+                f"sha256 (no wrong kernel runs), and the archs after it keep their previous files; mend the folder, "
+                f"then build again")
     return (f"build_kernels.py: writing {arch}'s files in {out} failed: {error.strerror or error}{where}; {done}"
             f"{arch} and the archs after it keep their previous files (each arch is written whole or not at all: "
             f"every manifest still matches its cubins); free space or mend the folder, then build again")

@@ -108,8 +108,11 @@ def traced() -> bool:
     runs as its fake. Eager there, make_fx's real mode launched the kernel once at trace time and the graph kept no
     node that writes ``out`` (replayed, it returned ``out`` unwritten), and under a FakeTensorMode real arguments
     passed the checks while the ``out`` allocated for them was a FakeTensor, launched at address 0."""
-    return (torch.compiler.is_compiling() or torch._C._get_dispatch_mode(_PROXY_MODE) is not None
-            or torch._C._get_dispatch_mode(_FAKE_MODE) is not None)
+    if torch.compiler.is_compiling():
+        return True
+    # Either mode is on torch's dispatch stack: an eager call (an empty stack) asks one question, not two
+    return torch._C._len_torch_dispatch_stack() > 0 and (torch._C._get_dispatch_mode(_PROXY_MODE) is not None
+                                                         or torch._C._get_dispatch_mode(_FAKE_MODE) is not None)
 
 
 def _allocate_plain(name: str) -> str:

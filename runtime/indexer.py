@@ -285,8 +285,10 @@ class SingleRank:
         # Filled with a caller's own rank and world size, it sharded the step, reset the buffers and scored its
         # slice, then failed in the gather, whose fix (return every rank's slice) it cannot follow.
         if (self.rank, self.world_size) != (0, 1):
-            raise ValueError(f"world_size: SingleRank is the group of one rank (rank 0 of 1), got rank {self.rank} of "
-                             f"{self.world_size}; pass runtime.indexer.DistGroup(group) for a group of several ranks")
+            name = "world_size" if self.world_size != 1 else "rank"
+            raise ValueError(f"{name}: SingleRank is the group of one rank (rank 0 of 1), got rank {self.rank} of "
+                             f"{self.world_size}; pass SingleRank() for one rank, runtime.indexer.DistGroup(group) for "
+                             f"a group of several")
 
     def all_gather(self, local: torch.Tensor) -> torch.Tensor:
         return local
@@ -983,7 +985,7 @@ def _all_gather_rows(
     rows_now.copy_(gathered_rows)
 
 
-def _ask_accepts_before_the_reset(state: IndexerState, metadata: DecodeMetadata, tp, all_gather) -> None:
+def _ask_accepts_before_the_reset(state: IndexerState, metadata: DecodeMetadata, tp, all_gather) -> tuple | None:
     """decode_rows asks a custom gather's ``accepts`` about the slices the finish will gather (their layout, all
     that the answer may rest on), so that an answer that is no bool is refused before the plan's reset, not after
     the scoring (the split flow's finish refuses it there: its plan is made without ``all_gather``). Returns the
@@ -1059,9 +1061,8 @@ def _same_layout_on_every_rank(local: torch.Tensor) -> torch.Tensor:
     starts ``rank x rows`` rows into the buffer, so whether the view is aligned can depend on the rank (a
     3-column int32 buffer); a copy makes it so on every rank. A column slice of a wider buffer is copied too,
     as it was before (a gather takes contiguous rows)."""
-    if local.is_contiguous() and local.data_ptr() % GATHER_ALIGN_BYTES == 0:
-        return local
-    return _aligned_empty(local.shape, local.dtype, local.device).copy_(local)
+    laid = _gather_layout(local)
+    return laid if laid is local else laid.copy_(local)
 
 
 def _aligned_empty(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -454,6 +454,34 @@ def test_a_full_disk_at_the_second_arch_says_which_arch_was_written(tmp_path, mo
     assert check_cache(cache, "sm_90a").kernels and check_cache(cache, "sm_100a").kernels
 
 
+def test_a_failure_while_placing_an_archs_files_says_some_may_be_new(tmp_path, monkeypatch):
+    """The full-disk line said an arch "keeps its previous files" for any OSError of the write, one while its staged
+    files were renamed into place too, after which some cubins were the new ones (a load refused them by sha256)."""
+    import errno
+
+    from crafted_cache import copy_probe_cache
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", lambda: {"python": "3"})  # no CuTe DSL compile for it
+    cache = copy_probe_cache(tmp_path)
+    variants = all_variants("sm_90a", ("probe",))
+    folder = cache / "cubins" / "sm_90a"
+    cubins = {(v.name, "sm_90a"): (folder / f"{v.name}.cubin").read_bytes() + b"\0" * 16 for v in variants}
+
+    def fsync_directory(directory):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(build_kernels, "_fsync_directory", fsync_directory)
+    with pytest.raises(SystemExit) as stop:
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    said = str(stop.value.code)
+    assert said.startswith(f"build_kernels.py: placing sm_90a's files in {cache} failed: Input/output error; some "
+                           f"of sm_90a's cubins may be new under its old manifest, which a load refuses"), said
+    assert "keep their previous files (each arch" not in said
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no staged copy left
+
+
 def test_a_signal_during_a_compile_in_this_process_ends_the_build_after_it(monkeypatch):
     """With --jobs 1 the variants compile in this process, and a SIGTERM's handler (or Ctrl-C's) raised its exception
     inside CuTe DSL's compiler, which calls back into Python: the exception crossed C++ frames, aborting the process

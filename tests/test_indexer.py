@@ -2965,8 +2965,10 @@ def test_single_rank_is_one_rank(rank, world_size):
     """SingleRank(world_size=2), filled with a caller's own rank and world size, sharded the step, reset the buffer,
     scored its half and then failed in the gather, told to return every rank's slice, which it cannot. It is
     refused when made, naming the group to pass."""
-    with pytest.raises(ValueError, match=rf"^world_size: SingleRank is the group of one rank \(rank 0 of 1\), got "
-                                         rf"rank {rank} of {world_size}; pass runtime\.indexer\.DistGroup"):
+    name = "world_size" if world_size != 1 else "rank"  # the one that is wrong
+    with pytest.raises(ValueError, match=rf"^{name}: SingleRank is the group of one rank \(rank 0 of 1\), got "
+                                         rf"rank {rank} of {world_size}; pass SingleRank\(\) for one rank, "
+                                         rf"runtime\.indexer\.DistGroup\(group\) for a group of several$"):
         SingleRank(rank=rank, world_size=world_size)
     assert SingleRank() == SingleRank(0, 1)
 

@@ -1433,7 +1433,10 @@ def test_a_one_element_tensor_is_refused_as_an_argument_without_reading_it(cache
 
         __int__ = __float__ = __repr__ = __index__
 
-    for cls in (torch.Tensor, Unreadable):
+    class Plain(torch.Tensor):  # a subclass whose __index__ reads the value as a plain tensor's does
+        pass
+
+    for cls in (torch.Tensor, Plain, Unreadable, torch.nn.Parameter):
         value = torch.tensor([5], dtype=dtype).as_subclass(cls)
         shown = type(value).__name__
         with pytest.raises(TypeError, match=rf"^probe_cluster2: argument out \(void\*\) got a {shown} of shape \(1,\) "
