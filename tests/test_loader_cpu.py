@@ -1406,12 +1406,7 @@ def test_a_tensor_passed_for_an_argument_is_named_as_a_tensor_without_reading_it
             raise AssertionError("the refusal read the tensor's values")
 
     out = torch.zeros(4, dtype=torch.int32).as_subclass(Unreadable)
-    with pytest.raises(TypeError, match=r"^probe_cluster2: argument out \(void\*\) got a Unreadable of shape \(4,\) "
-                                        r"on cpu; pass out\.data_ptr\(\)$"):
-        kernel.launch(2, out, 7, stream=5)
-    with pytest.raises(TypeError, match=r"^probe_cluster2: argument seed \(int32_t\) got a Unreadable of shape \(4,\) "
-                                        r"on cpu; pass a Python int$"):
-        kernel.launch(2, 0, out, stream=5)
+    _refused_as_a_tensor(kernel, out)
     # nor in a grid of the wrong length (its repr was in the message)
     with pytest.raises(TypeError, match=r"^probe_cluster2: grid \(Unreadable, int\) must be an int or three ints"):
         kernel.launch((out[:1], 1), 0, 7, stream=5)
@@ -1437,15 +1432,19 @@ def test_a_one_element_tensor_is_refused_as_an_argument_without_reading_it(cache
         pass
 
     for cls in (torch.Tensor, Plain, Unreadable, torch.nn.Parameter):
-        value = torch.tensor([5], dtype=dtype).as_subclass(cls)
-        shown = type(value).__name__
-        with pytest.raises(TypeError, match=rf"^probe_cluster2: argument out \(void\*\) got a {shown} of shape \(1,\) "
-                                            r"on cpu; pass out\.data_ptr\(\)$"):
-            kernel.launch(2, value, 7, stream=5)
-        with pytest.raises(TypeError, match=rf"^probe_cluster2: argument seed \(int32_t\) got a {shown} of shape "
-                                            r"\(1,\) on cpu; pass a Python int$"):
-            kernel.launch(2, 0, value, stream=5)
+        _refused_as_a_tensor(kernel, torch.tensor([5], dtype=dtype).as_subclass(cls))
     assert not launched
+
+
+def _refused_as_a_tensor(kernel, value: torch.Tensor) -> None:
+    """probe_cluster2's pointer and its int32 seed each refuse ``value`` as a tensor, its type and shape named with
+    the fix, none of its values read."""
+    shown = f"{type(value).__name__} of shape \\({value.shape[0]},\\) on cpu"
+    pointer, seed = r"^probe_cluster2: argument out \(void\*\)", r"^probe_cluster2: argument seed \(int32_t\)"
+    with pytest.raises(TypeError, match=rf"{pointer} got a {shown}; pass out\.data_ptr\(\)$"):
+        kernel.launch(2, value, 7, stream=5)
+    with pytest.raises(TypeError, match=rf"{seed} got a {shown}; pass a Python int$"):
+        kernel.launch(2, 0, value, stream=5)
 
 
 def test_float_arguments_pack_as_c_converts_them():
