@@ -186,7 +186,7 @@ def _atomic_write_all(files: list, last: tuple | None = None) -> None:
                     for directory in dict.fromkeys(path.parent for _, path in group):
                         _fsync_directory(directory)
             except OSError as e:  # some files may be in place already: not the staging's failure, said apart
-                raise _PlacingFailed(e) from e
+                raise _PlacingFailed(e.errno, e.strerror, e.filename) from e
     except BaseException:
         for tmp, _ in staged:
             if os.path.exists(tmp):
@@ -194,13 +194,9 @@ def _atomic_write_all(files: list, last: tuple | None = None) -> None:
         raise
 
 
-class _PlacingFailed(Exception):
-    """An OSError while an arch's staged files were renamed into place or their folders synced (``error``): unlike a
-    failed staging, which replaces nothing, some of the arch's files may already be the new ones."""
-
-    def __init__(self, error: OSError):
-        super().__init__(str(error))
-        self.error = error
+class _PlacingFailed(OSError):
+    """The OSError of renaming an arch's staged files into place or syncing their folders (its errno, message and
+    file): unlike a failed staging, which replaces nothing, some of the arch's files may already be the new ones."""
 
 
 # The signals that end the build (a supervisor's SIGTERM, a closed terminal's or SSH session's SIGHUP, Ctrl-\\'s
@@ -418,10 +414,10 @@ def write_cache(out: Path, variants_by_arch: dict, cubins: dict, families, *, so
             try:
                 _atomic_write_all([(out / entry["cubin"], cubins[(v.name, arch)])
                                    for v, entry in zip(variants, entries)], last=(manifest_path(out, arch), text))
+            except _PlacingFailed as e:
+                raise SystemExit(_write_failure(out, arch, written, e, placing=True)) from None
             except OSError as e:  # a full disk, a quota: said in one line, with what the cache now holds
                 raise SystemExit(_write_failure(out, arch, written, e)) from None
-            except _PlacingFailed as e:
-                raise SystemExit(_write_failure(out, arch, written, e.error, placing=True)) from None
             written.append(arch)
             print(f"wrote {manifest_path(out, arch)} ({len(manifest['kernels'])} kernels)", flush=True)
             _remove_unnamed_files(out, arch, manifest)
