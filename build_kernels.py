@@ -60,7 +60,7 @@ from runtime.contract import (  # noqa: E402
     family_contract_hash,
 )
 from runtime.cubin import kernel_attributes, read_cubin  # noqa: E402
-from runtime.errors import CacheError, rebuild  # noqa: E402
+from runtime.errors import CacheError, escape_unencodable_output, rebuild  # noqa: E402
 from runtime.manifest import (  # noqa: E402
     ALLOW_MEASUREMENT_BUILD_ENV,
     BUILD_LOCK,
@@ -965,11 +965,7 @@ def _command_line(argv=None) -> int:
     with 143, not with a traceback. The cleanup ran on the way out (staged copies and --check's temporary build
     removed), and a signal during an arch's renames waits for its manifest, so each arch's manifest still names
     the cubins beside it."""
-    # A path that is no UTF-8 (an --out whose name Python keeps as surrogates) printed escaped: under a strict UTF-8
-    # locale it raised UnicodeEncodeError after an arch was written, the next arch and the cleanup not done.
-    for stream in (sys.stdout, sys.stderr):
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="backslashreplace")
+    escape_unencodable_output()  # an --out whose name is no UTF-8, printed after an arch was written
     try:
         return main(argv)
     except KeyboardInterrupt:

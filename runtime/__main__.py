@@ -184,10 +184,9 @@ def main(argv=None) -> int:
     v.add_argument("--arch", action="append", default=[], choices=ARCHS, help="with --files-only: check this arch's "
                    "manifest, which must exist (repeatable; default: every arch the cache has a manifest for)")
     args = parser.parse_args(argv)
-    # A file name that is no UTF-8 (surrogate-escaped by Python) in a printed path: shown escaped, not a traceback
-    # under a strict UTF-8 stdout before the other arches were checked.
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="backslashreplace")
+    from .errors import escape_unencodable_output
+
+    escape_unencodable_output()
     if args.arch and not args.files_only:
         parser.error("--arch goes with --files-only (verify on a GPU checks the arch of that GPU)")
     return verify_files(args.root, args.arch) if args.files_only else verify(args.root)

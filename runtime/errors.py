@@ -35,6 +35,15 @@ def shell_word(path) -> str:
     return shlex.quote(str(path))
 
 
+def escape_unencodable_output() -> None:
+    """The command lines' standard output and error print what they cannot encode escaped: a path whose name is no
+    UTF-8 (Python keeps its bytes as surrogates) raised UnicodeEncodeError under a strict UTF-8 locale, a traceback
+    in the middle of the work (after one arch was written or checked, before the next)."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def _inside_runtime(filename: str) -> bool:
     if filename == "<string>":
         return True

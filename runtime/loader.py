@@ -207,7 +207,7 @@ class Kernel:
                 raise self._refused_arguments(args)
             try:  # struct checks the count and each value's range and type, in C, in one call
                 self._pack(self._arguments, 0, *args)
-            except (struct.error, OverflowError, TypeError, RuntimeError):  # RuntimeError: a subclass's __index__
+            except (struct.error, OverflowError, TypeError):
                 raise self._refused_arguments(args) from None
             (err,) = self._launch(config, self._function, self._params_address, 0)
             if err:  # the launch path's one test of the result
@@ -234,16 +234,15 @@ class Kernel:
                              f"got {len(args)}")
         for param, value in zip(params, args):
             code = _FORMATS[param.ctype]
+            if isinstance(value, torch.Tensor):  # whatever its size (launch says why); its data_ptr() was meant
+                # No repr, no value read: a device tensor's waits for the GPU (and fails inside a capture)
+                fix = f"{param.name}.data_ptr()" if code == "Q" else f"a Python {'float' if code == 'f' else 'int'}"
+                return TypeError(f"{self.name}: argument {param.name} ({param.ctype}) got a "
+                                 f"{type(value).__name__} of shape {tuple(value.shape)} on {value.device}; "
+                                 f"pass {fix}")
             try:
-                if isinstance(value, torch.Tensor):  # refused unread, whatever its size (launch says why)
-                    raise TypeError
                 struct.pack(code, value)
-            except (struct.error, OverflowError, TypeError, RuntimeError):
-                if isinstance(value, torch.Tensor):  # its data_ptr() was meant; no repr: a device tensor's reads it
-                    fix = f"{param.name}.data_ptr()" if code == "Q" else f"a Python {'float' if code == 'f' else 'int'}"
-                    return TypeError(f"{self.name}: argument {param.name} ({param.ctype}) got a "
-                                     f"{type(value).__name__} of shape {tuple(value.shape)} on {value.device}; "
-                                     f"pass {fix}")
+            except (struct.error, OverflowError, TypeError):
                 number = (float, int) if code == "f" else int
                 if not isinstance(value, number) and not hasattr(value, "__index__"):
                     return TypeError(f"{self.name}: argument {param.name} ({param.ctype}) got {type(value).__name__} "
