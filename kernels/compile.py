@@ -12,9 +12,18 @@ from cutlass.cute.runtime import make_ptr
 import cuda.bindings.driver as cuda
 
 
-def gmem_ptr(dtype, align: int = 16):
-    """A placeholder global pointer argument for cute.compile (its value is unused)."""
+def gmem_ptr(dtype, align: int):
+    """A placeholder global pointer argument for cute.compile (its value is unused). ``align``: the bytes the host
+    op guarantees for the pointer's start, no more: the compiler may vectorize accesses on it (the cubin's symbol and
+    PTX parameter declare it), so a promise above the host's check is a fault waiting for a code change."""
     return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
+
+
+def contract_pointers(contract, dtypes: dict) -> list:
+    """Placeholder pointers for a family's void* parameters (``contract.PARAMS``, in order), each of its dtype in
+    ``dtypes`` and declared at the alignment the host op guarantees for it (``contract.POINTER_ALIGN``)."""
+    names = [p.name for p in contract.PARAMS if p.ctype == "void*"]
+    return [gmem_ptr(dtypes[name], contract.POINTER_ALIGN[name]) for name in names]
 
 
 def null_stream():

@@ -7,8 +7,10 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
+from runtime.contract import probe as contract
+
 from . import ptx
-from .compile import cubin_of, gmem_ptr, null_stream
+from .compile import contract_pointers, cubin_of, null_stream
 
 # How long each CTA holds its write back after its dependency wait (globaltimer nanoseconds): longer than a
 # dependent grid takes to start beside it (a few microseconds), so that a dependent read the wait did not order
@@ -79,4 +81,4 @@ class ClusterProbe:
 
 def compile_variant(variant, arch: str) -> bytes:
     probe = ClusterProbe(variant.option("cluster"), variant.threads, variant.smem_bytes)
-    return cubin_of(probe, gmem_ptr(Int32), Int32(0), null_stream(), arch=arch)
+    return cubin_of(probe, *contract_pointers(contract, {"out": Int32}), Int32(0), null_stream(), arch=arch)

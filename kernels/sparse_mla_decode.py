@@ -154,7 +154,7 @@ from cutlass import Float32, Int32, Int64, Uint8
 from runtime.contract import sparse_mla_decode as contract
 
 from . import ptx
-from .compile import SPARSE_MLA_SWITCH, cubin_of, gmem_ptr, null_stream
+from .compile import SPARSE_MLA_SWITCH, contract_pointers, cubin_of, null_stream
 
 LOG2E = 1.4426950408889634
 NEG_BIG = contract.NEG_BIG  # finite stand-in for -inf in (max, sum) algebra: keeps 0 * ... free of NaN
@@ -784,5 +784,5 @@ def _stage_off(h, d):
 def compile_variant(variant, arch: str) -> bytes:
     op = SparseMlaDecodeSm90(variant.option("width"), variant.option("has_sinks"), variant.smem_bytes,
                              dict(variant.config).get("reduce", "bulk"))
-    ptrs = [gmem_ptr(cutlass.Uint8) for _ in range(7)]
+    ptrs = contract_pointers(contract, dict.fromkeys(contract.POINTER_ALIGN, cutlass.Uint8))  # raw byte addresses
     return cubin_of(op, *ptrs, Int32(0), Int32(0), Float32(1.0), Float32(1.0), null_stream(), arch=arch)

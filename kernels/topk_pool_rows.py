@@ -14,7 +14,7 @@ from cutlass import Int32, Int64, cute
 from runtime.contract import topk_pool_rows as contract
 
 from . import ptx
-from .compile import cubin_of, gmem_ptr, null_stream
+from .compile import contract_pointers, cubin_of, null_stream
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -64,6 +64,6 @@ class TopkPoolRows:
 def compile_variant(variant, arch: str) -> bytes:
     assert variant.threads == contract.THREADS
     op = TopkPoolRows(variant.threads)
-    ptrs = [gmem_ptr(Int32, align=4) for _ in range(3)]
+    ptrs = contract_pointers(contract, dict.fromkeys(contract.POINTER_ALIGN, Int32))
     strides = [Int64(0), Int64(1), Int64(0), Int64(1), Int64(0)]
     return cubin_of(op, *ptrs, *strides, Int32(0), Int32(0), Int32(1), null_stream(), arch=arch)

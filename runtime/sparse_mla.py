@@ -34,7 +34,6 @@ FP8 = torch.float8_e4m3fn
 HEADS = contract.HEADS
 HEAD_DIM = contract.HEAD_DIM
 WIDTHS = contract.WIDTHS
-_ALIGN = 16  # bytes: the kernel moves 16-byte vectors
 _FLOAT32_MAX = 3.4028234663852886e38  # the kernel takes the scales as float32
 # The kernel's base-2 scores, q.kv * bmm1_scale * log2(e) in float32, must stay finite and above its stand-in for
 # -inf (contract.NEG_BIG, -3e38; a chunk's max is floored there so that an all-masked chunk gives 0, not NaN): past
@@ -86,9 +85,11 @@ def _check_traced_args(q, swa_kv, compressed_kv, indices, lens, sinks, out):
         raise _wrong_ndim("q", q.shape, 3)
 
 
-def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
+def _check_tensor(name, t, dtype, ndim, device=None):
     """``t``'s shape, where it is a dense contiguous ``dtype`` tensor of ``ndim`` dimensions inside its storage, on
-    ``device`` (unless None: q, which sets it) and ``align``-byte aligned; else a TypeError/ValueError naming ``name``.
+    ``device`` (unless None: q, which sets it) and aligned as the kernel is compiled to assume (its contract's
+    POINTER_ALIGN: 16 bytes for the vectors moved, 4 for indices, lens and sinks); else a TypeError/ValueError naming
+    ``name``.
     Each property is read once: an eager call's checks are host time on every layer of a step."""
     if not isinstance(t, torch.Tensor):
         raise _not_a_tensor(name, t, dtype)
@@ -111,6 +112,7 @@ def _check_tensor(name, t, dtype, ndim, device=None, align=_ALIGN):
     check_in_storage(name, t)
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, q on {device}; pass every tensor on q's device")
+    align = contract.POINTER_ALIGN[name]
     if t.data_ptr() % align and t.numel():
         # out receives the result: a copy of it would take the result instead
         fix = ("pass an out that torch allocated (or out=None)" if name == "out"
@@ -153,14 +155,14 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
         if rows >= 2 ** 31:
             raise ValueError(f"{name} has {rows} rows; the kernel takes a pool's row count as int32 (at most 2^31 - 1, "
                              f"as many as int32 indices address); pass a view of the rows the indices can reach")
-    tokens, width = _check_tensor("indices", indices, torch.int32, 2, device, 4)
+    tokens, width = _check_tensor("indices", indices, torch.int32, 2, device)
     if tokens != T:
         raise ValueError(f"indices must be [T = {T}, width], got {tuple(indices.shape)}")
     if width not in WIDTHS:
         raise ValueError(f"indices width {width} is not supported; widths: {WIDTHS}")
-    if _check_tensor("lens", lens, torch.int32, 1, device, 4)[0] != T:
+    if _check_tensor("lens", lens, torch.int32, 1, device)[0] != T:
         raise ValueError(f"lens must be [T = {T}], got {tuple(lens.shape)}")
-    if sinks is not None and _check_tensor("sinks", sinks, torch.float32, 1, device, 4)[0] != HEADS:
+    if sinks is not None and _check_tensor("sinks", sinks, torch.float32, 1, device)[0] != HEADS:
         raise ValueError(f"sinks must be [{HEADS}], got {tuple(sinks.shape)}")
     _check_scales(bmm1_scale, bmm2_scale)
     if out is not None:

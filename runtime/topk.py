@@ -44,7 +44,7 @@ from .reference import decode_topk_reference
 
 SUPPORTED_K = contract.SUPPORTED_K
 MAX_WIDTH = (1 << 21) - 1  # the kernels break exact ties over 21 index bits (kernels/decode_topk: gather_rounds)
-_ALIGN = 16  # bytes: the kernel reads 16-byte vectors
+_ALIGN = contract.POINTER_ALIGN["logits"]  # bytes: the kernel reads 16-byte vectors of a row
 INT32_MAX = (1 << 31) - 1  # the kernel takes the row strides as int32 and offsets out by row * out_stride in int32
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # Columns a CTA should own at least, by cluster size, before a row is split further:

@@ -90,7 +90,9 @@ from __future__ import annotations
 import cutlass
 from cutlass import Int32
 
-from ..compile import cubin_of, gmem_ptr, null_stream
+from runtime.contract import decode_topk as contract
+
+from ..compile import contract_pointers, cubin_of, null_stream
 from .kernel import DecodeTopK
 from .row import DecodeTopKRow
 
@@ -127,9 +129,7 @@ def compile_variant(variant, arch: str) -> bytes:
     dtype = cutlass.Float32 if variant.option("dtype") == "f32" else cutlass.BFloat16
     return cubin_of(
         make(variant),
-        gmem_ptr(dtype),
-        gmem_ptr(Int32),
-        gmem_ptr(Int32),
+        *contract_pointers(contract, {"logits": dtype, "row_ends": Int32, "out": Int32}),
         Int32(0),
         Int32(0),
         Int32(0),

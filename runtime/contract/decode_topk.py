@@ -30,6 +30,9 @@ PARAMS = params(
     "int32_t out_stride",
     "int32_t k",
 )
+# The bytes the host op guarantees for each pointer's start: logits off 16 bytes take the exact fallback, row_ends
+# and out are checked for their element size alone (runtime.topk). The most the kernel may declare at compile.
+POINTER_ALIGN = {"logits": 16, "row_ends": 4, "out": 4}
 
 THREADS = 512
 CLUSTERS = (1, 2, 4, 8, 16)

@@ -11,6 +11,7 @@ launch adds to the first's words only where its dependency wait kept its read be
 from . import Variant, params
 
 PARAMS = params("void* out", "int32_t seed")
+POINTER_ALIGN = {"out": 16}  # runtime.probe allocates its out (torch's allocations are 512-byte aligned)
 
 
 def _variant(cluster: int) -> Variant:

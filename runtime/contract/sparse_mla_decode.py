@@ -32,6 +32,9 @@ PARAMS = params(
     "float bmm1_scale",
     "float bmm2_scale",
 )
+# The bytes the host op guarantees for each pointer's start (runtime.sparse_mla checks them): the most a kernel may
+# declare for it at compile (kernels.compile.gmem_ptr), since the compiler may vectorize on what it is told.
+POINTER_ALIGN = {"out": 16, "q": 16, "swa_kv": 16, "compressed_kv": 16, "indices": 4, "lens": 4, "sinks": 4}
 
 # Shared memory a CTA uses (bytes): KV tile 64 KiB, query 8 KiB, P^T 2 KiB,
 # softmax/cluster scratch and barrier, plus 1 KiB to align the base to the

@@ -30,6 +30,9 @@ PARAMS = params(
     "int32_t pages",
     "int32_t page_size",
 )
+# The bytes the host op guarantees for each pointer's start (element alignment: runtime.indexer.topk_pool_rows), the
+# most the kernel may declare at compile.
+POINTER_ALIGN = {"topk_indices": 4, "block_table": 4, "out": 4}
 
 THREADS = 256
 NAME = "topk_pool_rows"
