@@ -7,7 +7,11 @@ with explicit descriptors and register fragments, ldmatrix, DSMEM stores and
 bulk copies between CTAs of a cluster, and a few conversions.
 
 Every helper is ``has_side_effects=True`` unless noted: memory operations must
-keep their order relative to barriers, fences and ``griddepcontrol.wait``.
+keep their order relative to barriers, fences and ``griddepcontrol.wait``. Only
+register-to-register ones are ``pure``; the read-only (``.nc``) loads are not
+either: a pure load could be moved above the dependency wait, reading a
+predecessor's output before it is written (their cubins are the same both ways
+today, so keeping them ordered costs nothing).
 Shared-memory addresses are ``Int32`` (the ``.shared::cta`` window); global
 addresses are ``Int64``.
 """
@@ -535,7 +539,7 @@ def prmt(a, b, selector: int, *, loc=None, ip=None) -> Int32:
 def ld_global_nc_v4_u32(addr: Int64, *, loc=None, ip=None):
     """Four words (16-byte aligned) of read-only global data, not kept in L1 (read once)."""
     st = _asm([T.i32()] * 4, [_i64(addr)],
-              "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", pure=True)
+              "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
     return tuple(Uint32(v) for v in _unpack(st, [T.i32()] * 4))
 
 
@@ -552,14 +556,14 @@ def prefetch_l2_bulk(addr: Int64, nbytes, *, loc=None, ip=None) -> None:
 @dsl_user_op
 def ld_global_nc_u32(addr: Int64, *, loc=None, ip=None) -> Uint32:
     """One word of read-only global data."""
-    return Uint32(_asm(T.i32(), [_i64(addr)], "ld.global.nc.u32 $0, [$1];", "=r,l", pure=True))
+    return Uint32(_asm(T.i32(), [_i64(addr)], "ld.global.nc.u32 $0, [$1];", "=r,l"))
 
 
 @dsl_user_op
 def ld_global_nc_u16(addr: Int64, *, loc=None, ip=None) -> Uint32:
     """One half-word of read-only global data, zero-extended."""
     return Uint32(_asm(T.i32(), [_i64(addr)],
-                       "{\n.reg .b16 h;\nld.global.nc.u16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,l", pure=True))
+                       "{\n.reg .b16 h;\nld.global.nc.u16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,l"))
 
 
 @dsl_user_op
