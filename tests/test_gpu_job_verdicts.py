@@ -68,6 +68,7 @@ def fake_sanitizer(tmp_path):
                     "COMPUTE_SANITIZER": str(fake), "PYTHONPATH": str(ROOT), **env}
         proc = subprocess.run(["bash", script, *args], check=False, cwd=ROOT, env=full_env, capture_output=True,
                               text=True, timeout=60)
+        run.rc = proc.returncode  # the script's exit status, for the tests that hold it too
         return proc.stdout + proc.stderr
 
     return run
@@ -84,6 +85,7 @@ def test_a_topk_shard_that_crashed_after_its_cases_is_not_clean(fake_sanitizer):
     (verdict,) = _verdicts(output)
     assert verdict.startswith("verdict: 1 of 3 shards clean"), output
     assert "incomplete: 1 cases ran" in output
+    assert fake_sanitizer.rc == 1, output  # it exited with the verdict's echo, 0: run_all.sh's summary said rc=0
 
 
 def test_a_topk_shard_that_ran_no_case_is_not_clean(fake_sanitizer):
@@ -92,6 +94,7 @@ def test_a_topk_shard_that_ran_no_case_is_not_clean(fake_sanitizer):
                             FAKE_JOB="topk", FAKE_1="empty")
     (verdict,) = _verdicts(output)
     assert verdict.startswith("verdict: 1 of 2 shards clean"), output
+    assert fake_sanitizer.rc == 1, output
 
 
 def test_a_clean_racecheck_shard_may_exit_3_on_its_warnings(fake_sanitizer):
@@ -99,6 +102,14 @@ def test_a_clean_racecheck_shard_may_exit_3_on_its_warnings(fake_sanitizer):
                             FAKE_JOB="topk")
     (verdict,) = _verdicts(output)
     assert verdict.startswith("verdict: 2 of 2 shards clean") and "crowded cases: skip" in verdict, output
+    assert fake_sanitizer.rc == 0, output
+
+
+@pytest.mark.parametrize("fakes, bad_tools", [({}, 0), ({"FAKE_1": "crash"}, 3)])
+def test_all_three_topk_tools_exit_with_the_count_of_tools_not_clean(fake_sanitizer, fakes, bad_tools):
+    """TOOL=all exited 0 whatever its tools found (FAKE_1 crashes shard 1 of each tool)."""
+    output = fake_sanitizer("gpu/jobs/topk_sanitize_full.sh", TOOL="all", SECONDS_EACH="5", FAKE_JOB="topk", **fakes)
+    assert len(_verdicts(output)) == 3 and fake_sanitizer.rc == bad_tools, output
 
 
 @pytest.mark.parametrize("mode", ["nonfinite", "hang", "crash"])

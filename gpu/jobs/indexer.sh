@@ -10,6 +10,7 @@
 #   4. zero-JIT JSON for 1/16/64 rows: a cold process, and one after preload_decode_rows;
 #   5. compute-sanitizer memcheck of one small decode step.
 set -u
+: "${JOB_OUT:?names the folder for the reports (e.g. JOB_OUT=\$OUT/<job>)}"
 # A GPU test that would skip (no device seen, DeepGEMM unable to score) fails here, as in all_gpu_tests.sh: without it
 # step 2 printed rc=0 over 24 skipped tests.
 export SPARSE_DECODE_AOT_REQUIRE_GPU=1

@@ -4,6 +4,8 @@
 # then compute-sanitizer memcheck/racecheck/synccheck on small launches of both widths with and without
 # sinks (gpu/tools/mla_sanitize.sh). The benchmark is gpu/jobs/mla_bench.sh (run it after this job).
 set -u
+# gpu/tools/mla_sanitize.sh writes into JOB_OUT: without it, the tests ran first and then "FAILED: sanitizers"
+: "${JOB_OUT:?names the folder for the reports (e.g. JOB_OUT=\$OUT/<job>)}"
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 failed=()
 bash gpu/jobs/mla_tests.sh || failed+=("tests")

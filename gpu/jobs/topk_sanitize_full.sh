@@ -15,10 +15,13 @@ if [ "${TOOL:-}" = all ]; then
     ONLY_SHARDS= CROWDED= TOOL=$t SHARDS=$shards bash "$0" > "$JOB_OUT/topk_${t}_summary.txt" 2>&1 &
   done
   wait
+  bad=0
   for t in memcheck synccheck racecheck; do
     echo "-- topk $t (full mode)"; cat "$JOB_OUT/topk_${t}_summary.txt"
+    awk '/^verdict: /{n++; ok = $2 == $4 && $4 > 0} END{exit !(n == 1 && ok)}' "$JOB_OUT/topk_${t}_summary.txt" \
+      || bad=$((bad + 1))
   done
-  exit 0
+  exit "$bad"  # (it was 0 whatever the tools found: run_all.sh's summary said rc=0)
 fi
 tool=${TOOL:-racecheck}
 n=${SHARDS:-8}
@@ -56,3 +59,4 @@ done
 echo "verdict: $clean of $(wc -w <<< "$shards") shards clean (of $n; 0 sanitizer errors, every case matching;" \
   "crowded cases: $crowded)"
 echo "took ${SECONDS}s"
+[ "$clean" -eq "$(wc -w <<< "$shards")" ]  # the exit status too (it was the echo's 0)

@@ -4,6 +4,7 @@
 # full reports to $JOB_OUT/sanitizer_<tool>.txt, their tails and a verdict to stdout. Shared by mla_support.sh and
 # mla_final.sh.
 set -u
+: "${JOB_OUT:?names the folder for the reports (e.g. JOB_OUT=\$OUT/<job>)}"
 t=${1:-50}
 mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
 echo "== compute-sanitizer memcheck, racecheck, synccheck (in parallel)"

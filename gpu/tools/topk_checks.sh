@@ -6,6 +6,7 @@
 source gpu/tools/job_limit.sh
 run() { echo "+ $*"; "$@"; echo "rc=$?"; }
 topk_checks() {
+  : "${JOB_OUT:?names the folder for the reports (e.g. JOB_OUT=\$OUT/<job>)}"
   mkdir -p "$JOB_OUT"  # JOB_OUT=$OUT/<job> names a folder not made yet: the first write into it failed
   run timeout "$(cap 60)" python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_topk_gpu.py \
     -k "not every_variant" 2>&1 | tail -30
