@@ -34,6 +34,7 @@ FP8 = torch.float8_e4m3fn
 HEADS = contract.HEADS
 HEAD_DIM = contract.HEAD_DIM
 WIDTHS = contract.WIDTHS
+_POINTER_ALIGN = contract.POINTER_ALIGN  # a module global: one lookup fewer a tensor checked
 _FLOAT32_MAX = 3.4028234663852886e38  # the kernel takes the scales as float32
 # The kernel's base-2 scores, q.kv * bmm1_scale * log2(e) in float32, must stay finite and above its stand-in for
 # -inf (contract.NEG_BIG, -3e38; a chunk's max is floored there so that an all-masked chunk gives 0, not NaN): past
@@ -112,7 +113,7 @@ def _check_tensor(name, t, dtype, ndim, device=None):
     check_in_storage(name, t)
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, q on {device}; pass every tensor on q's device")
-    align = contract.POINTER_ALIGN[name]
+    align = _POINTER_ALIGN[name]
     if t.data_ptr() % align and t.numel():
         # out receives the result: a copy of it would take the result instead
         fix = ("pass an out that torch allocated (or out=None)" if name == "out"
