@@ -9,19 +9,20 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 if [ "${TOOL:-}" = all ]; then
   # The three tools side by side (racecheck in SHARDS processes, default 8; memcheck and synccheck in three each), as
   # verify_all.sh and tree_checks.sh run them; each tool's summary in $JOB_OUT/topk_<tool>_summary.txt, then printed.
+  pids=()
   for t in memcheck synccheck racecheck; do
     # (three: the crowded cases, first in the list, spread over them; the 4-CTA twin's two on two shards)
     shards=3; [ $t = racecheck ] && shards=${SHARDS:-8}
     ONLY_SHARDS= CROWDED= TOOL=$t SHARDS=$shards bash "$0" > "$JOB_OUT/topk_${t}_summary.txt" 2>&1 &
+    pids+=($!)
   done
-  wait
-  bad=0
+  bad=0  # the tools not clean: each run's exit status is its verdict (every shard clean)
+  for pid in "${pids[@]}"; do wait "$pid" || bad=$((bad + 1)); done
   for t in memcheck synccheck racecheck; do
     echo "-- topk $t (full mode)"; cat "$JOB_OUT/topk_${t}_summary.txt"
-    awk '/^verdict: /{n++; ok = $2 == $4 && $4 > 0} END{exit !(n == 1 && ok)}' "$JOB_OUT/topk_${t}_summary.txt" \
-      || bad=$((bad + 1))
   done
-  exit "$bad"  # (it was 0 whatever the tools found: run_all.sh's summary said rc=0)
+  exit "$bad"  # (it was 0 whatever the tools found: run_all.sh's summary said rc=0; verify_all.sh takes it as
+  # decode_topk's verdict)
 fi
 tool=${TOOL:-racecheck}
 n=${SHARDS:-8}
@@ -59,4 +60,4 @@ done
 echo "verdict: $clean of $(wc -w <<< "$shards") shards clean (of $n; 0 sanitizer errors, every case matching;" \
   "crowded cases: $crowded)"
 echo "took ${SECONDS}s"
-[ "$clean" -eq "$(wc -w <<< "$shards")" ]  # the exit status too (it was the echo's 0)
+[ "$clean" -gt 0 ] && [ "$clean" -eq "$(wc -w <<< "$shards")" ]  # the exit status too (it was the echo's 0)

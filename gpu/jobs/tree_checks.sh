@@ -25,7 +25,8 @@ tar czf "$JOB_OUT/tree_checks.tgz" -C "$work" .  # again at the end: a call cut 
 echo "=== sanitizers (${SECONDS}s)"
 in_tree "$cand" "$cand_rev" env TOOL=all SECONDS_EACH=$((LIMIT - 20 - SECONDS)) JOB_OUT="$work" \
   bash gpu/jobs/topk_sanitize_full.sh | tee "$work/topk_sanitizers.txt"
-# Each of the three tools with every shard clean (their rc cannot say: racecheck exits 3 on its warnings).
+# Each of the three tools with every shard clean, read from the verdict lines: the candidate's own
+# topk_sanitize_full.sh runs here, and one older than the seventy-eighth session exited 0 whatever its tools found.
 awk '/^verdict: /{n++; if ($2 != $4 || $4 < 1) bad++} END{exit !(n == 3 && !bad)}' "$work/topk_sanitizers.txt" \
   || failed+=("decode_topk sanitizers")
 echo "=== tree_checks took ${SECONDS}s"
