@@ -223,7 +223,15 @@ class Kernel:
             _make_primary_context_current(_current_device() if self.device is None else self.device)
             (err,) = self._launch(config, self._function, self._params_address, 0)
         if err:
-            check((err,), f"cuLaunchKernelEx({self.name}, grid={grid})")
+            try:
+                check((err,), f"cuLaunchKernelEx({self.name}, grid={grid})")
+            except CudaCallError as e:
+                if getattr(err, "name", "") not in _STICKY_ERRORS:
+                    raise
+                # A launch is asynchronous: a sticky error is an earlier kernel's fault, which this call only reports.
+                raise CudaCallError(f"{e}: an earlier kernel's fault left this CUDA context unusable (a sticky error; "
+                                    f"not {self.name}'s, unless CUDA_LAUNCH_BLOCKING=1); restart the process and find "
+                                    f"the faulting kernel with compute-sanitizer", err) from None
 
     def _refused_arguments(self, args) -> Exception:
         """The error for arguments struct would not pack: the count, or the first value its C type cannot hold.

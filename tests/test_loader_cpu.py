@@ -1928,3 +1928,16 @@ def test_verify_arch_goes_with_files_only(capsys):
     with pytest.raises(SystemExit) as refused:
         cli.main(["verify", "--arch", "sm_90a"])
     assert refused.value.code == 2 and "--arch goes with --files-only" in capsys.readouterr().err
+
+
+def test_a_sticky_launch_error_names_an_earlier_fault_not_the_kernel(cache, stand_in):
+    """cuLaunchKernelEx is asynchronous: CUDA_ERROR_ILLEGAL_ADDRESS from it is an earlier kernel's fault (the load path
+    says so; the launch path named the kernel launched as if it had faulted)."""
+    stand_in()
+    kernel = loader.load(cache).kernel("probe_cluster2")
+    kernel._launch = lambda *a: (real.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
+    with pytest.raises(RuntimeError, match="CUDA_ERROR_ILLEGAL_ADDRESS.*an earlier kernel's fault"):
+        kernel.launch(2, 0, 0, stream=5)
+    kernel._launch = lambda *a: (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
+    with pytest.raises(RuntimeError, match=r"CUDA_ERROR_INVALID_VALUE \(stand-in driver error\)$"):
+        kernel.launch(2, 0, 0, stream=5)

@@ -206,3 +206,42 @@ def test_a_layout_of_too_many_pieces_is_read_as_its_span_never_missing_a_byte():
                 assert got == (True,) * 4, ("a miss", a.shape, a.stride(), b.shape, b.stride(), b.storage_offset())
             elif not bytes_of_b or max(bytes_of_b) < min(held) or min(bytes_of_b) > max(held):
                 assert got == (False,) * 4, ("outside the span", a.shape, a.stride(), b.shape, b.storage_offset())
+
+
+def _one_workspace_pair(base: torch.Tensor, rng: random.Random):
+    """Two row-strided views of ``base`` with one row stride, as an op's out and input cut from the columns of one
+    workspace: interleaved rows, each view's run shorter or longer than the gap between the other's."""
+    stride = rng.randint(1, 24)
+    views = []
+    for _ in range(2):
+        cols = rng.randint(1, stride + 3)
+        rows = rng.randint(1, 9)
+        need = (rows - 1) * stride + cols
+        if need > base.numel():
+            views.append(base[:0])
+            continue
+        views.append(base.as_strided((rows, cols), (stride, 1), rng.randrange(base.numel() - need + 1)))
+    return views
+
+
+def test_views_of_one_row_stride_match_brute_force():
+    """Equal row strides are decided in closed form (the run-by-run loop took milliseconds a call for thousands of
+    interleaved rows): every draw against the byte sets, both orders."""
+    rng = random.Random(3)
+    base = torch.zeros(160, dtype=torch.uint8)
+    for _ in range(6000):
+        a, b = _one_workspace_pair(base, rng)
+        want = bool(_all_bytes_of(a) & _all_bytes_of(b))
+        assert (overlaps(a, b), overlaps(b, a)) == (want, want), (a.shape, a.storage_offset(), b.shape,
+                                                                     b.storage_offset(), a.stride())
+
+
+def test_interleaved_columns_of_a_large_workspace():
+    """decode_topk's out = ws[:, :512] beside logits = ws[:, 512:] of 8192 rows: apart; one column more of out
+    reaches the logits' first byte of every row."""
+    ws = torch.zeros(8192, 640, dtype=torch.int32)
+    out, logits = ws[:, :512], ws[:, 512:]
+    assert not overlaps(out, logits) and not overlaps(logits, out)
+    assert overlaps(ws[:, :513], logits) and overlaps(logits, ws[:, :513])
+    assert overlaps(ws[1:, :1], ws[:-1, 639:]) is False and overlaps(ws[1:, :1], ws[:-1, 638:]) is False
+    assert overlaps(ws[1:, :1].view(torch.uint8), ws[:-1, 639:].view(torch.uint8)) is False
