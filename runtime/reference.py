@@ -58,7 +58,8 @@ def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sink
     ``kv[c]`` is row ``indices[t, c]`` of ``swa_kv`` for the first 128 columns and of
     ``compressed_kv`` for the rest. Without sinks the sink terms are absent. A token with no
     active column gets zeros (with sinks too). Runs on the inputs' device (CPU included), a
-    chunk of ``tokens_per_chunk`` tokens at a time so the gathered FP32 rows stay bounded.
+    chunk of ``tokens_per_chunk`` tokens at a time so the gathered rows (FP64: 32 tokens x 640 x 512 x 8 bytes,
+    84 MB a copy at the default) stay bounded.
     """
     if q.dim() != 3:
         raise ValueError(f"q must be [T, heads, head_dim], got shape {tuple(q.shape)}")

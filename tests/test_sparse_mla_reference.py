@@ -167,11 +167,15 @@ def test_sink_dominates_to_zero():
 
 def test_chunking_does_not_change_the_result():
     q, swa, comp, idx, lens = make_inputs(9, 640, seed=6)
-    lens[::2] = 300
+    # Not periodic in any chunk size below: with lens[::2] = 300 every chunk of 2 saw the first chunk's lens, so a
+    # reference that sliced lens at the wrong offset (lens[:t1 - t0]) still passed this test.
+    lens[:] = torch.tensor([640, 300, 0, 129, 640, 1, 300, 500, 128], dtype=torch.int32)
     kw = dict(sinks=torch.randn(H), bmm1_scale=0.04, bmm2_scale=1.5)
-    a = sparse_mla_decode_reference(q, swa, comp, idx, lens, tokens_per_chunk=2, **kw)
     b = sparse_mla_decode_reference(q, swa, comp, idx, lens, tokens_per_chunk=64, **kw)
-    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(b, check(q, swa, comp, idx, lens, kw["sinks"], 0.04, 1.5), rtol=0, atol=0)
+    for chunk in (2, 4):
+        a = sparse_mla_decode_reference(q, swa, comp, idx, lens, tokens_per_chunk=chunk, **kw)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_active_mask():
