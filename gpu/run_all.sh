@@ -10,7 +10,11 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-stage=/tmp/gpu_out; rm -rf "$stage"; mkdir -p "$stage"
+# A stage of this call's own, removed on exit (what it holds is packed into $OUT after each job); its path printed
+# first, for whoever ends the call with a SIGKILL, which no trap sees.
+stage=$(mktemp -d /tmp/gpu_out.XXXXXX) || exit 1
+trap 'rm -rf "$stage"' EXIT
+echo "stage $stage"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$stage/gpu.txt" 2>&1
 git rev-parse HEAD > "$stage/commit.txt" 2>/dev/null; git status --short >> "$stage/commit.txt" 2>/dev/null
 jobs=("$@"); [ ${#jobs[@]} -eq 0 ] && jobs=($(ls gpu/jobs/*.sh | xargs -n1 basename | sed 's/\.sh$//'))

@@ -207,7 +207,7 @@ STUBS = {
 }
 JOBS = sorted(p.stem for p in (ROOT / "gpu" / "jobs").glob("*.sh"))
 JOB_TEMP = ("verify_all.", "host_changes.", "tree_ab.", "tree_checks.", "racecheck_crowded.", "indexer_steps.",
-            "indexer_job", "load_ab", "ab_s46", "cand_tree")  # the jobs' temporary folders and files in /tmp
+            "indexer_job", "load_ab", "ab_s46", "cand_tree", "gpu_out")  # the jobs' temporary folders and files in /tmp
 MISSING_FOLDER = ("No such file or directory", "Cannot open", "cannot open")
 
 
@@ -261,13 +261,7 @@ def _archived(archive: Path) -> list[str]:
 
 @pytest.fixture
 def dry_run(tmp_path):
-    # The fixed folders the scripts use on the GPU machine (gpu/tools/candidate_env.sh's unpacked candidate, run_all.sh's
-    # stage): removed after the test where the test made them
-    fixed = [Path("/tmp/cand_tree"), Path("/tmp/gpu_out")]
-    made_here = [folder for folder in fixed if not folder.exists()]
-    yield DryRun(tmp_path)
-    for folder in made_here:
-        shutil.rmtree(folder, ignore_errors=True)
+    return DryRun(tmp_path)
 
 
 @pytest.mark.parametrize("job", JOBS)
@@ -389,11 +383,20 @@ def _run_all(dry_run, jobs: dict[str, str], cut_at: float, **env: str) -> tuple[
     with open(dry_run.root / "run_all.log", "w") as log:
         proc = subprocess.Popen(["bash", "gpu/run_all.sh", *jobs], cwd=dry_run.repo, env=full_env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        killed = False
         try:
             proc.wait(timeout=cut_at)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
+            killed = True
+    # run_all.sh's stage of its own (a fixed /tmp/gpu_out was emptied by any run that started meanwhile), which its
+    # exit trap removes, unless the SIGKILL above ended it
+    stage = next((Path(line.split(" ", 1)[1]) for line in (dry_run.root / "run_all.log").read_text().splitlines()
+                  if line.startswith("stage /tmp/gpu_out.")), None)
+    assert stage is not None, (dry_run.root / "run_all.log").read_text()
+    assert killed or not stage.exists(), stage
+    shutil.rmtree(stage, ignore_errors=True)
     summary = dry_run.out / "summary.txt"
     archive = dry_run.out / "results.tar.gz"
     return (summary.read_text() if summary.exists() else ""), (_archived(archive) if archive.exists() else [])

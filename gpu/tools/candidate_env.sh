@@ -4,8 +4,10 @@
 # results' commit (GIT_COMMIT: the candidate tree has no git metadata).
 name=${CAND:?name the candidate: CAND=NAME for .whl/NAME.tgz}
 base=$PWD
-cand=/tmp/cand_tree
-rm -rf "$cand" && mkdir -p "$cand" && tar -xzf ".whl/$name.tgz" -C "$cand" || exit 1
+# A folder of this run's own (the sourcing job removes it on exit): a fixed /tmp/cand_tree was emptied by any other
+# run that started meanwhile.
+cand=$(mktemp -d /tmp/cand_tree.XXXXXX) || exit 1
+tar -xzf ".whl/$name.tgz" -C "$cand" || { rm -rf "$cand"; exit 1; }
 cat "$cand/CANDIDATE.txt"
 source gpu/tools/deepgemm_env.sh
 extra=; [ -d /tmp/site ] && extra=:/tmp/site  # where deepgemm_env.sh installed the carried wheel
