@@ -1323,3 +1323,59 @@ def test_attribute_lists_nvidias_tools_refuse_are_refused(cache, craft, said):
     rewrite_first_cubin(cache, "sm_90a", craft)
     with pytest.raises(errors.CubinIntegrityError, match=f"not a readable CUDA ELF \\(.*{re.escape(said)}"):
         check_cache(cache, "sm_90a")
+
+
+def _many_sections(names, size):
+    """An edit of a cubin's bytes: a section-name table of the old names then ``names`` (bytes, NUL included, each
+    a whole entry or a run whose suffixes the headers name), and a new section table of the old headers plus one
+    PROGBITS header per offset in ``names.offsets`` covering the file's first ``size(total)`` bytes."""
+    def edit(data):
+        import struct
+
+        from runtime.cubin import _SHDR, _section_heads
+
+        heads, shstrndx = _section_heads(bytes(data))
+        heads = [list(h) for h in heads]
+        old_at, old_size = heads[shstrndx][4], heads[shstrndx][5]
+        table, offsets = names
+        heads[shstrndx][4:6] = [len(data), old_size + len(table)]
+        data.extend(data[old_at : old_at + old_size] + table)
+        shoff = len(data)
+        total = shoff + 64 * (len(heads) + len(offsets))
+        heads += [[old_size + k, 1, 0, 0, 0, size(total), 0, 0, 1, 0] for k in offsets]
+        for h in heads:
+            data.extend(_SHDR.pack(*h))
+        struct.pack_into("<Q", data, 0x28, shoff)
+        struct.pack_into("<H", data, 0x3C, len(heads))
+    return edit
+
+
+def test_many_sections_of_the_whole_file_cost_no_copy_each(cache):
+    """check_cache's parse (read_cubin) copied every section: 2,000 sections of the whole file but a byte (distinct
+    names) held 2,000 copies of it (65,535 of a 1.1 MB cubin: 17 GB, MemoryError); only the attribute lists, which
+    share no bytes, are copied now."""
+    import tracemalloc
+
+    from runtime.cubin import read_cubin
+
+    table = b"".join(b"s%d\0" % k for k in range(2000))
+    offsets = [i + 1 for i, c in enumerate(table) if c == 0][:-1]
+    rewrite_first_cubin(cache, "sm_90a", _many_sections((table, [0] + offsets), lambda total: total - 1))
+    data = first_cubin(cache).read_bytes()
+    tracemalloc.start()
+    try:
+        assert read_cubin(data).kernels
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * len(data), peak
+    check_cache(cache, "sm_90a")
+
+
+def test_a_section_name_inside_another_is_refused(cache):
+    """Headers naming suffixes of one long name have distinct names of the run's length each: 65,000 such sections
+    (a 4 MB cubin) had check_cache decode 2 GB of names, quadratic in the file. No cubin shares a name's suffix."""
+    table = b"a" * 2000 + b"\0"
+    rewrite_first_cubin(cache, "sm_90a", _many_sections((table, range(2000)), lambda total: 0))
+    with pytest.raises(errors.CubinIntegrityError, match="a section's name starts inside another name"):
+        check_cache(cache, "sm_90a")
