@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 import sys
 import tempfile
+import time
 import types
 import warnings
 
@@ -519,7 +521,7 @@ GLOO_CASES = [(16, 16, None), (18, 18, 12), (8, 8, None), (32, 16, None), (20, 3
 
 
 def _gloo_worker(rank, world, init_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    _init_gloo(rank, world, init_file)
     try:
         group = DistGroup()
         for rows, requests, candidates in GLOO_CASES:
@@ -530,6 +532,11 @@ def _gloo_worker(rank, world, init_file):
 
             scorer = _RecordingScorer()
             got = make_state(step, scorer=scorer)
+            # Rows past the step differ by rank and stay as they are: a gather that copied a short or empty last
+            # slice's padding (the last rank's rows past the step) over them is caught on the other ranks.
+            got.topk_indices[rows:] = 1000 + rank
+            if candidates:
+                got.candidate_blocks[rows:] = 1000 + rank
             gather = _TopkOnlyGather(group, 16)
             plan = plan_decode_rows(got, step.metadata, group)
             finish_decode_rows(got, step.q, step.weights, plan, group, gather)
@@ -540,17 +547,47 @@ def _gloo_worker(rank, world, init_file):
             assert scorer.rows == end - start, (rows, rank, scorer.rows)  # only its slice
             assert gather.used == (0 if bounds is None else 1)
             assert torch.equal(got.topk_indices[:rows], want.topk_indices[:rows]), (rows, rank)
+            assert (got.topk_indices[rows:] == 1000 + rank).all(), (rows, rank)
             if candidates:
                 assert torch.equal(got.candidate_blocks[:rows], want.candidate_blocks[:rows]), (rows, rank)
+                assert (got.candidate_blocks[rows:] == 1000 + rank).all(), (rows, rank)
     finally:
         dist.destroy_process_group()
 
 
+# A rank left waiting in a collective (one that another rank skipped or mismatched) raises after this, not after
+# gloo's default of 30 minutes; a whole run takes ~3 s alone, under a minute with three runs on 2 cores.
+GLOO_TIMEOUT = datetime.timedelta(seconds=120)
+GLOO_DEADLINE_S = 300
+
+
+def _init_gloo(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=GLOO_TIMEOUT)
+
+
 def _spawn_gloo(worker, world):
-    """Run ``worker(rank, world, init_file)`` in ``world`` processes that share a gloo rendezvous file."""
+    """Run ``worker(rank, world, init_file)`` in ``world`` processes that share a gloo rendezvous file; fail after
+    GLOO_DEADLINE_S, and leave no rank running whatever happens (a failed rank's exception is raised here)."""
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(worker, args=(world, os.path.join(tmp, "init")), nprocs=world, join=True)
+        threads = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = threads or "1"  # the ranks' only; restored for the rest of the session
+        try:
+            ctx = mp.start_processes(worker, args=(world, os.path.join(tmp, "init")), nprocs=world, join=False,
+                                     start_method="spawn")
+        finally:
+            if threads is None:
+                del os.environ["OMP_NUM_THREADS"]
+        deadline = time.monotonic() + GLOO_DEADLINE_S
+        try:
+            while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    pytest.fail(f"gloo ranks still running after {GLOO_DEADLINE_S} s: a collective hung")
+        finally:
+            for process in ctx.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -559,7 +596,7 @@ def test_gloo_sharded_equals_replicated(world):
 
 
 def _gloo_mixed_backend_worker(rank, world, init_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    _init_gloo(rank, world, init_file)
     try:
         real_backend = dist.get_backend
         dist.get_backend = lambda group=None: "cpu:gloo,cuda:nccl"  # what init_process_group() makes on a GPU
@@ -587,7 +624,7 @@ def test_dist_group_reads_a_backend_per_device_type():
 
 
 def _gloo_outside_subgroup_worker(rank, world, init_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    _init_gloo(rank, world, init_file)
     try:
         subgroup = dist.new_group(ranks=[0])  # every rank makes it; rank 1 is not in it
         if rank == 0:
@@ -606,7 +643,7 @@ def test_dist_group_of_a_subgroup_this_rank_is_outside():
 
 
 def _gloo_group_of_another_type_worker(rank, world, init_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    _init_gloo(rank, world, init_file)
     try:
         for group, kind in (([0], "list"), (types.SimpleNamespace(device_group=dist.group.WORLD), "SimpleNamespace")):
             with pytest.raises(TypeError, match=rf"^group: expected a torch.distributed ProcessGroup or None, got "
@@ -1112,7 +1149,7 @@ class _AlignedOnlyGather:
 
 
 def _gloo_alignment_worker(rank, world, init_file):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    _init_gloo(rank, world, init_file)
     try:
         group = DistGroup()
         # 18 rows in slices of 10: rank 1's candidate rows start 10 x 12 bytes into the 3-column buffer.
