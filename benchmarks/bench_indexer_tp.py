@@ -13,6 +13,11 @@ per row: the AOT kernel's order within a row is unspecified), checks that the
 rank scored only its slice, and times both (eager steps; the sharded one
 includes its gathers). Rank 0 writes the JSON with the world size.
 
+Its timing is host wall time of synchronized eager steps with the inputs L2-warm, not
+DESIGN.md's graph-replay method over inputs rotated past the L2: a step's NCCL
+all-gather is what it compares (sharded against replicated on one machine), and
+its numbers are not comparable with bench_indexer.py's.
+
 ``--cpu-smoke``: the same logic on CPU processes over gloo with the torch scorer
 and a small context (checks the script without GPUs; timings meaningless).
 """

@@ -151,7 +151,9 @@ def manifest_digests() -> dict:
 
 
 def l2_bytes() -> int:
-    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20) or (60 << 20)
+    """The current device's L2 (gpu_info's and the tensors' device; device 0's sized the rotation for another GPU)."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return getattr(props, "L2_cache_size", 60 << 20) or (60 << 20)
 
 
 def rotation_count(bytes_per_set: int, most: int = 64) -> int:

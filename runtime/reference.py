@@ -7,6 +7,8 @@ under its own heading.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 
@@ -68,6 +70,8 @@ def sparse_mla_decode_reference(q, swa_kv, compressed_kv, indices, lens, *, sink
     if lens.shape != (q.shape[0],):
         raise ValueError(f"lens must be [T] with T = {q.shape[0]}, got {tuple(lens.shape)}")
     T, H, D = q.shape
+    if sinks is not None and sinks.shape != (H,):
+        raise ValueError(f"sinks must be [heads] = [{H}], got {tuple(sinks.shape)}; pass one sink a head, or None")
     width = indices.shape[1]
     n_swa = min(width, SPARSE_MLA_SWA_COLUMNS)
     out = torch.zeros(T, H, D, dtype=torch.bfloat16, device=q.device)
@@ -173,7 +177,14 @@ def indexer_logits_reference(
     a NaN. The dot products accumulate in FP64 (``_products``). Rows are processed a few
     at a time to bound the gathered keys' memory.
     """
-    rows, _, dim = q.shape
+    if q.dim() != 3:
+        raise ValueError(f"q must be [rows, heads, head_dim], got shape {tuple(q.shape)}")
+    rows, heads, dim = q.shape
+    for name, t, want in (("weights", weights, (rows, heads)), ("seq_lens", seq_lens, (rows,))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must have shape {list(want)} (q's rows and heads), got {tuple(t.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != rows:
+        raise ValueError(f"block_table must be [rows = {rows}, pages], got {tuple(block_table.shape)}")
     values, scales = unpack_index_k_cache(cache)
     block_kv = values.shape[1]
     pages = min(-(-max_model_len // block_kv), block_table.shape[1])
@@ -239,6 +250,12 @@ def decode_topk_reference(logits: torch.Tensor, row_ends: torch.Tensor, k: int, 
     rows, width = logits.shape
     if width > _INDEX_MASK:
         raise ValueError(f"logits: width {width} exceeds {_INDEX_MASK} columns (int32 indices)")
+    # An int, or what indexes as one (a traced call's SymInt, a NumPy integer); not a bool or a float.
+    if isinstance(k, bool) or not hasattr(k, "__index__") or operator.index(k) < 0:
+        raise ValueError(f"k must be a non-negative int (the indices to select a row), got {k!r}")
+    k = operator.index(k)
+    if row_ends.shape != (rows,):
+        raise ValueError(f"row_ends must be [rows] = [{rows}], got {tuple(row_ends.shape)}; pass one end a row")
     keys = decode_topk_keys(logits)
     ends = row_ends.to(device=logits.device, dtype=torch.long).clamp(min=0, max=width)
     cols = torch.arange(width, device=logits.device)

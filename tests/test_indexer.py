@@ -118,6 +118,21 @@ def test_cache_pack_roundtrip():
     assert (err <= keys.abs() * 2**-4 + scales[..., None] * 2**-10).all()
 
 
+def test_logits_reference_refuses_mismatched_shapes_naming_them():
+    """The reference scorer is public: weights, seq_lens or a block table of another row count indexed or broadcast
+    into torch's errors naming no argument (or scored the wrong rows)."""
+    step = make_step(3, heads=4, head_dim=32, max_model_len=128, k=8)
+    md, a = step.metadata, step.state_args
+    args = dict(q=step.q, weights=step.weights, cache=a["index_k_cache"], seq_lens=md.seq_lens,
+                block_table=md.block_table, max_model_len=a["max_model_len"])
+    for name, bad, said in (("q", step.q[0], "q must be"), ("weights", step.weights[:, :2], "weights must"),
+                            ("weights", step.weights[:2], "weights must"), ("seq_lens", md.seq_lens[:2], "seq_lens must"),
+                            ("block_table", md.block_table[:2], "block_table must"),
+                            ("block_table", md.block_table[0], "block_table must")):
+        with pytest.raises(ValueError, match=said):
+            reference.indexer_logits_reference(**{**args, name: bad})
+
+
 def test_logits_reference_matches_token_loop():
     step = make_step(5, heads=4, head_dim=32, max_model_len=200, k=8, signed_weights=True)
     assert (step.weights < 0).any(), "negative head weights: relu before the weight, not after"

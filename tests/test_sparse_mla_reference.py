@@ -1050,3 +1050,11 @@ def test_an_empty_pool_at_an_odd_byte_offset_reaches_the_kernel_aligned(monkeypa
     # (out, q, swa_kv, compressed_kv, indices, lens, sinks, swa_rows, compressed_rows, bmm1_scale, bmm2_scale)
     pointer, rows = {"swa_kv": (2, 7), "compressed_kv": (3, 8)}[empty]
     assert args[rows] == 0 and args[pointer] % 16 == 0, (args[rows], args[pointer])
+
+
+def test_reference_refuses_sinks_of_another_shape():
+    """sinks of another length than the heads raised torch's view error (8 sinks), naming no argument."""
+    q, swa, comp, idx, lens = make_inputs(2, 128, seed=9)
+    for bad in (torch.zeros(8), torch.zeros(1, H), torch.zeros(2 * H)):
+        with pytest.raises(ValueError, match=r"sinks must be \[heads\] = \[16\]"):
+            sparse_mla_decode_reference(q, swa, comp, idx, lens, sinks=bad, bmm1_scale=0.04, bmm2_scale=1.0)

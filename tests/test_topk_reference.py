@@ -1040,3 +1040,20 @@ def test_kernel_write_bumps_outs_version(monkeypatch):
         topk.decode_topk(logits, torch.full((rows,), 8192, dtype=torch.int32), buffer[:rows])
         assert launched[-len(grids):] == grids
         assert buffer._version >= before + len(grids), rows
+
+
+def test_reference_refuses_bad_k_and_row_ends_naming_them():
+    """The exact selection is public (the host ops' fallback, and what decode_topk names for rows past its width): a
+    negative or non-integer k and row_ends of another length raised torch's RuntimeError, naming no argument, or
+    broadcast one end over every row."""
+    logits = torch.randn(3, 40)
+    ends = torch.full((3,), 40, dtype=torch.int32)
+    for k in (-1, 2.0, True, None):
+        with pytest.raises(ValueError, match="k must be a non-negative int"):
+            decode_topk_reference(logits, ends, k)
+    for bad in (ends[:1], ends[:2], ends.view(3, 1)):
+        with pytest.raises(ValueError, match=r"row_ends must be \[rows\] = \[3\]"):
+            decode_topk_reference(logits, bad, 4)
+    assert decode_topk_reference(logits, ends, 0).shape == (3, 0)
+    import numpy as np
+    assert torch.equal(decode_topk_reference(logits, ends, np.int64(5)), decode_topk_reference(logits, ends, 5))
