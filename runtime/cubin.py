@@ -3,7 +3,8 @@
 Standard library only (the before-stop hook and CI use it without a GPU). A cubin
 is an ELF64 file; NVIDIA encodes the SM in ``e_flags`` (two layouts, told apart by
 the ELF ABI version) and describes each kernel's parameters in the attribute list
-of its ``.nv.info.<kernel>`` section (``EIATTR_KPARAM_INFO`` records).
+of its ``.nv.info.<kernel>`` section (``EIATTR_KPARAM_INFO`` records); the kernel's
+name the driver looks up is an entry of the ELF symbol table (``.symtab``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class CubinInfo(NamedTuple):
     sm: int  # e.g. 90, 100
     arch_specific: bool  # the "a" suffix (a flag bit in both ELF flag layouts)
     kernels: dict  # symbol -> tuple[KernelParam, ...] ordered by ordinal
+    capmerc: dict  # the same of the capmerc image's lists (.nv.merc.nv.info.<symbol>, sm_100a; empty where none)
 
     def arch_matches(self, arch: str) -> bool:
         """Whether this cubin targets ``arch`` (e.g. "sm_90a")."""
@@ -65,7 +67,7 @@ def read_header(data: bytes) -> CubinInfo:
     """Only the ELF header: the SM, without parsing sections (``kernels`` is empty)."""
     _check_elf(data)
     sm, specific = _sm_of(data)
-    return CubinInfo(sm, specific, {})
+    return CubinInfo(sm, specific, {}, {})
 
 
 def check_section_table(data: bytes, *, kernel: str | None = None) -> KernelAttributes | None:
@@ -92,6 +94,7 @@ def check_section_table(data: bytes, *, kernel: str | None = None) -> KernelAttr
 # image's (.nv.merc.nv.info*), which describes the same kernel for the driver's finalizer.
 _IMAGES = (b"", b".nv.merc")
 _LISTS = tuple(image + b".nv.info" for image in _IMAGES)  # their sections' name prefixes: one startswith for both
+_LIST_NAMES = tuple(prefix.decode() for prefix in _LISTS)  # the same, of a decoded name (read_cubin)
 
 
 _PHDR_SIZE = 56  # ELF64's program header: type, flags, offset, vaddr, paddr, filesz, memsz, align
@@ -169,12 +172,12 @@ def _check_attribute_list_sections(data: bytes, heads, strtab: int) -> None:
 
 
 def _sections(data: bytes):
-    """Every section's name (two of one name refused) and the bytes of each SASS-image attribute list (.nv.info*) by
-    name, all that read_cubin reads. Linear in the file: a name must be a whole entry of its table (at its start or
-    after a NUL), so the names at distinct offsets share no bytes and a repeated offset is refused as a repeated
-    name; and only the lists, which share no bytes either (_section_heads), are copied. Suffixes of one long name
-    (no cubin shares them) gave 65535 headers distinct names of the run's length, and a copy of every section held
-    65535 copies of the file: a 1.1 MB cubin took 17 GB."""
+    """Every section's name (two of one name refused) and the bytes of each attribute list of both images (.nv.info*,
+    .nv.merc.nv.info*) by name, all that read_cubin reads. Linear in the file: a name must be a whole entry of its
+    table (at its start or after a NUL), so the names at distinct offsets share no bytes and a repeated offset is
+    refused as a repeated name; and only the lists, which share no bytes either (_section_heads), are copied.
+    Suffixes of one long name (no cubin shares them) gave 65535 headers distinct names of the run's length, and a copy
+    of every section held 65535 copies of the file: a 1.1 MB cubin took 17 GB."""
     heads, shstrndx = _section_heads(data)
     strtab = heads[shstrndx][4]
     names, lists = set(), {}
@@ -189,7 +192,7 @@ def _sections(data: bytes):
         if section in names:  # a dict would keep the last of two, _kernel_info reads the first
             raise CubinFormatError(f"two sections named {section}")
         names.add(section)
-        if section.startswith(".nv.info"):
+        if section.startswith(_LIST_NAMES):
             lists[section] = data[h[4] : h[4] + h[5]]
     return lists
 
@@ -318,9 +321,77 @@ def _kernel_info(data: bytes, heads, strtab: int, symbol: str, image: bytes = b"
 
 
 def read_cubin(data: bytes) -> CubinInfo:
-    """Parse a cubin: its SM and, for every kernel, the parameter layout."""
+    """Parse a cubin: its SM and, for every kernel, the parameter layout (of each image's attribute lists)."""
     sections = _sections(data)
     sm, specific = _sm_of(data)
-    prefix = ".nv.info."
-    kernels = {n[len(prefix) :]: _kernel_params(body) for n, body in sections.items() if n.startswith(prefix)}
-    return CubinInfo(sm, specific, kernels)
+    return CubinInfo(sm, specific, _layouts(sections, ".nv.info."), _layouts(sections, ".nv.merc.nv.info."))
+
+
+def _layouts(lists: dict, prefix: str) -> dict:
+    """symbol -> parameter layout of each attribute list in ``lists`` (name -> bytes) whose name starts with
+    ``prefix`` (".nv.info." does not match a capmerc list's ".nv.merc.nv.info.")."""
+    return {n[len(prefix) :]: _kernel_params(body) for n, body in lists.items() if n.startswith(prefix)}
+
+
+# --- the symbol table: where the driver looks a kernel up by name ------------------------------------------------
+
+_SYM = struct.Struct("<IBBHQQ")  # an ELF64 symbol: name, info (binding << 4 | type), other, section, value, size
+_SHT_SYMTAB, _SHT_STRTAB = 2, 3
+_SHN_LORESERVE = 0xFF00  # st_shndx from here on is reserved (SHN_ABS, SHN_COMMON, ...), naming no section
+STT_FUNC = 2
+STB_GLOBAL, STB_WEAK = 1, 2
+
+
+class ElfSymbol(NamedTuple):
+    binding: int  # STB_LOCAL 0, STB_GLOBAL 1, STB_WEAK 2 (every committed kernel's: global)
+    type: int  # STT_FUNC 2 for a kernel
+    section: int  # st_shndx as written
+    defined: bool  # ``section`` names a section of the ELF (not SHN_UNDEF 0, a reserved index, or one past the table)
+
+
+def symbol_table_entries(data: bytes, symbol: str) -> tuple[ElfSymbol, ...] | None:
+    """Every entry of the ELF's symbol table (its one SHT_SYMTAB section, .symtab) named ``symbol``, in table order;
+    None where the ELF has no symbol table.
+
+    The driver looks a kernel up by name in the symbol table, while the attribute lists name it only by their
+    sections' names, which a cubin can carry for a symbol it does not define. The names are read through the table's
+    sh_link (its string table), every offset bounds-checked (CubinFormatError); each entry's name is compared with
+    ``symbol`` where it lies, not decoded, since ELF names may share bytes (one name a suffix of another): decoding
+    each would be quadratic in the file, comparing is linear.
+    """
+    heads, _ = _section_heads(data)
+    tables = [h for h in heads if h[1] == _SHT_SYMTAB]
+    if not tables:
+        return None
+    if len(tables) > 1:  # ELF allows one: a reader taking the first and one taking the last would disagree
+        raise CubinFormatError(f"{len(tables)} symbol tables (SHT_SYMTAB sections), ELF allows one")
+    _name, _type, _flags, _addr, offset, size, link, _info, _align, entsize = tables[0]
+    if entsize != _SYM.size:
+        raise CubinFormatError(f"symbol table entry size {entsize} is not ELF64's {_SYM.size}")
+    if size % _SYM.size:
+        raise CubinFormatError(f"the symbol table's {size} bytes are not whole {_SYM.size}-byte entries (truncated?)")
+    names, names_size = _string_table(data, heads, link)
+    want = symbol.encode() + b"\0"
+    if b"\0" in want[:-1]:  # no ELF name holds a NUL
+        return ()
+    found = []
+    # Inside the file: a SHT_SYMTAB section is no SHT_NOBITS, whose bounds _section_heads checks.
+    for name, info, _other, section, _value, _size in _SYM.iter_unpack(memoryview(data)[offset : offset + size]):
+        if name >= names_size:
+            raise CubinFormatError("a symbol's name lies past its string table")
+        # A match ends at the table's first NUL from ``name`` on: inside the table, which ends in one.
+        if data.startswith(want, names + name):
+            defined = 0 < section < min(len(heads), _SHN_LORESERVE)
+            found.append(ElfSymbol(info >> 4, info & 0xF, section, defined))
+    return tuple(found)
+
+
+def _string_table(data: bytes, heads, index: int) -> tuple[int, int]:
+    """The file offset and size of the string table that section ``index`` is (a symbol table's sh_link): a
+    SHT_STRTAB section that ends in a NUL, so that every name read from it ends inside it (CubinFormatError if not)."""
+    if index >= len(heads) or heads[index][1] != _SHT_STRTAB:
+        raise CubinFormatError(f"the symbol table's string table (section {index}) is no string table section")
+    offset, size = heads[index][4], heads[index][5]
+    if size == 0 or data[offset + size - 1] != 0:  # inside the file: SHT_STRTAB is no SHT_NOBITS (_section_heads)
+        raise CubinFormatError("the symbol table's string table does not end in a NUL (truncated?)")
+    return offset, size

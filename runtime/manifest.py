@@ -31,12 +31,16 @@ from .contract import (
     family_contract_hash,
 )
 from .cubin import (
+    STB_GLOBAL,
+    STB_WEAK,
+    STT_FUNC,
     CubinFormatError,
     KernelAttributes,
     check_section_table,
     kernel_attributes,
     read_cubin,
     read_header,
+    symbol_table_entries,
 )
 from .errors import (
     REBUILD,
@@ -665,7 +669,8 @@ def check_block_shape(required: tuple | None, entry: KernelEntry, path, arch: st
 
 
 def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str, root=None) -> None:
-    """ELF-level checks: the SM, the symbol, the required block shape, and each parameter's offset and size."""
+    """ELF-level checks: the SM, the symbol (its attribute list and its symbol table entry), the required block shape,
+    and each parameter's offset and size (in the capmerc image's list too, where the cubin has one)."""
     fix = rebuild(arch, root)
     check_cubin_arch(data, entry, path, arch, root)
     try:
@@ -673,13 +678,65 @@ def check_cubin_against_entry(data: bytes, entry: KernelEntry, path, arch: str, 
         # Before the symbol is looked up in read_cubin's .nv.info lists: a capmerc list of the kernel without its
         # .nv.info list is the two images disagreeing (unreadable ELF), as the load's check_section_table says.
         attributes = kernel_attributes(data, entry.symbol)
+        symbols = symbol_table_entries(data, entry.symbol)
     except CubinFormatError as e:
         raise _unreadable_elf(e, entry, path, arch, root) from None
     if entry.symbol not in info.kernels:
         raise SymbolError(f"cubin has no kernel symbol {entry.symbol!r}.", file=path, kernel=entry.name, fix=fix)
-    layout = [(p.offset, p.size) for p in info.kernels[entry.symbol]]
-    check_param_layout(entry, layout, path, arch, "the cubin's ELF", root)
+    check_symbol_table_entry(symbols, entry, path, arch, root)
+    sass = info.kernels[entry.symbol]
+    check_param_layout(entry, [(p.offset, p.size) for p in sass], path, arch, "the cubin's ELF", root)
+    check_capmerc_layout(entry, sass, info.capmerc.get(entry.symbol), path, arch, root)
     _check_attributes(attributes, entry, path, arch, root)  # the count agrees with the layout just checked: block shape
+
+
+def check_symbol_table_entry(symbols, entry: KernelEntry, path, arch: str, root=None) -> None:
+    """The cubin's symbol table defines the kernel's symbol once, as a global or weak function in a section of the
+    ELF (``symbols``: its entries of that name, as symbol_table_entries read them; None: the ELF has no symbol table).
+
+    The driver looks the kernel up by name there, where every other check finds it by its attribute list's section
+    name (.nv.info.<symbol>): a cubin with that list and no such entry passed them all, left to the driver's lookup
+    at load to refuse. Every committed kernel's entry is a global function (STB_GLOBAL, STT_FUNC) in its
+    .text.<symbol> section.
+    """
+    where = "the cubin's symbol table (.symtab)"
+    fix = rebuild(arch, root)
+    if not symbols:
+        said = "the cubin has no symbol table (.symtab)" if symbols is None else f"{where} has no entry named it"
+        raise SymbolError(f"{said}: the driver finds kernel symbol {entry.symbol!r} by name there.", file=path,
+                          kernel=entry.name, fix=fix)
+    if len(symbols) > 1:  # which of them the driver's lookup by name would take is its own affair
+        raise SymbolError(f"{where} has {len(symbols)} entries named {entry.symbol!r}, a kernel symbol has one.",
+                          file=path, kernel=entry.name, fix=fix)
+    (symbol,) = symbols
+    if symbol.type != STT_FUNC or symbol.binding not in (STB_GLOBAL, STB_WEAK) or not symbol.defined:
+        raise SymbolError(
+            f"{where} has {entry.symbol!r} as binding {symbol.binding}, type {symbol.type} in section "
+            f"{symbol.section}{'' if symbol.defined else ' (none of the ELF)'}, not as a global or weak function "
+            f"(binding {STB_GLOBAL} or {STB_WEAK}, type {STT_FUNC}) defined in a section of the ELF.", file=path,
+            kernel=entry.name, fix=fix)
+
+
+def check_capmerc_layout(entry: KernelEntry, sass, merc, path, arch: str, root=None) -> None:
+    """Each parameter of the kernel's capmerc attribute list (``merc``: .nv.merc.nv.info.<symbol> of an sm_100a cubin,
+    None where it has none) has the ordinal, offset and size of the .nv.info list's (``sass``, checked against the
+    manifest just before). The driver may build the kernel it runs from the capmerc image (its finalizer), and the
+    load compares only the two lists' parameter counts and block shapes (check_section_table, kept to what is cheap):
+    a parameter at another offset there passed every check."""
+    if merc is None:
+        return
+    if len(merc) != len(sass):  # the load's check_section_table refuses this first (kernel_attributes)
+        raise ParamLayoutError(f"the capmerc attribute list (.nv.merc.nv.info) of kernel symbol {entry.symbol!r} lists "
+                               f"{len(merc)} parameters, its .nv.info list {len(sass)}.", file=path,
+                               kernel=entry.name, fix=f"the two images of the kernel disagree; {rebuild(arch, root)}")
+    for i, (ours, theirs) in enumerate(zip(sass, merc)):
+        if ours != theirs:
+            name = entry.params[i].name if i < len(entry.params) else "?"
+            raise ParamLayoutError(
+                f"the capmerc attribute list (.nv.merc.nv.info) of kernel symbol {entry.symbol!r} gives parameter {i} "
+                f"({name}) (ordinal, offset, size) {tuple(theirs)}, its .nv.info list {tuple(ours)} (the manifest's "
+                f"offset and size).", file=path, kernel=entry.name,
+                fix=f"the two images of the kernel disagree; {rebuild(arch, root)}")
 
 
 def check_param_layout(entry: KernelEntry, actual, path, arch: str, source: str, root=None) -> None:

@@ -1379,3 +1379,254 @@ def test_a_section_name_inside_another_is_refused(cache):
     rewrite_first_cubin(cache, "sm_90a", _many_sections((table, range(2000)), lambda total: 0))
     with pytest.raises(errors.CubinIntegrityError, match="a section's name starts inside another name"):
         check_cache(cache, "sm_90a")
+
+
+# --- review: the capmerc list's parameter layout, and the kernel's entry in the symbol table -------------------------
+
+def test_every_committed_kernel_is_one_global_function_of_its_symbol_table_with_one_layout_in_both_images():
+    """What the two checks below take from the committed cubins: each kernel's symbol has one .symtab entry, a global
+    function defined in its .text.<symbol> section, and an sm_100a cubin's capmerc list gives its parameters the
+    ordinals, offsets and sizes of its .nv.info list (an sm_90a cubin has no capmerc list)."""
+    from runtime.cubin import (
+        STB_GLOBAL,
+        STT_FUNC,
+        _section_heads,
+        read_cubin,
+        symbol_table_entries,
+    )
+    from runtime.manifest import check_cubin_against_entry
+
+    for arch in ("sm_90a", "sm_100a"):
+        manifest = check_cache(REPO, arch)
+        for entry in manifest.kernels.values():
+            data = (REPO / entry.cubin).read_bytes()
+            check_cubin_against_entry(data, entry, REPO / entry.cubin, arch)
+            (symbol,) = symbol_table_entries(data, entry.symbol)
+            assert (symbol.binding, symbol.type, symbol.defined) == (STB_GLOBAL, STT_FUNC, True), (arch, entry.name)
+            heads, shstrndx = _section_heads(data)
+            text = b".text." + entry.symbol.encode() + b"\0"
+            assert data.startswith(text, heads[shstrndx][4] + heads[symbol.section][0]), (arch, entry.name)
+            info = read_cubin(data)
+            assert info.capmerc == ({entry.symbol: info.kernels[entry.symbol]} if arch == "sm_100a" else {}), entry.name
+
+
+def _merc_param(which: int, **fields):
+    """An edit of a capmerc list's bytes: its EIATTR_KPARAM_INFO record of parameter ``which`` (its ordinal) takes the
+    given ``ordinal``, ``offset`` or ``size`` (the .nv.info list keeps the manifest's)."""
+    def edit(body):
+        import struct
+
+        at = bytes(body).index(bytes([4, 0x17, 12, 0, 0, 0, 0, 0]) + which.to_bytes(2, "little"))
+        index, old_ordinal, offset, bits = struct.unpack_from("<IHHI", body, at + 4)
+        size = fields.get("size", (bits >> 18) & 0x3FFF)
+        bits = (bits & ~(0x3FFF << 18)) | size << 18
+        struct.pack_into("<IHHI", body, at + 4, index, fields.get("ordinal", old_ordinal),
+                         fields.get("offset", offset), bits)
+    return edit
+
+
+@pytest.mark.parametrize("fields, said", [
+    ({"offset": 200}, "(1, 200, 4)"),
+    ({"size": 8}, "(1, 8, 8)"),
+    ({"ordinal": 5}, "(5, 8, 4)"),
+])
+def test_a_capmerc_parameter_of_another_layout_is_refused(cache, fields, said):
+    """The capmerc list was compared with the .nv.info list in its parameter count and block shape only: its second
+    parameter at offset 200 (or of 8 bytes, or of ordinal 5) passed check_cache. Refused as a ParamLayoutError naming
+    the parameter and both values."""
+    from runtime.manifest import check_cubin_against_entry, read_manifest
+
+    merc = b".nv.merc.nv.info." + _kernel_symbol(cache).encode()
+    rewrite_first_cubin(cache, "sm_100a", _capmerc_list(merc, _merc_param(1, **fields)))
+    message = rf"kernel probe_cluster2: .* gives parameter 1 \(seed\) \(ordinal, offset, size\) {re.escape(said)}, " \
+              r"its .nv.info list \(1, 8, 4\)"
+    with pytest.raises(errors.ParamLayoutError, match=message):
+        check_cache(cache, "sm_100a")
+    entry = read_manifest(cache, "sm_100a").kernels["probe_cluster2"]
+    with pytest.raises(errors.ParamLayoutError, match=message):
+        check_cubin_against_entry(first_cubin(cache, "sm_100a").read_bytes(), entry, first_cubin(cache, "sm_100a"),
+                                  "sm_100a")
+
+
+def _symtab_header(data) -> int:
+    """The file offset of the section header of the ELF's .symtab."""
+    return _section_header(data, b".symtab\0")
+
+
+def _kernel_symbol_entry(data) -> int:
+    """The file offset of the kernel's .symtab entry (a global function: info 0x12, the probes' eighth entry)."""
+    import struct
+
+    start, size = struct.unpack_from("<QQ", data, _symtab_header(data) + 24)
+    (at,) = [start + k for k in range(0, size, 24) if data[start + k + 4] == 0x12]
+    return at
+
+
+def _kernel_symbol_field(offset: int, fmt: str, value):
+    """An edit of a cubin's bytes: the field at ``offset`` of the kernel's .symtab entry (4: info, 6: section) packed
+    as ``fmt`` holds ``value`` (a function of the ELF's section count where callable)."""
+    def edit(data):
+        import struct
+
+        (shnum,) = struct.unpack_from("<H", data, 0x3C)
+        struct.pack_into(fmt, data, _kernel_symbol_entry(data) + offset, value(shnum) if callable(value) else value)
+    return edit
+
+
+def _kernel_symbol_nameless(data):
+    """The kernel's .symtab entry named by the table's first byte (the empty name)."""
+    data[_kernel_symbol_entry(data) : _kernel_symbol_entry(data) + 4] = bytes(4)
+
+
+def _second_entry_of_the_kernels_name(data):
+    """The .debug_frame section's symbol (a local STT_SECTION entry) named as the kernel is."""
+    import struct
+
+    start, size = struct.unpack_from("<QQ", data, _symtab_header(data) + 24)
+    (debug_frame,) = [start + k for k in range(0, size, 24) if data[start + k + 4] == 3
+                      and bytes(data).startswith(b".debug_frame\0", _strtab(data) + struct.unpack_from("<I", data,
+                                                                                                       start + k)[0])]
+    data[debug_frame : debug_frame + 4] = data[_kernel_symbol_entry(data) : _kernel_symbol_entry(data) + 4]
+
+
+def _strtab(data) -> int:
+    import struct
+
+    return struct.unpack_from("<Q", data, _section_header(data, b".strtab\0") + 24)[0]
+
+
+def _symtab_field(offset: int, fmt: str, value):
+    """An edit of a cubin's bytes: the field at ``offset`` of .symtab's section header (4: type, 32: size, 40: link,
+    56: entsize) packed as ``fmt`` holds ``value`` (a function of the old value and the ELF's section count)."""
+    def edit(data):
+        import struct
+
+        at = _symtab_header(data) + offset
+        (old,) = struct.unpack_from(fmt, data, at)
+        (shnum,) = struct.unpack_from("<H", data, 0x3C)
+        struct.pack_into(fmt, data, at, value(old, shnum))
+    return edit
+
+
+def _strtab_unterminated(data):
+    """The .strtab's last byte (its last name's NUL) an "x"."""
+    import struct
+
+    start, size = struct.unpack_from("<QQ", data, _section_header(data, b".strtab\0") + 24)
+    data[start + size - 1] = ord("x")
+
+
+def _symbol_name_past_its_table(data):
+    """The kernel's .symtab entry names the byte just past .strtab (in the file: .symtab follows it)."""
+    import struct
+
+    _start, size = struct.unpack_from("<QQ", data, _section_header(data, b".strtab\0") + 24)
+    struct.pack_into("<I", data, _kernel_symbol_entry(data), size)
+
+
+def _typed_symtab(section: bytes):
+    """An edit of a cubin's bytes: section ``section`` typed SHT_SYMTAB, a second symbol table."""
+    def edit(data):
+        import struct
+
+        struct.pack_into("<I", data, _section_header(data, section + b"\0") + 4, 2)
+    return edit
+
+
+@pytest.mark.parametrize("craft, said", [
+    (_kernel_symbol_nameless, r"\(.symtab\) has no entry named it: the driver finds kernel symbol '\w+' by name"),
+    (_symtab_field(4, "<I", lambda old, shnum: 1), r"the cubin has no symbol table \(.symtab\)"),
+    (_second_entry_of_the_kernels_name, r"\(.symtab\) has 2 entries named '\w+', a kernel symbol has one"),
+    (_kernel_symbol_field(4, "<B", 0x11), r"as binding 1, type 1 in section \d+, not as a global or weak function"),
+    (_kernel_symbol_field(4, "<B", 0x02), r"as binding 0, type 2 in section \d+, not"),
+    (_kernel_symbol_field(6, "<H", 0), r"as binding 1, type 2 in section 0 \(none of the ELF\), not"),
+    (_kernel_symbol_field(6, "<H", lambda shnum: shnum), r"as binding 1, type 2 in section \d+ \(none of the ELF\)"),
+    (_kernel_symbol_field(6, "<H", 0xFFF1), r"as binding 1, type 2 in section 65521 \(none of the ELF\)"),  # SHN_ABS
+])
+def test_a_kernel_symbol_the_symbol_table_does_not_define_once_as_a_function_is_refused(cache, craft, said):
+    """The symbol was looked for in the attribute lists' section names (.nv.info.<symbol>) only: a cubin whose symbol
+    table has no entry of it, two, or one that is no global or weak function defined in a section passed check_cache,
+    while the driver looks the kernel up by name in the symbol table. Refused as a SymbolError."""
+    rewrite_first_cubin(cache, "sm_90a", craft)
+    with pytest.raises(errors.SymbolError, match=said):
+        check_cache(cache, "sm_90a")
+
+
+def test_a_weak_kernel_symbol_passes(cache):
+    """A weak definition (STB_WEAK, as a template kernel's may be) is one the driver finds by name too."""
+    rewrite_first_cubin(cache, "sm_90a", _kernel_symbol_field(4, "<B", 0x22))
+    check_cache(cache, "sm_90a")
+
+
+@pytest.mark.parametrize("arch, craft, said", [
+    ("sm_90a", _symtab_field(56, "<Q", lambda old, shnum: 16), "symbol table entry size 16 is not ELF64's 24"),
+    ("sm_90a", _symtab_field(32, "<Q", lambda old, shnum: old + 4), "are not whole 24-byte entries"),
+    ("sm_90a", _symtab_field(40, "<I", lambda old, shnum: shnum), "string table (section"),
+    ("sm_90a", _symtab_field(40, "<I", lambda old, shnum: 3), "string table (section 3) is no string table section"),
+    ("sm_90a", _strtab_unterminated, "the symbol table's string table does not end in a NUL"),
+    ("sm_90a", _symbol_name_past_its_table, "a symbol's name lies past its string table"),
+    ("sm_90a", _typed_symtab(b".debug_frame"), "2 symbol tables (SHT_SYMTAB sections), ELF allows one"),
+    ("sm_100a", _typed_symtab(b".nv.merc.symtab"), "2 symbol tables (SHT_SYMTAB sections), ELF allows one"),
+])
+def test_a_symbol_table_that_cannot_be_read_is_a_typed_error(cache, arch, craft, said):
+    """The symbol table is read through its sh_link, every offset and size checked: a crafted one is an unreadable
+    ELF (CubinIntegrityError), not an IndexError or struct.error, nor a name read past its table."""
+    rewrite_first_cubin(cache, arch, craft)
+    with pytest.raises(errors.CubinIntegrityError, match=f"not a readable CUDA ELF \\(.*{re.escape(said)}"):
+        check_cache(cache, arch)
+
+
+def test_every_byte_of_the_symbol_table_and_its_headers_altered_is_read_or_refused_as_a_format_error(cache):
+    """Each byte of .symtab, its section header and its string table's header set to 0x00, 0x80 and 0xff in turn:
+    symbol_table_entries reads it or raises CubinFormatError, nothing else."""
+    import struct
+
+    from runtime.cubin import CubinFormatError, symbol_table_entries
+
+    symbol = _kernel_symbol(cache, "sm_90a")
+    data = first_cubin(cache).read_bytes()
+    start, size = struct.unpack_from("<QQ", data, _symtab_header(data) + 24)
+    spans = [range(start, start + size), range(_symtab_header(data), _symtab_header(data) + 64),
+             range(_section_header(data, b".strtab\0"), _section_header(data, b".strtab\0") + 64)]
+    outcomes = set()
+    for at in (i for span in spans for i in span):
+        for value in (0x00, 0x80, 0xFF):
+            mutant = bytearray(data)
+            mutant[at] = value
+            try:
+                found = symbol_table_entries(bytes(mutant), symbol)
+                outcomes.add("read" if found is None else len(found))
+            except CubinFormatError:
+                outcomes.add("refused")
+    assert {"refused", 0, 1} <= outcomes, outcomes
+
+
+def test_names_sharing_bytes_cost_no_decode_each(cache):
+    """ELF names may share bytes (one name a suffix of another): 50,000 symbols naming suffixes of one 1 MB name are
+    compared with the kernel's symbol where they lie, linear in the file, not decoded (25 GB of names)."""
+    import struct
+    import time
+
+    from runtime.cubin import symbol_table_entries
+
+    def edit(data):
+        """A new .strtab (one long name) and a new .symtab of a global function per suffix, appended."""
+        names = b"\0" + b"k" * (1 << 20) + b"\0"
+        strtab = _section_header(data, b".strtab\0")
+        data.extend(bytes(-len(data) % 8))
+        struct.pack_into("<QQ", data, strtab + 24, len(data), len(names))
+        data.extend(names)
+        data.extend(bytes(-len(data) % 8))
+        table = b"".join(struct.pack("<IBBHQQ", 1 + k * 20, 0x12, 0, 1, 0, 0) for k in range(50_000))
+        struct.pack_into("<QQ", data, _symtab_header(data) + 24, len(data), len(table))
+        data.extend(table)
+
+    rewrite_first_cubin(cache, "sm_90a", edit)
+    data = first_cubin(cache).read_bytes()
+    began = time.perf_counter()
+    assert symbol_table_entries(data, _kernel_symbol(cache, "sm_90a")) == ()
+    assert symbol_table_entries(data, "k" * 1000) == ()  # a name runs to the NUL: none is 1,000 k's long
+    assert len(symbol_table_entries(data, "k" * ((1 << 20) - 49_999 * 20))) == 1  # the last suffix's name
+    assert time.perf_counter() - began < 2.0
+    with pytest.raises(errors.SymbolError, match="has no entry named it"):
+        check_cache(cache, "sm_90a")
