@@ -229,9 +229,10 @@ class Kernel:
                 if getattr(err, "name", "") not in _STICKY_ERRORS:
                     raise
                 # A launch is asynchronous: a sticky error is an earlier kernel's fault, which this call only reports.
-                raise CudaCallError(f"{e}: an earlier kernel's fault left this CUDA context unusable (a sticky error; "
-                                    f"not {self.name}'s, unless CUDA_LAUNCH_BLOCKING=1); restart the process and find "
-                                    f"the faulting kernel with compute-sanitizer", err) from None
+                raise CudaCallError(f"{e}: an earlier error left this CUDA context unusable (a sticky error: an earlier "
+                                    f"kernel's fault, not {self.name}'s unless CUDA_LAUNCH_BLOCKING=1, or a destroyed "
+                                    f"context); restart the process and find the faulting kernel with "
+                                    f"compute-sanitizer", err) from None
 
     def _refused_arguments(self, args) -> Exception:
         """The error for arguments struct would not pack: the count, or the first value its C type cannot hold.

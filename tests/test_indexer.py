@@ -593,6 +593,8 @@ def _spawn_gloo(worker, world):
         finally:
             if threads is None:
                 del os.environ["OMP_NUM_THREADS"]
+            else:
+                os.environ["OMP_NUM_THREADS"] = threads
         deadline = time.monotonic() + GLOO_DEADLINE_S
         try:
             while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):

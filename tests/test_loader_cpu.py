@@ -1937,7 +1937,7 @@ def test_a_sticky_launch_error_names_an_earlier_fault_not_the_kernel(cache, stan
     stand_in()
     kernel = loader.load(cache).kernel("probe_cluster2")
     kernel._launch = lambda *a: (real.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
-    with pytest.raises(RuntimeError, match="CUDA_ERROR_ILLEGAL_ADDRESS.*an earlier kernel's fault"):
+    with pytest.raises(RuntimeError, match="CUDA_ERROR_ILLEGAL_ADDRESS.*an earlier kernel's fault, not probe_cluster2's"):
         kernel.launch(2, 0, 0, stream=5)
     kernel._launch = lambda *a: (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
     with pytest.raises(RuntimeError, match=r"CUDA_ERROR_INVALID_VALUE \(stand-in driver error\)$"):

@@ -7,6 +7,7 @@ base=$PWD
 # A folder of this run's own (the sourcing job removes it on exit): a fixed /tmp/cand_tree was emptied by any other
 # run that started meanwhile.
 cand=$(mktemp -d /tmp/cand_tree.XXXXXX) || exit 1
+trap 'rm -rf "$cand"' EXIT  # until the sourcing job sets its own (which removes $cand too)
 tar -xzf ".whl/$name.tgz" -C "$cand" || { rm -rf "$cand"; exit 1; }
 cat "$cand/CANDIDATE.txt"
 source gpu/tools/deepgemm_env.sh
