@@ -105,6 +105,15 @@ def test_a_clean_racecheck_shard_may_exit_3_on_its_warnings(fake_sanitizer):
     assert fake_sanitizer.rc == 0, output
 
 
+@pytest.mark.parametrize("env, each", [({"SECONDS_EACH": "5"}, 5), ({"SECONDS_EACH": "50", "LIMIT": "30"}, 10),
+                                       ({"LIMIT": "470"}, 400), ({"LIMIT": "15"}, 1)])
+def test_topk_shards_end_within_a_cut_limit(fake_sanitizer, env, each):
+    """The shards' timeout (SECONDS_EACH, default 400) ignored a LIMIT that run_all.sh cut: a job given less ran its
+    shards past it and was killed before its verdict. Now the least of the two, less 20 s for the verdict."""
+    output = fake_sanitizer("gpu/jobs/topk_sanitize_full.sh", TOOL="memcheck", SHARDS="2", FAKE_JOB="topk", **env)
+    assert f"memcheck: each shard's timeout {each}s" in output, output
+
+
 @pytest.mark.parametrize("fakes, bad_tools", [({}, 0), ({"FAKE_1": "crash"}, 3)])
 def test_all_three_topk_tools_exit_with_the_count_of_tools_not_clean(fake_sanitizer, fakes, bad_tools):
     """TOOL=all exited 0 whatever its tools found (FAKE_1 crashes shard 1 of each tool)."""
@@ -732,3 +741,12 @@ def test_a_report_with_any_summary_counting_errors_is_not_clean(tmp_path, tool, 
     script = f'source gpu/tools/sanitizer_verdict.sh; report_clean "{report}" {tool} "cases match"'
     proc = subprocess.run(["bash", "-c", script], cwd=ROOT, check=False)
     assert (proc.returncode == 0) == clean
+
+
+@pytest.mark.parametrize("env, budget", [({}, 110), ({"LIMIT": "30"}, 30), ({"ROUND_CAP": "20", "LIMIT": "30"}, 20),
+                                         ({"ROUND_CAP": "90", "LIMIT": "400"}, 90)])
+def test_indexer_job_keeps_to_a_cut_limit(dry_run, env, budget):
+    """indexer.sh bounded its steps by its limit line and ROUND_CAP, not by the LIMIT run_all.sh cut it to: a cut job
+    was killed in its last step, its reports unwritten. Its budget is now the least of the three."""
+    _, output = dry_run("gpu/jobs/indexer.sh", timeout=120, **env)
+    assert f"budget={budget}s" in output, output

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # limit: 110
 # Indexer flow (issue 5), final mode, most important first, each step bounded by what is left of the
-# job's limit (ROUND_CAP where the round sets one):
+# job's limit (ROUND_CAP where the round sets one, LIMIT where run_all.sh cut it):
 #   1. restore DeepGEMM's JIT cache from .whl/dg_jit_cache.tgz (an earlier round's build artifact) and
 #      warm it for the serving shapes (runtime.scoring.warm_deepgemm: compiles nothing when restored);
 #   2. GPU tests: DeepGEMM logits vs reference, DeepGEMM + AOT top-k vs reference, sharded vs replicated,
@@ -17,8 +17,11 @@ export SPARSE_DECODE_AOT_REQUIRE_GPU=1
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 source gpu/tools/deepgemm_env.sh  # DeepGEMM libraries, JIT cache dir, cache restored
 mkdir -p "$JOB_OUT"  # a folder not made yet (JOB_OUT=$OUT/indexer): step 1 wrote into it before anything made it
+# The least of its limit line, ROUND_CAP and a LIMIT that run_all.sh cut (which the steps ignored: a cut job was
+# killed in its last step, reports and all).
 limit=$(grep -m1 '^# limit:' "$0" | awk '{print $3}')
-budget=$(( ${ROUND_CAP:-$limit} < limit ? ${ROUND_CAP:-$limit} : limit ))
+budget=$limit
+for cut in ${ROUND_CAP:-} ${LIMIT:-}; do [ "$cut" -lt "$budget" ] && budget=$cut; done
 left() { echo $(( budget - SECONDS - 4 )); }
 steps=$(mktemp /tmp/indexer_steps.XXXXXX)  # each step's rc, a line each (a step in a pipeline runs in a subshell)
 trap 'rm -f "$steps"' EXIT  # (removed at the end only: a job cut short by its limit left it)

@@ -36,9 +36,15 @@ nocache=; [ "$tool" = memcheck ] && nocache=PYTORCH_NO_CUDA_MEMORY_CACHING=1
 # The crowded-warp cases take minutes a case under the tools (gpu/jobs/topk_sanitize.py says why): racecheck leaves
 # them to gpu/jobs/topk_racecheck_crowded.sh unless CROWDED (with, skip, only) says otherwise.
 crowded=${CROWDED:-with}; [ "$tool" = racecheck ] && crowded=${CROWDED:-skip}
+# Each shard's timeout: SECONDS_EACH (default 400), within a LIMIT that run_all.sh cut (less 20 s for the verdict): the
+# shards ran their 400 s past a shorter cut, which killed the job before its verdict.
+each=${SECONDS_EACH:-400}
+if [ -n "${LIMIT:-}" ] && [ $((LIMIT - 20)) -lt "$each" ]; then each=$((LIMIT - 20)); fi
+[ "$each" -lt 1 ] && each=1
+echo "$tool: each shard's timeout ${each}s"
 for i in $shards; do
   # (COMPUTE_SANITIZER: another binary, e.g. tests/test_gpu_job_verdicts.py's fake one on a CPU)
-  ( env $nocache timeout ${SECONDS_EACH:-400} "${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}" \
+  ( env $nocache timeout "$each" "${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}" \
       --tool "$tool" $extra --report-api-errors no --error-exitcode 3 --print-limit 4 \
       python3 gpu/jobs/topk_sanitize.py --shard=$i/$n --crowded=$crowded \
       > "$JOB_OUT/topk_${tool}_$i.txt" 2>&1; echo "rc=$?" >> "$JOB_OUT/topk_${tool}_$i.txt" ) &
