@@ -251,9 +251,8 @@ def decode_topk_reference(logits: torch.Tensor, row_ends: torch.Tensor, k: int, 
     if width > _INDEX_MASK:
         raise ValueError(f"logits: width {width} exceeds {_INDEX_MASK} columns (int32 indices)")
     # An int, or what indexes as one (a traced call's SymInt, a NumPy integer); not a bool or a float.
-    if isinstance(k, bool) or not hasattr(k, "__index__") or operator.index(k) < 0:
+    if isinstance(k, bool) or not hasattr(k, "__index__") or (k := operator.index(k)) < 0:
         raise ValueError(f"k must be a non-negative int (the indices to select a row), got {k!r}")
-    k = operator.index(k)
     if row_ends.shape != (rows,):
         raise ValueError(f"row_ends must be [rows] = [{rows}], got {tuple(row_ends.shape)}; pass one end a row")
     keys = decode_topk_keys(logits)
