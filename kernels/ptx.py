@@ -1,17 +1,20 @@
 """Inline-PTX helpers shared by every kernel family (one module, no copies elsewhere).
 
 CuTe DSL 4.8.1 wraps most of what the kernels need (barriers, shuffles,
-griddepcontrol, cp.async groups); these helpers cover the rest: raw 32-bit
-shared-memory addresses (swizzled tiles are addressed by hand), Hopper WGMMA
-with explicit descriptors and register fragments, ldmatrix, DSMEM stores and
-bulk copies between CTAs of a cluster, and a few conversions.
+griddepcontrol, cp.async groups); these helpers cover the rest: memory operations
+on raw 32-bit shared-memory addresses (swizzled tiles are addressed by hand, and
+the mbarriers too, where CuTe's wrappers take its pointers), Hopper WGMMA with
+explicit descriptors and register fragments, ldmatrix, DSMEM stores and bulk
+copies between CTAs of a cluster, and a few conversions.
 
 Every helper is ``has_side_effects=True`` unless noted: memory operations must
 keep their order relative to barriers, fences and ``griddepcontrol.wait``. Only
 register-to-register ones are ``pure``; the read-only (``.nc``) loads are not
 either: a pure load could be moved above the dependency wait, reading a
-predecessor's output before it is written (their cubins are the same both ways
-today, so keeping them ordered costs nothing).
+predecessor's output before it is written. That order binds LLVM only: ptxas
+still schedules an ``.nc`` load next to its first use, below the wait where the
+use is (sparse_mla_decode's step 1 stores the sinks to shared memory before the
+wait to keep their load above it).
 Shared-memory addresses are ``Int32`` (the ``.shared::cta`` window); global
 addresses are ``Int64``.
 """
@@ -84,12 +87,6 @@ def st_global_b32(addr: Int64, a, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
-def st_global_v2_b32(addr: Int64, a, b, *, loc=None, ip=None) -> None:
-    """Store two 32-bit words at an 8-byte aligned global address."""
-    _asm(None, [_i64(addr), _i32(a), _i32(b)], "st.global.v2.b32 [$0], {$1, $2};", "l,r,r")
-
-
-@dsl_user_op
 def cp_async_16(smem: Int32, gmem: Int64, src_bytes: Int32, *, loc=None, ip=None) -> None:
     """cp.async of 16 bytes global -> shared; src_bytes < 16 zero-fills the rest.
 
@@ -114,33 +111,8 @@ def ld_shared_f32(addr: Int32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def ld_shared_v4_f32(addr: Int32, *, loc=None, ip=None):
-    """Four floats from a 16-byte aligned shared address."""
-    ts = [T.f32()] * 4
-    s = _asm(ts, [_i32(addr)], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r")
-    return [Float32(v) for v in _unpack(s, ts)]
-
-
-@dsl_user_op
-def st_shared_s32(addr: Int32, v, *, loc=None, ip=None) -> None:
-    _asm(None, [_i32(addr), _i32(v)], "st.shared.s32 [$0], $1;", "r,r")
-
-
-@dsl_user_op
 def st_shared_f32(addr: Int32, v, *, loc=None, ip=None) -> None:
     _asm(None, [_i32(addr), _f32(v)], "st.shared.f32 [$0], $1;", "r,f")
-
-
-@dsl_user_op
-def st_shared_v2_f32(addr: Int32, a, b, *, loc=None, ip=None) -> None:
-    """Two floats at an 8-byte aligned shared address."""
-    _asm(None, [_i32(addr), _f32(a), _f32(b)], "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f")
-
-
-@dsl_user_op
-def st_shared_u8(addr: Int32, v, *, loc=None, ip=None) -> None:
-    """Store the low byte of v."""
-    _asm(None, [_i32(addr), _i32(v)], "st.shared.u8 [$0], $1;", "r,r")
 
 
 @dsl_user_op
@@ -239,21 +211,9 @@ def mapa_shared(addr: Int32, rank, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def st_cluster_f32(addr: Int32, v, *, loc=None, ip=None) -> None:
-    """Store a float at a shared::cluster address (from mapa_shared)."""
-    _asm(None, [_i32(addr), _f32(v)], "st.shared::cluster.f32 [$0], $1;", "r,f")
-
-
-@dsl_user_op
 def st_cluster_b32(addr: Int32, v, *, loc=None, ip=None) -> None:
     """Store a 32-bit word at a shared::cluster address (from mapa_shared)."""
     _asm(None, [_i32(addr), Uint32(v).ir_value()], "st.shared::cluster.b32 [$0], $1;", "r,r")
-
-
-@dsl_user_op
-def st_cluster_v2_f32(addr: Int32, a, b, *, loc=None, ip=None) -> None:
-    """Store two floats at an 8-byte aligned shared::cluster address."""
-    _asm(None, [_i32(addr), _f32(a), _f32(b)], "st.shared::cluster.v2.f32 [$0], {$1, $2};", "r,f,f")
 
 
 @dsl_user_op

@@ -175,8 +175,8 @@ MAX_CHUNKS = 5  # CTAs a cluster: the stats area and the receive slots' mbarrier
 MBAR_OFF = STATS_OFF + 2 * MAX_CHUNKS * HEADS * 4  # [s < 4]: receive slot s's partial-O block, [4]: stats
 STATS_MBAR = (MAX_CHUNKS - 1) * 8
 SMEM_END = MBAR_OFF + STATS_MBAR + 8
-# Reduction (after the second MMA): own partial O staged in the KV tile's first half,
-# peers' blocks received into its second half.
+# Reduction (after the second MMA): own partial O staged in the KV tile's first quarter,
+# peers' blocks received into its second (FP16 blocks of 4 KiB, OWNERS of them each).
 BLOCK_DIMS = 128
 BLOCK_BYTES = HEADS * BLOCK_DIMS * 2  # one 128-dim block of partial O, FP16
 OWNERS = DIM // BLOCK_DIMS  # CTAs 0..3 each sum and store one block; CTA 4 (n = 5) owns none
