@@ -5,7 +5,11 @@ contract (parameters, variants, shared memory) in runtime/contract/sparse_mla_de
 
 Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
 
-  step 1  sinks -> registers (before griddepcontrol.wait: weights, not produced by the previous grid)
+  step 1  sinks -> registers (weights, not produced by the previous grid: loaded before
+          griddepcontrol.wait in the PTX; in the SASS at width 640 only, where the owner's one sink
+          load stays above the wait, while ptxas places width 128's four loads a thread, used in
+          step 8, after it, during the gather, whose latency hides theirs. Kept there by a store to
+          shared memory: gpu/candidates/mla_sinks_smem_s80.diff, not yet run on a GPU)
   step 2  griddepcontrol.wait; Q copies issued; each thread loads the indices of its rows (and,
           after the gather is issued, those of its accumulator rows: the softmax's mask)
   step 3  cp.async gather of KV [128, 512] (and Q [16, 512]) into 128B-swizzled K-major tiles,
@@ -271,6 +275,7 @@ class SparseMlaDecodeSm90:
             sinks_addr = sinks.toint()
             # The sinks of this thread's four heads, used at n = 1 only (_factors): at n > 1 ptxas drops these loads
             # (one LDG.E.CONSTANT in the SASS), and loading them at n = 1 only reorders the cubins' instructions.
+            # At n = 1 ptxas schedules them after griddepcontrol.wait, near their use (module doc, step 1).
             sink2 = [ptx.ld_global_nc_f32(sinks_addr + Int64(h) * 4) * LOG2E for h in heads]
             if cutlass.const_expr(n > 1):
                 # The sink of the head this thread reduces as a block owner (_reduce_store).
