@@ -28,13 +28,18 @@ def _load(path: Path):
     return json.loads(text)
 
 
+COMMIT_HASH = re.compile(r"\b[0-9a-f]{7,40}\b")
+
+
 def _names_a_commit(value, depth: int = 0) -> bool:
-    """Whether a key naming a commit ("commit", "tree_commit", ...) stands within the first five levels (a JSONL
-    file: any of its lines)."""
+    """Whether a key naming a commit ("commit", "tree_commit", ...) holds a commit hash within the first five levels
+    (a JSONL file: any of its lines). The key alone is not enough: "committed" keys hold the committed cubins'
+    timings, and two early records say only "HEAD"."""
     if depth > 4:
         return False
     if isinstance(value, dict):
-        return any("commit" in key.lower() or _names_a_commit(v, depth + 1) for key, v in value.items())
+        return any(("commit" in key.lower() and isinstance(v, str) and COMMIT_HASH.search(v))
+                   or _names_a_commit(v, depth + 1) for key, v in value.items())
     if isinstance(value, list):
         return any(_names_a_commit(v, depth + 1) for v in value)
     return False
