@@ -5,6 +5,7 @@ with its summary at 0 errors and its own count of what ran."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import runpy
@@ -750,3 +751,38 @@ def test_indexer_job_keeps_to_a_cut_limit(dry_run, env, budget):
     was killed in its last step, its reports unwritten. Its budget is now the least of the three."""
     _, output = dry_run("gpu/jobs/indexer.sh", timeout=120, **env)
     assert f"budget={budget}s" in output, output
+
+
+def _patch_of(path: str, old: str, new: str) -> str:
+    """A unified diff of one file of the checkout, as git apply reads it."""
+    text = (ROOT / path).read_text(encoding="utf-8")
+    assert old in text
+    lines = difflib.unified_diff(text.splitlines(keepends=True), text.replace(old, new, 1).splitlines(keepends=True),
+                                 f"a/{path}", f"b/{path}")
+    return "".join(lines)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
+@pytest.mark.parametrize("case", ["slot", "contract", "stale"])
+def test_mla_candidate_cache_refuses_what_it_cannot_time_as_a_cache_root(tmp_path, case):
+    """gpu/tools/mla_candidate_cache.sh builds a second cache root for mla_bench_ab.sh: it refuses, before it builds or
+    touches .gl, a slot that job does not time, a patch to runtime/contract (the runtime refuses such a cache: it
+    goes through candidate_tree.sh) and a patch that does not apply to HEAD."""
+    patch = tmp_path / "cand.diff"
+    if case == "contract":
+        patch.write_text(_patch_of("runtime/contract/sparse_mla_decode.py", '"""', '"""(a candidate) '))
+    elif case == "stale":  # a line the patch removes that HEAD no longer has
+        diff = _patch_of("kernels/sparse_mla_decode.py", '"""', '"""(a candidate) ')
+        removed = next(line for line in diff.splitlines() if line.startswith('-"""'))
+        patch.write_text(diff.replace(removed, '-"""(an older first line)', 1))
+    else:
+        patch.write_text(_patch_of("kernels/sparse_mla_decode.py", '"""', '"""(a candidate) '))
+    args = [str(patch)] + (["0"] if case == "slot" else ["9"])
+    before = sorted((ROOT / ".gl").rglob("*")) if (ROOT / ".gl").exists() else None
+    proc = subprocess.run(["bash", "gpu/tools/mla_candidate_cache.sh", *args], cwd=ROOT, check=False,
+                          capture_output=True, text=True, timeout=60)
+    expected = {"slot": (2, "SLOT must be 1-9"), "contract": (1, "candidate_tree.sh"),
+                "stale": (1, "does not apply to HEAD")}[case]
+    assert (proc.returncode, expected[1] in proc.stderr) == (expected[0], True), proc.stderr
+    after = sorted((ROOT / ".gl").rglob("*")) if (ROOT / ".gl").exists() else None
+    assert before == after
