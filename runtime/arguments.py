@@ -60,11 +60,17 @@ def require_flag(name: str, value) -> None:
         raise TypeError(f"{name} must be a Python bool, got {kind.__module__}.{kind.__qualname__} {value!r}; {fix}")
 
 
+# torch keeps a device index in 8 signed bits: torch.device("cuda", 256) and "cuda:256" are cuda:0, 128 is cuda:-128.
+MAX_DEVICE_INDEX = 127
+
+
 def cuda_device_index(name: str, device) -> int | None:
     """``device`` (an index, a ``torch.device`` or its string) as a CUDA device index, or None for a device of
     another type; a device without an index is the current one. A bool, a float or a string that names no device
-    is refused naming ``name`` (``int()`` would take True as device 1 and 1.7 as device 1)."""
+    is refused naming ``name`` (``int()`` would take True as device 1 and 1.7 as device 1), and so is an index past
+    what torch holds, which it would wrap onto another device."""
     if isinstance(device, (str, torch.device)):
+        text = device if isinstance(device, str) else None
         try:
             device = torch.device(device)
         except RuntimeError:
@@ -72,11 +78,18 @@ def cuda_device_index(name: str, device) -> int | None:
         if device.type != "cuda":
             return None
         if device.index is not None:
+            if text is not None and text.rpartition(":")[2].strip() != str(device.index):
+                raise ValueError(f"{name}: {text!r} names a device index torch cannot hold (it reads it as "
+                                 f"{device}); pass an index from 0 to {MAX_DEVICE_INDEX}")
             return device.index
         # Where torch sees no CUDA device (current_device() would fail torch's own assertion), 'cuda' is cuda:0,
         # which the caller then finds it cannot serve, as it would an explicit index.
         return torch.cuda.current_device() if torch.cuda.is_available() else 0
-    return whole_count(name, device, 0)
+    index = whole_count(name, device, 0)
+    if index > MAX_DEVICE_INDEX:
+        raise ValueError(f"{name}: device index {index} is past what torch holds (it would take it as another "
+                         f"device); pass an index from 0 to {MAX_DEVICE_INDEX}")
+    return index
 
 
 _PLAIN_TENSOR = torch.Tensor

@@ -133,6 +133,8 @@ class IndexerState:
             if self.candidate_blocks.device != self.topk_indices.device:
                 raise ValueError(f"candidate_blocks: on {self.candidate_blocks.device}, topk_indices on "
                                  f"{self.topk_indices.device}; allocate both on the device that serves the layer")
+        # A whole count first: 8.0 == 8 passed the comparison and stayed a float in the fixed state.
+        self.candidate_block_size = whole_count("candidate_block_size", self.candidate_block_size, 1)
         if self.candidate_block_size != CANDIDATE_BLOCK_SIZE:
             raise ValueError(f"candidate_block_size: only {CANDIDATE_BLOCK_SIZE} is supported")
         check_index_k_cache(self.index_k_cache, "index_k_cache")
@@ -832,8 +834,9 @@ def _decode_rows_body(state, metadata, q, weights, tp, all_gather):
     with _on_device(state.topk_indices.device):
         if has_rows:  # every argument is here: what the finish would refuse is refused before the plan resets
             _check_row_gather(all_gather)
-            _check_query(q, weights, metadata.num_tokens, state)
+            # The metadata first: a step larger than the state's buffers is the metadata's fault, not q's.
             _check_metadata(state, metadata)  # names the metadata's fields before the scorer reads them
+            _check_query(q, weights, metadata.num_tokens, state)
             # Its checks of q, weights and the metadata just now leave the scorer its own limits to check.
             _check_scoring(state, metadata, q, weights)
         accepted = _ask_accepts_before_the_reset(state, metadata, tp, all_gather) if has_rows else None
@@ -1546,7 +1549,7 @@ def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: I
         raise ValueError(f"q: expected float8_e4m3fn [rows, heads, head_dim], got shape {tuple(q.shape)}; pass "
                          f"one query a decode row, q.view(rows, heads, head_dim)")
     if q.shape[0] < num_rows:
-        raise ValueError(f"q: {q.shape[0]} rows, the step has {num_rows}")
+        raise ValueError(f"q: {q.shape[0]} rows, the step has {num_rows} (metadata.num_tokens)")
     if q.shape[2] + reference.INDEX_SCALE_BYTES != state.index_k_cache.shape[-1]:
         raise ValueError(f"q: head_dim {q.shape[2]} does not match index_k_cache's {tuple(state.index_k_cache.shape)}")
     if not q.shape[1]:
@@ -1556,7 +1559,8 @@ def _check_query(q: torch.Tensor, weights: torch.Tensor, num_rows: int, state: I
                         f"weights.float()")
     require_dense("weights", weights)
     if weights.dim() != 2 or weights.shape[0] < num_rows or weights.shape[1] != q.shape[1]:
-        raise ValueError(f"weights: expected [>= {num_rows}, {q.shape[1]}], got {tuple(weights.shape)}")
+        raise ValueError(f"weights: expected [>= {num_rows}, {q.shape[1]}] (the step's rows, q's heads), got "
+                         f"{tuple(weights.shape)}")
     for name, t in (("q", q), ("weights", weights)):
         if t.device != state.topk_indices.device:
             raise ValueError(f"{name}: on {t.device}, expected {state.topk_indices.device}")

@@ -158,11 +158,11 @@ def _check_args(q, swa_kv, compressed_kv, indices, lens, sinks, bmm1_scale, bmm2
                              f"as many as int32 indices address); pass a view of the rows the indices can reach")
     tokens, width = _check_tensor("indices", indices, torch.int32, 2, device)
     if tokens != T:
-        raise ValueError(f"indices must be [T = {T}, width], got {tuple(indices.shape)}")
+        raise ValueError(f"indices must be [T = {T}, width] (T: q's tokens), got {tuple(indices.shape)}")
     if width not in WIDTHS:
         raise ValueError(f"indices width {width} is not supported; widths: {WIDTHS}")
     if _check_tensor("lens", lens, torch.int32, 1, device)[0] != T:
-        raise ValueError(f"lens must be [T = {T}], got {tuple(lens.shape)}")
+        raise ValueError(f"lens must be [T = {T}] (T: q's tokens), got {tuple(lens.shape)}")
     if sinks is not None and _check_tensor("sinks", sinks, torch.float32, 1, device)[0] != HEADS:
         raise ValueError(f"sinks must be [{HEADS}], got {tuple(sinks.shape)}")
     _check_scales(bmm1_scale, bmm2_scale)

@@ -88,7 +88,7 @@ def test_pool_of_2_31_rows():
 
 def test_lens_longer_than_T():
     q, pool, idx, _ = _mla()
-    with pytest.raises(ValueError, match=r"lens must be \[T = 3\]"):
+    with pytest.raises(ValueError, match=r"^lens must be \[T = 3\] \(T: q's tokens\), got \(4,\)$"):
         sparse_mla_decode(q, pool, pool, idx, torch.ones(4, dtype=torch.int32), bmm1_scale=1.0, bmm2_scale=1.0)
 
 
@@ -122,6 +122,18 @@ def _state_kw(step, **kw):
 def test_k_zero():
     with pytest.raises(ValueError, match="k: expected an integer >= 1, got 0"):
         IndexerState(**_state_kw(make_step(4, k=16), k=0))
+
+
+@pytest.mark.parametrize("size, kind, said", [
+    (8.0, TypeError, r"^candidate_block_size: expected an integer, got float 8\.0"),
+    (True, TypeError, r"^candidate_block_size: expected an integer, got the bool True"),
+    (16, ValueError, r"^candidate_block_size: only 8 is supported$"),
+])
+def test_candidate_block_size_is_the_integer_8(size, kind, said):
+    """8.0 == 8 passed the comparison and the fixed state kept a float, where every other count is a whole one."""
+    with pytest.raises(kind, match=said):
+        IndexerState(**_state_kw(make_step(4, k=16), candidate_block_size=size))
+    assert type(IndexerState(**_state_kw(make_step(4, k=16), candidate_block_size=8)).candidate_block_size) is int
 
 
 def test_candidate_blocks_on_another_device():
@@ -211,6 +223,20 @@ def test_q_one_row_short():
         finish_decode_rows(state, step.q[:3], step.weights, plan, SingleRank())
 
 
+def test_a_step_past_the_buffers_names_the_metadata_not_q():
+    """A step of more rows than topk_indices holds, with q as long as the buffers: decode_rows checked q against
+    metadata.num_tokens first and blamed q's rows; the metadata's own check, which names num_tokens and the buffer,
+    now runs first, before anything is reset."""
+    step = make_step(4, k=16)
+    state = make_state(step, scorer=TorchScorer())
+    state.topk_indices.fill_(5)
+    md = dataclasses.replace(step.metadata, num_tokens=state.max_rows + 1)
+    with pytest.raises(ValueError, match=rf"^metadata.num_tokens: {state.max_rows + 1} rows exceed topk_indices' "
+                                         rf"{state.max_rows}$"):
+        decode_rows(state, md, step.q, step.weights, SingleRank())
+    assert (state.topk_indices == 5).all()
+
+
 def test_q_of_another_head_dim_named_q():
     step = make_step(4, k=16, head_dim=64)
     q = torch.zeros(4, step.q.shape[1], 32).to(FP8)
@@ -222,7 +248,7 @@ def test_weights_of_fewer_heads():
     step = make_step(4, k=16, heads=32)
     state = make_state(step, scorer=TorchScorer())
     state.topk_indices.fill_(5)
-    with pytest.raises(ValueError, match=r"weights: expected \[>= 4, 32\]"):
+    with pytest.raises(ValueError, match=r"^weights: expected \[>= 4, 32\] \(the step's rows, q's heads\)"):
         decode_rows(state, step.metadata, step.q, step.weights[:, :16].contiguous(), SingleRank())
     assert (state.topk_indices == 5).all()
 

@@ -952,13 +952,21 @@ def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
                 ("1", ValueError, r"^device: '1' names no device; pass an index or 'cuda:i'$"),
                 (-1, ValueError, r"^device: expected an integer >= 0, got -1$"),
                 ("gpu7", ValueError, r"^device: 'gpu7' names no device"),
-                ("cuda:-1", ValueError, r"^device: 'cuda:-1' names no device")]
+                ("cuda:-1", ValueError, r"^device: 'cuda:-1' names no device"),
+                # torch holds an index in 8 signed bits: 256 and 'cuda:256' were cuda:0, 128 cuda:-128, 2**63 an
+                # OverflowError-like ValueError naming nothing.
+                (128, ValueError, r"^device: device index 128 is past what torch holds .* from 0 to 127$"),
+                (256, ValueError, r"^device: device index 256 is past what torch holds"),
+                (2**63, ValueError, r"^device: device index 9223372036854775808 is past what torch holds"),
+                ("cuda:256", ValueError, r"^device: 'cuda:256' names a device index torch cannot hold \(it reads it "
+                                         r"as cuda:0\); pass an index from 0 to 127$")]
     for device, kind, said in refusals:
         with pytest.raises(kind, match=said):
             sparse_mla.max_tokens(640, device)
     assert asked == []
     assert sparse_mla.max_tokens(640, "meta") == 0 and asked == []
-    for device, index in ((2, 2), ("cuda:3", 3), (torch.device("cuda", 1), 1), ("cuda", 5)):
+    for device, index in ((2, 2), ("cuda:3", 3), (torch.device("cuda", 1), 1), ("cuda", 5), (127, 127),
+                          ("cuda:127", 127)):
         sparse_mla.max_tokens(640, device)
         assert asked.pop() == torch.device("cuda", index)
     # Where torch sees no CUDA device, 'cuda' is cuda:0, which the cache then refuses as it would the index 0:

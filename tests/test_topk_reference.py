@@ -996,7 +996,10 @@ def test_load_kernels_checks_its_arguments_before_loading(monkeypatch):
     for args, exc, match in [(("cuda:0", torch.float16, False), TypeError, r"^dtype: .*float32 or .*bfloat16"),
                              (("cuda:0", torch.float32, "False"), TypeError, r"^block_mode must be a Python bool"),
                              (("cpu", torch.float32, False), ValueError, r"^device: cpu is not a CUDA device"),
-                             ((True, torch.float32, False), TypeError, r"\bdevice\b")]:
+                             ((True, torch.float32, False), TypeError, r"\bdevice\b"),
+                             # torch would wrap both onto cuda:0 and load its kernels in their place
+                             ((256, torch.float32, False), ValueError, r"^device: device index 256 is past"),
+                             (("cuda:256", torch.float32, False), ValueError, r"^device: 'cuda:256' names a device")]:
         with pytest.raises(exc, match=match):
             topk.load_kernels(*args)
     assert len(asked) == 3
