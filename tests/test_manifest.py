@@ -622,7 +622,35 @@ def test_malformed_manifest_text_is_a_schema_error(cache, craft, match):
     assert e.value.file == manifest_path(cache, "sm_90a")
 
 
-@pytest.mark.parametrize("size", [2 ** 63, 2 ** 45, (64 << 20) + 1])
+def test_the_size_bounds_leave_the_committed_cache_room():
+    """The bounds on a manifest's and a cubin's bytes keep a crafted file's checks short (a fuzz's 64 MiB cubin of 4M
+    parameter records took 11 s to refuse): they sit at least eight times above the committed files."""
+    from runtime.manifest import CUBIN_MAX_BYTES, MANIFEST_MAX_BYTES
+
+    assert max(p.stat().st_size for p in (REPO / "manifests").glob("*.json")) * 8 <= MANIFEST_MAX_BYTES
+    assert max(p.stat().st_size for p in (REPO / "cubins").rglob("*.cubin")) * 8 <= CUBIN_MAX_BYTES
+
+
+@pytest.mark.parametrize("source_hash", ["x", "F" * 64, "f" * 63, "f" * 64 + "\0", "f" * 200_000])
+def test_a_source_hash_that_no_build_writes_is_refused(cache, source_hash):
+    """source_hash was any string (a NUL, 200 KB of text), printed by verify and the loader's messages; the build
+    writes a SHA-256 hexdigest, as each entry's sha256 is."""
+    edit_manifest(cache, "sm_90a", lambda d: d.update(source_hash=source_hash))
+    with pytest.raises(errors.SchemaError, match=r"source_hash .*64 lowercase hex digits"):
+        check_cache(cache, "sm_90a")
+
+
+def test_a_parameter_list_past_any_kernels_is_not_quoted_whole():
+    """A crafted attribute list of 262,144 parameter records (what 4 MiB hold) made a message of megabytes."""
+    from runtime.manifest import check_param_layout
+
+    entry = check_cache(REPO, "sm_90a").kernels["probe_cluster2"]
+    with pytest.raises(errors.ParamLayoutError) as e:
+        check_param_layout(entry, [(0, 4)] * 262_144, "x.cubin", "sm_90a", ".nv.info")
+    assert "262144 parameters, [(0, 4)" in str(e.value) and len(str(e.value)) < 2000
+
+
+@pytest.mark.parametrize("size", [2 ** 63, 2 ** 45, (4 << 20) + 1])
 def test_cubin_size_past_the_bound_is_refused(cache, size):
     """An entry's size bounds the cubin's read: past CUBIN_MAX_BYTES it is refused before any read (it was an
     OverflowError or a MemoryError from os.read)."""
