@@ -77,10 +77,14 @@ def cuda_device_index(name: str, device) -> int | None:
             raise ValueError(f"{name}: {device!r} names no device; pass an index or 'cuda:i'") from None
         if device.type != "cuda":
             return None
+        # Checked before the index: torch reads 'cuda:255' as index -1, i.e. no index, the current device.
+        if text is not None and ":" in text and text.rpartition(":")[2] != str(device.index):
+            raise ValueError(f"{name}: {text!r} names a device index torch cannot hold (it reads it as "
+                             f"{device}); pass an index from 0 to {MAX_DEVICE_INDEX}")
         if device.index is not None:
-            if text is not None and text.rpartition(":")[2].strip() != str(device.index):
-                raise ValueError(f"{name}: {text!r} names a device index torch cannot hold (it reads it as "
-                                 f"{device}); pass an index from 0 to {MAX_DEVICE_INDEX}")
+            if device.index < 0:  # a torch.device("cuda", 200) object holds -56
+                raise ValueError(f"{name}: {device} is a wrapped device index; pass an index from 0 to "
+                                 f"{MAX_DEVICE_INDEX}")
             return device.index
         # Where torch sees no CUDA device (current_device() would fail torch's own assertion), 'cuda' is cuda:0,
         # which the caller then finds it cannot serve, as it would an explicit index.

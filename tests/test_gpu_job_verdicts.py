@@ -6,6 +6,7 @@ with its summary at 0 errors and its own count of what ran."""
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 import runpy
@@ -763,26 +764,38 @@ def _patch_of(path: str, old: str, new: str) -> str:
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
-@pytest.mark.parametrize("case", ["slot", "contract", "stale"])
+@pytest.mark.parametrize("case", ["slot", "contract", "runtime", "stale", "broken"])
 def test_mla_candidate_cache_refuses_what_it_cannot_time_as_a_cache_root(tmp_path, case):
-    """gpu/tools/mla_candidate_cache.sh builds a second cache root for mla_bench_ab.sh: it refuses, before it builds or
-    touches .gl, a slot that job does not time, a patch to runtime/contract (the runtime refuses such a cache: it
-    goes through candidate_tree.sh) and a patch that does not apply to HEAD."""
+    """gpu/tools/mla_candidate_cache.sh builds a second cache root for mla_bench_ab.sh, which times any
+    .gl/mlacand[0-9] holding a manifest. It refuses a slot that glob does not match, a patch outside kernels/ and
+    tests/ (the GPU machine runs the checkout's runtime: only the cubins travel), a patch that does not apply to HEAD,
+    and a patch whose build fails leaves no slot behind (a copy of the committed cache there was timed as the
+    candidate)."""
+    if case == "broken" and importlib.util.find_spec("cutlass") is None:
+        pytest.skip("needs CuTe DSL (the build's import of the broken kernel)")
+    kernel = "kernels/sparse_mla_decode.py"
     patch = tmp_path / "cand.diff"
     if case == "contract":
         patch.write_text(_patch_of("runtime/contract/sparse_mla_decode.py", '"""', '"""(a candidate) '))
+    elif case == "runtime":
+        patch.write_text(_patch_of("runtime/sparse_mla.py", '"""', '"""(a candidate) '))
     elif case == "stale":  # a line the patch removes that HEAD no longer has
-        diff = _patch_of("kernels/sparse_mla_decode.py", '"""', '"""(a candidate) ')
+        diff = _patch_of(kernel, '"""', '"""(a candidate) ')
         removed = next(line for line in diff.splitlines() if line.startswith('-"""'))
         patch.write_text(diff.replace(removed, '-"""(an older first line)', 1))
+    elif case == "broken":
+        patch.write_text(_patch_of(kernel, "\nimport ", "\nimport ( "))
     else:
-        patch.write_text(_patch_of("kernels/sparse_mla_decode.py", '"""', '"""(a candidate) '))
-    args = [str(patch)] + (["0"] if case == "slot" else ["9"])
-    before = sorted((ROOT / ".gl").rglob("*")) if (ROOT / ".gl").exists() else None
+        patch.write_text(_patch_of(kernel, '"""', '"""(a candidate) '))
+    args = [str(patch), "10" if case == "slot" else "9"]
+    slots = (ROOT / ".gl" / "mlacand9", ROOT / ".gl" / "mlacand9.partial")
+    assert not any(p.exists() for p in slots)
     proc = subprocess.run(["bash", "gpu/tools/mla_candidate_cache.sh", *args], cwd=ROOT, check=False,
-                          capture_output=True, text=True, timeout=60)
-    expected = {"slot": (2, "SLOT must be 1-9"), "contract": (1, "candidate_tree.sh"),
-                "stale": (1, "does not apply to HEAD")}[case]
-    assert (proc.returncode, expected[1] in proc.stderr) == (expected[0], True), proc.stderr
-    after = sorted((ROOT / ".gl").rglob("*")) if (ROOT / ".gl").exists() else None
-    assert before == after
+                          capture_output=True, text=True, timeout=300)
+    expected = {"slot": (2, "SLOT must be one digit"), "contract": (1, "candidate_tree.sh"),
+                "runtime": (1, "runtime/sparse_mla.py"), "stale": (1, "does not apply to HEAD"),
+                "broken": (1, "")}[case]
+    assert (proc.returncode, expected[1] in proc.stderr + proc.stdout) == (expected[0], True), proc.stderr
+    assert not any(p.exists() for p in slots)
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "mla_candidate." not in worktrees

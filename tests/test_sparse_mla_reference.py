@@ -959,7 +959,11 @@ def test_max_tokens_and_load_take_device_indices_only(monkeypatch):
                 (256, ValueError, r"^device: device index 256 is past what torch holds"),
                 (2**63, ValueError, r"^device: device index 9223372036854775808 is past what torch holds"),
                 ("cuda:256", ValueError, r"^device: 'cuda:256' names a device index torch cannot hold \(it reads it "
-                                         r"as cuda:0\); pass an index from 0 to 127$")]
+                                         r"as cuda:0\); pass an index from 0 to 127$"),
+                # torch reads 'cuda:255' as no index at all (the current device), and holds cuda:200 as -56
+                ("cuda:255", ValueError, r"^device: 'cuda:255' names a device index torch cannot hold \(it reads it "
+                                         r"as cuda\)"),
+                (torch.device("cuda", 200), ValueError, r"^device: cuda:-56 is a wrapped device index")]
     for device, kind, said in refusals:
         with pytest.raises(kind, match=said):
             sparse_mla.max_tokens(640, device)
