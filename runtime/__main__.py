@@ -159,6 +159,11 @@ def verify_files(root=None, archs=()) -> int:
             print(f"FAIL {arch}: {e}")
             failed += 1
             continue
+        if not m.kernels:  # no build writes one (--only keeps the other entries): a cache that serves nothing
+            print(f"FAIL {arch}: manifest {m.path} lists no kernel; nothing of this arch would load. Fix: "
+                  f"{rebuild(arch, m.root)}")
+            failed += 1
+            continue
         print(f"ok {arch}: manifest {m.path} (schema ok, source {m.source_hash[:12]}, toolchain "
               f"{m.toolchain.get('nvidia-cutlass-dsl', '?')}), {len(m.kernels)} kernels: every entry matches the "
               f"runtime's contract; cubin sizes, hashes, ELF symbols and parameter lists match the manifest")

@@ -1736,6 +1736,20 @@ def test_verify_files_only_fails_an_arch_whose_cubin_is_damaged(cache, no_driver
     assert out.rstrip().endswith("verify --files-only: FAILED")
 
 
+def test_verify_files_only_fails_a_manifest_of_no_kernel(cache, no_driver, capsys):
+    """'"kernels": []' passed with "0 kernels" and "all checks passed", for a cache that serves nothing (no build
+    writes one: --only keeps the other entries). It fails that arch, naming the rebuild."""
+    from runtime import __main__ as cli
+
+    edit_manifest(cache, "sm_100a", lambda d: d.update(kernels=[]))
+    assert cli.main(["verify", "--files-only", "--root", str(cache)]) == 1
+    out = capsys.readouterr().out
+    assert f"ok sm_90a: manifest {manifest_path(cache, 'sm_90a')}" in out
+    failed = [line for line in out.splitlines() if line.startswith("FAIL sm_100a: ")]
+    assert len(failed) == 1 and "lists no kernel" in failed[0] and "build_kernels.py --arch sm_100a" in failed[0]
+    assert out.rstrip().endswith("verify --files-only: FAILED")
+
+
 def test_verify_files_only_checks_the_named_arch_which_must_exist(cache, no_driver, capsys):
     """--arch A checks A only and requires its manifest; without --arch an arch with no manifest (nor cubins) is not
     checked."""
