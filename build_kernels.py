@@ -537,6 +537,7 @@ def _checked_kept_entries(out: Path, arch: str, previous: dict | None, families)
     """``_kept_entries``, after the checks a load makes of them (the contract's fields, the cubins' size, sha256,
     ELF arch and parameters): an entry the contract has changed under since (another smem size, a new parameter)
     was kept as it was, and the runtime then refused the whole arch, the families just rebuilt with it."""
+    _refuse_misfiled_entries(out, arch, previous)
     kept = _kept_entries(previous, families)
     if not kept:
         return kept
@@ -552,6 +553,19 @@ def _checked_kept_entries(out: Path, arch: str, previous: dict | None, families)
                          f"but the runtime would refuse them: {e}; build every family (no --only), which rebuilds "
                          f"them") from None
     return kept
+
+
+def _refuse_misfiled_entries(out: Path, arch: str, previous: dict | None) -> None:
+    """An entry named as a contract variant but filed under a family this build does not know (a hand edit, a
+    corrupt manifest) was dropped as a retired family's: the build wrote a manifest without that kernel, removed its
+    cubin and exited 0, and every call of it then took its fallback."""
+    family_of = {v.name: v.family for v in all_variants(arch)}
+    for entry in (previous or {}).get("kernels", []):
+        name, family = entry.get("name"), entry.get("family")
+        if name in family_of and family not in FAMILIES:
+            raise SystemExit(f"{manifest_path(out, arch)}: entry {name!r} is filed under family {family!r}, which "
+                             f"the contract does not know (it is a {family_of[name]!r} kernel), so --only would drop "
+                             f"it; build every family (no --only), which rewrites the manifest")
 
 
 def _refuse_kept_entries_of_another_toolchain(out: Path, arch: str, previous: dict, tools: dict) -> None:
@@ -783,6 +797,11 @@ def main(argv=None) -> int:
         return _warm_deepgemm(parser, shape_options, args.deepgemm_cache_dir)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} must be at least 1")
+    cpus = len(os.sched_getaffinity(0))
+    if args.jobs > cpus:  # compiles are CPU-bound, each process ~340 MB: --jobs 100 on 2 CPUs peaked at 10.7 GB
+        print(f"--jobs {args.jobs}: this process may use {cpus} CPU(s); compiling with --jobs {cpus}",
+              file=sys.stderr, flush=True)
+        args.jobs = cpus
     families = tuple(dict.fromkeys(args.only or FAMILIES))  # each once, as --arch: all_variants refuses repeats
     variants_by_arch = {arch: all_variants(arch, families) for arch in args.arch}
     for arch in args.arch if args.only else ():
@@ -905,17 +924,32 @@ def _require_cute_dsl(parser: argparse.ArgumentParser) -> None:
 def _refuse_a_file(parser: argparse.ArgumentParser, out: Path) -> None:
     """An --out that names a file, refused with the fix (mkdir's "File exists", or --check's unreadable manifest
     whose fix was a build of that file, named none)."""
-    if out.exists() and not out.is_dir():
+    try:
+        a_file = out.exists() and not out.is_dir()
+    except OSError as e:  # exists() answers False only for a missing path: a name too long, a folder it cannot search
+        parser.error(f"--out {out}: cannot be looked up ({e.strerror or e}); name a directory this account can reach")
+    if a_file:
         parser.error(f"--out {out}: a file, not a directory; name the cache root's directory (made where missing)")
+    if out.is_symlink() and not out.exists():  # mkdir's "File exists" named neither the link nor where it led
+        parser.error(f"--out {out}: a symlink to {os.readlink(out)}, which leads to no directory; remove the link or "
+                     f"name the directory itself")
 
 
 def _refuse_no_cache_to_check(parser: argparse.ArgumentParser, out: Path, archs: list) -> None:
     """--check of a folder with no manifest of the archs it checks (a mistyped --out, a cache not built yet), refused
     with the fix: it compiled every variant asked (minutes) before saying that each manifest was unreadable. One
     arch's manifest missing among others is still the check's to report, beside the others' differences."""
-    if not any(os.path.lexists(manifest_path(out, arch)) for arch in archs):
-        parser.error(f"--check --out {out}: no manifest of {' '.join(archs)} to check in {out / 'manifests'}; name "
-                     f"the root of a built cache, or build one: {rebuild(' '.join(archs), out)}")
+    for arch in archs:  # lexists() answers False for a manifest it cannot look up: the fix was a build, refused too
+        try:
+            os.lstat(manifest_path(out, arch))
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            parser.error(f"--check --out {out}: cannot look up {manifest_path(out, arch)} ({e.strerror or e}); name "
+                         f"the root of a built cache this account can read")
+        return
+    parser.error(f"--check --out {out}: no manifest of {' '.join(archs)} to check in {out / 'manifests'}; name "
+                 f"the root of a built cache, or build one: {rebuild(' '.join(archs), out)}")
 
 
 def _require_writable(parser: argparse.ArgumentParser, out: Path) -> None:

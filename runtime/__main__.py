@@ -71,7 +71,11 @@ def _say_unknown_manifests(root) -> None:
     from .manifest import manifest_path
 
     folder = manifest_path(root, ARCHS[0]).parent
-    for path in sorted(folder.glob("*.json")):
+    try:
+        paths = sorted(folder.glob("*.json"))
+    except OSError:  # a folder it cannot list (a name too long, no permission): each arch's check names why
+        return
+    for path in paths:
         if path.stem not in ARCHS:
             print(f"skip {path.stem}: {path} names an arch this runtime does not know ({', '.join(ARCHS)}), so no "
                   f"load reads it and it was not checked; serve that arch with a runtime that knows it")

@@ -2,6 +2,7 @@
 and a runtime that never imports CuTe DSL."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -36,7 +37,8 @@ def shas(root: Path, arch: str) -> dict:
 def test_probe_build_is_reproducible_and_matches_the_committed_cache(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     proc = build(first)
-    build(second, "--jobs", "2")
+    parallel = build(second, "--jobs", "1000")  # capped at this process's CPUs: 41 processes on 2 CPUs took 10.7 GB
+    assert f"compiling with --jobs {len(os.sched_getaffinity(0))}" in parallel.stderr
     assert "probe_cluster8" in proc.stdout and "compiled 4 variant(s)" in proc.stdout
     for arch in ("sm_90a", "sm_100a"):
         assert shas(first, arch) == shas(second, arch) == shas(REPO, arch), arch
@@ -969,6 +971,44 @@ def test_a_partial_build_refuses_kept_entries_the_runtime_would_refuse(tmp_path,
     shutil.copy(REPO / empty["cubin"], cache / empty["cubin"])
     build_kernels.write_cache(cache, {"sm_90a": variants}, new_cubins, ("probe",))
     assert empty["name"] in check_cache(cache, "sm_90a").kernels
+
+
+def test_a_partial_build_refuses_a_contract_kernel_filed_under_an_unknown_family(tmp_path, monkeypatch):
+    """An entry of a contract kernel whose family a hand edit changed to one the contract does not know was dropped
+    as a retired family's: --only wrote a manifest without it, removed its cubin and exited 0."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    monkeypatch.setattr(build_kernels, "toolchain_info", _the_committed_toolchain)
+    cache = copy_probe_cache(tmp_path)
+    empty = _copy_an_empty_kernel(cache)
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"].append(dict(empty, family="emptyy")))
+    variants, cubins = _probe_cubins(cache)
+    manifest_before = manifest_path(cache, "sm_90a").read_bytes()
+    with pytest.raises(SystemExit, match=rf"entry '{empty['name']}' is filed under family 'emptyy'.*a 'empty' "
+                                         rf"kernel.*build every family"):
+        build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    assert manifest_path(cache, "sm_90a").read_bytes() == manifest_before
+    assert (cache / empty["cubin"]).exists()
+
+
+def test_out_paths_that_cannot_be_looked_up_are_refused_with_the_reason(tmp_path):
+    """Path.exists() raised for a name too long (a traceback); a dangling symlink said mkdir's "File exists"; --check
+    of a root whose manifests/ is a file said to build a cache there, which the build then refused."""
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "manifests").write_text("")
+    for args, match in ((["--out", str(tmp_path / ("a" * 300))], "cannot be looked up (File name too long)"),
+                        (["--check", "--out", str(tmp_path / ("a" * 300))], "cannot be looked up (File name too long)"),
+                        (["--out", str(dangling)], f"a symlink to {tmp_path / 'nowhere'}, which leads to no directory"),
+                        (["--check", "--arch", "sm_90a", "--out", str(blocked)],
+                         "cannot look up {} (Not a directory)".format(manifest_path(blocked, "sm_90a")))):
+        proc = subprocess.run(BUILD + ["--only", "probe", *args], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 2 and match in proc.stderr, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr and "compiled" not in proc.stdout
 
 
 def test_a_partial_build_over_a_measurement_build_keeps_its_switches(tmp_path, monkeypatch):

@@ -1718,6 +1718,17 @@ def test_verify_files_only_checks_every_arch_without_a_driver(cache, no_driver, 
     assert out.rstrip().splitlines()[-1].startswith("verify --files-only: all checks passed (no device checked")
 
 
+def test_verify_files_only_fails_a_root_it_cannot_list(tmp_path, no_driver, capsys):
+    """Listing manifests/ for archs this runtime does not know raised OSError (a traceback) for a root whose name is
+    too long; each arch's check now says why it cannot read the cache, exit 1."""
+    from runtime import __main__ as cli
+
+    assert cli.main(["verify", "--files-only", "--root", str(tmp_path / ("a" * 300))]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "File name too long" in out, out
+    assert out.rstrip().endswith("verify --files-only: FAILED")
+
+
 @pytest.mark.parametrize("damage, said", [
     (lambda cubin: cubin.write_bytes(cubin.read_bytes()[:-1]), "bytes, the manifest says"),
     (lambda cubin: cubin.write_bytes(cubin.read_bytes()[:-1] + b"\x01"), "cubin sha256 does not match"),
