@@ -249,10 +249,12 @@ def manifest_from_text(text: bytes, path: Path, root: Path, arch: str, *, measur
     except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
         raise SchemaError(f"manifest is not readable JSON ({e}).", file=path, fix=fix) from None
     # type() first: JSON's true and 1.0 equal 1 in Python, and every other field is held to its exact type.
-    if not isinstance(data, dict) or type(data.get("schema")) is not int or data["schema"] != SCHEMA_VERSION:
-        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+    if not isinstance(data, dict):  # a top-level array or string was named "unknown manifest schema 'list'"
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(data), "a number")
+        raise SchemaError(f"manifest is {kind}, not a JSON object.", file=path, fix=fix)
+    if type(data.get("schema")) is not int or data["schema"] != SCHEMA_VERSION:
         raise SchemaError(
-            f"unknown manifest schema {got!r}; this runtime reads schema {SCHEMA_VERSION}.", file=path,
+            f"unknown manifest schema {data.get('schema')!r}; this runtime reads schema {SCHEMA_VERSION}.", file=path,
             fix=f"rebuild with this version: {fix}",
         )
     if data.get("arch") != arch:

@@ -808,7 +808,20 @@ def test_check_reports_a_committed_manifest_that_is_not_an_object(tmp_path):
     committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
     manifest_path(committed, "sm_90a").write_text("[]")
     problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
-    assert len(problems) == 1 and "unknown manifest schema 'list'" in problems[0], problems
+    assert len(problems) == 1 and "manifest is an array, not a JSON object" in problems[0], problems
+
+
+def test_check_names_a_toolchain_field_held_as_null_against_an_absent_one(tmp_path):
+    """null on one side and no key on the other differ, but .get() read both as None: "toolchain differs ... ()"."""
+    from crafted_cache import copy_probe_cache, edit_manifest
+
+    import build_kernels
+
+    committed, fresh = copy_probe_cache(tmp_path / "committed"), copy_probe_cache(tmp_path / "fresh")
+    assert "build_switches" not in json.loads(manifest_path(fresh, "sm_90a").read_text())["toolchain"]
+    edit_manifest(committed, "sm_90a", lambda d: d["toolchain"].update(build_switches=None))
+    problems = build_kernels.check_against(committed, fresh, ["sm_90a"], ("probe",))
+    assert [str(p) for p in problems] == ["sm_90a: toolchain differs from the committed build's (build_switches)"]
 
 
 @pytest.mark.parametrize("damage", ["{not json", "[]", '{"schema": 0, "kernels": []}', "KERNELS_NOT_OBJECTS"])
