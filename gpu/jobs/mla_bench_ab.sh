@@ -3,6 +3,7 @@
 # sparse_mla_decode candidate A/B by the benchmark's own timing (KV pools rotated past the L2; kernel only):
 # the committed cache and every full .gl/mlacand[0-9] cache, ROUNDS rounds in alternating order, after each
 # candidate's GPU tests (tests/test_sparse_mla_gpu.py against the reference).
+# BENCH_OUT (default /tmp) gets the rounds' files packed as mla_ab_rounds.tgz.
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 # Each step cut to what is left of the limit (gpu/tools/job_limit.sh), the rounds given what is left as their own: a
@@ -15,4 +16,8 @@ for c in "${caches[@]:1}"; do
   SPARSE_DECODE_AOT_CACHE=$c timeout "$(cap 120)" python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_sparse_mla_gpu.py -k "not triton" 2>&1 | tail -2
 done
-LIMIT=$(cap 360) bash gpu/jobs/mla_bench_rounds.sh "${caches[@]}"
+# The rounds' files (a JSON and a table per cache and round: 12 with one candidate) packed into one, mla_ab_rounds.tgz:
+# a device call brings back 8 files, and BENCH_OUT=$OUT lost four rounds and the job's log to that limit.
+rounds=$(mktemp -d)
+LIMIT=$(cap 360) BENCH_OUT=$rounds bash gpu/jobs/mla_bench_rounds.sh "${caches[@]}"
+tar czf "${BENCH_OUT:-/tmp}/mla_ab_rounds.tgz" -C "$rounds" . && rm -rf "$rounds"
