@@ -7,9 +7,10 @@ under its own heading.
 
 from __future__ import annotations
 
-import operator
 
 import torch
+
+from .arguments import whole_count
 
 
 # ---------------------------------------------------------------------------
@@ -250,9 +251,9 @@ def decode_topk_reference(logits: torch.Tensor, row_ends: torch.Tensor, k: int, 
     rows, width = logits.shape
     if width > _INDEX_MASK:
         raise ValueError(f"logits: width {width} exceeds {_INDEX_MASK} columns (int32 indices)")
-    # An int, or what indexes as one (a traced call's SymInt, a NumPy integer); not a bool or a float.
-    if isinstance(k, bool) or not hasattr(k, "__index__") or (k := operator.index(k)) < 0:
-        raise ValueError(f"k must be a non-negative int (the indices to select a row), got {k!r}")
+    # The host ops' count check (a TypeError for a bool, float or tensor, which this let through as k = 1 from a
+    # bool tensor; a ValueError below 0), an int or what indexes as one (a SymInt, a NumPy integer) passing.
+    k = whole_count("k", k, 0)
     if row_ends.shape != (rows,):
         raise ValueError(f"row_ends must be [rows] = [{rows}], got {tuple(row_ends.shape)}; pass one end a row")
     keys = decode_topk_keys(logits)

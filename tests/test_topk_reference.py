@@ -1051,8 +1051,11 @@ def test_reference_refuses_bad_k_and_row_ends_naming_them():
     broadcast one end over every row."""
     logits = torch.randn(3, 40)
     ends = torch.full((3,), 40, dtype=torch.int32)
-    for k in (-1, 2.0, True, None):
-        with pytest.raises(ValueError, match="k must be a non-negative int"):
+    with pytest.raises(ValueError, match="k: expected an integer >= 0, got -1"):
+        decode_topk_reference(logits, ends, -1)
+    # TypeErrors naming k, as the host ops' checks give; a bool tensor passed as k = 1
+    for k in (2.0, True, None, torch.tensor(True), torch.tensor(4.0), torch.tensor([4, 5])):
+        with pytest.raises(TypeError, match="^k: "):
             decode_topk_reference(logits, ends, k)
     for bad in (ends[:1], ends[:2], ends.view(3, 1)):
         with pytest.raises(ValueError, match=r"row_ends must be \[rows\] = \[3\]"):
