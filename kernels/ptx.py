@@ -12,8 +12,8 @@ keep their order relative to barriers, fences and ``griddepcontrol.wait``. Only
 register-to-register ones are ``pure``; the read-only (``.nc``) loads are not
 either: a pure load could be moved above the dependency wait, reading a
 predecessor's output before it is written. That order binds LLVM only: ptxas
-may still schedule an ``.nc`` load below the wait, next to its first use
-(sparse_mla_decode's width-128 sink loads, see its step 1).
+may still schedule an ``.nc`` load below the wait, next to its first use: a load
+that must stay above it needs a use above it too (sparse_mla_decode's step 1).
 Shared-memory addresses are ``Int32`` (the ``.shared::cta`` window); global
 addresses are ``Int64``.
 """

@@ -5,11 +5,9 @@ contract (parameters, variants, shared memory) in runtime/contract/sparse_mla_de
 
 Per CTA (one warpgroup), for token t and chunk j of its n = width / 128 chunks:
 
-  step 1  sinks -> registers (weights, not produced by the previous grid: loaded before
-          griddepcontrol.wait in the PTX; in the SASS at width 640 only, where the owner's one sink
-          load stays above the wait, while ptxas places width 128's four loads a thread, used in
-          step 8, after it, during the gather, whose latency hides theirs. Kept there by a store to
-          shared memory: gpu/candidates/mla_sinks_smem_s80.diff, not yet run on a GPU)
+  step 1  sinks, before griddepcontrol.wait (weights, not produced by the previous grid): n > 1,
+          the owner's head's into a register; n = 1, each head's into shared memory, since ptxas
+          placed loads held in registers for step 8 below the wait, near their use
   step 2  griddepcontrol.wait; Q copies issued; each thread loads the indices of its rows (and,
           after the gather is issued, those of its accumulator rows: the softmax's mask)
   step 3  cp.async gather of KV [128, 512] (and Q [16, 512]) into 128B-swizzled K-major tiles,
@@ -178,7 +176,8 @@ STATS_OFF = RED_OFF + 2 * 4 * HEADS * 4  # (m, l)[5 chunks][16 heads] (f32 pairs
 MAX_CHUNKS = 5  # CTAs a cluster: the stats area and the receive slots' mbarriers are sized for it
 MBAR_OFF = STATS_OFF + 2 * MAX_CHUNKS * HEADS * 4  # [s < 4]: receive slot s's partial-O block, [4]: stats
 STATS_MBAR = (MAX_CHUNKS - 1) * 8
-SMEM_END = MBAR_OFF + STATS_MBAR + 8
+SINK_OFF = MBAR_OFF + STATS_MBAR + 8  # n == 1: sink[16] * log2(e) (f32), stored before the dependency wait
+SMEM_END = SINK_OFF + HEADS * 4
 # Reduction (after the second MMA): own partial O staged in the KV tile's first quarter,
 # peers' blocks received into its second (FP16 blocks of 4 KiB, OWNERS of them each).
 BLOCK_DIMS = 128
@@ -269,15 +268,21 @@ class SparseMlaDecodeSm90:
 
         # step 1: sinks (weights of the model, never written by the previous grid).
         tl = self._mark([], tid)
-        sink2 = [Float32(NEG_BIG)] * 4
         owner_sink2 = Float32(NEG_BIG)
         if cutlass.const_expr(self.has_sinks):
             sinks_addr = sinks.toint()
-            # The sinks of this thread's four heads, used at n = 1 only (_factors): at n > 1 ptxas drops these loads
-            # (one LDG.E.CONSTANT in the SASS), and loading them at n = 1 only reorders the cubins' instructions.
-            # At n = 1 ptxas schedules them after griddepcontrol.wait, near their use (module doc, step 1).
-            sink2 = [ptx.ld_global_nc_f32(sinks_addr + Int64(h) * 4) * LOG2E for h in heads]
-            if cutlass.const_expr(n > 1):
+            if cutlass.const_expr(n == 1):
+                # Head tid's sink, for every thread's factors (_factors), through shared memory: ptxas placed
+                # a thread's four loads held in registers for step 8 below the wait; the store keeps the load
+                # above it (SASS: LDG.E.CONSTANT, STS, ACQBULK).
+                if tid < HEADS:
+                    ptx.st_shared_f32(base + SINK_OFF + tid * 4,
+                                      ptx.ld_global_nc_f32(sinks_addr + Int64(tid) * 4) * LOG2E)
+            else:
+                # This thread's four heads' sinks, which n > 1 never uses (ptxas drops the loads): dropped from the
+                # PTX too, width 640's register allocation changed and the kernel measured 0.1 us slower at every T
+                # (gpu/candidates/mla_sinks_smem_s80.diff, H100).
+                _ = [ptx.ld_global_nc_f32(sinks_addr + Int64(h) * 4) * LOG2E for h in heads]
                 # The sink of the head this thread reduces as a block owner (_reduce_store).
                 owner_sink2 = ptx.ld_global_nc_f32(sinks_addr + Int64(tid >> 3) * 4) * LOG2E
         if cutlass.const_expr(n > 1):
@@ -464,7 +469,7 @@ class SparseMlaDecodeSm90:
 
         tl = self._mark(tl, tid)  # 7: second product issued
         # step 8 (while the second product runs): each head's factor for the partial O.
-        factor = self._factors(s_red, heads, m_c, sink2, bmm2_scale)
+        factor = self._factors(s_red, base + SINK_OFF, heads, m_c, bmm2_scale)
         tl = self._mark(tl, tid)  # 8: factors ready
 
         if cutlass.const_expr(n == 1):
@@ -588,9 +593,10 @@ class SparseMlaDecodeSm90:
             ptx.bulk_copy_to_peer(dst, s_kv + STAGE_OFF + owner * BLOCK_BYTES, BLOCK_BYTES,
                                   ptx.mapa_shared(s_mbar + 8 * slot, owner))
 
-    def _factors(self, s_red: Int32, heads, m_c, sink2, bmm2_scale: Float32):
+    def _factors(self, s_red: Int32, s_sink: Int32, heads, m_c, bmm2_scale: Float32):
         """Each of this thread's 4 heads' factor for its partial O (n > 1: 1 / (256 l_c); n = 1: the whole
-        normalisation, bmm2_scale 2^(m_c - M) / (256 L)), from the chunk's sums in s_red."""
+        normalisation, bmm2_scale 2^(m_c - M) / (256 L), with the sinks step 1 stored at s_sink), from the
+        chunk's sums in s_red."""
         l_c = [Float32(0.0)] * 4
         for hs in range(4):
             for w in range(4):
@@ -603,7 +609,10 @@ class SparseMlaDecodeSm90:
                 # An all-masked chunk has l_c = 0 and O_c = 0: the clamp keeps its block 0.
                 factor.append((1.0 / 256.0) * cute.arch.rcp_approx(cute.arch.fmax(l_c[hs], Float32(1e-30))))
             else:
-                big_m, big_l = self._merge_stats([m_c[hs]], [l_c[hs]], sink2[hs])
+                sink2 = Float32(NEG_BIG)
+                if cutlass.const_expr(self.has_sinks):
+                    sink2 = ptx.ld_shared_f32(s_sink + heads[hs] * 4)
+                big_m, big_l = self._merge_stats([m_c[hs]], [l_c[hs]], sink2)
                 factor.append(bmm2_scale * (1.0 / 256.0) * ptx.ex2(m_c[hs] - big_m) * cute.arch.rcp_approx(big_l))
         return factor
 
