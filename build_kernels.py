@@ -537,7 +537,7 @@ def _checked_kept_entries(out: Path, arch: str, previous: dict | None, families)
     """``_kept_entries``, after the checks a load makes of them (the contract's fields, the cubins' size, sha256,
     ELF arch and parameters): an entry the contract has changed under since (another smem size, a new parameter)
     was kept as it was, and the runtime then refused the whole arch, the families just rebuilt with it."""
-    _refuse_misfiled_entries(out, arch, previous)
+    _refuse_misfiled_entries(out, arch, previous, families)
     kept = _kept_entries(previous, families)
     if not kept:
         return kept
@@ -555,14 +555,15 @@ def _checked_kept_entries(out: Path, arch: str, previous: dict | None, families)
     return kept
 
 
-def _refuse_misfiled_entries(out: Path, arch: str, previous: dict | None) -> None:
-    """An entry named as a contract variant but filed under a family this build does not know (a hand edit, a
-    corrupt manifest) was dropped as a retired family's: the build wrote a manifest without that kernel, removed its
-    cubin and exited 0, and every call of it then took its fallback."""
+def _refuse_misfiled_entries(out: Path, arch: str, previous: dict | None, families) -> None:
+    """An entry named as a contract variant of a family kept from the previous manifest, but filed under a family
+    this build does not know (a hand edit, a corrupt manifest), was dropped as a retired family's: the build wrote a
+    manifest without that kernel, removed its cubin and exited 0, and every call of it then took its fallback. (A
+    variant of a family rebuilt now is written afresh under its own name.)"""
     family_of = {v.name: v.family for v in all_variants(arch)}
     for entry in (previous or {}).get("kernels", []):
         name, family = entry.get("name"), entry.get("family")
-        if name in family_of and family not in FAMILIES:
+        if name in family_of and family_of[name] not in families and family not in FAMILIES:
             raise SystemExit(f"{manifest_path(out, arch)}: entry {name!r} is filed under family {family!r}, which "
                              f"the contract does not know (it is a {family_of[name]!r} kernel), so --only would drop "
                              f"it; build every family (no --only), which rewrites the manifest")

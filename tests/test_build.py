@@ -1004,6 +1004,13 @@ def test_a_partial_build_refuses_a_contract_kernel_filed_under_an_unknown_family
         build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
     assert manifest_path(cache, "sm_90a").read_bytes() == manifest_before
     assert (cache / empty["cubin"]).exists()
+    # A misfiled variant of a family rebuilt now is written afresh under its own name: no refusal
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"].pop())
+    edit_manifest(cache, "sm_90a", lambda d: d["kernels"][0].update(family="probee"))
+    build_kernels.write_cache(cache, {"sm_90a": variants}, cubins, ("probe",))
+    written = json.loads(manifest_path(cache, "sm_90a").read_text())["kernels"]
+    assert [(e["name"], e["family"]) for e in written if e["name"].startswith("probe")] == \
+        [(v.name, "probe") for v in variants]
 
 
 def test_out_paths_that_cannot_be_looked_up_are_refused_with_the_reason(tmp_path):

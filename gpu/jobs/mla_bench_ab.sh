@@ -18,6 +18,7 @@ for c in "${caches[@]:1}"; do
 done
 # The rounds' files (a JSON and a table per cache and round: 12 with one candidate) packed into one, mla_ab_rounds.tgz:
 # a device call brings back 8 files, and BENCH_OUT=$OUT lost four rounds and the job's log to that limit.
+# Packed on exit, so that a run cut by an outer timeout still brings back the rounds it finished.
 rounds=$(mktemp -d)
+trap 'tar czf "${BENCH_OUT:-/tmp}/mla_ab_rounds.tgz" -C "$rounds" . && rm -rf "$rounds"' EXIT
 LIMIT=$(cap 360) BENCH_OUT=$rounds bash gpu/jobs/mla_bench_rounds.sh "${caches[@]}"
-tar czf "${BENCH_OUT:-/tmp}/mla_ab_rounds.tgz" -C "$rounds" . && rm -rf "$rounds"
