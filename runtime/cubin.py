@@ -14,6 +14,7 @@ import struct
 from typing import NamedTuple
 
 ELF_MAGIC = b"\x7fELF"
+ET_EXEC = 2  # e_type of a linked cubin, what the driver loads
 EM_CUDA = 190
 _EIATTR_KPARAM_INFO = 0x17
 _EIATTR_REQNTID = 0x10  # the block shape the kernel was compiled for (.reqntid): three uint32
@@ -58,9 +59,14 @@ def _check_elf(data: bytes) -> None:
     # crafted header of another encoding would otherwise reach the driver.
     if len(data) < 64 or data[:4] != ELF_MAGIC or data[4] != 2 or data[5] != 1 or data[6] != 1:
         raise CubinFormatError("not a little-endian ELF64 file")
-    (machine,) = struct.unpack_from("<H", data, 0x12)
+    elf_type, machine = struct.unpack_from("<HH", data, 0x10)
     if machine != EM_CUDA:
         raise CubinFormatError(f"ELF machine {machine} is not CUDA ({EM_CUDA})")
+    # Every cubin the build writes is a linked executable; a relocatable object (nvcc -rdc -c, type 1) or any other
+    # type is not a file it wrote. (e_version is not checked: NVIDIA encodes the toolkit in it, 129 in sm_90a's.)
+    if elf_type != ET_EXEC:
+        raise CubinFormatError(f"ELF type {elf_type} is not an executable cubin ({ET_EXEC}): a relocatable object "
+                               f"or another kind of ELF, not a file the build writes")
 
 
 def read_header(data: bytes) -> CubinInfo:

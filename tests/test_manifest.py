@@ -672,12 +672,14 @@ def test_an_entry_naming_another_variants_cubin_is_refused(cache):
 
 
 def test_cubin_of_another_elf_encoding_is_refused(cache):
-    """A big-endian (or unknown-encoding) ELF header, an ELF32 one, one of another ELF version or one for another
-    machine than CUDA is refused before its bytes reach the driver."""
+    """A big-endian (or unknown-encoding) ELF header, an ELF32 one, one of another ELF version, one for another
+    machine than CUDA or a relocatable object (which the driver cannot load unlinked) is refused before its bytes
+    reach the driver."""
     original = first_cubin(cache).read_bytes()
     for at, value, said in ((5, 2, "not a little-endian ELF64"), (5, 0, "not a little-endian ELF64"),
                             (5, 7, "not a little-endian ELF64"), (4, 1, "not a little-endian ELF64"),
-                            (6, 2, "not a little-endian ELF64"), (0x12, 62, r"ELF machine 62 is not CUDA \(190\)")):
+                            (6, 2, "not a little-endian ELF64"), (0x12, 62, r"ELF machine 62 is not CUDA \(190\)"),
+                            (0x10, 1, r"ELF type 1 is not an executable cubin \(2\): a relocatable object")):
         rewrite_first_cubin(cache, "sm_90a", lambda data, at=at, value=value: data.__setitem__(at, value))
         with pytest.raises(errors.CubinIntegrityError, match=said):
             check_cache(cache, "sm_90a")
