@@ -656,7 +656,6 @@ def _check_against(committed: Path, fresh: Path, archs, families) -> list[str]:
             # A key held as null on one side and absent on the other differs too (.get() hid which: "()")
             fields = sorted(k for k in tools.keys() | fresh_tools.keys()
                             if k not in tools or k not in fresh_tools or tools[k] != fresh_tools[k])
-            fields = fields or ["not an object"]
             problems.append(WholeCacheProblem(f"{arch}: toolchain differs from the committed build's "
                                               f"({', '.join(fields)})"))
         # Fields no build writes (the runtime reads past them), and the entries' order (the contract's: a build

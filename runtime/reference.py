@@ -7,7 +7,6 @@ under its own heading.
 
 from __future__ import annotations
 
-
 import torch
 
 from .arguments import whole_count
